@@ -1,0 +1,1 @@
+"""crowdtally service and command line."""

@@ -1,0 +1,270 @@
+"""The ``crowdtally extract`` job: encode a triples file, run online or batch EM, report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from app.triples import InputError, Triples
+from core.batch import AggregationResult, BatchEM
+from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
+from core.hashing import collision_report, worker_slots
+from core.nominal import NominalConfig, NominalParams
+from core.online import BlockResult, OnlineEM
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A triples file as int codes; items are numbered in order of first appearance."""
+
+    classes: tuple[str, ...]
+    item_ids: npt.NDArray[np.str_]
+    worker_ids: npt.NDArray[np.str_]
+    items: IntArray
+    workers: IntArray
+    labels: IntArray
+    weights: FloatArray
+
+    @property
+    def n_items(self) -> int:
+        return int(self.item_ids.size)
+
+
+def _natural_order(names: list[str]) -> list[str]:
+    """Integer labels sort numerically (-2 < 0 < 10), anything else as text."""
+    try:
+        return sorted(names, key=int)
+    except ValueError:
+        return sorted(names)
+
+
+def resolve_classes(
+    triples: Triples, names: list[str] | None, n_labels: int | None, path: str
+) -> tuple[str, ...]:
+    """The class names, in order: given (--labels), 0..K-1 (--n-labels), or as seen in the data."""
+    seen = _natural_order([str(x) for x in np.unique(triples.labels)])
+    if names is not None:
+        if len(set(names)) != len(names):
+            raise InputError("--labels", None, "a label name is given twice")
+        if n_labels is not None and n_labels != len(names):
+            raise InputError("--labels", None, f"{len(names)} names but --n-labels {n_labels}")
+        return tuple(names)
+    if n_labels is not None:
+        classes = tuple(str(k) for k in range(n_labels))
+        unknown = sorted(set(seen) - set(classes))
+        if unknown:
+            raise InputError(
+                path, None,
+                f"--n-labels {n_labels} means labels 0..{n_labels - 1}, but the file has {unknown[:5]}; "
+                "name the classes with --labels",
+            )  # fmt: skip
+        return classes
+    if len(seen) < 2:
+        raise InputError(path, None, f"only one distinct label ({seen}); give --labels or --n-labels")
+    return tuple(seen)
+
+
+def encode(triples: Triples, classes: tuple[str, ...], path: str) -> Encoded:
+    """Int-code a triples file; an answer outside ``classes`` is an error naming its line."""
+    lookup = {name: k for k, name in enumerate(classes)}
+    label_names, label_codes = np.unique(triples.labels, return_inverse=True)
+    code_of_name = np.array([lookup.get(str(n), -1) for n in label_names], dtype=np.int64)
+    labels = code_of_name[label_codes.ravel()]
+    if np.any(labels < 0):
+        bad = int(np.argmax(labels < 0))
+        raise InputError(path, int(triples.lines[bad]), f"label {triples.labels[bad]!r} is not one of {list(classes)}")
+    sorted_ids, first, inverse = np.unique(triples.items, return_index=True, return_inverse=True)
+    rank = np.empty(sorted_ids.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(sorted_ids.size)
+    workers, worker_ids = factorize(triples.workers)
+    return Encoded(
+        classes=classes,
+        item_ids=sorted_ids[np.argsort(first, kind="stable")],
+        worker_ids=worker_ids,
+        items=rank[inverse.ravel()],
+        workers=workers,
+        labels=labels,
+        weights=np.ones(len(triples)) if triples.weights is None else triples.weights,
+    )
+
+
+def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
+    """Gold class code per item (-1 where unknown). Gold outside the classes is an error."""
+    lookup = {name: k for k, name in enumerate(data.classes)}
+    bad = sorted({label for label in truth.values() if label not in lookup})
+    if bad:
+        raise InputError(path, None, f"gold labels {bad[:5]} are not among the classes {list(data.classes)}")
+    return np.array([lookup[truth[i]] if i in truth else -1 for i in data.item_ids.tolist()], dtype=np.int64)
+
+
+def accuracy(predicted: IntArray, gold: IntArray) -> tuple[float, int]:
+    has = gold >= 0
+    n = int(has.sum())
+    return (float(np.mean(predicted[has] == gold[has])) if n else float("nan")), n
+
+
+# ---------------------------------------------------------------------------------------
+# Progressive validation table, in the seed's (vowpal wabbit's) style.
+
+
+class ProgressTable:
+    """Rows at doubling example counters: average F_i per rating so far, and since last row."""
+
+    HEADER = (
+        "average F   since last     example   current   current   current\n"
+        "per rating  row            counter     label   predict   ratings"
+    )
+
+    def __init__(self, out: TextIO, classes: tuple[str, ...]) -> None:
+        self.out, self.classes = out, classes
+        self.total = self.since = 0.0
+        self.count = self.since_count = 0
+        self.next_row = 1
+        self.printed_at = 0
+        print(self.HEADER, file=out)
+
+    def add(self, f_per_rating: FloatArray, gold: IntArray, predicted: IntArray, ratings: IntArray) -> None:
+        """Account for items processed in order (a chunk ending at most at the next row)."""
+        self.total += float(f_per_rating.sum())
+        self.since += float(f_per_rating.sum())
+        self.count += f_per_rating.size
+        self.since_count += f_per_rating.size
+        if self.count >= self.next_row:
+            self._row(int(gold[-1]), int(predicted[-1]), int(ratings[-1]))
+            self.next_row *= 2
+
+    def finish(self, gold: int, predicted: int, ratings: int) -> None:
+        if self.count > self.printed_at:
+            self._row(gold, predicted, ratings)
+
+    def _row(self, gold: int, predicted: int, ratings: int) -> None:
+        label = self.classes[gold] if gold >= 0 else "-1"
+        print(
+            f"{self.total / self.count:<11.6f} {self.since / max(self.since_count, 1):<11.6f} "
+            f"{self.count:>10d} {label:>9.9} {self.classes[predicted]:>9.9} {ratings:>9d}",
+            file=self.out,
+        )
+        self.since = 0.0
+        self.since_count = 0
+        self.printed_at = self.count
+
+    @property
+    def average(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
+def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
+    """[lo, hi) ranges whose ends land on the table's counters 1, 2, 4, ... (offset by start)."""
+    lo, edge = 0, 1
+    while edge <= start:
+        edge *= 2
+    while lo < n:
+        hi = min(n, edge - start)
+        yield lo, hi
+        lo = hi
+        edge *= 2
+
+
+@dataclass
+class OnlineRun:
+    model: OnlineEM
+    final: BlockResult
+    seconds: float
+    table_average: float
+
+
+def run_online(
+    data: Encoded,
+    config: NominalConfig,
+    params: NominalParams | None,
+    passes: int,
+    shuffle_seed: int | None,
+    gold: IntArray,
+    test_only: bool,
+    out: TextIO,
+) -> OnlineRun:
+    """Stream items (file order, or shuffled per pass) through the online model."""
+    slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
+    blocks = LabelBlocks.group(data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items)
+    model = OnlineEM(config, params)
+    model.predict_many(blocks, order=np.zeros(0, dtype=np.int64))  # load compiled kernels before timing
+    rng = np.random.default_rng(shuffle_seed)
+    ratings = blocks.sizes()
+    per_rating = np.maximum(blocks.total_weight(), 1e-300)
+    table = ProgressTable(out, data.classes)
+    K = config.n_classes
+    result = BlockResult(np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items))
+    step = model.predict_many if test_only else model.learn_many
+    seconds = 0.0
+    for _ in range(passes):
+        order = rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
+        for lo, hi in doubling_chunks(order.size, table.count):
+            chunk = order[lo:hi]
+            t0 = time.perf_counter()
+            step(blocks, order=chunk, out=result)
+            seconds += time.perf_counter() - t0
+            predicted = result.posteriors[chunk].argmax(axis=1)
+            table.add(result.objective[chunk] / per_rating[chunk], gold[chunk], predicted, ratings[chunk])
+        if order.size:
+            last = int(order[-1])
+            table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
+    final = model.predict_many(blocks)
+    return OnlineRun(model=model, final=final, seconds=seconds, table_average=table.average)
+
+
+def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> tuple[AggregationResult, NominalParams, float]:
+    """Batch EM with exact workers, printing F at doubling iterations."""
+    blocks = LabelBlocks.group(data.items, data.workers, data.labels, data.weights, n_blocks=data.n_items)
+    print("iteration   F (log posterior)", file=out)
+    shown = [1]
+
+    def progress(it: int, f: float) -> None:
+        if it >= shown[0]:
+            print(f"{it:>9d}   {f:.6f}", file=out)
+            shown[0] *= 2
+
+    t0 = time.perf_counter()
+    result, params = BatchEM(config).fit(blocks, data.worker_ids.size, progress=progress)
+    seconds = time.perf_counter() - t0
+    print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
+    return result, params, seconds
+
+
+def slot_params_from_batch(params: NominalParams, data: Encoded, config: NominalConfig) -> NominalParams:
+    """Map exact-worker batch parameters into hashed slots (colliding workers averaged by labels)."""
+    K, S = config.n_classes, config.n_worker_slots
+    slots = worker_slots(data.worker_ids.tolist(), S)
+    n_labels = np.bincount(data.workers, minlength=data.worker_ids.size).astype(np.float64)
+    total = np.zeros(S)
+    np.add.at(total, slots, n_labels)
+    worker = np.zeros((S, K, K))
+    np.add.at(worker, slots, params.worker * n_labels[:, None, None])
+    worker[total > 0] /= total[total > 0, None, None]
+    return NominalParams(params.class_logits.copy(), params.population.copy(), worker)
+
+
+def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None:
+    """CSV: item,label,probability, then one column per class (the posterior)."""
+    best = posteriors.argmax(axis=1)
+    import csv
+
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["item", "label", "probability", *data.classes])
+        for item, k, row in zip(data.item_ids.tolist(), best.tolist(), posteriors.tolist(), strict=True):
+            writer.writerow([item, data.classes[k], f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)])
+    tmp.replace(path)
+
+
+def collision_line(data: Encoded, n_slots: int) -> str:
+    return str(collision_report(worker_slots(data.worker_ids.tolist(), n_slots), n_slots))
+
+
+Reporter = Callable[[str], None]

@@ -1,0 +1,1 @@
+"""crowdtally core numerics."""

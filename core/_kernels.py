@@ -1,0 +1,411 @@
+"""Numba kernels of the nominal model: per-item EM, the online global step, batch EM steps.
+
+Plain loops over int-coded arrays, writing into caller-owned outputs. Labels are grouped by
+block: block ``b`` owns entries ``ptr[b]:ptr[b+1]`` of ``slots``, ``labels``, ``weights``.
+Equation numbers refer to docs/model.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core._numba import jit
+
+# Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
+H_ETA0, H_TAU0, H_RHO, H_NITEMS, H_LAM_A, H_LAM_G, H_LAM_PI, H_DIFF, H_LAM_B, H_TOL, H_MAXIT, H_RATE_G, H_RATE_PI = range(13)
+SCALE, STEP = 0, 1
+_RESCALE_BELOW = 1e-100
+_MAX_NEWTON_STEP = 1.0  # trust region of the M-step: no logit moves more than this per step
+_MAX_PRIOR_SHRINK = 0.5
+
+
+@jit
+def _logsumexp(x):  # type: ignore[no-untyped-def]
+    m = -np.inf
+    for v in x:
+        m = max(m, v)
+    if m == -np.inf:
+        return m
+    acc = 0.0
+    for v in x:
+        acc += math.exp(v - m)
+    return m + math.log(acc)
+
+
+@jit
+def _theta(population, worker, scale, s, z, theta):  # type: ignore[no-untyped-def]
+    """theta = Gamma[z] + A_s[z]: slot s's logits for true class z (eq. 1)."""
+    for k in range(theta.shape[0]):
+        theta[k] = population[z, k] + scale * worker[s, z, k]
+
+
+@jit
+def _softmax_scaled(theta, d, p):  # type: ignore[no-untyped-def]
+    """p = softmax(d * theta); returns logsumexp(d * theta)."""
+    m = -np.inf
+    for k in range(theta.shape[0]):
+        m = max(m, d * theta[k])
+    acc = 0.0
+    for k in range(theta.shape[0]):
+        e = math.exp(d * theta[k] - m)
+        p[k] = e
+        acc += e
+    for k in range(theta.shape[0]):
+        p[k] /= acc
+    return m + math.log(acc)
+
+
+@jit
+def _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta):  # type: ignore[no-untyped-def]
+    """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3)."""
+    K = logq.shape[0]
+    lse_pi = _logsumexp(class_logits)
+    for z in range(K):
+        logq[z] = class_logits[z] - lse_pi
+    for j in range(lo, hi):
+        s, l, h = slots[j], labels[j], weights[j]
+        for z in range(K):
+            _theta(population, worker, scale, s, z, theta)
+            m = -np.inf
+            for k in range(K):
+                m = max(m, d * theta[k])
+            acc = 0.0
+            for k in range(K):
+                acc += math.exp(d * theta[k] - m)
+            logq[z] += h * (d * theta[l] - m - math.log(acc))
+
+
+@jit
+def _normalise(logq, q):  # type: ignore[no-untyped-def]
+    """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood."""
+    lse = _logsumexp(logq)
+    for z in range(q.shape[0]):
+        q[z] = math.exp(logq[z] - lse)
+    return lse
+
+
+@jit
+def _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p):  # type: ignore[no-untyped-def]
+    """First and second derivative in b = log d of E_q[sum_j h_j log p(l_j|z,s_j,d)] (eq. 6)."""
+    K = q.shape[0]
+    g = 0.0
+    hess = 0.0
+    for j in range(lo, hi):
+        s, l, h = slots[j], labels[j], weights[j]
+        for z in range(K):
+            _theta(population, worker, scale, s, z, theta)
+            _softmax_scaled(theta, d, p)
+            mean = 0.0
+            second = 0.0
+            for k in range(K):
+                mean += p[k] * theta[k]
+                second += p[k] * theta[k] * theta[k]
+            u = theta[l] - mean
+            var = second - mean * mean
+            c = h * q[z]
+            g += c * d * u
+            hess += c * (d * u - d * d * var)
+    return g, hess
+
+
+@jit
+def _item_em(lo, hi, slots, labels, weights, class_logits, population, worker, scale, hyper, b0, logq, q, theta, p):  # type: ignore[no-untyped-def]
+    """Maximise F_i over q_i (and b_i) with the global parameters fixed (eq. 4-6).
+
+    Returns (b_i, F_i) with F_i the item's log marginal likelihood plus log P(b_i), the
+    value progressive validation reports. Without difficulty one E-step is exact.
+    """
+    if hyper[H_DIFF] == 0.0:
+        _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, 1.0, logq, theta)
+        return 0.0, _normalise(logq, q)
+    lam_b = hyper[H_LAM_B]
+    b = b0
+    for _ in range(int(hyper[H_MAXIT])):
+        d = math.exp(b)
+        _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta)
+        _normalise(logq, q)
+        g, hess = _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p)
+        g -= lam_b * b
+        hess -= lam_b
+        # Newton where F_i is locally concave in b, a plain gradient step elsewhere; clipped.
+        step = -g / hess if hess < 0.0 else g
+        step = min(1.0, max(-1.0, step))
+        b += step
+        if abs(step) < hyper[H_TOL]:
+            break
+    d = math.exp(b)
+    _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta)
+    return b, _normalise(logq, q) - 0.5 * lam_b * b * b
+
+
+@jit
+def _label_gradients(lo, hi, n_old, slots, labels, weights, population, worker, scale, q_new, d_new, q_old, d_old, theta, p, grad):  # type: ignore[no-untyped-def]
+    """grad[j-lo, z, :] = the change of label j's contribution to dF_i/dTheta_{s_j}[z] (eq. 7-8).
+
+    New labels contribute h q(z) d (e_l - p). Labels already applied in an earlier arrival of
+    the item contribute only the difference between their contribution under the new
+    (q, d) and under the old one, so each label counts once in the global updates.
+    """
+    K = q_new.shape[0]
+    for j in range(lo, hi):
+        r = j - lo
+        s, l, h = slots[j], labels[j], weights[j]
+        for z in range(K):
+            _theta(population, worker, scale, s, z, theta)
+            _softmax_scaled(theta, d_new, p)
+            c = h * q_new[z] * d_new
+            for k in range(K):
+                grad[r, z, k] = -c * p[k]
+            grad[r, z, l] += c
+            if r < n_old:
+                if d_old != d_new:
+                    _softmax_scaled(theta, d_old, p)
+                c_old = h * q_old[z] * d_old
+                for k in range(K):
+                    grad[r, z, k] += c_old * p[k]
+                grad[r, z, l] -= c_old
+
+
+@jit
+def _global_step(lo, hi, first_arrival, slots, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q_new, q_old, grad):  # type: ignore[no-untyped-def]
+    """alpha, gamma <- alpha, gamma + eta_t grad F_i, eta_t = eta_0 (tau_0 + t)^-rho (eq. 9-11).
+
+    The prior enters F_i with weight 1/|I|, once per item (on its first arrival). Its
+    shrinkage of every slot toward 0 is applied to the common scale of ``worker``.
+    """
+    K = class_logits.shape[0]
+    t = scalars[STEP]
+    eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO])
+    n_items = hyper[H_NITEMS]
+    lse_pi = _logsumexp(class_logits)
+    lam_pi = hyper[H_LAM_PI] / n_items if first_arrival else 0.0
+    for z in range(K):
+        target = math.exp(class_logits[z] - lse_pi) if first_arrival else q_old[z]
+        prior = lam_pi * (class_logits[z] - class_mean[z])
+        class_logits[z] += hyper[H_RATE_PI] * eta * (q_new[z] - target - prior)
+    if first_arrival:
+        shrink_g = hyper[H_RATE_G] * eta * hyper[H_LAM_G] / n_items
+        for z in range(K):
+            for k in range(K):
+                population[z, k] -= shrink_g * (population[z, k] - population_mean[z, k])
+        scalars[SCALE] *= 1.0 - min(eta * hyper[H_LAM_A] / n_items, _MAX_PRIOR_SHRINK)
+    scale = scalars[SCALE]
+    eta_g = hyper[H_RATE_G]
+    for j in range(lo, hi):
+        r = j - lo
+        s = slots[j]
+        for z in range(K):
+            for k in range(K):
+                g = eta * grad[r, z, k]
+                population[z, k] += eta_g * g
+                worker[s, z, k] += g / scale
+    scalars[STEP] = t + 1.0
+    if scale < _RESCALE_BELOW:
+        worker *= scale
+        scalars[SCALE] = 1.0
+
+
+@jit
+def learn_blocks(ptr, order, slots, labels, weights, n_old, q_old, b_old, update, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q_out, b_out, f_out):  # type: ignore[no-untyped-def]
+    """Process blocks in ``order``: per-item EM, then (if ``update``) the global step.
+
+    ``n_old[b]`` labels at the head of block b were applied in an earlier arrival whose
+    posterior and clarity were ``q_old[b]``, ``b_old[b]``. Outputs are indexed by block.
+    """
+    K = class_logits.shape[0]
+    max_len = 0
+    for b in range(ptr.shape[0] - 1):
+        max_len = max(max_len, ptr[b + 1] - ptr[b])
+    logq = np.empty(K)
+    q = np.empty(K)
+    theta = np.empty(K)
+    p = np.empty(K)
+    grad = np.empty((max(max_len, 1), K, K))
+    for b in order:
+        lo, hi = ptr[b], ptr[b + 1]
+        scale = scalars[SCALE]
+        b_new, f = _item_em(lo, hi, slots, labels, weights, class_logits, population, worker, scale, hyper, b_old[b], logq, q, theta, p)
+        q_out[b, :] = q
+        b_out[b] = b_new
+        f_out[b] = f
+        if update:
+            n_prev = n_old[b]
+            _label_gradients(lo, hi, n_prev, slots, labels, weights, population, worker, scale, q, math.exp(b_new), q_old[b], math.exp(b_old[b]), theta, p, grad)
+            _global_step(lo, hi, n_prev == 0, slots, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q, q_old[b], grad)
+
+
+# ----------------------------------------------------------------------------------------
+# Batch EM (exact worker indices, scale 1): E-step tables and Newton M-steps.
+
+
+@jit
+def log_confusion_table(population, worker, out):  # type: ignore[no-untyped-def]
+    """out[w, z, l] = log softmax(Gamma[z] + A_w[z])_l."""
+    W, K = worker.shape[0], population.shape[0]
+    theta = np.empty(K)
+    p = np.empty(K)
+    for w in range(W):
+        for z in range(K):
+            _theta(population, worker, 1.0, w, z, theta)
+            lse = _softmax_scaled(theta, 1.0, p)
+            for k in range(K):
+                out[w, z, k] = theta[k] - lse
+
+
+@jit
+def estep_table(ptr, workers, labels, weights, log_pi, log_table, q_out):  # type: ignore[no-untyped-def]
+    """Exact E-step without difficulty from a log-confusion table; returns sum_i log p(D_i)."""
+    K = log_pi.shape[0]
+    logq = np.empty(K)
+    q = np.empty(K)
+    total = 0.0
+    for i in range(ptr.shape[0] - 1):
+        for z in range(K):
+            logq[z] = log_pi[z]
+        for j in range(ptr[i], ptr[i + 1]):
+            w, l, h = workers[j], labels[j], weights[j]
+            for z in range(K):
+                logq[z] += h * log_table[w, z, l]
+        total += _normalise(logq, q)
+        q_out[i, :] = q
+    return total
+
+
+@jit
+def soft_counts(ptr, workers, labels, weights, q, counts):  # type: ignore[no-untyped-def]
+    """counts[w, z, l] = sum over worker w's answers l of h q_i(z): DS sufficient statistics."""
+    counts[:] = 0.0
+    K = q.shape[1]
+    for i in range(ptr.shape[0] - 1):
+        for j in range(ptr[i], ptr[i + 1]):
+            w, l, h = workers[j], labels[j], weights[j]
+            for z in range(K):
+                counts[w, z, l] += h * q[i, z]
+
+
+@jit
+def grad_hess_from_counts(counts, population, worker, grad, neg_hess):  # type: ignore[no-untyped-def]
+    """Gradient and negative Hessian of the data term per row Theta_w[z] (eq. 12)."""
+    W, K = worker.shape[0], population.shape[0]
+    theta = np.empty(K)
+    p = np.empty(K)
+    for w in range(W):
+        for z in range(K):
+            _theta(population, worker, 1.0, w, z, theta)
+            _softmax_scaled(theta, 1.0, p)
+            c = 0.0
+            for k in range(K):
+                c += counts[w, z, k]
+            for k in range(K):
+                grad[w, z, k] = counts[w, z, k] - c * p[k]
+                for m in range(K):
+                    neg_hess[w, z, k, m] = -c * p[k] * p[m]
+                neg_hess[w, z, k, k] += c * p[k]
+
+
+@jit
+def grad_hess_from_labels(ptr, workers, labels, weights, q, clarity, population, worker, grad, neg_hess):  # type: ignore[no-untyped-def]
+    """As grad_hess_from_counts, with each item's clarity d_i scaling the logits (eq. 12')."""
+    grad[:] = 0.0
+    neg_hess[:] = 0.0
+    K = population.shape[0]
+    theta = np.empty(K)
+    p = np.empty(K)
+    for i in range(ptr.shape[0] - 1):
+        d = math.exp(clarity[i])
+        for j in range(ptr[i], ptr[i + 1]):
+            w, l, h = workers[j], labels[j], weights[j]
+            for z in range(K):
+                c = h * q[i, z]
+                if c == 0.0:
+                    continue
+                _theta(population, worker, 1.0, w, z, theta)
+                _softmax_scaled(theta, d, p)
+                for k in range(K):
+                    grad[w, z, k] -= c * d * p[k]
+                    for m in range(K):
+                        neg_hess[w, z, k, m] -= c * d * d * p[k] * p[m]
+                    neg_hess[w, z, k, k] += c * d * d * p[k]
+                grad[w, z, l] += c * d
+
+
+@jit
+def _solve_spd(a, b, out):  # type: ignore[no-untyped-def]
+    """Solve a x = b for a small symmetric positive definite a (Cholesky; a is overwritten)."""
+    n = b.shape[0]
+    for i in range(n):
+        for j in range(i + 1):
+            acc = a[i, j]
+            for k in range(j):
+                acc -= a[i, k] * a[j, k]
+            if i == j:
+                a[i, i] = math.sqrt(max(acc, 1e-300))
+            else:
+                a[i, j] = acc / a[j, j]
+    for i in range(n):
+        acc = b[i]
+        for k in range(i):
+            acc -= a[i, k] * out[k]
+        out[i] = acc / a[i, i]
+    for i in range(n - 1, -1, -1):
+        acc = out[i]
+        for k in range(i + 1, n):
+            acc -= a[k, i] * out[k]
+        out[i] = acc / a[i, i]
+
+
+@jit
+def _clip_step(step):  # type: ignore[no-untyped-def]
+    """Shrink a Newton step so no coordinate moves more than _MAX_NEWTON_STEP."""
+    big = 0.0
+    for v in step:
+        big = max(big, abs(v))
+    if big > _MAX_NEWTON_STEP:
+        for k in range(step.shape[0]):
+            step[k] *= _MAX_NEWTON_STEP / big
+
+
+@jit
+def newton_workers(worker, grad, neg_hess, lam):  # type: ignore[no-untyped-def]
+    """One Newton step per row A_w[z] on data + N(0, 1/lam) prior (eq. 13)."""
+    W, K = worker.shape[0], worker.shape[1]
+    a = np.empty((K, K))
+    rhs = np.empty(K)
+    step = np.empty(K)
+    for w in range(W):
+        for z in range(K):
+            for k in range(K):
+                rhs[k] = grad[w, z, k] - lam * worker[w, z, k]
+                for m in range(K):
+                    a[k, m] = neg_hess[w, z, k, m]
+                a[k, k] += lam
+            _solve_spd(a, rhs, step)
+            _clip_step(step)
+            for k in range(K):
+                worker[w, z, k] += step[k]
+
+
+@jit
+def newton_population(population, population_mean, grad, neg_hess, lam):  # type: ignore[no-untyped-def]
+    """One Newton step per row Gamma[z]: data summed over workers + N(Gamma_0, 1/lam) prior."""
+    W, K = grad.shape[0], population.shape[0]
+    a = np.empty((K, K))
+    rhs = np.empty(K)
+    step = np.empty(K)
+    for z in range(K):
+        for k in range(K):
+            rhs[k] = -lam * (population[z, k] - population_mean[z, k])
+            for m in range(K):
+                a[k, m] = 0.0
+            a[k, k] = lam
+        for w in range(W):
+            for k in range(K):
+                rhs[k] += grad[w, z, k]
+                for m in range(K):
+                    a[k, m] += neg_hess[w, z, k, m]
+        _solve_spd(a, rhs, step)
+        _clip_step(step)
+        for k in range(K):
+            population[z, k] += step[k]

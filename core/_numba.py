@@ -1,0 +1,24 @@
+"""All numba machinery lives here: kernels elsewhere are plain loops decorated with `jit`.
+
+`cache=True` writes compiled machine code next to each module (``__pycache__``) so that a
+second process (a test worker, the CLI, the service) loads it instead of compiling again.
+Numba's cache is safe for concurrent readers; concurrent first compiles of the same kernel
+by several processes may each compile (numba issue 4807) but produce the same file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numba
+
+F = TypeVar("F")
+
+
+def jit(func: F) -> F:
+    """Compile ``func`` in nopython mode, cached on disk, releasing the GIL.
+
+    ``fastmath`` stays off: replays must be bit-identical and NaN/inf checks must hold.
+    """
+    compiled: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(func)
+    return compiled  # type: ignore[no-any-return]

@@ -1,0 +1,213 @@
+"""The nominal label model: hyperparameters and parameters (docs/model.md has the math).
+
+Notation follows seed 004. For K classes and S worker slots:
+
+* ``class_logits`` (K,): gamma_pi, the class prior is pi = softmax(gamma_pi);
+* ``population`` (K, K): Gamma, the population confusion in logit form (row = true class,
+  column = answer);
+* ``worker`` (S, K, K): A, each slot's deviation from the population, so the slot's
+  confusion logits are Theta_s = Gamma + A_s. It is stored scaled: A = ``scale`` * stored,
+  which makes the prior's uniform shrinkage of every slot an O(1) update (see _kernels).
+
+A worker with little data, or a slot shared by many workers, keeps A_s near 0 under its
+Gaussian prior and is modelled by the population matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from core.hashing import DEFAULT_WORKER_SLOTS
+
+FloatArray = npt.NDArray[np.float64]
+
+# Indices into NominalParams.scalars (kept in an array so kernels can update them in place).
+SCALE, STEP = 0, 1
+
+
+@dataclass(frozen=True)
+class NominalConfig:
+    """Hyperparameters of the model and of its online and batch fits."""
+
+    n_classes: int
+    """K, the number of classes."""
+    n_worker_slots: int = DEFAULT_WORKER_SLOTS
+    """S, the number of hashed worker slots."""
+    class_prior: tuple[float, ...] | None = None
+    """Prior class distribution (--priorz), normalised; uniform when None."""
+    eta0: float = 10.0
+    """eta_0 of the step size eta_t = eta_0 (tau_0 + t)^-rho."""
+    tau0: float = 100.0
+    """tau_0 (--initial-t)."""
+    rho: float = 0.5
+    """rho, the decay exponent."""
+    n_items: float = 10_000.0
+    """|I| (--n-items): the prior enters each item's F_i with weight 1/|I|."""
+    worker_prior: float = 1.0
+    """lambda_A: precision of the Gaussian prior pulling each slot's A_s toward 0."""
+    population_prior: float = 0.1
+    """lambda_Gamma: precision of the prior pulling Gamma toward its mean."""
+    population_diagonal: float = 2.0
+    """c_0: the prior mean of Gamma is c_0 on the diagonal, 0 elsewhere (workers beat chance)."""
+    class_prior_strength: float = 1.0
+    """lambda_pi: precision of the prior pulling gamma_pi toward log(class_prior)."""
+    difficulty: bool = False
+    """Model a per-item clarity d_i = exp(b_i) that scales every worker's logits."""
+    difficulty_prior: float = 1.0
+    """lambda_b: precision of the Gaussian prior on b_i."""
+    em_tol: float = 1e-6
+    """Per-item EM stops when b_i moves less than this (no-difficulty EM is exact in one step)."""
+    em_max_iter: int = 50
+    """At most this many per-item EM rounds."""
+    population_rate: float = 0.1
+    """Step of Gamma relative to eta_t (Gamma sees every label, a slot only its own)."""
+    class_rate: float = 0.03
+    """Step of gamma_pi relative to eta_t."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "n_classes must be at least 2": self.n_classes >= 2,
+            "n_worker_slots must be at least 1": self.n_worker_slots >= 1,
+            "eta0 must be >= 0": self.eta0 >= 0,
+            "tau0 must be >= 0": self.tau0 >= 0,
+            "rho must be >= 0": self.rho >= 0,
+            "n_items must be > 0": self.n_items > 0,
+            "worker_prior must be > 0": self.worker_prior > 0,
+            "population_prior must be > 0": self.population_prior > 0,
+            "class_prior_strength must be > 0": self.class_prior_strength > 0,
+            "difficulty_prior must be > 0": self.difficulty_prior > 0,
+            "em_tol must be > 0": self.em_tol > 0,
+            "em_max_iter must be >= 1": self.em_max_iter >= 1,
+        }
+        failed = [msg for msg, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError("; ".join(failed))
+        if self.class_prior is not None:
+            prior = np.asarray(self.class_prior, dtype=np.float64)
+            if prior.shape != (self.n_classes,) or not np.all(prior > 0):
+                raise ValueError(
+                    f"class_prior needs {self.n_classes} positive numbers, got {self.class_prior}"
+                )
+
+    def with_(self, **changes: Any) -> NominalConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NominalConfig:
+        data = dict(data)
+        if data.get("class_prior") is not None:
+            data["class_prior"] = tuple(float(x) for x in data["class_prior"])
+        return cls(**data)
+
+    def class_prior_logits(self) -> FloatArray:
+        """log of the normalised class prior: the prior mean of gamma_pi."""
+        if self.class_prior is None:
+            return np.full(self.n_classes, -np.log(self.n_classes))
+        prior = np.asarray(self.class_prior, dtype=np.float64)
+        return np.log(prior / prior.sum())
+
+    def population_mean(self) -> FloatArray:
+        """The prior mean of Gamma: c_0 on the diagonal."""
+        return self.population_diagonal * np.eye(self.n_classes)
+
+    def hyper_vector(self) -> FloatArray:
+        """Hyperparameters packed for the kernels (order fixed by _kernels.H_*)."""
+        return np.array(
+            [
+                self.eta0,
+                self.tau0,
+                self.rho,
+                self.n_items,
+                self.worker_prior,
+                self.population_prior,
+                self.class_prior_strength,
+                1.0 if self.difficulty else 0.0,
+                self.difficulty_prior,
+                self.em_tol,
+                float(self.em_max_iter),
+                self.population_rate,
+                self.class_rate,
+            ],
+            dtype=np.float64,
+        )
+
+
+@dataclass
+class NominalParams:
+    """The learned state: everything a replay must reproduce bit for bit."""
+
+    class_logits: FloatArray
+    population: FloatArray
+    worker: FloatArray
+    scalars: FloatArray = field(default_factory=lambda: np.array([1.0, 0.0]))
+
+    @classmethod
+    def initial(cls, config: NominalConfig) -> NominalParams:
+        """Parameters at their prior means: every slot is the population."""
+        K, S = config.n_classes, config.n_worker_slots
+        return cls(
+            class_logits=config.class_prior_logits(),
+            population=config.population_mean(),
+            worker=np.zeros((S, K, K)),
+            scalars=np.array([1.0, 0.0]),
+        )
+
+    @property
+    def step(self) -> int:
+        """t: how many item blocks have updated the parameters."""
+        return int(self.scalars[STEP])
+
+    def worker_logits(self, slots: npt.NDArray[np.int64]) -> FloatArray:
+        """Theta_s = Gamma + A_s for the given slots, shape (len(slots), K, K)."""
+        return self.population[None, :, :] + self.scalars[SCALE] * self.worker[slots]
+
+    def worker_confusion(self, slots: npt.NDArray[np.int64]) -> FloatArray:
+        """Each slot's confusion matrix: P(answer = l | true class = z), rows sum to 1."""
+        return _softmax_rows(self.worker_logits(slots))
+
+    def population_confusion(self) -> FloatArray:
+        return _softmax_rows(self.population)
+
+    def class_priors(self) -> FloatArray:
+        return _softmax_rows(self.class_logits)
+
+    def copy(self) -> NominalParams:
+        return NominalParams(
+            self.class_logits.copy(), self.population.copy(), self.worker.copy(), self.scalars.copy()
+        )
+
+    def arrays(self) -> dict[str, FloatArray]:
+        """Named arrays, e.g. for ``np.savez``; ``from_arrays`` inverts it."""
+        return {
+            "class_logits": self.class_logits,
+            "population": self.population,
+            "worker": self.worker,
+            "scalars": self.scalars,
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, FloatArray]) -> NominalParams:
+        return cls(
+            class_logits=np.array(arrays["class_logits"], dtype=np.float64),
+            population=np.array(arrays["population"], dtype=np.float64),
+            worker=np.array(arrays["worker"], dtype=np.float64),
+            scalars=np.array(arrays["scalars"], dtype=np.float64),
+        )
+
+    def equals(self, other: NominalParams) -> bool:
+        """Bit-identical parameters (what replay determinism promises)."""
+        return all(np.array_equal(a, b) for a, b in zip(self.arrays().values(), other.arrays().values(), strict=True))
+
+
+def _softmax_rows(x: FloatArray) -> FloatArray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    out: FloatArray = e / e.sum(axis=-1, keepdims=True)
+    return out

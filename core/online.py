@@ -1,0 +1,120 @@
+"""Online EM for nominal labels (``nominalonlineextract``, seed 004).
+
+For each block of one item's labels: maximise F_i over q_i (and the item's clarity) with
+the global parameters fixed, then step the worker and global parameters along grad F_i
+with eta_t = eta_0 (tau_0 + t)^-rho. When an item's labels come in several arrivals, the
+later ones step along the *change* of the item's contribution, so that every label counts
+once (docs/model.md, "Items that arrive in pieces").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from core import _kernels
+from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.nominal import NominalConfig, NominalParams
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """Per-block outputs, indexed like the blocks."""
+
+    posteriors: FloatArray
+    """q_i: the posterior over the true class, shape (n_blocks, K)."""
+    clarity: FloatArray
+    """b_i = log d_i (0 when the model has no difficulty)."""
+    objective: FloatArray
+    """F_i evaluated before the parameter update (progressive validation)."""
+
+
+class OnlineEM:
+    """The online nominal model: ``learn_many`` updates it, ``predict_many`` only reads it."""
+
+    def __init__(self, config: NominalConfig, params: NominalParams | None = None) -> None:
+        self.config = config
+        self.params = params if params is not None else NominalParams.initial(config)
+        self._hyper = config.hyper_vector()
+        self._class_mean = config.class_prior_logits()
+        self._population_mean = config.population_mean()
+        self._check_params()
+
+    def _check_params(self) -> None:
+        K, S = self.config.n_classes, self.config.n_worker_slots
+        p = self.params
+        if p.class_logits.shape != (K,) or p.population.shape != (K, K) or p.worker.shape != (S, K, K):
+            raise ValueError(
+                f"parameters do not fit the configuration (K={K}, S={S}): class_logits "
+                f"{p.class_logits.shape}, population {p.population.shape}, worker {p.worker.shape}"
+            )
+
+    def learn_many(
+        self,
+        blocks: LabelBlocks,
+        order: npt.ArrayLike | None = None,
+        previous: BlockResult | None = None,
+        n_previous: npt.ArrayLike | None = None,
+        out: BlockResult | None = None,
+    ) -> BlockResult:
+        """Learn from the blocks listed in ``order`` (default: all, as given), in that order.
+
+        ``n_previous[b]`` labels at the head of block b (in its canonical order) were learned
+        in an earlier arrival of the same item, whose result is ``previous`` (row b).
+        Results go to the rows of ``out`` (allocated when None) named by ``order``.
+        """
+        return self._run(blocks, order, previous, n_previous, out, update=True)
+
+    def predict_many(
+        self, blocks: LabelBlocks, order: npt.ArrayLike | None = None, out: BlockResult | None = None
+    ) -> BlockResult:
+        """Posteriors under the current parameters, which are left unchanged."""
+        return self._run(blocks, order, None, None, out, update=False)
+
+    def _run(
+        self,
+        blocks: LabelBlocks,
+        order: npt.ArrayLike | None,
+        previous: BlockResult | None,
+        n_previous: npt.ArrayLike | None,
+        out: BlockResult | None,
+        update: bool,
+    ) -> BlockResult:
+        nb, K = blocks.n_blocks, self.config.n_classes
+        self._check_codes(blocks)
+        order_a = np.arange(nb, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+        if order_a.size and (order_a.min() < 0 or order_a.max() >= nb):
+            raise ValueError(f"order must list block numbers in 0..{nb - 1}")
+        if previous is None:
+            q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
+            n_old: IntArray = np.zeros(nb, dtype=np.int64)
+        else:
+            q_old, b_old = previous.posteriors, previous.clarity
+            n_old = np.asarray(n_previous, dtype=np.int64)
+            if n_old.shape != (nb,) or np.any(n_old > blocks.sizes()) or np.any(n_old < 0):
+                raise ValueError("n_previous needs one count per block, between 0 and its size")
+        if out is None:
+            out = BlockResult(np.empty((nb, K)), np.empty(nb), np.empty(nb))
+        elif out.posteriors.shape != (nb, K) or out.clarity.shape != (nb,) or out.objective.shape != (nb,):
+            raise ValueError("out does not have one row per block")
+        p = self.params
+        _kernels.learn_blocks(
+            blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
+            n_old, q_old, b_old, update,
+            p.class_logits, self._class_mean, p.population, self._population_mean,
+            p.worker, p.scalars, self._hyper,
+            out.posteriors, out.clarity, out.objective,
+        )  # fmt: skip
+        return out
+
+    def _check_codes(self, blocks: LabelBlocks) -> None:
+        if blocks.n_labels == 0:
+            return
+        if blocks.labels.min() < 0 or blocks.labels.max() >= self.config.n_classes:
+            raise ValueError(f"labels must be class codes in 0..{self.config.n_classes - 1}")
+        if blocks.slots.min() < 0 or blocks.slots.max() >= self.config.n_worker_slots:
+            raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
+        if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
+            raise ValueError("weights must be finite and >= 0")

@@ -1,0 +1,53 @@
+"""Shared fixtures: the shared datasets and a seeded Dawid-Skene generator."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = Path(os.environ.get("CROWDTALLY_DATASETS", REPO.parent / "shared" / "datasets"))
+
+
+@pytest.fixture(scope="session")
+def datasets_root() -> Path:
+    if not (DATASETS / "INDEX.md").exists():
+        pytest.fail(f"shared datasets not found at {DATASETS} (set CROWDTALLY_DATASETS)")
+    return DATASETS
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    items: np.ndarray
+    workers: np.ndarray
+    labels: np.ndarray
+    truth: np.ndarray
+    confusion: np.ndarray
+    n_classes: int
+
+
+def dawid_skene(n_items: int, n_workers: int, per_item: int, n_classes: int, seed: int) -> Synthetic:
+    """Items with a true class; each answered by distinct random workers from their confusion rows."""
+    rng = np.random.default_rng(seed)
+    prior = rng.dirichlet(np.full(n_classes, 5.0))
+    truth = rng.choice(n_classes, size=n_items, p=prior)
+    accuracy = rng.uniform(0.55, 0.95, size=n_workers)
+    confusion = np.empty((n_workers, n_classes, n_classes))
+    for w in range(n_workers):
+        off = rng.dirichlet(np.ones(n_classes - 1), size=n_classes) * (1 - accuracy[w])
+        for z in range(n_classes):
+            confusion[w, z] = np.insert(off[z], z, accuracy[w])
+    workers = np.argsort(rng.random((n_items, n_workers)), axis=1)[:, :per_item].ravel()
+    items = np.repeat(np.arange(n_items), per_item)
+    cum = confusion[workers, truth[items]].cumsum(axis=1)
+    labels = (rng.random(items.size)[:, None] > cum).sum(axis=1)
+    return Synthetic(items, workers, np.minimum(labels, n_classes - 1), truth, confusion, n_classes)
+
+
+@pytest.fixture(scope="session")
+def synthetic() -> Synthetic:
+    return dawid_skene(n_items=3000, n_workers=40, per_item=5, n_classes=3, seed=7)

@@ -1,0 +1,198 @@
+"""The online nominal model: hand-checked values, gradients, and the engine's invariants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.blocks import LabelBlocks
+from core.nominal import NominalConfig, NominalParams
+from core.online import BlockResult, OnlineEM
+
+from ..conftest import Synthetic
+
+
+def small_config(**kw: float) -> NominalConfig:
+    base = dict(n_classes=2, n_worker_slots=8, n_items=10.0)
+    return NominalConfig(**(base | kw))  # type: ignore[arg-type]
+
+
+def one_block(slots: list[int], labels: list[int]) -> LabelBlocks:
+    return LabelBlocks.group(np.zeros(len(slots), dtype=np.int64), slots, labels)
+
+
+def test_hand_checked_posterior_and_objective() -> None:
+    # Initial parameters: Gamma = 2 I, A = 0, pi uniform. A worker is right with e^2/(1+e^2).
+    model = OnlineEM(small_config())
+    res = model.predict_many(one_block([0, 1, 2], [0, 0, 1]))
+    right = math.exp(2) / (1 + math.exp(2))
+    wrong = 1 - right
+    joint0 = 0.5 * right * right * wrong  # true class 0: two right answers, one wrong
+    joint1 = 0.5 * wrong * wrong * right
+    assert res.posteriors[0] == pytest.approx([joint0 / (joint0 + joint1), joint1 / (joint0 + joint1)], rel=1e-12)
+    assert res.objective[0] == pytest.approx(math.log(joint0 + joint1), rel=1e-12)
+
+
+def test_hand_checked_first_step() -> None:
+    cfg = small_config()
+    model = OnlineEM(cfg)
+    res = model.learn_many(one_block([3, 5], [1, 1]))
+    q = res.posteriors[0]
+    eta = cfg.eta0 * cfg.tau0 ** (-cfg.rho)
+    right = math.exp(2) / (1 + math.exp(2))
+    p = np.array([[right, 1 - right], [1 - right, right]])  # p(l | z) at the start
+    grad_one_label = q[:, None] * (np.array([0.0, 1.0])[None, :] - p)  # eq. 7 for answer l = 1
+    # Each slot moves by eta * its own label's gradient; Gamma by population_rate * eta * both.
+    assert model.params.worker_logits(np.array([3]))[0] - model.params.population == pytest.approx(eta * grad_one_label, abs=1e-14)
+    expected_gamma = cfg.population_mean() + cfg.population_rate * eta * 2 * grad_one_label
+    assert model.params.population == pytest.approx(expected_gamma, abs=1e-14)
+    assert model.params.step == 1
+
+
+def test_gradient_matches_finite_differences() -> None:
+    # Envelope theorem: at the optimal q, dF_i/dA_s is the partial derivative, which the step uses.
+    cfg = small_config(n_classes=3, eta0=1e-6, tau0=1.0, worker_prior=1e-9, population_prior=1e-9, class_prior_strength=1e-9)
+    rng = np.random.default_rng(0)
+    params = NominalParams.initial(cfg)
+    params.worker[:] = rng.normal(size=params.worker.shape)
+    block = one_block([1, 2, 2, 4], [0, 2, 1, 2])
+    before = params.copy()
+    OnlineEM(cfg, params).learn_many(block)
+    eta = cfg.eta0 * cfg.tau0 ** (-cfg.rho)
+    step = (params.worker * params.scalars[0] - before.worker) / eta
+    eps = 1e-6
+    for s, z, k in [(1, 0, 0), (2, 1, 2), (4, 2, 2), (2, 0, 1)]:
+        plus, minus = before.copy(), before.copy()
+        plus.worker[s, z, k] += eps
+        minus.worker[s, z, k] -= eps
+        numeric = (OnlineEM(cfg, plus).predict_many(block).objective[0] - OnlineEM(cfg, minus).predict_many(block).objective[0]) / (2 * eps)
+        assert step[s, z, k] == pytest.approx(numeric, rel=1e-4, abs=1e-7)
+
+
+block_strategy = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 2), st.floats(0.1, 3.0)), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(labels=block_strategy, difficulty=st.booleans())
+def test_posteriors_are_distributions(labels: list[tuple[int, int, float]], difficulty: bool) -> None:
+    cfg = small_config(n_classes=3, difficulty=difficulty)
+    slots, answers, weights = zip(*labels, strict=True)
+    blocks = LabelBlocks.group(np.zeros(len(labels), dtype=np.int64), slots, answers, weights)
+    res = OnlineEM(cfg).learn_many(blocks)
+    assert np.all(res.posteriors >= 0)
+    assert res.posteriors.sum(axis=1) == pytest.approx(1.0, abs=1e-12)
+    assert np.all(np.isfinite(res.objective))
+
+
+@settings(max_examples=40, deadline=None)
+@given(labels=block_strategy, seed=st.integers(0, 2**32 - 1), difficulty=st.booleans())
+def test_order_inside_a_block_does_not_matter(labels: list[tuple[int, int, float]], seed: int, difficulty: bool) -> None:
+    cfg = small_config(n_classes=3, difficulty=difficulty)
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    results = []
+    for rows in (labels, [labels[i] for i in perm]):
+        slots, answers, weights = zip(*rows, strict=True)
+        model = OnlineEM(cfg)
+        res = model.learn_many(LabelBlocks.group(np.zeros(len(rows), dtype=np.int64), slots, answers, weights))
+        results.append((res, model.params))
+    (r1, p1), (r2, p2) = results
+    assert np.array_equal(r1.posteriors, r2.posteriors)  # bit-identical, not approximately equal
+    assert p1.equals(p2)
+
+
+def stream_blocks(data: Synthetic, n_slots: int) -> LabelBlocks:
+    return LabelBlocks.group(data.items, data.workers % n_slots, data.labels)
+
+
+@pytest.mark.parametrize("difficulty", [False, True])
+def test_replay_is_bit_identical(synthetic: Synthetic, difficulty: bool) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0, difficulty=difficulty)
+    blocks = stream_blocks(synthetic, 64)
+    order = np.random.default_rng(1).permutation(blocks.n_blocks)
+    runs = []
+    for _ in range(2):
+        model = OnlineEM(cfg)
+        res = model.learn_many(blocks, order=order)
+        runs.append((res, model.params))
+    assert np.array_equal(runs[0][0].posteriors, runs[1][0].posteriors)
+    assert runs[0][1].equals(runs[1][1])
+
+
+def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    blocks = stream_blocks(synthetic, 64)
+    whole = OnlineEM(cfg)
+    whole.learn_many(blocks)
+    chunked = OnlineEM(cfg)
+    out = BlockResult(np.empty((blocks.n_blocks, 3)), np.empty(blocks.n_blocks), np.empty(blocks.n_blocks))
+    for lo, hi in [(0, 1), (1, 100), (100, 3000)]:
+        chunked.learn_many(blocks, order=np.arange(lo, hi), out=out)
+    assert whole.params.equals(chunked.params)
+
+
+def split_arrivals(labels: list[tuple[int, int]], cuts: list[int], model: OnlineEM) -> BlockResult:
+    """Feed one item's labels in arrivals ending at each cut; return the final result."""
+    previous: BlockResult | None = None
+    n_prev = 0
+    for cut in cuts:
+        slots, answers = zip(*labels[:cut], strict=True)
+        block = one_block(list(slots), list(answers))
+        # Old labels must sit at the head of the block: keep arrival order (sorted per arrival).
+        block = LabelBlocks(block.ptr, np.array(slots), np.array(answers), np.ones(cut))
+        previous = model.learn_many(block, previous=previous, n_previous=[n_prev]) if previous else model.learn_many(block)
+        n_prev = cut
+    assert previous is not None
+    return previous
+
+
+@pytest.mark.parametrize("difficulty", [False, True])
+def test_each_label_counts_once_across_arrivals(difficulty: bool) -> None:
+    # One item whose 8 labels arrive one by one moves the parameters as much as if they had
+    # arrived together; re-stepping along the whole item's gradient would move them ~4.5x as far.
+    cfg = small_config(n_classes=3, eta0=1e-3, tau0=1.0, rho=0.0, difficulty=difficulty)
+    labels = [(0, 0), (1, 0), (2, 1), (3, 0), (4, 2), (5, 0), (6, 0), (7, 1)]
+    together, pieces = OnlineEM(cfg), OnlineEM(cfg)
+    split_arrivals(labels, [8], together)
+    res = split_arrivals(labels, [1, 2, 3, 4, 5, 6, 7, 8], pieces)
+    start = NominalParams.initial(cfg)
+    moved_together = together.params.worker_logits(np.arange(8)) - start.worker_logits(np.arange(8))
+    moved_pieces = pieces.params.worker_logits(np.arange(8)) - start.worker_logits(np.arange(8))
+    assert np.abs(moved_together).sum() > 0
+    assert moved_pieces == pytest.approx(moved_together, rel=2e-2, abs=1e-9)
+    assert res.posteriors[0] == pytest.approx(OnlineEM(cfg, together.params).predict_many(one_block(*map(list, zip(*labels, strict=True)))).posteriors[0], abs=1e-3)
+    # the prior's shrinkage was applied once (first arrival), the step counter once per arrival
+    assert pieces.params.step == 8 and together.params.step == 1
+
+
+def test_recovers_synthetic_truth(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_items=3000.0)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    model = OnlineEM(cfg)
+    for p in range(3):
+        model.learn_many(blocks, order=np.random.default_rng(p).permutation(blocks.n_blocks))
+    posterior = model.predict_many(blocks).posteriors
+    majority = np.array([np.bincount(synthetic.labels[synthetic.items == i], minlength=3).argmax() for i in range(3000)])
+    acc = float(np.mean(posterior.argmax(1) == synthetic.truth))
+    assert acc > float(np.mean(majority == synthetic.truth)) + 0.02
+    confusion = model.params.worker_confusion(np.arange(40))
+    diag_est = confusion[:, np.arange(3), np.arange(3)].mean(axis=1)
+    diag_true = synthetic.confusion[:, np.arange(3), np.arange(3)].mean(axis=1)
+    assert np.corrcoef(diag_est, diag_true)[0, 1] > 0.9  # worker quality is recovered
+
+
+def test_bad_inputs_are_refused() -> None:
+    model = OnlineEM(small_config())
+    with pytest.raises(ValueError, match="labels must be class codes"):
+        model.learn_many(one_block([0], [2]))
+    with pytest.raises(ValueError, match="slots must be in"):
+        model.learn_many(one_block([8], [0]))
+    with pytest.raises(ValueError, match="do not fit"):
+        OnlineEM(small_config(n_classes=3), NominalParams.initial(small_config()))
+    with pytest.raises(ValueError, match="n_classes"):
+        NominalConfig(n_classes=1)
