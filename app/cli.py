@@ -13,7 +13,9 @@ from app.model_file import ModelFileError, SavedModel, load_model, save_model
 from app.triples import InputError, read_triples, read_truth
 from core.nominal import NominalConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Online label aggregation for crowdsourcing.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Online label aggregation for crowdsourcing."
+)
 
 DEFAULTS = NominalConfig(n_classes=2)
 
@@ -27,25 +29,78 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 
 @app.command()
 def extract(
-    data: Annotated[Path | None, typer.Argument(help="Answers file: item,worker,label CSV, or tab/space separated.")] = None,
-    data_opt: Annotated[Path | None, typer.Option("--data", help="Same as the DATA argument (the seed's flag).")] = None,
-    labels: Annotated[str | None, typer.Option("--labels", help="Class names in order, comma-separated.")] = None,
-    n_labels: Annotated[int | None, typer.Option("--n-labels", "--n_labels", help="K: the labels are 0..K-1.")] = None,
-    n_worker_slots: Annotated[int, typer.Option("--n-worker-slots", "--n_worker_slots", "--n_workers", help="Hashed worker slots.")] = DEFAULTS.n_worker_slots,
-    eta: Annotated[float, typer.Option("--eta", help="eta_0 of eta_t = eta_0 (tau_0 + t)^-rho.")] = DEFAULTS.eta0,
+    data: Annotated[
+        Path | None,
+        typer.Argument(help="Answers file: item,worker,label CSV, or tab/space separated."),
+    ] = None,
+    data_opt: Annotated[
+        Path | None, typer.Option("--data", help="Same as the DATA argument (the seed's flag).")
+    ] = None,
+    labels: Annotated[
+        str | None, typer.Option("--labels", help="Class names in order, comma-separated.")
+    ] = None,
+    n_labels: Annotated[
+        int | None, typer.Option("--n-labels", "--n_labels", help="K: the labels are 0..K-1.")
+    ] = None,
+    n_worker_slots: Annotated[
+        int,
+        typer.Option(
+            "--n-worker-slots", "--n_worker_slots", "--n_workers", help="Hashed worker slots."
+        ),
+    ] = DEFAULTS.n_worker_slots,
+    eta: Annotated[
+        float, typer.Option("--eta", help="eta_0 of eta_t = eta_0 (tau_0 + t)^-rho.")
+    ] = DEFAULTS.eta0,
     rho: Annotated[float, typer.Option("--rho", help="Decay exponent rho.")] = DEFAULTS.rho,
-    initial_t: Annotated[float, typer.Option("--initial-t", "--initial_t", help="tau_0.")] = DEFAULTS.tau0,
-    n_items: Annotated[float | None, typer.Option("--n-items", "--n_items", help="|I|, the prior's weight is 1/|I| per item [default: items in the file].")] = None,
-    priorz: Annotated[str | None, typer.Option("--priorz", help="Prior class distribution, comma-separated (normalised).")] = None,
+    initial_t: Annotated[
+        float, typer.Option("--initial-t", "--initial_t", help="tau_0.")
+    ] = DEFAULTS.tau0,
+    n_items: Annotated[
+        float | None,
+        typer.Option(
+            "--n-items",
+            "--n_items",
+            help="|I|, the prior's weight is 1/|I| per item [default: items in the file].",
+        ),
+    ] = None,
+    priorz: Annotated[
+        str | None,
+        typer.Option("--priorz", help="Prior class distribution, comma-separated (normalised)."),
+    ] = None,
     passes: Annotated[int, typer.Option("--passes", min=1, help="Passes over the items.")] = 1,
-    shuffle: Annotated[int | None, typer.Option("--shuffle", help="Process items in a random order drawn from this seed, anew each pass [default: file order].")] = None,
-    difficulty: Annotated[bool, typer.Option("--difficulty/--no-difficulty", help="Model a per-item clarity.")] = DEFAULTS.difficulty,
-    model: Annotated[Path | None, typer.Option("--model", "--save", help="Write the final model to this file.")] = None,
-    load: Annotated[Path | None, typer.Option("--load", help="Start from this saved model (its configuration wins).")] = None,
-    test_only: Annotated[bool, typer.Option("--test-only", "--test_only", help="Do not learn: posteriors under the loaded model.")] = False,
-    predictions: Annotated[Path | None, typer.Option("--predictions", help="Write item,label,probability,<one column per class>.")] = None,
-    truth: Annotated[Path | None, typer.Option("--truth", help="Gold labels (item,label) to report accuracy.")] = None,
-    batch: Annotated[bool, typer.Option("--batch", help="Batch EM to convergence instead of online EM.")] = False,
+    shuffle: Annotated[
+        int | None,
+        typer.Option(
+            "--shuffle",
+            help="Process items in a random order drawn from this seed, anew each pass [default: file order].",
+        ),
+    ] = None,
+    difficulty: Annotated[
+        bool, typer.Option("--difficulty/--no-difficulty", help="Model a per-item clarity.")
+    ] = DEFAULTS.difficulty,
+    model: Annotated[
+        Path | None, typer.Option("--model", "--save", help="Write the final model to this file.")
+    ] = None,
+    load: Annotated[
+        Path | None,
+        typer.Option("--load", help="Start from this saved model (its configuration wins)."),
+    ] = None,
+    test_only: Annotated[
+        bool,
+        typer.Option(
+            "--test-only", "--test_only", help="Do not learn: posteriors under the loaded model."
+        ),
+    ] = False,
+    predictions: Annotated[
+        Path | None,
+        typer.Option("--predictions", help="Write item,label,probability,<one column per class>."),
+    ] = None,
+    truth: Annotated[
+        Path | None, typer.Option("--truth", help="Gold labels (item,label) to report accuracy.")
+    ] = None,
+    batch: Annotated[
+        bool, typer.Option("--batch", help="Batch EM to convergence instead of online EM.")
+    ] = False,
 ) -> None:
     """Aggregate labels: posteriors per item and worker confusion matrices (nominalonlineextract)."""
     path = data or data_opt
@@ -64,7 +119,9 @@ def extract(
     classes = job.resolve_classes(triples, names, n_labels, str(path))
     encoded = job.encode(triples, classes, str(path))
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
-    gold_codes = gold if gold is not None else -__import__("numpy").ones(encoded.n_items, dtype="int64")
+    gold_codes = (
+        gold if gold is not None else -__import__("numpy").ones(encoded.n_items, dtype="int64")
+    )
     if saved is not None:
         config = saved.config
     else:
@@ -85,11 +142,23 @@ def extract(
         slot_params = job.slot_params_from_batch(params, encoded, config)
         speed = f"batch EM: {result.n_iter} iterations in {seconds:.2f}s"
     else:
-        run = job.run_online(encoded, config, saved.params if saved else None, passes, shuffle, gold_codes, test_only, out)
+        run = job.run_online(
+            encoded,
+            config,
+            saved.params if saved else None,
+            passes,
+            shuffle,
+            gold_codes,
+            test_only,
+            out,
+        )
         posteriors, slot_params = run.final.posteriors, run.model.params
         rate = len(triples) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(triples) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
-    print(f"{encoded.n_items} items, {len(triples)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}", file=out)
+    print(
+        f"{encoded.n_items} items, {len(triples)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
+        file=out,
+    )
     print(speed, file=out)
     if gold is not None:
         acc, n = job.accuracy(posteriors.argmax(axis=1), gold)
@@ -102,7 +171,9 @@ def extract(
         print(f"model written to {model}", file=out)
 
 
-def _settings_line(config: NominalConfig, path: Path, passes: int, test_only: bool, batch: bool) -> str:
+def _settings_line(
+    config: NominalConfig, path: Path, passes: int, test_only: bool, batch: bool
+) -> str:
     prior = ",".join(f"{p:.6f}" for p in __import__("numpy").exp(config.class_prior_logits()))
     mode = "batch EM" if batch else f"online EM, {passes} pass(es)"
     return (

@@ -66,7 +66,9 @@ def resolve_classes(
             )  # fmt: skip
         return classes
     if len(seen) < 2:
-        raise InputError(path, None, f"only one distinct label ({seen}); give --labels or --n-labels")
+        raise InputError(
+            path, None, f"only one distinct label ({seen}); give --labels or --n-labels"
+        )
     return tuple(seen)
 
 
@@ -78,7 +80,11 @@ def encode(triples: Triples, classes: tuple[str, ...], path: str) -> Encoded:
     labels = code_of_name[label_codes.ravel()]
     if np.any(labels < 0):
         bad = int(np.argmax(labels < 0))
-        raise InputError(path, int(triples.lines[bad]), f"label {triples.labels[bad]!r} is not one of {list(classes)}")
+        raise InputError(
+            path,
+            int(triples.lines[bad]),
+            f"label {str(triples.labels[bad])!r} is not one of {list(classes)}",
+        )
     sorted_ids, first, inverse = np.unique(triples.items, return_index=True, return_inverse=True)
     rank = np.empty(sorted_ids.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(sorted_ids.size)
@@ -99,8 +105,12 @@ def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
     lookup = {name: k for k, name in enumerate(data.classes)}
     bad = sorted({label for label in truth.values() if label not in lookup})
     if bad:
-        raise InputError(path, None, f"gold labels {bad[:5]} are not among the classes {list(data.classes)}")
-    return np.array([lookup[truth[i]] if i in truth else -1 for i in data.item_ids.tolist()], dtype=np.int64)
+        raise InputError(
+            path, None, f"gold labels {bad[:5]} are not among the classes {list(data.classes)}"
+        )
+    return np.array(
+        [lookup[truth[i]] if i in truth else -1 for i in data.item_ids.tolist()], dtype=np.int64
+    )
 
 
 def accuracy(predicted: IntArray, gold: IntArray) -> tuple[float, int]:
@@ -129,7 +139,9 @@ class ProgressTable:
         self.printed_at = 0
         print(self.HEADER, file=out)
 
-    def add(self, f_per_rating: FloatArray, gold: IntArray, predicted: IntArray, ratings: IntArray) -> None:
+    def add(
+        self, f_per_rating: FloatArray, gold: IntArray, predicted: IntArray, ratings: IntArray
+    ) -> None:
         """Account for items processed in order (a chunk ending at most at the next row)."""
         self.total += float(f_per_rating.sum())
         self.since += float(f_per_rating.sum())
@@ -191,26 +203,36 @@ def run_online(
 ) -> OnlineRun:
     """Stream items (file order, or shuffled per pass) through the online model."""
     slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
-    blocks = LabelBlocks.group(data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items)
+    blocks = LabelBlocks.group(
+        data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items
+    )
     model = OnlineEM(config, params)
-    model.predict_many(blocks, order=np.zeros(0, dtype=np.int64))  # load compiled kernels before timing
+    model.predict_many(
+        blocks, order=np.zeros(0, dtype=np.int64)
+    )  # load compiled kernels before timing
     rng = np.random.default_rng(shuffle_seed)
     ratings = blocks.sizes()
     per_rating = np.maximum(blocks.total_weight(), 1e-300)
     table = ProgressTable(out, data.classes)
     K = config.n_classes
-    result = BlockResult(np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items))
+    result = BlockResult(
+        np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items)
+    )
     step = model.predict_many if test_only else model.learn_many
     seconds = 0.0
     for _ in range(passes):
-        order = rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
+        order = (
+            rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
+        )
         for lo, hi in doubling_chunks(order.size, table.count):
             chunk = order[lo:hi]
             t0 = time.perf_counter()
             step(blocks, order=chunk, out=result)
             seconds += time.perf_counter() - t0
             predicted = result.posteriors[chunk].argmax(axis=1)
-            table.add(result.objective[chunk] / per_rating[chunk], gold[chunk], predicted, ratings[chunk])
+            table.add(
+                result.objective[chunk] / per_rating[chunk], gold[chunk], predicted, ratings[chunk]
+            )
         if order.size:
             last = int(order[-1])
             table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
@@ -218,9 +240,13 @@ def run_online(
     return OnlineRun(model=model, final=final, seconds=seconds, table_average=table.average)
 
 
-def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> tuple[AggregationResult, NominalParams, float]:
+def run_batch(
+    data: Encoded, config: NominalConfig, out: TextIO
+) -> tuple[AggregationResult, NominalParams, float]:
     """Batch EM with exact workers, printing F at doubling iterations."""
-    blocks = LabelBlocks.group(data.items, data.workers, data.labels, data.weights, n_blocks=data.n_items)
+    blocks = LabelBlocks.group(
+        data.items, data.workers, data.labels, data.weights, n_blocks=data.n_items
+    )
     print("iteration   F (log posterior)", file=out)
     shown = [1]
 
@@ -236,7 +262,9 @@ def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> tuple[Aggreg
     return result, params, seconds
 
 
-def slot_params_from_batch(params: NominalParams, data: Encoded, config: NominalConfig) -> NominalParams:
+def slot_params_from_batch(
+    params: NominalParams, data: Encoded, config: NominalConfig
+) -> NominalParams:
     """Map exact-worker batch parameters into hashed slots (colliding workers averaged by labels)."""
     K, S = config.n_classes, config.n_worker_slots
     slots = worker_slots(data.worker_ids.tolist(), S)
@@ -258,7 +286,9 @@ def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None
     with tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["item", "label", "probability", *data.classes])
-        for item, k, row in zip(data.item_ids.tolist(), best.tolist(), posteriors.tolist(), strict=True):
+        for item, k, row in zip(
+            data.item_ids.tolist(), best.tolist(), posteriors.tolist(), strict=True
+        ):
             writer.writerow([item, data.classes[k], f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)])
     tmp.replace(path)
 

@@ -6,6 +6,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,8 @@ def save_model(path: str | Path, model: SavedModel) -> None:
     meta = {"format": FORMAT, "config": model.config.to_dict(), "classes": list(model.classes)}
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as fh:
-        np.savez_compressed(fh, meta=np.array(json.dumps(meta)), **model.params.arrays())
+        arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **model.params.arrays()}
+        np.savez_compressed(fh, **arrays)
     tmp.replace(path)
 
 
@@ -41,8 +43,12 @@ def load_model(path: str | Path) -> SavedModel:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             if meta.get("format") != FORMAT:
-                raise ModelFileError(f"{path}: not a crowdtally model (format {meta.get('format')!r})")
-            params = NominalParams.from_arrays({k: data[k] for k in ("class_logits", "population", "worker", "scalars")})
+                raise ModelFileError(
+                    f"{path}: not a crowdtally model (format {meta.get('format')!r})"
+                )
+            params = NominalParams.from_arrays(
+                {k: data[k] for k in ("class_logits", "population", "worker", "scalars")}
+            )
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no such file") from None
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:

@@ -54,7 +54,11 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
     first = next((ln for ln in lines if ln.strip()), "")
     if "," in first:
         # csv.reader keeps quoted commas inside a field; line numbers stay 1:1 for unquoted newlines.
-        return [(n, row) for n, row in enumerate(csv.reader(lines), start=1) if any(f.strip() for f in row)]
+        return [
+            (n, row)
+            for n, row in enumerate(csv.reader(lines), start=1)
+            if any(f.strip() for f in row)
+        ]
     return [(n, _WHITESPACE.split(ln.strip())) for n, ln in enumerate(lines, start=1) if ln.strip()]
 
 
@@ -82,10 +86,16 @@ def read_triples(path: str | Path) -> Triples:
     if tuple(head[:3]) == _HEADER:
         has_weight = head[3:] == ["weight"]
         if head[3:] and not has_weight:
-            raise InputError(path, rows[0][0], f"unknown columns {head[3:]}: expected item,worker,label[,weight]")
+            raise InputError(
+                path, rows[0][0], f"unknown columns {head[3:]}: expected item,worker,label[,weight]"
+            )
         rows = rows[1:]
     n_fields = 4 if has_weight else 3
-    items, workers, labels, weights, lines = [], [], [], [], []
+    items: list[str] = []
+    workers: list[str] = []
+    labels: list[str] = []
+    weights: list[float] = []
+    lines: list[int] = []
     for line, fields in rows:
         if len(fields) == 4 and not has_weight and not lines:
             has_weight, n_fields = True, 4

@@ -73,10 +73,7 @@ def _child(fn: Callable[[], Any], conn: Any) -> None:
         t0 = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - t0
-        if exact:
-            peak = _hwm_bytes()
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = _hwm_bytes() if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         conn.send(("ok", seconds, max(0, peak - before) / _MIB, exact, result))
     except BaseException as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))

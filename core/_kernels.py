@@ -14,7 +14,21 @@ import numpy as np
 from core._numba import jit
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
-H_ETA0, H_TAU0, H_RHO, H_NITEMS, H_LAM_A, H_LAM_G, H_LAM_PI, H_DIFF, H_LAM_B, H_TOL, H_MAXIT, H_RATE_G, H_RATE_PI = range(13)
+(
+    H_ETA0,
+    H_TAU0,
+    H_RHO,
+    H_NITEMS,
+    H_LAM_A,
+    H_LAM_G,
+    H_LAM_PI,
+    H_DIFF,
+    H_LAM_B,
+    H_TOL,
+    H_MAXIT,
+    H_RATE_G,
+    H_RATE_PI,
+) = range(13)
 SCALE, STEP = 0, 1
 _RESCALE_BELOW = 1e-100
 _MAX_NEWTON_STEP = 1.0  # trust region of the M-step: no logit moves more than this per step
@@ -22,7 +36,7 @@ _MAX_PRIOR_SHRINK = 0.5
 
 
 @jit
-def _logsumexp(x):  # type: ignore[no-untyped-def]
+def _logsumexp(x):
     m = -np.inf
     for v in x:
         m = max(m, v)
@@ -35,14 +49,14 @@ def _logsumexp(x):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _theta(population, worker, scale, s, z, theta):  # type: ignore[no-untyped-def]
+def _theta(population, worker, scale, s, z, theta):
     """theta = Gamma[z] + A_s[z]: slot s's logits for true class z (eq. 1)."""
     for k in range(theta.shape[0]):
         theta[k] = population[z, k] + scale * worker[s, z, k]
 
 
 @jit
-def _softmax_scaled(theta, d, p):  # type: ignore[no-untyped-def]
+def _softmax_scaled(theta, d, p):
     """p = softmax(d * theta); returns logsumexp(d * theta)."""
     m = -np.inf
     for k in range(theta.shape[0]):
@@ -58,7 +72,9 @@ def _softmax_scaled(theta, d, p):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta):  # type: ignore[no-untyped-def]
+def _log_joint(
+    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
+):
     """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3)."""
     K = logq.shape[0]
     lse_pi = _logsumexp(class_logits)
@@ -78,7 +94,7 @@ def _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker,
 
 
 @jit
-def _normalise(logq, q):  # type: ignore[no-untyped-def]
+def _normalise(logq, q):
     """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood."""
     lse = _logsumexp(logq)
     for z in range(q.shape[0]):
@@ -87,7 +103,7 @@ def _normalise(logq, q):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p):  # type: ignore[no-untyped-def]
+def _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p):
     """First and second derivative in b = log d of E_q[sum_j h_j log p(l_j|z,s_j,d)] (eq. 6)."""
     K = q.shape[0]
     g = 0.0
@@ -111,22 +127,55 @@ def _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, sca
 
 
 @jit
-def _item_em(lo, hi, slots, labels, weights, class_logits, population, worker, scale, hyper, b0, logq, q, theta, p):  # type: ignore[no-untyped-def]
+def _item_em(
+    lo,
+    hi,
+    slots,
+    labels,
+    weights,
+    class_logits,
+    population,
+    worker,
+    scale,
+    hyper,
+    b0,
+    logq,
+    q,
+    theta,
+    p,
+):
     """Maximise F_i over q_i (and b_i) with the global parameters fixed (eq. 4-6).
 
     Returns (b_i, F_i) with F_i the item's log marginal likelihood plus log P(b_i), the
     value progressive validation reports. Without difficulty one E-step is exact.
     """
     if hyper[H_DIFF] == 0.0:
-        _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, 1.0, logq, theta)
+        _log_joint(
+            lo,
+            hi,
+            slots,
+            labels,
+            weights,
+            class_logits,
+            population,
+            worker,
+            scale,
+            1.0,
+            logq,
+            theta,
+        )
         return 0.0, _normalise(logq, q)
     lam_b = hyper[H_LAM_B]
     b = b0
     for _ in range(int(hyper[H_MAXIT])):
         d = math.exp(b)
-        _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta)
+        _log_joint(
+            lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
+        )
         _normalise(logq, q)
-        g, hess = _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p)
+        g, hess = _clarity_derivatives(
+            lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p
+        )
         g -= lam_b * b
         hess -= lam_b
         # Newton where F_i is locally concave in b, a plain gradient step elsewhere; clipped.
@@ -136,12 +185,31 @@ def _item_em(lo, hi, slots, labels, weights, class_logits, population, worker, s
         if abs(step) < hyper[H_TOL]:
             break
     d = math.exp(b)
-    _log_joint(lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta)
+    _log_joint(
+        lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
+    )
     return b, _normalise(logq, q) - 0.5 * lam_b * b * b
 
 
 @jit
-def _label_gradients(lo, hi, n_old, slots, labels, weights, population, worker, scale, q_new, d_new, q_old, d_old, theta, p, grad):  # type: ignore[no-untyped-def]
+def _label_gradients(
+    lo,
+    hi,
+    n_old,
+    slots,
+    labels,
+    weights,
+    population,
+    worker,
+    scale,
+    q_new,
+    d_new,
+    q_old,
+    d_old,
+    theta,
+    p,
+    grad,
+):
     """grad[j-lo, z, :] = the change of label j's contribution to dF_i/dTheta_{s_j}[z] (eq. 7-8).
 
     New labels contribute h q(z) d (e_l - p). Labels already applied in an earlier arrival of
@@ -169,7 +237,22 @@ def _label_gradients(lo, hi, n_old, slots, labels, weights, population, worker, 
 
 
 @jit
-def _global_step(lo, hi, first_arrival, slots, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q_new, q_old, grad):  # type: ignore[no-untyped-def]
+def _global_step(
+    lo,
+    hi,
+    first_arrival,
+    slots,
+    class_logits,
+    class_mean,
+    population,
+    population_mean,
+    worker,
+    scalars,
+    hyper,
+    q_new,
+    q_old,
+    grad,
+):
     """alpha, gamma <- alpha, gamma + eta_t grad F_i, eta_t = eta_0 (tau_0 + t)^-rho (eq. 9-11).
 
     The prior enters F_i with weight 1/|I|, once per item (on its first arrival). Its
@@ -208,7 +291,27 @@ def _global_step(lo, hi, first_arrival, slots, class_logits, class_mean, populat
 
 
 @jit
-def learn_blocks(ptr, order, slots, labels, weights, n_old, q_old, b_old, update, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q_out, b_out, f_out):  # type: ignore[no-untyped-def]
+def learn_blocks(
+    ptr,
+    order,
+    slots,
+    labels,
+    weights,
+    n_old,
+    q_old,
+    b_old,
+    update,
+    class_logits,
+    class_mean,
+    population,
+    population_mean,
+    worker,
+    scalars,
+    hyper,
+    q_out,
+    b_out,
+    f_out,
+):
     """Process blocks in ``order``: per-item EM, then (if ``update``) the global step.
 
     ``n_old[b]`` labels at the head of block b were applied in an earlier arrival whose
@@ -226,14 +329,62 @@ def learn_blocks(ptr, order, slots, labels, weights, n_old, q_old, b_old, update
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
         scale = scalars[SCALE]
-        b_new, f = _item_em(lo, hi, slots, labels, weights, class_logits, population, worker, scale, hyper, b_old[b], logq, q, theta, p)
+        b_new, f = _item_em(
+            lo,
+            hi,
+            slots,
+            labels,
+            weights,
+            class_logits,
+            population,
+            worker,
+            scale,
+            hyper,
+            b_old[b],
+            logq,
+            q,
+            theta,
+            p,
+        )
         q_out[b, :] = q
         b_out[b] = b_new
         f_out[b] = f
         if update:
             n_prev = n_old[b]
-            _label_gradients(lo, hi, n_prev, slots, labels, weights, population, worker, scale, q, math.exp(b_new), q_old[b], math.exp(b_old[b]), theta, p, grad)
-            _global_step(lo, hi, n_prev == 0, slots, class_logits, class_mean, population, population_mean, worker, scalars, hyper, q, q_old[b], grad)
+            _label_gradients(
+                lo,
+                hi,
+                n_prev,
+                slots,
+                labels,
+                weights,
+                population,
+                worker,
+                scale,
+                q,
+                math.exp(b_new),
+                q_old[b],
+                math.exp(b_old[b]),
+                theta,
+                p,
+                grad,
+            )
+            _global_step(
+                lo,
+                hi,
+                n_prev == 0,
+                slots,
+                class_logits,
+                class_mean,
+                population,
+                population_mean,
+                worker,
+                scalars,
+                hyper,
+                q,
+                q_old[b],
+                grad,
+            )
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,7 +392,7 @@ def learn_blocks(ptr, order, slots, labels, weights, n_old, q_old, b_old, update
 
 
 @jit
-def log_confusion_table(population, worker, out):  # type: ignore[no-untyped-def]
+def log_confusion_table(population, worker, out):
     """out[w, z, l] = log softmax(Gamma[z] + A_w[z])_l."""
     W, K = worker.shape[0], population.shape[0]
     theta = np.empty(K)
@@ -255,7 +406,7 @@ def log_confusion_table(population, worker, out):  # type: ignore[no-untyped-def
 
 
 @jit
-def estep_table(ptr, workers, labels, weights, log_pi, log_table, q_out):  # type: ignore[no-untyped-def]
+def estep_table(ptr, workers, labels, weights, log_pi, log_table, q_out):
     """Exact E-step without difficulty from a log-confusion table; returns sum_i log p(D_i)."""
     K = log_pi.shape[0]
     logq = np.empty(K)
@@ -274,7 +425,7 @@ def estep_table(ptr, workers, labels, weights, log_pi, log_table, q_out):  # typ
 
 
 @jit
-def soft_counts(ptr, workers, labels, weights, q, counts):  # type: ignore[no-untyped-def]
+def soft_counts(ptr, workers, labels, weights, q, counts):
     """counts[w, z, l] = sum over worker w's answers l of h q_i(z): DS sufficient statistics."""
     counts[:] = 0.0
     K = q.shape[1]
@@ -286,7 +437,7 @@ def soft_counts(ptr, workers, labels, weights, q, counts):  # type: ignore[no-un
 
 
 @jit
-def grad_hess_from_counts(counts, population, worker, grad, neg_hess):  # type: ignore[no-untyped-def]
+def grad_hess_from_counts(counts, population, worker, grad, neg_hess):
     """Gradient and negative Hessian of the data term per row Theta_w[z] (eq. 12)."""
     W, K = worker.shape[0], population.shape[0]
     theta = np.empty(K)
@@ -306,7 +457,9 @@ def grad_hess_from_counts(counts, population, worker, grad, neg_hess):  # type: 
 
 
 @jit
-def grad_hess_from_labels(ptr, workers, labels, weights, q, clarity, population, worker, grad, neg_hess):  # type: ignore[no-untyped-def]
+def grad_hess_from_labels(
+    ptr, workers, labels, weights, q, clarity, population, worker, grad, neg_hess
+):
     """As grad_hess_from_counts, with each item's clarity d_i scaling the logits (eq. 12')."""
     grad[:] = 0.0
     neg_hess[:] = 0.0
@@ -332,7 +485,7 @@ def grad_hess_from_labels(ptr, workers, labels, weights, q, clarity, population,
 
 
 @jit
-def _solve_spd(a, b, out):  # type: ignore[no-untyped-def]
+def _solve_spd(a, b, out):
     """Solve a x = b for a small symmetric positive definite a (Cholesky; a is overwritten)."""
     n = b.shape[0]
     for i in range(n):
@@ -357,7 +510,7 @@ def _solve_spd(a, b, out):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _clip_step(step):  # type: ignore[no-untyped-def]
+def _clip_step(step):
     """Shrink a Newton step so no coordinate moves more than _MAX_NEWTON_STEP."""
     big = 0.0
     for v in step:
@@ -368,7 +521,7 @@ def _clip_step(step):  # type: ignore[no-untyped-def]
 
 
 @jit
-def newton_workers(worker, grad, neg_hess, lam):  # type: ignore[no-untyped-def]
+def newton_workers(worker, grad, neg_hess, lam):
     """One Newton step per row A_w[z] on data + N(0, 1/lam) prior (eq. 13)."""
     W, K = worker.shape[0], worker.shape[1]
     a = np.empty((K, K))
@@ -388,7 +541,7 @@ def newton_workers(worker, grad, neg_hess, lam):  # type: ignore[no-untyped-def]
 
 
 @jit
-def newton_population(population, population_mean, grad, neg_hess, lam):  # type: ignore[no-untyped-def]
+def newton_population(population, population_mean, grad, neg_hess, lam):
     """One Newton step per row Gamma[z]: data summed over workers + N(Gamma_0, 1/lam) prior."""
     W, K = grad.shape[0], population.shape[0]
     a = np.empty((K, K))

@@ -8,17 +8,15 @@ by several processes may each compile (numba issue 4807) but produce the same fi
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import numba
 
-F = TypeVar("F")
 
-
-def jit(func: F) -> F:
+def jit(func: Callable[..., Any]) -> Any:
     """Compile ``func`` in nopython mode, cached on disk, releasing the GIL.
 
     ``fastmath`` stays off: replays must be bit-identical and NaN/inf checks must hold.
     """
-    compiled: Any = numba.njit(cache=True, nogil=True, error_model="numpy")(func)
-    return compiled  # type: ignore[no-any-return]
+    return numba.njit(cache=True, nogil=True, error_model="numpy")(func)

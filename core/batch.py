@@ -62,7 +62,7 @@ class BatchEM:
     ``blocks`` hold one block per item whose ``slots`` are exact worker codes 0..W-1.
     """
 
-    def __init__(self, config: NominalConfig, max_iter: int = 200, tol: float = 1e-7) -> None:
+    def __init__(self, config: NominalConfig, max_iter: int = 200, tol: float = 1e-6) -> None:
         self.config = config
         self.max_iter = max_iter
         self.tol = tol
@@ -122,7 +122,11 @@ class BatchEM:
             table = np.empty_like(params.worker)
             _kernels.log_confusion_table(params.population, params.worker, table)
             log_pi = params.class_logits - np.logaddexp.reduce(params.class_logits)
-            data = float(_kernels.estep_table(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, log_pi, table, q))
+            data = float(
+                _kernels.estep_table(
+                    blocks.ptr, blocks.slots, blocks.labels, blocks.weights, log_pi, table, q
+                )
+            )
         return q, clarity, data + self._log_prior(params)
 
     def _log_prior(self, params: NominalParams) -> float:
@@ -130,7 +134,8 @@ class BatchEM:
         return -0.5 * (
             cfg.worker_prior * float(np.sum(params.worker**2))
             + cfg.population_prior * float(np.sum((params.population - cfg.population_mean()) ** 2))
-            + cfg.class_prior_strength * float(np.sum((params.class_logits - cfg.class_prior_logits()) ** 2))
+            + cfg.class_prior_strength
+            * float(np.sum((params.class_logits - cfg.class_prior_logits()) ** 2))
         )
 
     def _m_step(
@@ -139,7 +144,7 @@ class BatchEM:
         """Generalised M-step: Newton on Gamma (rows summed over workers), then on each A_w."""
         cfg = self.config
         grad = np.empty_like(params.worker)
-        neg_hess = np.empty(params.worker.shape + (cfg.n_classes,))
+        neg_hess = np.empty((*params.worker.shape, cfg.n_classes))
         counts = None
         if not cfg.difficulty:
             counts = np.empty_like(params.worker)
@@ -147,7 +152,9 @@ class BatchEM:
 
         def derivatives() -> None:
             if counts is not None:
-                _kernels.grad_hess_from_counts(counts, params.population, params.worker, grad, neg_hess)
+                _kernels.grad_hess_from_counts(
+                    counts, params.population, params.worker, grad, neg_hess
+                )
             else:
                 _kernels.grad_hess_from_labels(
                     blocks.ptr, blocks.slots, blocks.labels, blocks.weights, q, clarity,
@@ -155,7 +162,9 @@ class BatchEM:
                 )  # fmt: skip
 
         derivatives()
-        _kernels.newton_population(params.population, cfg.population_mean(), grad, neg_hess, cfg.population_prior)
+        _kernels.newton_population(
+            params.population, cfg.population_mean(), grad, neg_hess, cfg.population_prior
+        )
         derivatives()
         _kernels.newton_workers(params.worker, grad, neg_hess, cfg.worker_prior)
         self._class_prior_step(q, params)
@@ -173,7 +182,12 @@ class BatchEM:
         params.class_logits[:] = g_pi
 
 
-def exact_worker_blocks(item: npt.ArrayLike, worker: npt.ArrayLike, label: npt.ArrayLike,
-                        weight: npt.ArrayLike | None = None, n_items: int | None = None) -> LabelBlocks:
+def exact_worker_blocks(
+    item: npt.ArrayLike,
+    worker: npt.ArrayLike,
+    label: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    n_items: int | None = None,
+) -> LabelBlocks:
     """Blocks for batch EM: one per item, ``slots`` holding exact worker codes."""
     return LabelBlocks.group(item, worker, label, weight, n_blocks=n_items)

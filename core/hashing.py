@@ -29,7 +29,9 @@ def worker_slot(worker_id: str, n_slots: int = DEFAULT_WORKER_SLOTS) -> int:
     return int.from_bytes(digest, "little") % n_slots
 
 
-def worker_slots(worker_ids: Iterable[str], n_slots: int = DEFAULT_WORKER_SLOTS) -> npt.NDArray[np.int64]:
+def worker_slots(
+    worker_ids: Iterable[str], n_slots: int = DEFAULT_WORKER_SLOTS
+) -> npt.NDArray[np.int64]:
     """Slots of many worker ids (hash each distinct id once, not each label)."""
     return np.fromiter((worker_slot(w, n_slots) for w in worker_ids), dtype=np.int64)
 
@@ -55,7 +57,9 @@ class CollisionReport:
         )
 
 
-def collision_report(slots_of_distinct_workers: npt.NDArray[np.int64], n_slots: int) -> CollisionReport:
+def collision_report(
+    slots_of_distinct_workers: npt.NDArray[np.int64], n_slots: int
+) -> CollisionReport:
     """Summarise collisions given the slot of each *distinct* worker."""
     counts = np.bincount(slots_of_distinct_workers, minlength=n_slots)
     return CollisionReport(

@@ -39,11 +39,11 @@ class NominalConfig:
     """S, the number of hashed worker slots."""
     class_prior: tuple[float, ...] | None = None
     """Prior class distribution (--priorz), normalised; uniform when None."""
-    eta0: float = 10.0
+    eta0: float = 30.0
     """eta_0 of the step size eta_t = eta_0 (tau_0 + t)^-rho."""
     tau0: float = 100.0
     """tau_0 (--initial-t)."""
-    rho: float = 0.5
+    rho: float = 0.75
     """rho, the decay exponent."""
     n_items: float = 10_000.0
     """|I| (--n-items): the prior enters each item's F_i with weight 1/|I|."""
@@ -112,7 +112,8 @@ class NominalConfig:
         if self.class_prior is None:
             return np.full(self.n_classes, -np.log(self.n_classes))
         prior = np.asarray(self.class_prior, dtype=np.float64)
-        return np.log(prior / prior.sum())
+        logits: FloatArray = np.log(prior / prior.sum())
+        return logits
 
     def population_mean(self) -> FloatArray:
         """The prior mean of Gamma: c_0 on the diagonal."""
@@ -167,7 +168,8 @@ class NominalParams:
 
     def worker_logits(self, slots: npt.NDArray[np.int64]) -> FloatArray:
         """Theta_s = Gamma + A_s for the given slots, shape (len(slots), K, K)."""
-        return self.population[None, :, :] + self.scalars[SCALE] * self.worker[slots]
+        logits: FloatArray = self.population[None, :, :] + self.scalars[SCALE] * self.worker[slots]
+        return logits
 
     def worker_confusion(self, slots: npt.NDArray[np.int64]) -> FloatArray:
         """Each slot's confusion matrix: P(answer = l | true class = z), rows sum to 1."""
@@ -181,7 +183,10 @@ class NominalParams:
 
     def copy(self) -> NominalParams:
         return NominalParams(
-            self.class_logits.copy(), self.population.copy(), self.worker.copy(), self.scalars.copy()
+            self.class_logits.copy(),
+            self.population.copy(),
+            self.worker.copy(),
+            self.scalars.copy(),
         )
 
     def arrays(self) -> dict[str, FloatArray]:
@@ -204,7 +209,10 @@ class NominalParams:
 
     def equals(self, other: NominalParams) -> bool:
         """Bit-identical parameters (what replay determinism promises)."""
-        return all(np.array_equal(a, b) for a, b in zip(self.arrays().values(), other.arrays().values(), strict=True))
+        return all(
+            np.array_equal(a, b)
+            for a, b in zip(self.arrays().values(), other.arrays().values(), strict=True)
+        )
 
 
 def _softmax_rows(x: FloatArray) -> FloatArray:

@@ -45,7 +45,11 @@ class OnlineEM:
     def _check_params(self) -> None:
         K, S = self.config.n_classes, self.config.n_worker_slots
         p = self.params
-        if p.class_logits.shape != (K,) or p.population.shape != (K, K) or p.worker.shape != (S, K, K):
+        if (
+            p.class_logits.shape != (K,)
+            or p.population.shape != (K, K)
+            or p.worker.shape != (S, K, K)
+        ):
             raise ValueError(
                 f"parameters do not fit the configuration (K={K}, S={S}): class_logits "
                 f"{p.class_logits.shape}, population {p.population.shape}, worker {p.worker.shape}"
@@ -68,7 +72,10 @@ class OnlineEM:
         return self._run(blocks, order, previous, n_previous, out, update=True)
 
     def predict_many(
-        self, blocks: LabelBlocks, order: npt.ArrayLike | None = None, out: BlockResult | None = None
+        self,
+        blocks: LabelBlocks,
+        order: npt.ArrayLike | None = None,
+        out: BlockResult | None = None,
     ) -> BlockResult:
         """Posteriors under the current parameters, which are left unchanged."""
         return self._run(blocks, order, None, None, out, update=False)
@@ -84,7 +91,9 @@ class OnlineEM:
     ) -> BlockResult:
         nb, K = blocks.n_blocks, self.config.n_classes
         self._check_codes(blocks)
-        order_a = np.arange(nb, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+        order_a = (
+            np.arange(nb, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+        )
         if order_a.size and (order_a.min() < 0 or order_a.max() >= nb):
             raise ValueError(f"order must list block numbers in 0..{nb - 1}")
         if previous is None:
@@ -97,7 +106,11 @@ class OnlineEM:
                 raise ValueError("n_previous needs one count per block, between 0 and its size")
         if out is None:
             out = BlockResult(np.empty((nb, K)), np.empty(nb), np.empty(nb))
-        elif out.posteriors.shape != (nb, K) or out.clarity.shape != (nb,) or out.objective.shape != (nb,):
+        elif (
+            out.posteriors.shape != (nb, K)
+            or out.clarity.shape != (nb,)
+            or out.objective.shape != (nb,)
+        ):
             raise ValueError("out does not have one row per block")
         p = self.params
         _kernels.learn_blocks(

@@ -30,7 +30,9 @@ class Synthetic:
     n_classes: int
 
 
-def dawid_skene(n_items: int, n_workers: int, per_item: int, n_classes: int, seed: int) -> Synthetic:
+def dawid_skene(
+    n_items: int, n_workers: int, per_item: int, n_classes: int, seed: int
+) -> Synthetic:
     """Items with a true class; each answered by distinct random workers from their confusion rows."""
     rng = np.random.default_rng(seed)
     prior = rng.dirichlet(np.full(n_classes, 5.0))

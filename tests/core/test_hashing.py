@@ -15,9 +15,11 @@ def test_slot_is_pinned() -> None:
 
 
 def test_same_slots_in_another_process_with_another_hash_seed() -> None:
-    code = "from core.hashing import worker_slots; print(list(worker_slots(%r)))" % (IDS,)
+    code = f"from core.hashing import worker_slots; print(list(worker_slots({IDS!r})))"
     env = dict(os.environ, PYTHONHASHSEED="12345")
-    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    other = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert other.stdout.strip() == str(list(worker_slots(IDS)))
 
 

@@ -33,7 +33,9 @@ def test_hand_checked_posterior_and_objective() -> None:
     wrong = 1 - right
     joint0 = 0.5 * right * right * wrong  # true class 0: two right answers, one wrong
     joint1 = 0.5 * wrong * wrong * right
-    assert res.posteriors[0] == pytest.approx([joint0 / (joint0 + joint1), joint1 / (joint0 + joint1)], rel=1e-12)
+    assert res.posteriors[0] == pytest.approx(
+        [joint0 / (joint0 + joint1), joint1 / (joint0 + joint1)], rel=1e-12
+    )
     assert res.objective[0] == pytest.approx(math.log(joint0 + joint1), rel=1e-12)
 
 
@@ -47,7 +49,9 @@ def test_hand_checked_first_step() -> None:
     p = np.array([[right, 1 - right], [1 - right, right]])  # p(l | z) at the start
     grad_one_label = q[:, None] * (np.array([0.0, 1.0])[None, :] - p)  # eq. 7 for answer l = 1
     # Each slot moves by eta * its own label's gradient; Gamma by population_rate * eta * both.
-    assert model.params.worker_logits(np.array([3]))[0] - model.params.population == pytest.approx(eta * grad_one_label, abs=1e-14)
+    assert model.params.worker_logits(np.array([3]))[0] - model.params.population == pytest.approx(
+        eta * grad_one_label, abs=1e-14
+    )
     expected_gamma = cfg.population_mean() + cfg.population_rate * eta * 2 * grad_one_label
     assert model.params.population == pytest.approx(expected_gamma, abs=1e-14)
     assert model.params.step == 1
@@ -55,7 +59,14 @@ def test_hand_checked_first_step() -> None:
 
 def test_gradient_matches_finite_differences() -> None:
     # Envelope theorem: at the optimal q, dF_i/dA_s is the partial derivative, which the step uses.
-    cfg = small_config(n_classes=3, eta0=1e-6, tau0=1.0, worker_prior=1e-9, population_prior=1e-9, class_prior_strength=1e-9)
+    cfg = small_config(
+        n_classes=3,
+        eta0=1e-6,
+        tau0=1.0,
+        worker_prior=1e-9,
+        population_prior=1e-9,
+        class_prior_strength=1e-9,
+    )
     rng = np.random.default_rng(0)
     params = NominalParams.initial(cfg)
     params.worker[:] = rng.normal(size=params.worker.shape)
@@ -69,7 +80,10 @@ def test_gradient_matches_finite_differences() -> None:
         plus, minus = before.copy(), before.copy()
         plus.worker[s, z, k] += eps
         minus.worker[s, z, k] -= eps
-        numeric = (OnlineEM(cfg, plus).predict_many(block).objective[0] - OnlineEM(cfg, minus).predict_many(block).objective[0]) / (2 * eps)
+        numeric = (
+            OnlineEM(cfg, plus).predict_many(block).objective[0]
+            - OnlineEM(cfg, minus).predict_many(block).objective[0]
+        ) / (2 * eps)
         assert step[s, z, k] == pytest.approx(numeric, rel=1e-4, abs=1e-7)
 
 
@@ -80,7 +94,9 @@ block_strategy = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(labels=block_strategy, difficulty=st.booleans())
-def test_posteriors_are_distributions(labels: list[tuple[int, int, float]], difficulty: bool) -> None:
+def test_posteriors_are_distributions(
+    labels: list[tuple[int, int, float]], difficulty: bool
+) -> None:
     cfg = small_config(n_classes=3, difficulty=difficulty)
     slots, answers, weights = zip(*labels, strict=True)
     blocks = LabelBlocks.group(np.zeros(len(labels), dtype=np.int64), slots, answers, weights)
@@ -92,14 +108,18 @@ def test_posteriors_are_distributions(labels: list[tuple[int, int, float]], diff
 
 @settings(max_examples=40, deadline=None)
 @given(labels=block_strategy, seed=st.integers(0, 2**32 - 1), difficulty=st.booleans())
-def test_order_inside_a_block_does_not_matter(labels: list[tuple[int, int, float]], seed: int, difficulty: bool) -> None:
+def test_order_inside_a_block_does_not_matter(
+    labels: list[tuple[int, int, float]], seed: int, difficulty: bool
+) -> None:
     cfg = small_config(n_classes=3, difficulty=difficulty)
     perm = np.random.default_rng(seed).permutation(len(labels))
     results = []
     for rows in (labels, [labels[i] for i in perm]):
         slots, answers, weights = zip(*rows, strict=True)
         model = OnlineEM(cfg)
-        res = model.learn_many(LabelBlocks.group(np.zeros(len(rows), dtype=np.int64), slots, answers, weights))
+        res = model.learn_many(
+            LabelBlocks.group(np.zeros(len(rows), dtype=np.int64), slots, answers, weights)
+        )
         results.append((res, model.params))
     (r1, p1), (r2, p2) = results
     assert np.array_equal(r1.posteriors, r2.posteriors)  # bit-identical, not approximately equal
@@ -130,7 +150,9 @@ def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
     whole = OnlineEM(cfg)
     whole.learn_many(blocks)
     chunked = OnlineEM(cfg)
-    out = BlockResult(np.empty((blocks.n_blocks, 3)), np.empty(blocks.n_blocks), np.empty(blocks.n_blocks))
+    out = BlockResult(
+        np.empty((blocks.n_blocks, 3)), np.empty(blocks.n_blocks), np.empty(blocks.n_blocks)
+    )
     for lo, hi in [(0, 1), (1, 100), (100, 3000)]:
         chunked.learn_many(blocks, order=np.arange(lo, hi), out=out)
     assert whole.params.equals(chunked.params)
@@ -145,7 +167,11 @@ def split_arrivals(labels: list[tuple[int, int]], cuts: list[int], model: Online
         block = one_block(list(slots), list(answers))
         # Old labels must sit at the head of the block: keep arrival order (sorted per arrival).
         block = LabelBlocks(block.ptr, np.array(slots), np.array(answers), np.ones(cut))
-        previous = model.learn_many(block, previous=previous, n_previous=[n_prev]) if previous else model.learn_many(block)
+        previous = (
+            model.learn_many(block, previous=previous, n_previous=[n_prev])
+            if previous
+            else model.learn_many(block)
+        )
         n_prev = cut
     assert previous is not None
     return previous
@@ -165,7 +191,12 @@ def test_each_label_counts_once_across_arrivals(difficulty: bool) -> None:
     moved_pieces = pieces.params.worker_logits(np.arange(8)) - start.worker_logits(np.arange(8))
     assert np.abs(moved_together).sum() > 0
     assert moved_pieces == pytest.approx(moved_together, rel=2e-2, abs=1e-9)
-    assert res.posteriors[0] == pytest.approx(OnlineEM(cfg, together.params).predict_many(one_block(*map(list, zip(*labels, strict=True)))).posteriors[0], abs=1e-3)
+    assert res.posteriors[0] == pytest.approx(
+        OnlineEM(cfg, together.params)
+        .predict_many(one_block(*map(list, zip(*labels, strict=True))))
+        .posteriors[0],
+        abs=1e-3,
+    )
     # the prior's shrinkage was applied once (first arrival), the step counter once per arrival
     assert pieces.params.step == 8 and together.params.step == 1
 
@@ -177,7 +208,12 @@ def test_recovers_synthetic_truth(synthetic: Synthetic) -> None:
     for p in range(3):
         model.learn_many(blocks, order=np.random.default_rng(p).permutation(blocks.n_blocks))
     posterior = model.predict_many(blocks).posteriors
-    majority = np.array([np.bincount(synthetic.labels[synthetic.items == i], minlength=3).argmax() for i in range(3000)])
+    majority = np.array(
+        [
+            np.bincount(synthetic.labels[synthetic.items == i], minlength=3).argmax()
+            for i in range(3000)
+        ]
+    )
     acc = float(np.mean(posterior.argmax(1) == synthetic.truth))
     assert acc > float(np.mean(majority == synthetic.truth)) + 0.02
     confusion = model.params.worker_confusion(np.arange(40))

@@ -1,0 +1,146 @@
+"""``crowdtally extract`` end to end, through the installed entry point."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def extract(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["crowdtally", "extract", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def dog(datasets_root: Path) -> Path:
+    return datasets_root / "dog"
+
+
+def test_seed_flags_print_the_table(dog: Path, tmp_path: Path) -> None:
+    # The seed's example run, flag for flag (with its underscore spellings), on a shared set.
+    run = extract(
+        "--initial_t", "10000", "--n_items", "807", "--n_labels", "4", "--priorz", "1,1,1,1",
+        "--model", tmp_path / "flass", "--data", dog / "answers.csv", "--eta", "1", "--rho", "0.5",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert (
+        "initial_t = 10000" in lines[0]
+        and "priorz = 0.250000,0.250000,0.250000,0.250000" in lines[0]
+    )
+    assert lines[1].startswith("average F")
+    counters = [int(ln.split()[2]) for ln in lines[3:] if ln[:1] == "-"]
+    assert counters == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 807]
+    assert (tmp_path / "flass").exists()
+
+
+def test_truth_predictions_and_accuracy(dog: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pred.csv"
+    run = extract(
+        dog / "answers.csv", "--truth", dog / "truth.csv", "--predictions", out, "--shuffle", "0"
+    )
+    assert run.returncode == 0, run.stderr
+    accuracy = float(
+        next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1]
+    )
+    assert accuracy > 0.82  # majority vote gets 0.8178 on dog
+    with out.open() as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["item", "label", "probability", "0", "1", "2", "3"]
+    assert len(rows) == 1 + 807
+    probs = np.array([[float(x) for x in r[3:]] for r in rows[1:]])
+    assert probs.sum(axis=1) == pytest.approx(1.0, abs=1e-4)
+    for r, p in zip(rows[1:], probs, strict=True):
+        assert r[1] == str(int(p.argmax())) and float(r[2]) == pytest.approx(p.max(), rel=1e-4)
+
+
+def test_save_load_test_only_round_trip(dog: Path, tmp_path: Path) -> None:
+    model, p1, p2 = tmp_path / "m.npz", tmp_path / "a.csv", tmp_path / "b.csv"
+    assert extract(dog / "answers.csv", "--save", model, "--predictions", p1).returncode == 0
+    run = extract(dog / "answers.csv", "--load", model, "--test-only", "--predictions", p2)
+    assert run.returncode == 0, run.stderr
+    # test-only under the saved final parameters reproduces the final posteriors exactly
+    assert p1.read_text() == p2.read_text()
+
+
+def test_batch_mode(dog: Path, tmp_path: Path) -> None:
+    run = extract(
+        dog / "answers.csv", "--batch", "--truth", dog / "truth.csv", "--save", tmp_path / "b.npz"
+    )
+    assert run.returncode == 0, run.stderr
+    assert "(converged)" in run.stdout
+    assert (
+        float(next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1])
+        > 0.83
+    )
+    assert extract(dog / "answers.csv", "--load", tmp_path / "b.npz", "--test-only").returncode == 0
+
+
+def test_tab_separated_with_string_labels(tmp_path: Path) -> None:
+    data = tmp_path / "a.tsv"
+    data.write_text("i1\tw1\tcat\ni1\tw2\tcat\ni2\tw1\tdog\ni2\tw2 \tdog\n")
+    run = extract(data)
+    assert run.returncode == 0, run.stderr
+    assert "2 items, 4 labels, 2 classes" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("item,worker,label\na,w,1\nb,w\n", ":3: expected 3 fields (item, worker, label), got 2"),
+        ("item,worker,label\na,w,1\n,w,0\n", ":3: empty item"),
+        ("item,worker,label\na,w,1\nb,w,0\nc,w,1,2,3\n", ":4: expected 3 fields"),
+        (
+            "item,worker,label,weight\na,w,1,1\nb,w,0,-1\n",
+            ":3: weight '-1' must be a finite number >= 0",
+        ),
+        (
+            "item,worker,label\na,w,1\nb," + "x" * 600 + ",0\n",
+            ":3: worker is longer than 512 characters",
+        ),
+        ("item,worker,label\n", "only a header"),
+    ],
+)
+def test_malformed_files_name_the_line(tmp_path: Path, content: str, message: str) -> None:
+    data = tmp_path / "bad.csv"
+    data.write_text(content)
+    run = extract(data)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_label_outside_declared_classes(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    data.write_text("item,worker,label\na,w,yes\nb,w,no\nc,w,maybe\n")
+    run = extract(data, "--labels", "yes,no")
+    assert run.returncode == 2 and ":4: label 'maybe' is not one of ['yes', 'no']" in run.stderr
+    run = extract(data, "--n-labels", "3")
+    assert run.returncode == 2 and "name the classes with --labels" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--test-only"], "needs a model to test"),
+        (["--load", "missing.npz"], "missing.npz: no such file"),
+        (["--eta", "-1"], "eta0 must be >= 0"),
+        (["--priorz", "1,x"], "expected comma-separated numbers"),
+        (["--priorz", "1,1,1"], "class_prior needs 2 positive numbers"),
+    ],
+)
+def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    data = tmp_path / "a.csv"
+    data.write_text("item,worker,label\na,w,0\nb,w,1\n")
+    run = extract(data, *args)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_missing_file() -> None:
+    run = extract("/nonexistent/answers.csv")
+    assert run.returncode == 2 and "no such file" in run.stderr
