@@ -63,7 +63,7 @@ class NominalConfig:
     """Per-item EM stops when b_i moves less than this (no-difficulty EM is exact in one step)."""
     em_max_iter: int = 50
     """At most this many per-item EM rounds."""
-    population_rate: float = 0.1
+    population_rate: float = 0.03
     """Step of Gamma relative to eta_t (Gamma sees every label, a slot only its own)."""
     class_rate: float = 0.03
     """Step of gamma_pi relative to eta_t."""
