@@ -1,4 +1,4 @@
-"""Seeded synthetic crowdsourcing data drawn from a Dawid–Skene model (vectorised numpy)."""
+"""Seeded synthetic crowdsourcing data drawn from a Dawid-Skene model (vectorised numpy)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class SyntheticSet:
 def _confusions(
     rng: np.random.Generator, n_workers: int, K: int, spammer_frac: float, swapper_frac: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
-    """Per-worker K×K confusion matrices (rows = true class, sum to 1) and worker kinds."""
+    """Per-worker KxK confusion matrices (rows = true class, sum to 1) and worker kinds."""
     u = rng.random(n_workers)
     kind = np.full(n_workers, GOOD, dtype=np.int8)
     kind[u < spammer_frac] = SPAMMER
@@ -78,7 +78,7 @@ def _confusions(
 
 
 def _distinct_workers(rng: np.random.Generator, n_items: int, r: int, n_workers: int) -> I64:
-    """``n_items × r`` worker ids, distinct within each row, each row a uniform r-subset.
+    """``n_items x r`` worker ids, distinct within each row, each row a uniform r-subset.
 
     Robert Floyd's sampling algorithm, vectorised over items (r passes, no rejection loop).
     """
@@ -100,11 +100,11 @@ def dawid_skene(
     spammer_frac: float = 0.10,
     swapper_frac: float = 0.15,
 ) -> SyntheticSet:
-    """Draw a Dawid–Skene answer set; the same arguments always give the same arrays.
+    """Draw a Dawid-Skene answer set; the same arguments always give the same arrays.
 
     True classes come from a non-uniform prior drawn once from Dirichlet(2·1). Each item is
     answered by ``answers_per_item`` distinct workers drawn uniformly from the pool. Workers are
-    good (diagonal 0.6–0.9), near-uniform spammers (``spammer_frac``) or good-but-swapping one
+    good (diagonal 0.6-0.9), near-uniform spammers (``spammer_frac``) or good-but-swapping one
     class pair (``swapper_frac``). Answer rows are returned in random order.
     """
     if not 1 <= answers_per_item <= n_workers:
