@@ -136,7 +136,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run every method on every dataset and print the accuracy / fit-time table."""
-    ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.peers", description=(__doc__ or "").split("\n")[0]
+    )
     ap.add_argument("datasets", nargs="*", help="dataset names (default: all under the root)")
     ap.add_argument("--methods", nargs="+", default=list(PEER_METHODS), choices=PEER_METHODS)
     ap.add_argument("--seed", type=int, default=0)
