@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
+import numpy as np
 import typer
 
 from app import extract as job
@@ -119,9 +121,7 @@ def extract(
     classes = job.resolve_classes(triples, names, n_labels, str(path))
     encoded = job.encode(triples, classes, str(path))
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
-    gold_codes = (
-        gold if gold is not None else -__import__("numpy").ones(encoded.n_items, dtype="int64")
-    )
+    gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
     if saved is not None:
         config = saved.config
     else:
@@ -174,7 +174,7 @@ def extract(
 def _settings_line(
     config: NominalConfig, path: Path, passes: int, test_only: bool, batch: bool
 ) -> str:
-    prior = ",".join(f"{p:.6f}" for p in __import__("numpy").exp(config.class_prior_logits()))
+    prior = ",".join(f"{p:.6f}" for p in np.exp(config.class_prior_logits()))
     mode = "batch EM" if batch else f"online EM, {passes} pass(es)"
     return (
         f"data = {path}  mode = {mode}  initial_t = {config.tau0:g}  eta = {config.eta0:g}  "
@@ -201,9 +201,9 @@ def main() -> None:
         raise SystemExit(2) from None
     except typer.Exit as err:
         raise SystemExit(err.exit_code) from None
-    except __import__("click").exceptions.ClickException as err:
+    except click.exceptions.ClickException as err:
         err.show()
         raise SystemExit(err.exit_code) from None
-    except __import__("click").exceptions.Abort:
+    except click.exceptions.Abort:
         print("aborted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -11,7 +12,7 @@ from typing import TextIO
 import numpy as np
 import numpy.typing as npt
 
-from app.triples import InputError, Triples
+from app.triples import InputError, Triples, read_triples, read_truth
 from core.batch import AggregationResult, BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
 from core.hashing import collision_report, worker_slots
@@ -113,6 +114,28 @@ def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
     )
 
 
+def load_labelled(folder: Path) -> tuple[Encoded, IntArray]:
+    """A shared-dataset folder (answers.csv, truth.csv): encoded answers and gold codes per item."""
+    triples = read_triples(folder / "answers.csv")
+    data = encode(triples, resolve_classes(triples, None, None, str(folder)), str(folder))
+    return data, truth_codes(read_truth(folder / "truth.csv"), data, str(folder / "truth.csv"))
+
+
+def hashed_blocks(data: Encoded, config: NominalConfig) -> LabelBlocks:
+    """One block per item, workers hashed into the model's slots (the online model's input)."""
+    slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
+    return LabelBlocks.group(
+        data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items
+    )
+
+
+def exact_blocks(data: Encoded) -> LabelBlocks:
+    """One block per item with exact worker codes (batch EM's input)."""
+    return LabelBlocks.group(
+        data.items, data.workers, data.labels, data.weights, n_blocks=data.n_items
+    )
+
+
 def accuracy(predicted: IntArray, gold: IntArray) -> tuple[float, int]:
     has = gold >= 0
     n = int(has.sum())
@@ -202,10 +225,7 @@ def run_online(
     out: TextIO,
 ) -> OnlineRun:
     """Stream items (file order, or shuffled per pass) through the online model."""
-    slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
-    blocks = LabelBlocks.group(
-        data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items
-    )
+    blocks = hashed_blocks(data, config)
     model = OnlineEM(config, params)
     model.predict_many(
         blocks, order=np.zeros(0, dtype=np.int64)
@@ -244,9 +264,7 @@ def run_batch(
     data: Encoded, config: NominalConfig, out: TextIO
 ) -> tuple[AggregationResult, NominalParams, float]:
     """Batch EM with exact workers, printing F at doubling iterations."""
-    blocks = LabelBlocks.group(
-        data.items, data.workers, data.labels, data.weights, n_blocks=data.n_items
-    )
+    blocks = exact_blocks(data)
     print("iteration   F (log posterior)", file=out)
     shown = [1]
 
@@ -280,8 +298,6 @@ def slot_params_from_batch(
 def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None:
     """CSV: item,label,probability, then one column per class (the posterior)."""
     best = posteriors.argmax(axis=1)
-    import csv
-
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -295,6 +311,3 @@ def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None
 
 def collision_line(data: Encoded, n_slots: int) -> str:
     return str(collision_report(worker_slots(data.worker_ids.tolist(), n_slots), n_slots))
-
-
-Reporter = Callable[[str], None]

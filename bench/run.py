@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.extract import Encoded, encode, resolve_classes, truth_codes
-from app.triples import read_triples, read_truth
+from app.extract import Encoded, exact_blocks, hashed_blocks, load_labelled
+from app.extract import accuracy as accuracy_on_gold
 from bench.measure import run_measured
 from bench.peers import (
     DEFAULT_ROOT,
@@ -49,21 +49,13 @@ class Prepared:
 
 
 def prepare(name: str) -> Prepared:
-    folder = DEFAULT_ROOT / name
-    triples = read_triples(folder / "answers.csv")
-    classes = resolve_classes(triples, None, None, str(folder))
-    data = encode(triples, classes, str(folder))
-    gold = truth_codes(read_truth(folder / "truth.csv"), data, str(folder))
-    config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
-    slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
-    hashed = LabelBlocks.group(data.items, slots[data.workers], data.labels, n_blocks=data.n_items)
-    exact = LabelBlocks.group(data.items, data.workers, data.labels, n_blocks=data.n_items)
-    return Prepared(data, gold, hashed, exact, config)
+    data, gold = load_labelled(DEFAULT_ROOT / name)
+    config = NominalConfig(n_classes=len(data.classes), n_items=float(data.n_items))
+    return Prepared(data, gold, hashed_blocks(data, config), exact_blocks(data), config)
 
 
 def acc(posteriors: np.ndarray, gold: np.ndarray) -> float:
-    has = gold >= 0
-    return float(np.mean(posteriors.argmax(axis=1)[has] == gold[has]))
+    return accuracy_on_gold(posteriors.argmax(axis=1), gold)[0]
 
 
 def online_accuracy(p: Prepared, passes: int, seed: int) -> float:

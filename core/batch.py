@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from core import _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
@@ -180,14 +179,3 @@ class BatchEM:
             neg_hess = n * (np.diag(pi) - np.outer(pi, pi)) + lam * np.eye(pi.size)
             g_pi = g_pi + np.linalg.solve(neg_hess, grad)
         params.class_logits[:] = g_pi
-
-
-def exact_worker_blocks(
-    item: npt.ArrayLike,
-    worker: npt.ArrayLike,
-    label: npt.ArrayLike,
-    weight: npt.ArrayLike | None = None,
-    n_items: int | None = None,
-) -> LabelBlocks:
-    """Blocks for batch EM: one per item, ``slots`` holding exact worker codes."""
-    return LabelBlocks.group(item, worker, label, weight, n_blocks=n_items)
