@@ -74,13 +74,13 @@ class LabelBlocks:
         n_blocks = n if n_blocks is None else n_blocks
         if n > n_blocks:
             raise ValueError(f"block code {n - 1} out of range for {n_blocks} blocks")
-        order = _canonical_order(block_a, slots_a, labels_a, weights_a)
+        order = canonical_order(block_a, slots_a, labels_a, weights_a)
         ptr = np.zeros(n_blocks + 1, dtype=np.int64)
         np.cumsum(np.bincount(block_a, minlength=n_blocks), out=ptr[1:])
         return cls(ptr, slots_a[order], labels_a[order], weights_a[order])
 
 
-def _canonical_order(
+def canonical_order(
     block: IntArray, slots: IntArray, labels: IntArray, weights: FloatArray
 ) -> IntArray:
     """Sort by (block, slot, label, weight); one int64 key when it fits (4x faster than lexsort)."""
