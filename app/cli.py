@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +13,7 @@ import typer
 
 from app import extract as job
 from app.model_file import ModelFileError, SavedModel, load_model, save_model
+from app.settings import Settings
 from app.triples import InputError, read_triples, read_truth
 from core.nominal import NominalConfig
 
@@ -182,6 +184,89 @@ def _settings_line(
         f"n_worker_slots = {config.n_worker_slots}  difficulty = {config.difficulty}  "
         f"test_only = {test_only}  priorz = {prior}"
     )
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    store: Annotated[
+        str | None, typer.Option(help="embedded (default) or redis; else CROWDTALLY_STORE.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded store folder; else CROWDTALLY_DATA_DIR.")
+    ] = None,
+    engine: Annotated[
+        bool | None,
+        typer.Option(
+            "--engine/--no-engine",
+            help="Run the engine in this process (default: yes; production runs "
+            "'crowdtally engine' beside the API and passes --no-engine).",
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="API processes (redis store only).")] = 1,
+) -> None:
+    """Start the HTTP API (and, by default, the engine in the same process)."""
+    import os
+
+    import uvicorn
+
+    for name, value in (("STORE", store), ("DATA_DIR", data_dir)):
+        if value is not None:
+            os.environ[f"CROWDTALLY_{name}"] = str(value)
+    if engine is not None:
+        os.environ["CROWDTALLY_ENGINE_IN_PROCESS"] = "true" if engine else "false"
+    settings = _settings()
+    if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
+        raise InputError("--workers", None, "several API processes need --store redis --no-engine")
+    print(
+        f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        "app.api:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
+
+
+@app.command("engine")
+def engine_command(
+    store: Annotated[str | None, typer.Option(help="redis (default here) or embedded.")] = None,
+) -> None:
+    """Run the engine on its own: apply every project's label log and write served state."""
+    import logging
+    import os
+
+    from app.engine import EngineLoop
+    from app.store import open_store
+
+    os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    loop = EngineLoop(
+        open_store(settings),
+        batch_entries=settings.engine_batch_entries,
+        refine_passes=settings.refine_passes,
+        refine_idle_s=settings.refine_idle_s,
+    )
+    print(f"crowdtally engine: {settings.store} store", file=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt):
+        loop.run_forever()
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError("CROWDTALLY_" + str(err["loc"][0]).upper(), None, err["msg"]) from None
 
 
 @app.callback()

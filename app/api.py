@@ -1,0 +1,736 @@
+"""The HTTP API (FastAPI, under /v1). ``create_app`` wires settings, store and engine."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import orjson
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import TypeAdapter, ValidationError
+
+from app import metrics
+from app.auth import allows, ensure_admin_key, issue_key, key_hash
+from app.engine import EngineLoop
+from app.schemas import (
+    Accepted,
+    ErrorResponse,
+    GoldIn,
+    Hyperparameters,
+    Item,
+    ItemLabel,
+    ItemPage,
+    KeyCreate,
+    KeyCreated,
+    LabelIn,
+    Project,
+    ProjectCreate,
+    ProjectCreated,
+    ProjectStats,
+    Worker,
+    WorkerPage,
+)
+from app.settings import Settings
+from app.store import open_store
+from app.store.base import KeyRecord, ProjectExistsError, ProjectRecord, Scope, Store
+from app.views import (
+    Globals,
+    class_priors,
+    confusions,
+    iso,
+    item_slots,
+    quality,
+    recompute_posterior,
+    slot_rows,
+)
+from core.nominal import NominalConfig
+
+log = logging.getLogger("crowdtally.api")
+_LABELS = TypeAdapter(list[LabelIn])
+_GOLD = TypeAdapter(list[GoldIn])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422)
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        entry: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.entry, self.field = (
+            status,
+            code,
+            message,
+            entry,
+            field,
+        )
+
+    def response(self) -> JSONResponse:
+        body = {
+            "code": self.code,
+            "message": self.message,
+            "entry": self.entry,
+            "field": self.field,
+        }
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+class Service:
+    """What the routes share: settings, the store, the in-process engine (if any)."""
+
+    def __init__(self, settings: Settings, store: Store, engine: EngineLoop | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self._configs: dict[tuple[str, float], NominalConfig] = {}
+
+    def project(self, name: str) -> ProjectRecord:
+        record = self.store.get_project(name)
+        if record is None:
+            raise ApiError(404, "unknown_project", f"no project named {name!r}")
+        return record
+
+    def config(self, record: ProjectRecord) -> NominalConfig:
+        key = (record.name, record.created_at)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs[key] = NominalConfig.from_dict(record.config)
+        return cfg
+
+
+def _service(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+def _key_of(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
+    key = _key_of(request)
+    if not key:
+        raise ApiError(401, "missing_key", "send an API key: 'Authorization: Bearer <key>'")
+    record = _service(request).store.get_key(key_hash(key))
+    if record is None:
+        raise ApiError(401, "invalid_key", "the API key is not known")
+    if not allows(record, scope, project):
+        what = "admin endpoints" if project is None else f"{scope} access to project {project!r}"
+        raise ApiError(403, "forbidden", f"this key (scope {record.scope}) does not allow {what}")
+    return record
+
+
+def require(scope: Scope, per_project: bool = True) -> Any:
+    def dependency(request: Request) -> KeyRecord:
+        project = request.path_params.get("project") if per_project else None
+        return _authorize(request, scope, project)
+
+    return Depends(dependency)
+
+
+def _project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
+    cfg = dict(record.config)
+    slots = cfg.pop("n_worker_slots")
+    cfg.pop("n_classes")
+    hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
+    g = Globals.parse(svc.store.get_params(record.name, [])[0], svc.config(record))
+    log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
+    return {
+        "name": record.name,
+        "labels": list(record.labels),
+        "hyperparameters": hyper,
+        "worker_slots": slots,
+        "created_at": iso(record.created_at),
+        "stats": ProjectStats(
+            log_end=log_end,
+            applied=applied,
+            lag=max(log_end - applied, 0),
+            n_items=g.n_items,
+            n_workers=g.n_workers,
+            n_labels=g.n_labels,
+        ),
+    }
+
+
+def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int) -> list[Any]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ApiError(422, "invalid_block", "the body must be a JSON array of labels")
+    if not data:
+        raise ApiError(422, "empty_block", "the block holds no labels")
+    if len(data) > limit:
+        raise ApiError(
+            413, "block_too_large", f"{len(data)} labels in one block; the limit is {limit}"
+        )
+    try:
+        out: list[Any] = adapter.validate_python(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [x for x in err["loc"] if not isinstance(x, str) or x != "body"]
+        entry = loc[0] if loc and isinstance(loc[0], int) else None
+        field = ".".join(str(x) for x in loc[1:]) or None
+        n_bad = exc.error_count()
+        more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
+        raise ApiError(
+            422,
+            "invalid_label",
+            f"entry {entry}, field {field!r}: {err['msg']}{more}",
+            entry,
+            field,
+        ) from None
+    return out
+
+
+def _label_codes(record: ProjectRecord, names: list[str]) -> list[int]:
+    index = {name: k for k, name in enumerate(record.labels)}
+    codes = [index.get(n, -1) for n in names]
+    if -1 in codes:
+        bad = codes.index(-1)
+        raise ApiError(
+            422,
+            "unknown_label",
+            f"entry {bad}, field 'label': {names[bad]!r} is not one of {list(record.labels)}",
+            bad,
+            "label",
+        )
+    return codes
+
+
+def _wait_applied(svc: Service, project: str, position: int) -> bool:
+    if svc.engine is not None:
+        svc.engine.wake()
+    deadline = time.monotonic() + svc.settings.wait_timeout_s
+    while svc.store.applied_position(project) < position:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _item_view(
+    svc: Service, record: ProjectRecord, item: str, blob: bytes, with_labels: bool, fresh: bool
+) -> Item:
+    d = orjson.loads(blob)
+    cfg = svc.config(record)
+    if fresh:
+        slots, local = item_slots(d, cfg.n_worker_slots)
+        gblob, rows = svc.store.get_params(record.name, slots)
+        g = Globals.parse(gblob, cfg)
+        posterior = recompute_posterior(cfg, d, g, rows, local)
+        computed_at, position = time.time(), g.position
+    else:
+        posterior = np.asarray(d["posterior"])
+        computed_at, position = d["computed_at"], d["position"]
+    best = int(posterior.argmax())
+    classes = record.labels
+    return Item(
+        item=item,
+        label=classes[best],
+        probability=float(posterior[best]),
+        posterior={c: float(p) for c, p in zip(classes, posterior.tolist(), strict=True)},
+        n_labels=len(d["labels"]),
+        gold=classes[d["gold"]] if d.get("gold") is not None else None,
+        labels=[ItemLabel(worker=w, label=classes[z], weight=x) for w, z, x in d["labels"]]
+        if with_labels
+        else None,
+        computed_at=iso(computed_at),
+        position=position,
+    )
+
+
+def _workers_view(
+    svc: Service, record: ProjectRecord, entries: list[tuple[str, bytes]], with_confusion: bool
+) -> list[Worker]:
+    if not entries:
+        return []
+    cfg = svc.config(record)
+    stats = [orjson.loads(b) for _, b in entries]
+    slots = [s["slot"] for s in stats]
+    uniq = sorted(set(slots))
+    gblob, rows = svc.store.get_params(record.name, uniq)
+    g = Globals.parse(gblob, cfg)
+    conf_u = confusions(g, slot_rows(rows, cfg.n_classes))
+    conf = conf_u[np.searchsorted(uniq, slots)]
+    acc, info = quality(conf, class_priors(g))
+    classes = record.labels
+    out = []
+    for n, ((name, _), s) in enumerate(zip(entries, stats, strict=True)):
+        matrix = (
+            {
+                t: dict(zip(classes, row, strict=True))
+                for t, row in zip(classes, conf[n].tolist(), strict=True)
+            }
+            if with_confusion
+            else None
+        )
+        out.append(
+            Worker(
+                worker=name,
+                accuracy=float(acc[n]),
+                informativeness=float(info[n]),
+                confusion=matrix,
+                n_labels=s["n_labels"],
+                gold_labels=s["gold_seen"],
+                gold_accuracy=s["gold_right"] / s["gold_seen"] if s["gold_seen"] else None,
+                slot=s["slot"],
+                computed_at=iso(g.computed_at),
+            )
+        )
+    return out
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        st = store if store is not None else open_store(settings)
+        key_file = settings.data_dir / "admin.key" if settings.store == "embedded" else None
+        made = ensure_admin_key(st, settings.admin_key, key_file)
+        if made:
+            where = f" (saved in {key_file})" if key_file else ""
+            log.warning("created the admin API key%s: %s", where, made)
+        engine = None
+        if settings.engine_in_process:
+            engine = EngineLoop(
+                st,
+                batch_entries=settings.engine_batch_entries,
+                refine_passes=settings.refine_passes,
+                refine_idle_s=settings.refine_idle_s,
+            )
+            engine.start()
+        app.state.service = Service(settings, st, engine)
+        metrics.bind(app.state.service)
+        try:
+            yield
+        finally:
+            if engine is not None:
+                engine.stop()
+            if store is None:
+                st.close()
+
+    app = FastAPI(
+        title="crowdtally",
+        version="0.1.0",
+        summary="Live label aggregation for crowdsourcing: posteriors, worker quality, queues.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"][1:]) or None
+        return ApiError(422, "invalid_request", f"{field}: {err['msg']}", None, field).response()
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next: Any) -> Response:
+        t0 = time.perf_counter()
+        response: Response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.observe(
+            request.method,
+            getattr(route, "path", "unmatched"),
+            response.status_code,
+            time.perf_counter() - t0,
+        )
+        return response
+
+    # ------------------------------------------------------------------ operations
+    @app.get("/healthz", operation_id="healthz", tags=["operations"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", operation_id="readyz", tags=["operations"])
+    def readyz(request: Request) -> JSONResponse:
+        svc = _service(request)
+        ok = svc.store.ping()
+        lag = (
+            {
+                r.name: svc.store.log_end(r.name) - svc.store.applied_position(r.name)
+                for r in svc.store.list_projects()
+            }
+            if ok
+            else {}
+        )
+        engine_error = svc.engine.last_error if svc.engine else None
+        ready = ok and engine_error is None
+        body = {
+            "ready": ready,
+            "store": "ok" if ok else "unreachable",
+            "engine_lag": lag,
+            "engine_error": engine_error,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get(
+        "/metrics", operation_id="metrics", tags=["operations"], response_class=PlainTextResponse
+    )
+    def metrics_endpoint() -> Response:
+        data, content_type = metrics.exposition()
+        return Response(data, media_type=content_type)
+
+    # ------------------------------------------------------------------ projects
+    @app.post(
+        "/v1/projects",
+        status_code=201,
+        operation_id="create_project",
+        tags=["projects"],
+        response_model=ProjectCreated,
+        responses=_ERRORS,
+        dependencies=[require("admin", per_project=False)],
+    )
+    def create_project(body: ProjectCreate, request: Request) -> dict[str, Any]:
+        svc = _service(request)
+        hyper = body.hyperparameters.model_dump()
+        if hyper["class_prior"] is not None:
+            hyper["class_prior"] = tuple(hyper["class_prior"])
+        try:
+            cfg = NominalConfig(
+                n_classes=len(body.labels), n_worker_slots=body.worker_slots, **hyper
+            )
+        except ValueError as exc:
+            raise ApiError(
+                422, "invalid_hyperparameters", str(exc), None, "hyperparameters"
+            ) from None
+        record = ProjectRecord(body.name, tuple(body.labels), cfg.to_dict(), time.time())
+        try:
+            svc.store.create_project(record)
+        except ProjectExistsError:
+            raise ApiError(409, "project_exists", f"a project named {body.name!r} exists") from None
+        key, _ = issue_key(svc.store, "write", body.name)
+        return {**_project_view(svc, record), "api_key": key}
+
+    @app.get(
+        "/v1/projects",
+        operation_id="list_projects",
+        tags=["projects"],
+        response_model=list[Project],
+        responses=_ERRORS,
+        dependencies=[require("admin", per_project=False)],
+    )
+    def list_projects(request: Request) -> list[dict[str, Any]]:
+        svc = _service(request)
+        return [_project_view(svc, r) for r in svc.store.list_projects()]
+
+    @app.get(
+        "/v1/projects/{project}",
+        operation_id="get_project",
+        tags=["projects"],
+        response_model=Project,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_project(project: str, request: Request) -> dict[str, Any]:
+        svc = _service(request)
+        return _project_view(svc, svc.project(project))
+
+    @app.delete(
+        "/v1/projects/{project}",
+        status_code=204,
+        operation_id="delete_project",
+        tags=["projects"],
+        responses=_ERRORS,
+        dependencies=[require("admin")],
+    )
+    def delete_project(project: str, request: Request) -> Response:
+        if not _service(request).store.delete_project(project):
+            raise ApiError(404, "unknown_project", f"no project named {project!r}")
+        return Response(status_code=204)
+
+    @app.post(
+        "/v1/projects/{project}/keys",
+        status_code=201,
+        operation_id="create_key",
+        tags=["projects"],
+        response_model=KeyCreated,
+        responses=_ERRORS,
+        dependencies=[require("admin")],
+    )
+    def create_key(project: str, body: KeyCreate, request: Request) -> KeyCreated:
+        svc = _service(request)
+        svc.project(project)
+        key, rec = issue_key(svc.store, body.scope, project)
+        return KeyCreated(api_key=key, key_id=rec.key_id, scope=rec.scope, project=project)
+
+    # ------------------------------------------------------------------ labels
+    @app.post(
+        "/v1/projects/{project}/labels",
+        status_code=202,
+        operation_id="post_labels",
+        tags=["labels"],
+        response_model=Accepted,
+        responses={**_ERRORS, 413: {"model": ErrorResponse}},
+        dependencies=[require("write")],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/LabelIn"},
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def post_labels(project: str, request: Request, wait: bool = False) -> Accepted:
+        svc = _service(request)
+        record = svc.project(project)
+        labels: list[LabelIn] = _parse_block(
+            await request.body(), _LABELS, svc.settings.max_block_labels
+        )
+        codes = _label_codes(record, [x.label for x in labels])
+        weights = [x.weight for x in labels]
+        payload = orjson.dumps(
+            {
+                "items": [x.item for x in labels],
+                "workers": [x.worker for x in labels],
+                "labels": codes,
+                "weights": None if all(w == 1.0 for w in weights) else weights,
+            }
+        )
+        ids = [x.id for x in labels]
+        result = await _in_thread(svc.store.append, project, "labels", payload, ids)
+        metrics.LABELS.labels(project, "accepted").inc(result.accepted)
+        metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
+        applied = await _in_thread(_wait_applied, svc, project, result.position) if wait else False
+        if svc.engine is not None:
+            svc.engine.wake()
+        return Accepted(
+            accepted=result.accepted,
+            duplicates=result.duplicates,
+            position=result.position,
+            applied=applied,
+        )
+
+    @app.post(
+        "/v1/projects/{project}/gold",
+        status_code=202,
+        operation_id="post_gold",
+        tags=["labels"],
+        response_model=Accepted,
+        responses=_ERRORS,
+        dependencies=[require("write")],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/GoldIn"},
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def post_gold(project: str, request: Request, wait: bool = False) -> Accepted:
+        svc = _service(request)
+        record = svc.project(project)
+        gold: list[GoldIn] = _parse_block(
+            await request.body(), _GOLD, svc.settings.max_block_labels
+        )
+        codes = _label_codes(record, [x.label for x in gold])
+        payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
+        result = await _in_thread(svc.store.append, project, "gold", payload, None)
+        applied = await _in_thread(_wait_applied, svc, project, result.position) if wait else False
+        return Accepted(accepted=len(gold), duplicates=0, position=result.position, applied=applied)
+
+    @app.post(
+        "/v1/projects/{project}/refit",
+        status_code=202,
+        operation_id="refit",
+        tags=["labels"],
+        response_model=Accepted,
+        responses=_ERRORS,
+        dependencies=[require("write")],
+    )
+    def refit(project: str, request: Request, wait: bool = False) -> Accepted:
+        svc = _service(request)
+        svc.project(project)
+        result = svc.store.append(project, "refit", b"{}", None)
+        applied = _wait_applied(svc, project, result.position) if wait else False
+        return Accepted(accepted=0, duplicates=0, position=result.position, applied=applied)
+
+    # ------------------------------------------------------------------ items
+    @app.get(
+        "/v1/projects/{project}/items/{item:path}",
+        operation_id="get_item",
+        tags=["items"],
+        response_model=Item,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_item(project: str, item: str, request: Request) -> Item:
+        svc = _service(request)
+        record = svc.project(project)
+        blob = svc.store.get_item(project, item)
+        if blob is None:
+            raise ApiError(
+                404, "unknown_item", f"no labels for item {item!r} have been applied yet"
+            )
+        return _item_view(svc, record, item, blob, with_labels=True, fresh=True)
+
+    @app.get(
+        "/v1/projects/{project}/items",
+        operation_id="list_items",
+        tags=["items"],
+        response_model=ItemPage,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def list_items(
+        project: str,
+        request: Request,
+        cursor: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        max_probability: Annotated[float, Query(ge=0, le=1)] = 1.0,
+        min_probability: Annotated[float, Query(ge=0, le=1)] = 0.0,
+    ) -> ItemPage:
+        svc = _service(request)
+        record = svc.project(project)
+        try:
+            pos = int(cursor) if cursor else 0
+        except ValueError:
+            raise ApiError(
+                422,
+                "invalid_cursor",
+                "cursor must be a value returned as next_cursor",
+                None,
+                "cursor",
+            ) from None
+        nxt, page = svc.store.scan_items(project, pos, limit)
+        items = [_item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page]
+        items = [x for x in items if min_probability <= x.probability <= max_probability]
+        return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
+
+    @app.get(
+        "/v1/projects/{project}/export",
+        operation_id="export_items",
+        tags=["items"],
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def export_items(
+        project: str, request: Request, format: Literal["jsonl", "csv"] = "jsonl"
+    ) -> StreamingResponse:
+        svc = _service(request)
+        record = svc.project(project)
+
+        def pages() -> Iterator[list[Item]]:
+            cursor = 0
+            while True:
+                cursor, page = svc.store.scan_items(project, cursor, 1000)
+                yield [
+                    _item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page
+                ]
+                if cursor == 0:
+                    return
+
+        def jsonl() -> Iterator[bytes]:
+            for page in pages():
+                yield b"".join(orjson.dumps(x.model_dump(exclude={"labels"})) + b"\n" for x in page)
+
+        def csv_rows() -> Iterator[str]:
+            buf = io.StringIO()
+            w = csv.writer(buf)
+            w.writerow(
+                ["item", "label", "probability", *record.labels, "n_labels", "gold", "computed_at"]
+            )
+            for page in pages():
+                for x in page:
+                    w.writerow(
+                        [
+                            x.item,
+                            x.label,
+                            f"{x.probability:.6g}",
+                            *(f"{x.posterior[c]:.6g}" for c in record.labels),
+                            x.n_labels,
+                            x.gold or "",
+                            x.computed_at,
+                        ]
+                    )
+                yield buf.getvalue()
+                buf.seek(0)
+                buf.truncate()
+
+        if format == "csv":
+            return StreamingResponse(csv_rows(), media_type="text/csv")
+        return StreamingResponse(jsonl(), media_type="application/x-ndjson")
+
+    # ------------------------------------------------------------------ workers
+    @app.get(
+        "/v1/projects/{project}/workers/{worker:path}",
+        operation_id="get_worker",
+        tags=["workers"],
+        response_model=Worker,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_worker(project: str, worker: str, request: Request) -> Worker:
+        svc = _service(request)
+        record = svc.project(project)
+        blob = svc.store.get_worker(project, worker)
+        if blob is None:
+            raise ApiError(
+                404, "unknown_worker", f"no labels from worker {worker!r} have been applied yet"
+            )
+        return _workers_view(svc, record, [(worker, blob)], with_confusion=True)[0]
+
+    @app.get(
+        "/v1/projects/{project}/workers",
+        operation_id="list_workers",
+        tags=["workers"],
+        response_model=WorkerPage,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def list_workers(
+        project: str,
+        request: Request,
+        order: Literal["best", "worst"] = "best",
+        by: Literal["informativeness", "accuracy"] = "informativeness",
+        limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> WorkerPage:
+        """Workers ranked by estimated quality; ``order=worst`` puts likely spammers first."""
+        svc = _service(request)
+        record = svc.project(project)
+        views = _workers_view(svc, record, svc.store.all_workers(project), with_confusion=False)
+        views.sort(key=lambda w: (getattr(w, by), w.n_labels, w.worker), reverse=order == "best")
+        return WorkerPage(workers=views[offset : offset + limit], total=len(views))
+
+    return app
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)

@@ -1,0 +1,429 @@
+"""The engine: applies a project's label log, in order, to the core model and serves the result.
+
+``ProjectEngine`` holds one project's model in memory (parameters, every label per item, each
+item's last posterior) and turns log entries into a ``StateUpdate`` for the store. It is a pure
+function of the log: replaying the same entries gives bit-identical state (refinement sweeps
+and refits are log entries too, so a replay runs them at the same place).
+
+``EngineLoop`` runs every project's engine against a store: in a thread of the API process
+(embedded) or as ``crowdtally engine`` beside the API processes (Redis).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
+from core.batch import BatchEM
+from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
+from core.hashing import worker_slot
+from core.itemlabels import ItemLabels
+from core.nominal import NominalConfig, NominalParams
+from core.online import BlockResult, OnlineEM
+
+log = logging.getLogger("crowdtally.engine")
+
+
+class _Codes:
+    """Dense codes 0..n-1 for opaque string ids, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.code: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
+        """Codes of ``ids`` and the ids that were new (one dict look-up per distinct id)."""
+        uniq, first, inverse = np.unique(np.asarray(ids, dtype=np.str_), True, True)
+        new: list[str] = []
+        codes = np.empty(uniq.size, dtype=np.int64)
+        for n in np.argsort(first, kind="stable").tolist():  # first-appearance order
+            name = str(uniq[n])
+            c = self.code.get(name)
+            if c is None:
+                c = self.code[name] = len(self.names)
+                self.names.append(name)
+                new.append(name)
+            codes[n] = c
+        return codes[inverse.ravel()], new
+
+
+@dataclass
+class ItemView:
+    posterior: FloatArray
+    n_labels: int
+
+
+class ProjectEngine:
+    """One project's model state, advanced one log entry at a time."""
+
+    def __init__(self, record: ProjectRecord) -> None:
+        self.record = record
+        self.classes = record.labels
+        self.config = NominalConfig.from_dict(record.config)
+        self.K = self.config.n_classes
+        self.model = OnlineEM(self.config)
+        self.items = _Codes()
+        self.workers = _Codes()
+        self.labels = ItemLabels()
+        self.q = np.empty((0, self.K))
+        self.b = np.empty(0)
+        self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
+        self.gold = np.empty(0, dtype=np.int64)  # gold class per item, -1 if none
+        self.worker_slot = np.empty(0, dtype=np.int64)
+        self.worker_labels = np.empty(0, dtype=np.int64)
+        self.worker_gold_seen = np.empty(0, dtype=np.int64)
+        self.worker_gold_right = np.empty(0, dtype=np.int64)
+        self.position = 0
+        self.computed_at = time.time()
+        self._dirty_items: set[int] = set()
+        self._dirty_workers: set[int] = set()
+        self._dirty_slots: set[int] = set()
+        self._all_rows = False
+
+    # ---------------------------------------------------------------- applying entries
+    def apply(self, entry: LogEntry) -> None:
+        if entry.position != self.position + 1:
+            raise RuntimeError(
+                f"log entry {entry.position} applied after {self.position}: the log has a gap"
+            )
+        body = orjson.loads(entry.payload)
+        if entry.kind == "labels":
+            self._apply_labels(body, entry.keep)
+        elif entry.kind == "gold":
+            self._apply_gold(body)
+        elif entry.kind == "refine":
+            for _ in range(int(body.get("passes", 1))):
+                self._refine_pass()
+            self._predict_all()
+        elif entry.kind == "refit":
+            self._refit()
+        self.position = entry.position
+        self.computed_at = time.time()
+
+    def _apply_labels(self, body: dict[str, list[object]], keep: bytes) -> None:
+        items = body["items"]
+        workers = body["workers"]
+        labels = np.asarray(body["labels"], dtype=np.int64)
+        weights = np.asarray(body["weights"] or np.ones(labels.size), dtype=np.float64)
+        if keep and b"0" in keep:
+            mask = np.frombuffer(keep, dtype=np.uint8) == ord("1")
+            items = [x for x, m in zip(items, mask, strict=True) if m]
+            workers = [x for x, m in zip(workers, mask, strict=True) if m]
+            labels, weights = labels[mask], weights[mask]
+        if not labels.size:
+            return
+        item_codes, new_items = self.items.encode(items)  # type: ignore[arg-type]
+        worker_codes, new_workers = self.workers.encode(workers)  # type: ignore[arg-type]
+        self._grow_items(len(new_items))
+        self._grow_workers(new_workers)
+        slots = self.worker_slot[worker_codes]
+        # One block per distinct item, in first-appearance order within the entry.
+        touched, first, local = np.unique(item_codes, return_index=True, return_inverse=True)
+        arrival = np.argsort(first, kind="stable")
+        rank = np.empty_like(arrival)
+        rank[arrival] = np.arange(arrival.size)
+        touched = touched[arrival]
+        # Each arrival is appended in canonical order, so replays and re-orderings of a
+        # block's labels give bit-identical sums.
+        order = canonical_order(rank[local.ravel()], slots, labels, weights)
+        self.labels.append(
+            item_codes[order], slots[order], labels[order], weights[order], worker_codes[order]
+        )
+        np.add.at(self.worker_labels, worker_codes, 1)
+        gold = self.gold[item_codes]
+        has_gold = gold >= 0
+        np.add.at(self.worker_gold_seen, worker_codes[has_gold], 1)
+        np.add.at(self.worker_gold_right, worker_codes[has_gold & (gold == labels)], 1)
+        self._learn(touched)
+        self._dirty_workers.update(worker_codes.tolist())
+
+    def _learn(self, touched: IntArray) -> None:
+        blocks, _ = self.labels.gather(touched)
+        previous = BlockResult(self.q[touched], self.b[touched], np.zeros(touched.size))
+        n_prev = self.learned[touched]
+        scale_before = self.model.params.scalars[0]
+        result = self.model.learn_many(blocks, previous=previous, n_previous=n_prev)
+        self.q[touched] = result.posteriors
+        self.b[touched] = result.clarity
+        self.learned[touched] = blocks.sizes()
+        self._dirty_items.update(touched.tolist())
+        self._dirty_slots.update(np.unique(blocks.slots).tolist())
+        if self.model.params.scalars[0] > scale_before:  # rescaled: every row changed
+            self._all_rows = True
+
+    def _apply_gold(self, body: dict[str, list[object]]) -> None:
+        items = [str(x) for x in body["items"]]
+        codes = np.asarray(body["labels"], dtype=np.int64)
+        item_codes, new_items = self.items.encode(items)
+        self._grow_items(len(new_items))
+        for i, g in zip(item_codes.tolist(), codes.tolist(), strict=True):
+            blocks, pos = self.labels.gather(np.array([i]))
+            w = self.labels.worker[pos]
+            if self.gold[i] >= 0:  # replace an earlier gold answer
+                np.add.at(self.worker_gold_seen, w, -1)
+                np.add.at(self.worker_gold_right, w[blocks.labels == self.gold[i]], -1)
+            self.gold[i] = g
+            np.add.at(self.worker_gold_seen, w, 1)
+            np.add.at(self.worker_gold_right, w[blocks.labels == g], 1)
+            self._dirty_workers.update(w.tolist())
+            self._dirty_items.add(i)
+
+    def _refine_pass(self) -> None:
+        """One more pass over every item, each label already counted (docs/model.md)."""
+        n = self.items_count
+        if n == 0:
+            return
+        everything = np.arange(n, dtype=np.int64)
+        blocks, _ = self.labels.gather(everything)
+        previous = BlockResult(self.q[:n].copy(), self.b[:n].copy(), np.zeros(n))
+        result = self.model.learn_many(blocks, previous=previous, n_previous=blocks.sizes())
+        self.q[:n] = result.posteriors
+        self.b[:n] = result.clarity
+        self.learned[:n] = blocks.sizes()
+        self._all_rows = True
+
+    def _predict_all(self) -> None:
+        n = self.items_count
+        if n == 0:
+            return
+        blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
+        result = self.model.predict_many(blocks)
+        self.q[:n] = result.posteriors
+        self.b[:n] = result.clarity
+        self._dirty_items.update(range(n))
+
+    def _refit(self) -> None:
+        """Batch EM over every stored label (exact workers), mapped into the hashed slots."""
+        n, nw = self.items_count, len(self.workers.names)
+        if n == 0:
+            return
+        blocks, pos = self.labels.gather(np.arange(n, dtype=np.int64))
+        exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
+        fitted, params = BatchEM(self.config).fit(exact, nw)
+        counts = self.worker_labels[:nw].astype(np.float64)
+        S = self.config.n_worker_slots
+        total = np.zeros(S)
+        np.add.at(total, self.worker_slot[:nw], counts)
+        worker = np.zeros((S, self.K, self.K))
+        np.add.at(worker, self.worker_slot[:nw], params.worker * counts[:, None, None])
+        used = total > 0
+        worker[used] /= total[used, None, None]
+        scalars = np.array([1.0, self.model.params.scalars[1]])
+        self.model.params = NominalParams(params.class_logits, params.population, worker, scalars)
+        self.q[:n] = fitted.probas
+        self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
+        self._all_rows = True
+        self._dirty_items.update(range(n))
+
+    # ---------------------------------------------------------------- growing arrays
+    @property
+    def items_count(self) -> int:
+        return len(self.items.names)
+
+    def _grow_items(self, n_new: int) -> None:
+        if not n_new:
+            return
+        self.labels.add_items(n_new)
+        n = self.items_count
+        if n > self.q.shape[0]:
+            cap = max(n, 2 * self.q.shape[0], 1024)
+            self.q = _grow(self.q, cap, 1.0 / self.K)
+            self.b = _grow(self.b, cap, 0.0)
+            self.learned = _grow(self.learned, cap, 0)
+            self.gold = _grow(self.gold, cap, -1)
+
+    def _grow_workers(self, new: list[str]) -> None:
+        if not new:
+            return
+        n = len(self.workers.names)
+        if n > self.worker_slot.size:
+            cap = max(n, 2 * self.worker_slot.size, 1024)
+            self.worker_slot = _grow(self.worker_slot, cap, 0)
+            self.worker_labels = _grow(self.worker_labels, cap, 0)
+            self.worker_gold_seen = _grow(self.worker_gold_seen, cap, 0)
+            self.worker_gold_right = _grow(self.worker_gold_right, cap, 0)
+        S = self.config.n_worker_slots
+        self.worker_slot[n - len(new) : n] = [worker_slot(w, S) for w in new]
+
+    # ---------------------------------------------------------------- serving
+    def state_update(self) -> StateUpdate:
+        """What changed since the last call, ready for ``Store.write_state``."""
+        p = self.model.params
+        nw = len(self.workers.names)
+        if self._all_rows:
+            slots = np.unique(self.worker_slot[:nw]).tolist()
+        else:
+            slots = sorted(self._dirty_slots)
+        rows = {s: p.worker[s].tobytes() for s in slots}
+        items = {self.items.names[i]: self.item_json(i) for i in sorted(self._dirty_items)}
+        workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
+        self._dirty_items.clear()
+        self._dirty_workers.clear()
+        self._dirty_slots.clear()
+        self._all_rows = False
+        return StateUpdate(self.position, self.globals_json(), rows, items, workers)
+
+    def globals_json(self) -> bytes:
+        p = self.model.params
+        return orjson.dumps(
+            {
+                "class_logits": p.class_logits.tolist(),
+                "population": p.population.tolist(),
+                "scalars": p.scalars.tolist(),
+                "position": self.position,
+                "computed_at": self.computed_at,
+                "n_items": self.items_count,
+                "n_workers": len(self.workers.names),
+                "n_labels": self.labels.n_labels,
+            }
+        )
+
+    def item_json(self, i: int) -> bytes:
+        blocks, pos = self.labels.gather(np.array([i]))
+        names = self.workers.names
+        labels = [
+            [names[w], int(z), float(x)]
+            for w, z, x in zip(
+                self.labels.worker[pos].tolist(),
+                blocks.labels.tolist(),
+                blocks.weights.tolist(),
+                strict=True,
+            )
+        ]
+        g = int(self.gold[i])
+        posterior = np.eye(self.K)[g] if g >= 0 else self.q[i]
+        return orjson.dumps(
+            {
+                "posterior": posterior.tolist(),
+                "clarity": float(self.b[i]),
+                "labels": labels,
+                "gold": g if g >= 0 else None,
+                "position": self.position,
+                "computed_at": self.computed_at,
+            }
+        )
+
+    def worker_json(self, w: int) -> bytes:
+        return orjson.dumps(
+            {
+                "slot": int(self.worker_slot[w]),
+                "n_labels": int(self.worker_labels[w]),
+                "gold_seen": int(self.worker_gold_seen[w]),
+                "gold_right": int(self.worker_gold_right[w]),
+            }
+        )
+
+
+def _grow(a: np.ndarray, cap: int, fill: float) -> np.ndarray:  # type: ignore[type-arg]
+    out = np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+class EngineLoop:
+    """Applies every project's log to its ``ProjectEngine`` and writes the served state."""
+
+    def __init__(
+        self,
+        store: Store,
+        batch_entries: int = 64,
+        refine_passes: int = 3,
+        refine_idle_s: float = 1.0,
+        poll_s: float = 0.002,
+    ) -> None:
+        self.store = store
+        self.batch_entries = batch_entries
+        self.refine_passes = refine_passes
+        self.refine_idle_s = refine_idle_s
+        self.poll_s = poll_s
+        self.engines: dict[str, ProjectEngine] = {}
+        self._catch_up: dict[str, int] = {}
+        self._last_label: dict[str, float] = {}
+        self._refine_due: dict[str, bool] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> int:
+        """Apply what is waiting in every project's log; return how many entries."""
+        projects = {r.name: r for r in self.store.list_projects()}
+        for gone in set(self.engines) - set(projects):
+            del self.engines[gone]
+        done = 0
+        for name, record in projects.items():
+            done += self._step_project(name, record)
+        return done
+
+    def _step_project(self, name: str, record: ProjectRecord) -> int:
+        eng = self.engines.get(name)
+        if eng is None or eng.record.created_at != record.created_at:
+            eng = self.engines[name] = ProjectEngine(record)
+            # State already served (another engine, before a restart): replay silently up to it.
+            self._catch_up[name] = self.store.applied_position(name)
+        entries = self.store.read_log(name, eng.position, self.batch_entries)
+        now = time.monotonic()
+        if not entries:
+            if (
+                self._refine_due.get(name)
+                and now - self._last_label.get(name, now) >= self.refine_idle_s
+            ):
+                self._refine_due[name] = False
+                self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
+            return 0
+        for entry in entries:
+            eng.apply(entry)
+            if entry.kind in ("labels", "gold"):
+                self._last_label[name] = now
+                self._refine_due[name] = self.refine_passes > 0
+        update = eng.state_update()
+        if eng.position >= self._catch_up.get(name, 0):
+            self.store.write_state(name, update)
+        return len(entries)
+
+    # ------------------------------------------------------------------ running
+    def run_until_idle(self, timeout_s: float = 120.0) -> None:
+        """Apply entries, refinement sweeps included, until nothing is left (tests, CLI)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.step() == 0:
+                if not any(self._refine_due.values()):
+                    return
+                time.sleep(self.poll_s)
+        raise TimeoutError("the engine did not become idle")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.step()
+                self.last_error = None
+            except Exception as exc:  # keep serving; report in /readyz and the log
+                log.exception("engine step failed")
+                self.last_error = repr(exc)
+                done = 0
+                self._stop.wait(1.0)
+            if done == 0:
+                self._wake.wait(self.poll_s if not self._wake.is_set() else 0)
+                self._wake.clear()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run_forever, name="crowdtally-engine", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,66 @@
+"""Prometheus metrics: request latency, labels accepted, engine lag per project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from app.api import Service
+
+REGISTRY = CollectorRegistry()
+REQUESTS = Histogram(
+    "crowdtally_request_seconds",
+    "HTTP request latency",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)
+LABELS = Counter(
+    "crowdtally_labels", "Labels received, by outcome", ["project", "outcome"], registry=REGISTRY
+)
+
+
+class _StoreCollector(Collector):
+    def __init__(self) -> None:
+        self.service: Service | None = None
+
+    def collect(self) -> Iterator[Any]:
+        svc = self.service
+        lag = GaugeMetricFamily(
+            "crowdtally_engine_lag_entries", "Log entries not yet applied", labels=["project"]
+        )
+        end = GaugeMetricFamily("crowdtally_log_position", "Last log position", labels=["project"])
+        if svc is not None and svc.store.ping():
+            for r in svc.store.list_projects():
+                e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
+                lag.add_metric([r.name], max(e - a, 0))
+                end.add_metric([r.name], e)
+        yield lag
+        yield end
+
+
+_COLLECTOR = _StoreCollector()
+REGISTRY.register(_COLLECTOR)
+
+
+def bind(service: Service) -> None:
+    _COLLECTOR.service = service
+
+
+def observe(method: str, route: str, status: int, seconds: float) -> None:
+    REQUESTS.labels(method, route, str(status)).observe(seconds)
+
+
+def exposition() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

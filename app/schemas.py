@@ -1,0 +1,159 @@
+"""Request and response bodies of the HTTP API (pydantic; they make the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from app.triples import MAX_ID_LENGTH
+from core.hashing import DEFAULT_WORKER_SLOTS
+from core.nominal import NominalConfig
+
+ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")]
+ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH)]
+LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+MAX_CLASSES = 256
+_DEFAULTS = NominalConfig(n_classes=2)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Hyperparameters(Strict):
+    """The nominal model's settings (docs/model.md); the defaults were chosen by measurement."""
+
+    eta0: float = Field(_DEFAULTS.eta0, ge=0)
+    tau0: float = Field(_DEFAULTS.tau0, ge=0)
+    rho: float = Field(_DEFAULTS.rho, ge=0)
+    n_items: float = Field(_DEFAULTS.n_items, gt=0)
+    worker_prior: float = Field(_DEFAULTS.worker_prior, gt=0)
+    population_prior: float = Field(_DEFAULTS.population_prior, gt=0)
+    population_diagonal: float = _DEFAULTS.population_diagonal
+    class_prior: list[float] | None = None
+    class_prior_strength: float = Field(_DEFAULTS.class_prior_strength, gt=0)
+    difficulty: bool = _DEFAULTS.difficulty
+    difficulty_prior: float = Field(_DEFAULTS.difficulty_prior, gt=0)
+    population_rate: float = Field(_DEFAULTS.population_rate, ge=0)
+    class_rate: float = Field(_DEFAULTS.class_rate, ge=0)
+
+
+class ProjectCreate(Strict):
+    name: ProjectName
+    labels: list[LabelName] = Field(min_length=2, max_length=MAX_CLASSES)
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    worker_slots: int = Field(DEFAULT_WORKER_SLOTS, ge=1, le=1 << 22)
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("label names must be distinct")
+        return v
+
+
+class ProjectStats(BaseModel):
+    log_end: int
+    applied: int
+    lag: int
+    n_items: int
+    n_workers: int
+    n_labels: int
+
+
+class Project(BaseModel):
+    name: str
+    labels: list[str]
+    hyperparameters: Hyperparameters
+    worker_slots: int
+    created_at: str
+    stats: ProjectStats
+
+
+class ProjectCreated(Project):
+    api_key: str = Field(description="A read-write key for this project; shown only once.")
+
+
+class KeyCreate(Strict):
+    scope: Literal["read", "write"] = "read"
+
+
+class KeyCreated(BaseModel):
+    api_key: str
+    key_id: str
+    scope: str
+    project: str
+
+
+class LabelIn(Strict):
+    item: ExternalId
+    worker: ExternalId
+    label: LabelName
+    id: ExternalId | None = None
+    weight: float = Field(1.0, ge=0, le=1e6, allow_inf_nan=False)
+
+
+class GoldIn(Strict):
+    item: ExternalId
+    label: LabelName
+
+
+class Accepted(BaseModel):
+    accepted: int
+    duplicates: int
+    position: int = Field(description="Log position of this block (what the engine must reach).")
+    applied: bool = Field(description="True when the engine has applied it (wait=true).")
+
+
+class ItemLabel(BaseModel):
+    worker: str
+    label: str
+    weight: float
+
+
+class Item(BaseModel):
+    item: str
+    label: str = Field(description="The most probable label.")
+    probability: float
+    posterior: dict[str, float]
+    n_labels: int
+    gold: str | None
+    labels: list[ItemLabel] | None = None
+    computed_at: str
+    position: int = Field(description="Log position of the parameters it was computed with.")
+
+
+class ItemPage(BaseModel):
+    items: list[Item]
+    next_cursor: str | None
+
+
+class Worker(BaseModel):
+    worker: str
+    accuracy: float = Field(description="Expected accuracy: sum_z P(z) P(answer z | z).")
+    informativeness: float = Field(description="Mutual information of answer and truth / H(truth).")
+    confusion: dict[str, dict[str, float]] | None = Field(
+        None, description="confusion[true][answer] = P(answer | true)."
+    )
+    n_labels: int
+    gold_labels: int
+    gold_accuracy: float | None
+    slot: int
+    computed_at: str
+
+
+class WorkerPage(BaseModel):
+    workers: list[Worker]
+    total: int
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    entry: int | None = None
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

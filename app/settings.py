@@ -1,0 +1,39 @@
+"""Service settings, from the environment (``CROWDTALLY_*``) or a ``.env`` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CROWDTALLY_", env_file=".env", extra="ignore")
+
+    store: str = Field("embedded", pattern="^(embedded|redis)$")
+    """``embedded``: in-process state, labels in a SQLite file under ``data_dir``.
+    ``redis``: log and state in Redis at ``redis_url`` (several API and engine processes)."""
+    data_dir: Path = Path("crowdtally-data")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "CROWDTALLY_REDIS_URL"),
+    )
+    redis_prefix: str = "ct"
+    """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
+    admin_key: str | None = None
+    """The admin API key; when unset, one is made on first start and kept in
+    ``data_dir/admin.key`` (embedded) or in Redis (hashed) with the key printed once."""
+    engine_in_process: bool = True
+    """Run the engine inside the API process (the embedded default). Production runs
+    ``crowdtally engine`` as its own process and sets this to false."""
+    max_block_labels: int = 10_000
+    """Largest block of labels one POST may carry."""
+    wait_timeout_s: float = 30.0
+    """How long ``wait=true`` waits for the engine before answering 504."""
+    refine_passes: int = 3
+    """Refinement sweeps the engine runs over all stored labels once it is idle."""
+    refine_idle_s: float = 1.0
+    """Idle time after the last label before the engine starts refinement sweeps."""
+    engine_batch_entries: int = 64
+    """Log entries the engine applies before writing state."""

@@ -1,0 +1,16 @@
+"""State stores: ``EmbeddedStore`` (in-process + SQLite) and ``RedisStore``."""
+
+from __future__ import annotations
+
+from app.settings import Settings
+from app.store.base import Store
+
+
+def open_store(settings: Settings) -> Store:
+    if settings.store == "redis":
+        from app.store.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, settings.redis_prefix)
+    from app.store.embedded import EmbeddedStore
+
+    return EmbeddedStore(settings.data_dir / "crowdtally.sqlite3")

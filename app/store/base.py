@@ -1,0 +1,116 @@
+"""The state-store contract: projects, keys, the label log, and the engine's served state.
+
+Two backends implement it: ``EmbeddedStore`` (in-process state, the log in SQLite) and
+``RedisStore``. ``tests/app/test_store_contract.py`` runs the same tests against both.
+
+The label log is the source of truth. Every entry has a position (1, 2, ...) in its project's
+log; the engine applies entries in that order and records the last position it applied. Item
+and worker ids are opaque strings: they are only ever hash fields or SQL parameters, never
+part of a key name or a statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+EntryKind = Literal["labels", "gold", "refine", "refit"]
+Scope = Literal["admin", "read", "write"]
+
+
+class ProjectExistsError(Exception):
+    """A project of that name already exists."""
+
+
+@dataclass(frozen=True)
+class ProjectRecord:
+    name: str
+    labels: tuple[str, ...]
+    config: dict[str, Any]
+    """NominalConfig fields (n_classes and n_worker_slots included)."""
+    created_at: float
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    key_id: str
+    """Public identifier of the key (its hash prefix), safe to show."""
+    scope: Scope
+    project: str | None
+    """None for the admin key."""
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    position: int
+    """Log position of the entry (the current end of the log when nothing was new)."""
+    accepted: int
+    duplicates: int
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    position: int
+    kind: EntryKind
+    payload: bytes
+    """orjson-encoded body; for ``labels`` the columns ``items, workers, labels, weights``."""
+    keep: bytes = b""
+    """For ``labels``: one byte per label, ``1`` to apply, ``0`` for a duplicate id."""
+
+
+@dataclass
+class StateUpdate:
+    """What one engine step changed; written atomically with the position it covers."""
+
+    position: int
+    globals: bytes
+    """orjson of the shared parameters (class logits, population, scalars) and metadata."""
+    rows: dict[int, bytes] = field(default_factory=dict)
+    """Worker slots whose stored (scaled) deviation rows changed: slot -> float64 bytes."""
+    items: dict[str, bytes] = field(default_factory=dict)
+    workers: dict[str, bytes] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """What the API and the engine need from a backend (all methods are thread-safe)."""
+
+    # projects and keys
+    def create_project(self, record: ProjectRecord) -> None: ...
+    def get_project(self, name: str) -> ProjectRecord | None: ...
+    def list_projects(self) -> list[ProjectRecord]: ...
+    def delete_project(self, name: str) -> bool: ...
+    def put_key(self, key_hash: str, record: KeyRecord) -> None: ...
+    def get_key(self, key_hash: str) -> KeyRecord | None: ...
+    def admin_key_hash(self) -> str | None: ...
+    def set_admin_key_hash(self, key_hash: str) -> bool:
+        """Set it unless one is set already; True when this call set it."""
+        ...
+
+    # the label log
+    def append(
+        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+    ) -> AppendResult:
+        """Append one entry atomically; labels whose id was seen before are marked duplicate."""
+        ...
+
+    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]: ...
+    def log_end(self, project: str) -> int: ...
+
+    # served state
+    def write_state(self, project: str, update: StateUpdate) -> None: ...
+    def applied_position(self, project: str) -> int: ...
+    def get_item(self, project: str, item: str) -> bytes | None: ...
+    def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
+        """The shared parameters and the given slots' rows, read consistently."""
+        ...
+
+    def scan_items(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[tuple[str, bytes]]]:
+        """A page of items from ``cursor`` (0 = start); the next cursor is 0 at the end."""
+        ...
+
+    def get_worker(self, project: str, worker: str) -> bytes | None: ...
+    def all_workers(self, project: str) -> list[tuple[str, bytes]]: ...
+    def ping(self) -> bool: ...
+    def close(self) -> None: ...

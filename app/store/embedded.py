@@ -1,0 +1,258 @@
+"""The embedded store: served state in process memory, the label log in a SQLite file.
+
+No server needed. The log (with projects, keys and seen label ids) is durable in SQLite
+(WAL, ``synchronous=NORMAL``: an acknowledged block survives a crash of the process); the
+served state is rebuilt on start by replaying the log.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import orjson
+
+from app.store.base import (
+    AppendResult,
+    EntryKind,
+    KeyRecord,
+    LogEntry,
+    ProjectExistsError,
+    ProjectRecord,
+    StateUpdate,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS projects (name TEXT PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (key_hash TEXT PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS label_log (
+    project TEXT NOT NULL, position INTEGER NOT NULL, kind TEXT NOT NULL,
+    payload BLOB NOT NULL, keep BLOB NOT NULL, PRIMARY KEY (project, position));
+CREATE TABLE IF NOT EXISTS label_ids (
+    project TEXT NOT NULL, label_id TEXT NOT NULL, PRIMARY KEY (project, label_id));
+"""
+
+
+class _ProjectState:
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.log_end = 0
+        self.applied = 0
+        self.globals: bytes | None = None
+        self.rows: dict[int, bytes] = {}
+        self.items: dict[str, bytes] = {}
+        self.workers: dict[str, bytes] = {}
+
+
+class EmbeddedStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self._projects: dict[str, ProjectRecord] = {}
+        self._state: dict[str, _ProjectState] = {}
+        self._keys: dict[str, KeyRecord] = {}
+        self._load()
+
+    def _load(self) -> None:
+        for name, blob in self._db.execute("SELECT name, record FROM projects"):
+            self._projects[name] = _project_from_json(blob)
+            self._state[name] = _ProjectState()
+        for key_hash, blob in self._db.execute("SELECT key_hash, record FROM api_keys"):
+            self._keys[key_hash] = KeyRecord(**orjson.loads(blob))
+        for project, end in self._db.execute(
+            "SELECT project, MAX(position) FROM label_log GROUP BY project"
+        ):
+            if project in self._state:
+                self._state[project].log_end = end
+        for project, label_id in self._db.execute("SELECT project, label_id FROM label_ids"):
+            if project in self._state:
+                self._state[project].ids.add(label_id)
+
+    # projects and keys -----------------------------------------------------------------
+    def create_project(self, record: ProjectRecord) -> None:
+        with self._lock:
+            if record.name in self._projects:
+                raise ProjectExistsError(record.name)
+            self._db.execute(
+                "INSERT INTO projects VALUES (?, ?)", (record.name, _project_to_json(record))
+            )
+            self._projects[record.name] = record
+            self._state[record.name] = _ProjectState()
+
+    def get_project(self, name: str) -> ProjectRecord | None:
+        return self._projects.get(name)
+
+    def list_projects(self) -> list[ProjectRecord]:
+        with self._lock:
+            return sorted(self._projects.values(), key=lambda r: r.name)
+
+    def delete_project(self, name: str) -> bool:
+        with self._lock:
+            if name not in self._projects:
+                return False
+            self._db.execute("BEGIN")
+            for table in ("projects",):
+                self._db.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
+            for table in ("label_log", "label_ids"):
+                self._db.execute(f"DELETE FROM {table} WHERE project = ?", (name,))
+            doomed = [h for h, k in self._keys.items() if k.project == name]
+            self._db.executemany("DELETE FROM api_keys WHERE key_hash = ?", [(h,) for h in doomed])
+            self._db.execute("COMMIT")
+            for h in doomed:
+                del self._keys[h]
+            del self._projects[name]
+            del self._state[name]
+            return True
+
+    def put_key(self, key_hash: str, record: KeyRecord) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO api_keys VALUES (?, ?)",
+                (key_hash, orjson.dumps(record.__dict__)),
+            )
+            self._keys[key_hash] = record
+
+    def get_key(self, key_hash: str) -> KeyRecord | None:
+        return self._keys.get(key_hash)
+
+    def admin_key_hash(self) -> str | None:
+        return next((h for h, k in self._keys.items() if k.scope == "admin"), None)
+
+    def set_admin_key_hash(self, key_hash: str) -> bool:
+        with self._lock:
+            if self.admin_key_hash() is not None:
+                return False
+            self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None))
+            return True
+
+    # the log ---------------------------------------------------------------------------
+    def append(
+        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+    ) -> AppendResult:
+        with self._lock:
+            st = self._state[project]
+            keep, new_ids = _dedupe(ids, st.ids)
+            accepted = keep.count(b"1") if ids is not None else 0
+            duplicates = (len(ids) - accepted) if ids is not None else 0
+            if ids is not None and accepted == 0:
+                return AppendResult(st.log_end, 0, duplicates)
+            position = st.log_end + 1
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(
+                    "INSERT INTO label_log VALUES (?, ?, ?, ?, ?)",
+                    (project, position, kind, payload, keep),
+                )
+                self._db.executemany(
+                    "INSERT INTO label_ids VALUES (?, ?)", [(project, i) for i in new_ids]
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            st.ids.update(new_ids)
+            st.log_end = position
+            return AppendResult(position, accepted, duplicates)
+
+    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT position, kind, payload, keep FROM label_log "
+                "WHERE project = ? AND position > ? ORDER BY position LIMIT ?",
+                (project, after, limit),
+            ).fetchall()
+        return [LogEntry(p, k, bytes(b), bytes(m)) for p, k, b, m in rows]
+
+    def log_end(self, project: str) -> int:
+        st = self._state.get(project)
+        return st.log_end if st else 0
+
+    # served state ----------------------------------------------------------------------
+    def write_state(self, project: str, update: StateUpdate) -> None:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return
+            st.globals = update.globals
+            st.rows.update(update.rows)
+            st.items.update(update.items)
+            st.workers.update(update.workers)
+            st.applied = max(st.applied, update.position)
+
+    def applied_position(self, project: str) -> int:
+        st = self._state.get(project)
+        return st.applied if st else 0
+
+    def get_item(self, project: str, item: str) -> bytes | None:
+        st = self._state.get(project)
+        return st.items.get(item) if st else None
+
+    def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return None, [None] * len(slots)
+            return st.globals, [st.rows.get(s) for s in slots]
+
+    def scan_items(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[tuple[str, bytes]]]:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return 0, []
+            keys = list(st.items)[cursor : cursor + count]
+            page = [(k, st.items[k]) for k in keys]
+            nxt = cursor + len(keys)
+            return (nxt if nxt < len(st.items) else 0), page
+
+    def get_worker(self, project: str, worker: str) -> bytes | None:
+        st = self._state.get(project)
+        return st.workers.get(worker) if st else None
+
+    def all_workers(self, project: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            st = self._state.get(project)
+            return list(st.workers.items()) if st else []
+
+    def ping(self) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1").fetchone() == (1,)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _dedupe(ids: list[str | None] | None, seen: set[str]) -> tuple[bytes, list[str]]:
+    """The keep mask (b'1' new, b'0' seen before or earlier in the block) and the new ids."""
+    if ids is None:
+        return b"", []
+    keep = bytearray(b"1" * len(ids))
+    new: list[str] = []
+    fresh: set[str] = set()
+    for n, i in enumerate(ids):
+        if i is None:
+            continue
+        if i in seen or i in fresh:
+            keep[n] = ord("0")
+        else:
+            fresh.add(i)
+            new.append(i)
+    return bytes(keep), new
+
+
+def _project_to_json(record: ProjectRecord) -> bytes:
+    return orjson.dumps(record.__dict__)
+
+
+def _project_from_json(blob: bytes) -> ProjectRecord:
+    d = orjson.loads(blob)
+    return ProjectRecord(d["name"], tuple(d["labels"]), d["config"], d["created_at"])

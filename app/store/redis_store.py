@@ -1,0 +1,195 @@
+"""The Redis store: the label log as a Redis stream, served state in hashes.
+
+Keys of one project share the hash tag ``{prefix:p:name}`` so multi-key scripts and
+transactions stay in one Redis Cluster slot. Project names are checked by the API
+(``[A-Za-z0-9_.-]``); item and worker ids are only ever hash fields, never key names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis
+
+from app.store.base import (
+    AppendResult,
+    EntryKind,
+    KeyRecord,
+    LogEntry,
+    ProjectExistsError,
+    ProjectRecord,
+    StateUpdate,
+)
+from app.store.embedded import _project_from_json, _project_to_json
+
+# KEYS: ids set, log stream, sequence. ARGV: kind, payload, then the label ids ('' = no id).
+# Marks each label 1 (new) or 0 (id seen before), appends the entry unless nothing is new.
+_APPEND = """
+local keep = {}
+local accepted = 0
+local with_ids = tonumber(ARGV[3])
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if id == '' or redis.call('SADD', KEYS[1], id) == 1 then
+    keep[#keep + 1] = '1'; accepted = accepted + 1
+  else
+    keep[#keep + 1] = '0'
+  end
+end
+local mask = table.concat(keep)
+if with_ids == 1 and accepted == 0 then
+  return {tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
+end
+local pos = redis.call('INCR', KEYS[3])
+redis.call('XADD', KEYS[2], pos .. '-1', 'k', ARGV[1], 'p', ARGV[2], 'm', mask)
+return {pos, accepted}
+"""
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str = "ct") -> None:
+        self.r = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self._append = self.r.register_script(_APPEND)
+
+    def _k(self, project: str, what: str) -> str:
+        return f"{{{self.prefix}:p:{project}}}:{what}"
+
+    @property
+    def _projects_key(self) -> str:
+        return f"{self.prefix}:projects"
+
+    @property
+    def _keys_key(self) -> str:
+        return f"{self.prefix}:keys"
+
+    # projects and keys -----------------------------------------------------------------
+    def create_project(self, record: ProjectRecord) -> None:
+        if not self.r.hsetnx(self._projects_key, record.name, _project_to_json(record)):
+            raise ProjectExistsError(record.name)
+
+    def get_project(self, name: str) -> ProjectRecord | None:
+        blob = self.r.hget(self._projects_key, name)
+        return _project_from_json(blob) if blob else None  # type: ignore[arg-type]
+
+    def list_projects(self) -> list[ProjectRecord]:
+        blobs: dict[bytes, bytes] = self.r.hgetall(self._projects_key)  # type: ignore[assignment]
+        return sorted((_project_from_json(b) for b in blobs.values()), key=lambda r: r.name)
+
+    def delete_project(self, name: str) -> bool:
+        if not self.r.hdel(self._projects_key, name):
+            return False
+        keys: dict[bytes, bytes] = self.r.hgetall(self._keys_key)  # type: ignore[assignment]
+        doomed = [h for h, b in keys.items() if orjson.loads(b).get("project") == name]
+        pipe = self.r.pipeline()
+        if doomed:
+            pipe.hdel(self._keys_key, *doomed)
+        for what in ("ids", "log", "seq", "state", "rows", "items", "workers"):
+            pipe.delete(self._k(name, what))
+        pipe.execute()
+        return True
+
+    def put_key(self, key_hash: str, record: KeyRecord) -> None:
+        self.r.hset(self._keys_key, key_hash, orjson.dumps(record.__dict__))
+
+    def get_key(self, key_hash: str) -> KeyRecord | None:
+        blob = self.r.hget(self._keys_key, key_hash)
+        return KeyRecord(**orjson.loads(blob)) if blob else None  # type: ignore[arg-type]
+
+    def admin_key_hash(self) -> str | None:
+        h = self.r.get(f"{self.prefix}:admin")
+        return h.decode() if h else None  # type: ignore[union-attr]
+
+    def set_admin_key_hash(self, key_hash: str) -> bool:
+        if not self.r.set(f"{self.prefix}:admin", key_hash, nx=True):
+            return False
+        self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None))
+        return True
+
+    # the log ---------------------------------------------------------------------------
+    def append(
+        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+    ) -> AppendResult:
+        args: list[Any] = [kind, payload, 0 if ids is None else 1]
+        if ids is not None:
+            args.extend("" if i is None else i for i in ids)
+        keys = [self._k(project, "ids"), self._k(project, "log"), self._k(project, "seq")]
+        position, accepted = self._append(keys=keys, args=args)
+        n = len(ids) if ids is not None else 0
+        return AppendResult(
+            int(position),
+            int(accepted) if ids is not None else 0,
+            n - int(accepted) if ids is not None else 0,
+        )
+
+    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
+        entries = self.r.xrange(self._k(project, "log"), min=f"({after}-1", count=limit)
+        out = []
+        for entry_id, fields in entries:  # type: ignore[union-attr]
+            position = int(entry_id.split(b"-")[0])
+            out.append(LogEntry(position, fields[b"k"].decode(), fields[b"p"], fields[b"m"]))
+        return out
+
+    def log_end(self, project: str) -> int:
+        v = self.r.get(self._k(project, "seq"))
+        return int(v) if v else 0  # type: ignore[arg-type]
+
+    # served state ----------------------------------------------------------------------
+    def write_state(self, project: str, update: StateUpdate) -> None:
+        if not self.r.hexists(self._projects_key, project):
+            return
+        pipe = self.r.pipeline(transaction=True)
+        state = self._k(project, "state")
+        pipe.hset(state, mapping={"globals": update.globals})
+        if update.rows:
+            pipe.hset(self._k(project, "rows"), mapping={str(s): b for s, b in update.rows.items()})
+        if update.items:
+            pipe.hset(self._k(project, "items"), mapping=update.items)  # type: ignore[arg-type]
+        if update.workers:
+            pipe.hset(self._k(project, "workers"), mapping=update.workers)  # type: ignore[arg-type]
+        pipe.hset(state, "applied", update.position)
+        pipe.execute()
+
+    def applied_position(self, project: str) -> int:
+        v = self.r.hget(self._k(project, "state"), "applied")
+        return int(v) if v else 0  # type: ignore[arg-type]
+
+    def get_item(self, project: str, item: str) -> bytes | None:
+        return self.r.hget(self._k(project, "items"), item)  # type: ignore[return-value]
+
+    def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hget(self._k(project, "state"), "globals")
+        if slots:
+            pipe.hmget(self._k(project, "rows"), [str(s) for s in slots])
+        res = pipe.execute()
+        return res[0], (res[1] if slots else [])
+
+    def scan_items(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[tuple[str, bytes]]]:
+        nxt, page = self.r.hscan(self._k(project, "items"), cursor=cursor, count=count)
+        return int(nxt), [(k.decode(), v) for k, v in page.items()]
+
+    def get_worker(self, project: str, worker: str) -> bytes | None:
+        return self.r.hget(self._k(project, "workers"), worker)  # type: ignore[return-value]
+
+    def all_workers(self, project: str) -> list[tuple[str, bytes]]:
+        d: dict[bytes, bytes] = self.r.hgetall(self._k(project, "workers"))  # type: ignore[assignment]
+        return [(k.decode(), v) for k, v in d.items()]
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.r.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        self.r.close()
+
+    def flush_prefix(self) -> None:
+        """Delete every key under this store's prefix (tests)."""
+        for pattern in (f"{self.prefix}:*", f"{{{self.prefix}:*"):
+            for key in self.r.scan_iter(match=pattern, count=1000):
+                self.r.delete(key)

@@ -1,0 +1,108 @@
+"""Every label seen so far, kept per item in arrival order, for re-running an item's EM.
+
+Labels for one item trickle in over hours. Each arrival is appended (its labels in the
+canonical order of ``LabelBlocks.group``) to a flat append-only table; a per-item chain links
+an item's labels in arrival order. ``gather`` builds, for any set of items, the blocks that
+``OnlineEM.learn_many`` expects: the labels already learned at the head, the new ones after.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core._numba import jit
+from core.blocks import FloatArray, IntArray, LabelBlocks
+
+
+class ItemLabels:
+    """Append-only labels with a per-item chain; items are dense codes 0..n_items-1."""
+
+    def __init__(self, capacity: int = 1024, item_capacity: int = 1024) -> None:
+        self.n_labels = 0
+        self.n_items = 0
+        self.item = np.empty(capacity, dtype=np.int64)
+        self.slot = np.empty(capacity, dtype=np.int64)
+        self.label = np.empty(capacity, dtype=np.int64)
+        self.weight = np.empty(capacity, dtype=np.float64)
+        self.worker = np.empty(capacity, dtype=np.int64)
+        self.next = np.empty(capacity, dtype=np.int64)
+        self.first = np.full(item_capacity, -1, dtype=np.int64)
+        self.last = np.full(item_capacity, -1, dtype=np.int64)
+        self.count = np.zeros(item_capacity, dtype=np.int64)
+
+    def add_items(self, n: int) -> None:
+        """Make room for ``n`` more items (codes n_items..n_items+n-1)."""
+        need = self.n_items + n
+        if need > self.first.size:
+            cap = max(need, 2 * self.first.size)
+            self.first = _grow(self.first, cap, -1)
+            self.last = _grow(self.last, cap, -1)
+            self.count = _grow(self.count, cap, 0)
+        self.n_items = need
+
+    def append(
+        self,
+        items: IntArray,
+        slots: IntArray,
+        labels: IntArray,
+        weights: FloatArray,
+        workers: IntArray,
+    ) -> None:
+        """Append labels, in the order given, to their items' chains."""
+        n = items.size
+        if n and (items.min() < 0 or items.max() >= self.n_items):
+            raise ValueError("item codes must be in 0..n_items-1 (call add_items first)")
+        need = self.n_labels + n
+        if need > self.item.size:
+            cap = max(need, 2 * self.item.size)
+            for name in ("item", "slot", "label", "weight", "worker", "next"):
+                setattr(self, name, _grow(getattr(self, name), cap, 0))
+        lo = self.n_labels
+        self.item[lo:need] = items
+        self.slot[lo:need] = slots
+        self.label[lo:need] = labels
+        self.weight[lo:need] = weights
+        self.worker[lo:need] = workers
+        _link(lo, need, self.item, self.next, self.first, self.last, self.count)
+        self.n_labels = need
+
+    def gather(self, items: IntArray) -> tuple[LabelBlocks, IntArray]:
+        """Blocks holding all labels of ``items`` (one block each, arrival order) and the
+        position in the table of every gathered label."""
+        sizes = self.count[items]
+        ptr = np.zeros(items.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=ptr[1:])
+        positions = np.empty(int(ptr[-1]), dtype=np.int64)
+        _walk(items, ptr, self.first, self.next, positions)
+        blocks = LabelBlocks(
+            ptr, self.slot[positions], self.label[positions], self.weight[positions]
+        )
+        return blocks, positions
+
+
+def _grow(a: np.ndarray, cap: int, fill: float) -> np.ndarray:  # type: ignore[type-arg]
+    out = np.full(cap, fill, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
+@jit
+def _link(lo, hi, item, nxt, first, last, count):  # type: ignore[no-untyped-def]
+    for pos in range(lo, hi):
+        i = item[pos]
+        nxt[pos] = -1
+        if last[i] < 0:
+            first[i] = pos
+        else:
+            nxt[last[i]] = pos
+        last[i] = pos
+        count[i] += 1
+
+
+@jit
+def _walk(items, ptr, first, nxt, positions):  # type: ignore[no-untyped-def]
+    for b in range(items.size):
+        pos = first[items[b]]
+        for r in range(ptr[b], ptr[b + 1]):
+            positions[r] = pos
+            pos = nxt[pos]
