@@ -238,16 +238,20 @@ def run_online(
     result = BlockResult(
         np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items)
     )
-    step = model.predict_many if test_only else model.learn_many
     seconds = 0.0
-    for _ in range(passes):
+    for n_pass in range(passes):
         order = (
             rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
         )
         for lo, hi in doubling_chunks(order.size, table.count):
             chunk = order[lo:hi]
             t0 = time.perf_counter()
-            step(blocks, order=chunk, out=result)
+            if test_only:
+                model.predict_many(blocks, order=chunk, out=result)
+            elif n_pass == 0:
+                model.learn_many(blocks, order=chunk, out=result)
+            else:  # later passes revisit items whose labels are all counted (eq. 14-16)
+                model.revisit_many(blocks, result, order=chunk, out=result)
             seconds += time.perf_counter() - t0
             predicted = result.posteriors[chunk].argmax(axis=1)
             table.add(

@@ -1,0 +1,58 @@
+"""Fixtures for the service: both stores (the Redis one is the real server), API clients."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api import create_app
+from app.settings import Settings
+from app.store.base import Store
+from app.store.embedded import EmbeddedStore
+from app.store.redis_store import RedisStore
+
+REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ADMIN = "test-admin-key"
+STORES = ["embedded", "redis"]
+
+
+def make_store(kind: str, tmp_path: Path) -> Store:
+    if kind == "embedded":
+        return EmbeddedStore(tmp_path / "crowdtally.sqlite3")
+    store = RedisStore(REDIS_URL, prefix=f"test-{uuid.uuid4().hex[:12]}")
+    if not store.ping():
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} (see .ci/run for how to start it)")
+    return store
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    st = make_store(request.param, tmp_path)
+    yield st
+    if isinstance(st, RedisStore):
+        st.flush_prefix()
+    st.close()
+
+
+def service_settings(tmp_path: Path, **changes: object) -> Settings:
+    base: dict[str, object] = {
+        "data_dir": tmp_path,
+        "admin_key": ADMIN,
+        "refine_passes": 0,
+        "refine_idle_s": 0.05,
+    }
+    base.update(changes)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def client(store: Store, tmp_path: Path) -> Iterator[TestClient]:
+    """An API with its engine in process, on each store; authenticated as admin."""
+    app = create_app(service_settings(tmp_path, max_block_labels=50), store=store)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        yield c

@@ -1,0 +1,411 @@
+"""The HTTP API on both stores: the user's loop, keys, and every class of bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+LABELS = ["asian", "black", "hispanic", "white", "other"]
+
+
+def make_project(client: TestClient, name: str = "census") -> dict[str, str]:
+    r = client.post("/v1/projects", json={"name": name, "labels": LABELS})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+
+def post(
+    client: TestClient, key: dict[str, str], block: Any, project: str = "census", wait: bool = True
+) -> Any:
+    return client.post(
+        f"/v1/projects/{project}/labels",
+        params={"wait": wait},
+        content=orjson.dumps(block),
+        headers=key,
+    )
+
+
+def triples(n: int, offset: int = 0) -> list[dict[str, Any]]:
+    return [
+        {
+            "item": f"img{i % 20}",
+            "worker": f"w{i % 6}",
+            "label": LABELS[(i // 20) % 3],
+            "id": f"L{i + offset}",
+        }
+        for i in range(n)
+    ]
+
+
+def log_end(client: TestClient, key: dict[str, str], project: str = "census") -> int:
+    return int(client.get(f"/v1/projects/{project}", headers=key).json()["stats"]["log_end"])
+
+
+def test_user_loop_post_then_read(client: TestClient) -> None:
+    key = make_project(client)
+    r = post(client, key, triples(40))
+    assert r.status_code == 202
+    assert r.json() == {"accepted": 40, "duplicates": 0, "position": 1, "applied": True}
+    item = client.get("/v1/projects/census/items/img3", headers=key).json()
+    assert item["n_labels"] == 2 and len(item["labels"]) == 2
+    assert set(item["posterior"]) == set(LABELS)
+    assert item["posterior"][item["label"]] == pytest.approx(item["probability"])
+    assert sum(item["posterior"].values()) == pytest.approx(1.0)
+    assert item["computed_at"].endswith("Z") and item["position"] == 1
+    worker = client.get("/v1/projects/census/workers/w2", headers=key).json()
+    assert worker["n_labels"] == 7
+    assert all(sum(row.values()) == pytest.approx(1.0) for row in worker["confusion"].values())
+    project = client.get("/v1/projects/census", headers=key).json()
+    assert project["stats"] == {
+        "log_end": 1,
+        "applied": 1,
+        "lag": 0,
+        "n_items": 20,
+        "n_workers": 6,
+        "n_labels": 40,
+    }
+
+
+def test_resent_ids_count_once(client: TestClient) -> None:
+    key = make_project(client)
+    assert post(client, key, triples(30)).json()["accepted"] == 30
+    again = post(client, key, triples(30)[10:] + triples(5, offset=100))
+    assert again.json()["accepted"] == 5 and again.json()["duplicates"] == 20
+    assert client.get("/v1/projects/census", headers=key).json()["stats"]["n_labels"] == 35
+
+
+def test_labels_without_ids_and_second_answers_all_count(client: TestClient) -> None:
+    # Documented: a label without an id is always new; a worker's second answer on an item
+    # is a second label (both count).
+    key = make_project(client)
+    block = [
+        {"item": "x", "worker": "w", "label": "white"},
+        {"item": "x", "worker": "w", "label": "other"},
+    ]
+    post(client, key, block)
+    r = post(client, key, block)
+    assert r.json()["accepted"] == 2
+    assert client.get("/v1/projects/census/items/x", headers=key).json()["n_labels"] == 4
+
+
+def test_opaque_ids_with_slashes_and_unicode(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, [{"item": "a/b c?é", "worker": "wörker/1", "label": "white"}])
+    r = client.get("/v1/projects/census/items/a%2Fb%20c%3F%C3%A9", headers=key)
+    assert r.status_code == 200 and r.json()["item"] == "a/b c?é"
+    assert client.get("/v1/projects/census/workers/w%C3%B6rker%2F1", headers=key).status_code == 200
+
+
+def test_gold_labels(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, triples(40))
+    r = client.post(
+        "/v1/projects/census/gold",
+        params={"wait": True},
+        json=[{"item": "img3", "label": "asian"}],
+        headers=key,
+    )
+    assert r.status_code == 202 and r.json()["applied"]
+    item = client.get("/v1/projects/census/items/img3", headers=key).json()
+    assert item["gold"] == "asian" and item["posterior"]["asian"] == 1.0
+    w = client.get("/v1/projects/census/workers/w3", headers=key).json()
+    assert w["gold_labels"] == 1 and w["gold_accuracy"] == 1.0  # w3 said asian on img3 (i=3)
+
+
+def test_items_pages_filter_and_export(client: TestClient) -> None:
+    key = make_project(client)
+    assert post(client, key, triples(40)).status_code == 202
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 7}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/projects/census/items", params=params, headers=key).json()
+        seen += [x["item"] for x in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(set(seen)) == sorted(f"img{i}" for i in range(20))
+    unsure = client.get(
+        "/v1/projects/census/items", params={"limit": 1000, "max_probability": 0.9}, headers=key
+    ).json()
+    assert all(x["probability"] <= 0.9 for x in unsure["items"])
+    jsonl = client.get("/v1/projects/census/export", headers=key)
+    rows = [orjson.loads(line) for line in jsonl.text.splitlines()]
+    assert jsonl.headers["content-type"].startswith("application/x-ndjson") and len(rows) == 20
+    csv_text = client.get("/v1/projects/census/export", params={"format": "csv"}, headers=key).text
+    lines = csv_text.strip().splitlines()
+    assert lines[0].startswith("item,label,probability,asian,black") and len(lines) == 21
+
+
+def test_workers_ranked_spammer_first(client: TestClient) -> None:
+    key = make_project(client, "spam")
+    block = []
+    for i in range(200):
+        truth = LABELS[i % 2]
+        for w in ("good1", "good2", "good3"):
+            block.append({"item": f"i{i}", "worker": w, "label": truth})
+        block.append({"item": f"i{i}", "worker": "spammer", "label": LABELS[(i * 7 // 3) % 5]})
+    for lo in range(0, len(block), 50):
+        post(client, key, block[lo : lo + 50], project="spam")
+    worst = client.get("/v1/projects/spam/workers", params={"order": "worst"}, headers=key).json()
+    assert worst["total"] == 4 and worst["workers"][0]["worker"] == "spammer"
+    best = client.get("/v1/projects/spam/workers", headers=key).json()
+    assert best["workers"][-1]["worker"] == "spammer"
+
+
+def test_refit(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, triples(40))
+    r = client.post("/v1/projects/census/refit", params={"wait": True}, headers=key)
+    assert r.status_code == 202 and r.json()["applied"] and r.json()["position"] == 2
+
+
+def test_project_admin(client: TestClient) -> None:
+    make_project(client, "one")
+    make_project(client, "two")
+    assert [p["name"] for p in client.get("/v1/projects").json()] == ["one", "two"]
+    r = client.post("/v1/projects", json={"name": "one", "labels": ["a", "b"]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "project_exists"
+    assert client.delete("/v1/projects/one").status_code == 204
+    assert client.delete("/v1/projects/one").status_code == 404
+    assert [p["name"] for p in client.get("/v1/projects").json()] == ["two"]
+
+
+def test_hyperparameters_and_slots(client: TestClient) -> None:
+    r = client.post(
+        "/v1/projects",
+        json={
+            "name": "h",
+            "labels": ["a", "b"],
+            "worker_slots": 1024,
+            "hyperparameters": {"eta0": 2.0, "difficulty": True},
+        },
+    )
+    assert r.status_code == 201
+    body = r.json()
+    assert body["worker_slots"] == 1024 and body["hyperparameters"]["eta0"] == 2.0
+    assert body["hyperparameters"]["difficulty"] is True
+
+
+# ---------------------------------------------------------------------------- keys
+def test_keys_and_scopes(client: TestClient) -> None:
+    key_a = make_project(client, "a")
+    key_b = make_project(client, "b")
+    anon = {"Authorization": ""}
+    assert client.get("/v1/projects/a", headers=anon).json()["error"]["code"] == "missing_key"
+    assert client.get("/v1/projects/a", headers=anon).status_code == 401
+    r = client.get("/v1/projects/a", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_key"
+    # a project's key reaches nothing of another project
+    assert client.get("/v1/projects/b", headers=key_a).status_code == 403
+    assert post(client, key_a, triples(3), project="b").status_code == 403
+    assert client.get("/v1/projects/b/items/img1", headers=key_a).status_code == 403
+    assert client.get("/v1/projects/b/export", headers=key_a).status_code == 403
+    # project keys are not admin keys
+    assert client.get("/v1/projects", headers=key_a).status_code == 403
+    assert client.delete("/v1/projects/b", headers=key_b).status_code == 403
+    # a read key reads but cannot write
+    r = client.post("/v1/projects/a/keys", json={"scope": "read"})
+    read = {"Authorization": "", "X-API-Key": r.json()["api_key"]}
+    assert client.get("/v1/projects/a", headers=read).status_code == 200
+    r = post(client, read, triples(3), project="a")
+    assert r.status_code == 403 and log_end(client, key_a, "a") == 0
+
+
+# ---------------------------------------------------------------------------- bad input
+BAD_BLOCKS = [
+    (
+        "unknown label",
+        [{"item": "i", "worker": "w", "label": "purple"}],
+        422,
+        "unknown_label",
+        1,
+        "label",
+    ),
+    (
+        "empty item",
+        [{"item": "", "worker": "w", "label": "white"}],
+        422,
+        "invalid_label",
+        1,
+        "item",
+    ),
+    (
+        "oversized worker id",
+        [{"item": "i", "worker": "w" * 513, "label": "white"}],
+        422,
+        "invalid_label",
+        1,
+        "worker",
+    ),
+    (
+        "oversized label id",
+        [{"item": "i", "worker": "w", "label": "white", "id": "x" * 513}],
+        422,
+        "invalid_label",
+        1,
+        "id",
+    ),
+    (
+        "label not a string",
+        [{"item": "i", "worker": "w", "label": 3}],
+        422,
+        "invalid_label",
+        1,
+        "label",
+    ),
+    (
+        "item not a string",
+        [{"item": 17, "worker": "w", "label": "white"}],
+        422,
+        "invalid_label",
+        1,
+        "item",
+    ),
+    (
+        "weight not a number",
+        [{"item": "i", "worker": "w", "label": "white", "weight": "heavy"}],
+        422,
+        "invalid_label",
+        1,
+        "weight",
+    ),
+    (
+        "negative weight",
+        [{"item": "i", "worker": "w", "label": "white", "weight": -1}],
+        422,
+        "invalid_label",
+        1,
+        "weight",
+    ),
+    ("missing worker", [{"item": "i", "label": "white"}], 422, "invalid_label", 1, "worker"),
+    (
+        "unknown field",
+        [{"item": "i", "worker": "w", "label": "white", "colour": 1}],
+        422,
+        "invalid_label",
+        1,
+        "colour",
+    ),
+    ("entry not an object", ["i,w,white"], 422, "invalid_label", 1, None),
+    (
+        "not an array",
+        {"item": "i", "worker": "w", "label": "white"},
+        422,
+        "invalid_block",
+        None,
+        None,
+    ),
+    ("empty block", [], 422, "empty_block", None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "bad", "status", "code", "entry", "field"), BAD_BLOCKS, ids=[b[0] for b in BAD_BLOCKS]
+)
+def test_bad_block_is_rejected_whole(
+    client: TestClient,
+    case: str,
+    bad: Any,
+    status: int,
+    code: str,
+    entry: int | None,
+    field: str | None,
+) -> None:
+    key = make_project(client)
+    good = [{"item": "i0", "worker": "w", "label": "white", "id": "good"}]
+    block = good + bad if isinstance(bad, list) and bad else bad
+    r = post(client, key, block, wait=False)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code
+    assert err["entry"] == entry and err["field"] == field
+    if entry is not None:
+        assert f"entry {entry}" in err["message"]
+    # nothing of the block was applied, not even its good first entry
+    assert log_end(client, key) == 0
+    assert client.get("/v1/projects/census/items/i0", headers=key).status_code == 404
+    assert post(client, key, good).json()["accepted"] == 1  # its id was not burnt either
+
+
+def test_oversized_block(client: TestClient) -> None:
+    key = make_project(client)
+    r = post(client, key, triples(51), wait=False)  # the fixture's limit is 50
+    assert r.status_code == 413 and r.json()["error"]["code"] == "block_too_large"
+    assert "limit is 50" in r.json()["error"]["message"]
+    assert log_end(client, key) == 0
+
+
+def test_invalid_json(client: TestClient) -> None:
+    key = make_project(client)
+    r = client.post("/v1/projects/census/labels", content=b'[{"item": ', headers=key)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert log_end(client, key) == 0
+
+
+def test_unknown_project_and_item(client: TestClient) -> None:
+    key = make_project(client)
+    r = client.post("/v1/projects/nope/labels", content=orjson.dumps(triples(2)))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_project"
+    r = client.get("/v1/projects/census/items/never", headers=key)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_item"
+    r = client.get("/v1/projects/census/workers/never", headers=key)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_worker"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "bad name!", "labels": ["a", "b"]}, "name"),
+        ({"name": "p", "labels": ["a"]}, "labels"),
+        ({"name": "p", "labels": ["a", "a"]}, "labels"),
+        ({"name": "p", "labels": ["a", "b"], "worker_slots": 0}, "worker_slots"),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"rho": -1}},
+            "hyperparameters.rho",
+        ),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"class_prior": [1, 2, 3]}},
+            "hyperparameters",
+        ),
+    ],
+)
+def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> None:
+    r = client.post("/v1/projects", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+    assert client.get("/v1/projects").json() == []
+
+
+def test_operations_endpoints(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, triples(10))
+    assert client.get("/healthz", headers={"Authorization": ""}).json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["ready"] and ready["engine_lag"] == {"census": 0}
+    text = client.get("/metrics").text
+    assert 'crowdtally_labels_total{outcome="accepted",project="census"}' in text
+    assert 'crowdtally_engine_lag_entries{project="census"} 0.0' in text
+
+
+def test_openapi_has_stable_operation_ids(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    assert {
+        "create_project",
+        "post_labels",
+        "get_item",
+        "list_items",
+        "export_items",
+        "get_worker",
+        "list_workers",
+        "post_gold",
+        "refit",
+        "healthz",
+        "readyz",
+    } <= ids

@@ -1,0 +1,110 @@
+"""One contract, every backend: the embedded store and the real Redis server."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.store.base import KeyRecord, ProjectExistsError, ProjectRecord, StateUpdate, Store
+
+
+def project(name: str = "p") -> ProjectRecord:
+    return ProjectRecord(name, ("a", "b"), {"n_classes": 2, "n_worker_slots": 16}, 1.5)
+
+
+def test_projects_create_read_list_delete(store: Store) -> None:
+    store.create_project(project("p"))
+    store.create_project(project("q"))
+    with pytest.raises(ProjectExistsError):
+        store.create_project(project("p"))
+    assert store.get_project("p") == project("p")
+    assert [r.name for r in store.list_projects()] == ["p", "q"]
+    assert store.delete_project("p")
+    assert not store.delete_project("p")
+    assert store.get_project("p") is None
+    assert [r.name for r in store.list_projects()] == ["q"]
+
+
+def test_keys_and_admin_key(store: Store) -> None:
+    assert store.admin_key_hash() is None
+    assert store.set_admin_key_hash("h-admin")
+    assert not store.set_admin_key_hash("h-other")
+    assert store.admin_key_hash() == "h-admin"
+    assert store.get_key("h-admin") == KeyRecord("h-admin"[:12], "admin", None)
+    store.create_project(project("p"))
+    store.put_key("h-read", KeyRecord("r", "read", "p"))
+    assert store.get_key("h-read") == KeyRecord("r", "read", "p")
+    assert store.get_key("nope") is None
+    store.delete_project("p")
+    assert store.get_key("h-read") is None  # a deleted project's keys go with it
+
+
+def test_append_positions_and_duplicate_ids(store: Store) -> None:
+    store.create_project(project())
+    r1 = store.append("p", "labels", b"one", ["a", "b", None])
+    assert (r1.position, r1.accepted, r1.duplicates) == (1, 3, 0)
+    r2 = store.append("p", "labels", b"two", ["b", "c", "c", None])
+    assert (r2.position, r2.accepted, r2.duplicates) == (2, 2, 2)
+    r3 = store.append("p", "labels", b"three", ["a", "c"])  # nothing new: no entry
+    assert (r3.position, r3.accepted, r3.duplicates) == (2, 0, 2)
+    r4 = store.append("p", "refine", b"{}")
+    assert r4.position == 3
+    assert store.log_end("p") == 3
+    entries = store.read_log("p", 0, 10)
+    assert [(e.position, e.kind, e.payload, e.keep) for e in entries] == [
+        (1, "labels", b"one", b"111"),
+        (2, "labels", b"two", b"0101"),
+        (3, "refine", b"{}", b""),
+    ]
+    assert [e.position for e in store.read_log("p", 1, 1)] == [2]
+    assert store.read_log("p", 3, 10) == []
+
+
+def test_ids_are_per_project(store: Store) -> None:
+    store.create_project(project("p"))
+    store.create_project(project("q"))
+    store.append("p", "labels", b"x", ["same"])
+    assert store.append("q", "labels", b"x", ["same"]).accepted == 1
+
+
+def test_served_state(store: Store) -> None:
+    store.create_project(project())
+    assert store.applied_position("p") == 0
+    assert store.get_params("p", [3]) == (None, [None])
+    items = {f"item {i}/é": orjson.dumps({"i": i}) for i in range(250)}
+    store.write_state("p", StateUpdate(7, b"g1", {3: b"row3"}, items, {"w": b"ws"}))
+    store.write_state("p", StateUpdate(8, b"g2", {5: b"row5"}, {}, {}))
+    assert store.applied_position("p") == 8
+    assert store.get_params("p", [3, 4, 5]) == (b"g2", [b"row3", None, b"row5"])
+    assert store.get_item("p", "item 7/é") == orjson.dumps({"i": 7})
+    assert store.get_item("p", "missing") is None
+    assert store.get_worker("p", "w") == b"ws"
+    assert store.all_workers("p") == [("w", b"ws")]
+    seen: dict[str, bytes] = {}
+    cursor = 0
+    while True:
+        cursor, page = store.scan_items("p", cursor, 40)
+        for k, v in page:
+            seen.setdefault(k, v)
+        if cursor == 0:
+            break
+    assert seen == items
+
+
+def test_delete_project_drops_log_and_state(store: Store) -> None:
+    store.create_project(project())
+    store.append("p", "labels", b"x", ["id1"])
+    store.write_state("p", StateUpdate(1, b"g", {1: b"r"}, {"i": b"v"}, {}))
+    store.delete_project("p")
+    store.create_project(project())
+    assert store.log_end("p") == 0
+    assert store.read_log("p", 0, 10) == []
+    assert store.get_item("p", "i") is None
+    assert store.append("p", "labels", b"x", ["id1"]).accepted == 1  # ids forgotten too
+
+
+def test_state_of_a_deleted_project_is_not_written(store: Store) -> None:
+    store.create_project(project())
+    store.delete_project("p")
+    store.write_state("p", StateUpdate(1, b"g", {}, {"i": b"v"}, {}))
+    assert store.get_item("p", "i") is None
