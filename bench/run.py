@@ -61,8 +61,9 @@ def acc(posteriors: np.ndarray, gold: np.ndarray) -> float:
 def online_accuracy(p: Prepared, passes: int, seed: int) -> float:
     model = OnlineEM(p.config)
     rng = np.random.default_rng(seed)
-    for _ in range(passes):
-        model.learn_many(p.hashed, order=rng.permutation(p.hashed.n_blocks))
+    result = model.learn_many(p.hashed, order=rng.permutation(p.hashed.n_blocks))
+    for _ in range(passes - 1):  # later passes revisit items already learned (eq. 14-16)
+        model.revisit_many(p.hashed, result, order=rng.permutation(p.hashed.n_blocks), out=result)
     return acc(model.predict_many(p.hashed).posteriors, p.gold)
 
 

@@ -73,14 +73,18 @@ def _softmax_scaled(theta, d, p):
 
 @jit
 def _log_joint(
-    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
+    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta, probs
 ):
-    """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3)."""
+    """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3).
+
+    Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse.
+    """
     K = logq.shape[0]
     lse_pi = _logsumexp(class_logits)
     for z in range(K):
         logq[z] = class_logits[z] - lse_pi
     for j in range(lo, hi):
+        r = j - lo
         s, l, h = slots[j], labels[j], weights[j]
         for z in range(K):
             _theta(population, worker, scale, s, z, theta)
@@ -89,7 +93,11 @@ def _log_joint(
                 m = max(m, d * theta[k])
             acc = 0.0
             for k in range(K):
-                acc += math.exp(d * theta[k] - m)
+                e = math.exp(d * theta[k] - m)
+                probs[r, z, k] = e
+                acc += e
+            for k in range(K):
+                probs[r, z, k] /= acc
             logq[z] += h * (d * theta[l] - m - math.log(acc))
 
 
@@ -143,6 +151,7 @@ def _item_em(
     q,
     theta,
     p,
+    probs,
 ):
     """Maximise F_i over q_i (and b_i) with the global parameters fixed (eq. 4-6).
 
@@ -163,6 +172,7 @@ def _item_em(
             1.0,
             logq,
             theta,
+            probs,
         )
         return 0.0, _normalise(logq, q)
     lam_b = hyper[H_LAM_B]
@@ -170,8 +180,9 @@ def _item_em(
     for _ in range(int(hyper[H_MAXIT])):
         d = math.exp(b)
         _log_joint(
-            lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
-        )
+            lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
+            probs,
+        )  # fmt: skip
         _normalise(logq, q)
         g, hess = _clarity_derivatives(
             lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p
@@ -186,8 +197,9 @@ def _item_em(
             break
     d = math.exp(b)
     _log_joint(
-        lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta
-    )
+        lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
+        probs,
+    )  # fmt: skip
     return b, _normalise(logq, q) - 0.5 * lam_b * b * b
 
 
@@ -208,6 +220,7 @@ def _label_gradients(
     d_old,
     theta,
     p,
+    probs,
     grad,
 ):
     """grad[j-lo, z, :] = the change of label j's contribution to dF_i/dTheta_{s_j}[z] (eq. 7-8).
@@ -215,21 +228,24 @@ def _label_gradients(
     New labels contribute h q(z) d (e_l - p). Labels already applied in an earlier arrival of
     the item contribute only the difference between their contribution under the new
     (q, d) and under the old one, so each label counts once in the global updates.
+    ``probs`` holds p(. | z, s_j, d_new) from the item's E-step.
     """
     K = q_new.shape[0]
     for j in range(lo, hi):
         r = j - lo
         s, l, h = slots[j], labels[j], weights[j]
         for z in range(K):
-            _theta(population, worker, scale, s, z, theta)
-            _softmax_scaled(theta, d_new, p)
             c = h * q_new[z] * d_new
             for k in range(K):
-                grad[r, z, k] = -c * p[k]
+                grad[r, z, k] = -c * probs[r, z, k]
             grad[r, z, l] += c
             if r < n_old:
                 if d_old != d_new:
+                    _theta(population, worker, scale, s, z, theta)
                     _softmax_scaled(theta, d_old, p)
+                else:
+                    for k in range(K):
+                        p[k] = probs[r, z, k]
                 c_old = h * q_old[z] * d_old
                 for k in range(K):
                     grad[r, z, k] += c_old * p[k]
@@ -248,6 +264,7 @@ def _global_step(
     population_mean,
     worker,
     scalars,
+    sums,
     hyper,
     q_new,
     q_old,
@@ -284,10 +301,121 @@ def _global_step(
                 g = eta * grad[r, z, k]
                 population[z, k] += eta_g * g
                 worker[s, z, k] += g / scale
+                sums[z * K + k] += g / scale
     scalars[STEP] = t + 1.0
     if scale < _RESCALE_BELOW:
         worker *= scale
+        for m in range(K * K):
+            sums[m] *= scale
         scalars[SCALE] = 1.0
+
+
+@jit
+def _slot_is_empty(counts, s):
+    """No label has been counted for slot s yet."""
+    K = counts.shape[1]
+    for z in range(K):
+        for k in range(K):
+            if counts[s, z, k] != 0.0:
+                return False
+    return True
+
+
+@jit
+def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_old):
+    """Statistics of the labels under the item's latest posterior (eq. 14).
+
+    counts[s, z, l] += h (q_new(z) - q_old(z)) for labels already counted, h q_new(z) for new
+    ones; the class totals likewise per item; the item count, the label weight and the
+    number of slots with labels grow with new items and labels (layout: ``sums_layout``).
+    """
+    K = q_new.shape[0]
+    kk = K * K
+    if n_old == 0:
+        sums[kk + K] += 1.0
+        for z in range(K):
+            sums[kk + z] += q_new[z]
+    else:
+        for z in range(K):
+            sums[kk + z] += q_new[z] - q_old[z]
+    for j in range(lo, hi):
+        s, l, h = slots[j], labels[j], weights[j]
+        if j - lo < n_old:
+            for z in range(K):
+                counts[s, z, l] += h * (q_new[z] - q_old[z])
+        else:
+            if h > 0.0 and _slot_is_empty(counts, s):
+                sums[kk + K + 2] += 1.0
+            sums[kk + K + 1] += h
+            for z in range(K):
+                counts[s, z, l] += h * q_new[z]
+
+
+@jit
+def _slot_newton_steps(
+    lo, hi, slots, population, worker, scalars, counts, sums, lam_a, theta, p, a, rhs, step
+):
+    """One Newton step per row of every slot in the block, on its own statistics (eq. 15).
+
+    The slot's term sum_z sum_l N[s,z,l] log softmax(Gamma_z + A_sz)_l - lam_A |A_s|^2 / 2,
+    row by row as in batch EM's M-step (eq. 12-13), steps clipped to 1 in the max norm.
+    Labels are sorted by slot: each slot is stepped once; rows without statistics are left.
+    """
+    K = population.shape[0]
+    scale = scalars[SCALE]
+    prev = -1
+    for j in range(lo, hi):
+        s = slots[j]
+        if s == prev:
+            continue
+        prev = s
+        for z in range(K):
+            _theta(population, worker, scale, s, z, theta)
+            _softmax_scaled(theta, 1.0, p)
+            c = 0.0
+            for k in range(K):
+                c += counts[s, z, k]
+            if c <= 0.0:  # no statistics (e.g. parameters mapped from batch EM): leave the row
+                continue
+            for k in range(K):
+                rhs[k] = counts[s, z, k] - c * p[k] - lam_a * scale * worker[s, z, k]
+                for m in range(K):
+                    a[k, m] = -c * p[k] * p[m]
+                a[k, k] += c * p[k] + lam_a
+            _solve_spd(a, rhs, step)
+            _clip_step(step)
+            for k in range(K):
+                worker[s, z, k] += step[k] / scale
+                sums[z * K + k] += step[k] / scale
+
+
+@jit
+def _revisit_step(class_logits, class_mean, population, population_mean, scalars, sums, hyper, w):
+    """Shared parameters on a revisit (eq. 16): an MM step of gamma_pi on the class totals,
+    and the w / (total label weight) share of a profile Newton step of Gamma."""
+    K = class_logits.shape[0]
+    kk = K * K
+    n = sums[kk + K]
+    lam_pi = hyper[H_LAM_PI]
+    lse_pi = _logsumexp(class_logits)
+    inv = 1.0 / (0.5 * n + lam_pi)
+    for z in range(K):
+        pi = math.exp(class_logits[z] - lse_pi)
+        class_logits[z] += inv * (
+            sums[kk + z] - n * pi - lam_pi * (class_logits[z] - class_mean[z])
+        )
+    lam_a, lam_g = hyper[H_LAM_A], hyper[H_LAM_G]
+    total = sums[kk + K + 1]
+    if total > 0.0:
+        frac = w / total / (lam_a * sums[kk + K + 2] + lam_g)
+        scale = scalars[SCALE]
+        for z in range(K):
+            for k in range(K):
+                m = z * K + k
+                population[z, k] += frac * (
+                    lam_a * scale * sums[m] - lam_g * (population[z, k] - population_mean[z, k])
+                )
+    scalars[STEP] += 1.0
 
 
 @jit
@@ -306,6 +434,8 @@ def learn_blocks(
     population,
     population_mean,
     worker,
+    counts,
+    sums,
     scalars,
     hyper,
     q_out,
@@ -326,6 +456,11 @@ def learn_blocks(
     theta = np.empty(K)
     p = np.empty(K)
     grad = np.empty((max(max_len, 1), K, K))
+    probs = np.empty((max(max_len, 1), K, K))
+    q_prev = np.empty(K)
+    a_mat = np.empty((K, K))
+    rhs = np.empty(K)
+    step = np.empty(K)
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
         scale = scalars[SCALE]
@@ -345,16 +480,25 @@ def learn_blocks(
             q,
             theta,
             p,
+            probs,
         )
+        for z in range(K):
+            q_prev[z] = q_old[b, z]  # read before q_out is written: they may be one array
+        d_prev = math.exp(b_old[b])
         q_out[b, :] = q
         b_out[b] = b_new
         f_out[b] = f
         if update:
             n_prev = n_old[b]
+            again = hi > lo and n_prev == hi - lo  # a revisit: every label counted before
+            revisit = again and hyper[H_DIFF] == 0.0
+            # with difficulty a revisit is a plain step (eq. 10) along the whole item gradient
+            plain = again and not revisit
+            _add_counts(lo, hi, n_prev, slots, labels, weights, counts, sums, q, q_prev)
             _label_gradients(
                 lo,
                 hi,
-                n_prev,
+                0 if again else n_prev,
                 slots,
                 labels,
                 weights,
@@ -363,28 +507,42 @@ def learn_blocks(
                 scale,
                 q,
                 math.exp(b_new),
-                q_old[b],
-                math.exp(b_old[b]),
+                q_prev,
+                d_prev,
                 theta,
                 p,
+                probs,
                 grad,
             )
-            _global_step(
-                lo,
-                hi,
-                n_prev == 0,
-                slots,
-                class_logits,
-                class_mean,
-                population,
-                population_mean,
-                worker,
-                scalars,
-                hyper,
-                q,
-                q_old[b],
-                grad,
-            )
+            if revisit:
+                w = 0.0
+                for j in range(lo, hi):
+                    w += weights[j]
+                _revisit_step(
+                    class_logits, class_mean, population, population_mean, scalars, sums, hyper, w
+                )
+                _slot_newton_steps(
+                    lo, hi, slots, population, worker, scalars, counts, sums, hyper[H_LAM_A],
+                    theta, p, a_mat, rhs, step,
+                )  # fmt: skip
+            else:
+                _global_step(
+                    lo,
+                    hi,
+                    n_prev == 0 or plain,
+                    slots,
+                    class_logits,
+                    class_mean,
+                    population,
+                    population_mean,
+                    worker,
+                    scalars,
+                    sums,
+                    hyper,
+                    q,
+                    q_prev,
+                    grad,
+                )
 
 
 # ----------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ class BatchEM:
                 blocks.ptr, np.arange(blocks.n_blocks), blocks.slots, blocks.labels, blocks.weights,
                 np.zeros(blocks.n_blocks, dtype=np.int64), q, clarity, False,
                 params.class_logits, cfg.class_prior_logits(), params.population,
-                cfg.population_mean(), params.worker, params.scalars, hyper,
+                cfg.population_mean(), params.worker, np.zeros((1, K, K)), np.zeros(K * K + K + 3), params.scalars, hyper,
                 q, new_clarity, objective,
             )  # fmt: skip
             data = float(objective.sum())
@@ -166,7 +166,19 @@ class BatchEM:
         )
         derivatives()
         _kernels.newton_workers(params.worker, grad, neg_hess, cfg.worker_prior)
+        self._recentre(params)
         self._class_prior_step(q, params)
+
+    def _recentre(self, params: NominalParams) -> None:
+        """Gamma's exact maximiser with every Theta_w = Gamma + A_w held fixed (eq. 13'):
+        only the priors change, so Gamma moves to the precision-weighted mean of the Theta_w."""
+        cfg = self.config
+        lam_a, lam_g, n = cfg.worker_prior, cfg.population_prior, params.worker.shape[0]
+        shift = (
+            lam_a * params.worker.sum(axis=0) - lam_g * (params.population - cfg.population_mean())
+        ) / (lam_a * n + lam_g)
+        params.population += shift
+        params.worker -= shift
 
     def _class_prior_step(self, q: FloatArray, params: NominalParams) -> None:
         """Newton steps on gamma_pi: sum_i q_i - n pi - lambda_pi (gamma_pi - m)."""

@@ -141,6 +141,11 @@ class NominalConfig:
         )
 
 
+def sums_size(n_classes: int) -> int:
+    """Length of ``NominalParams.sums``: K*K worker sum, K class totals, 3 counters."""
+    return n_classes * n_classes + n_classes + 3
+
+
 @dataclass
 class NominalParams:
     """The learned state: everything a replay must reproduce bit for bit."""
@@ -149,6 +154,13 @@ class NominalParams:
     population: FloatArray
     worker: FloatArray
     scalars: FloatArray = field(default_factory=lambda: np.array([1.0, 0.0]))
+    counts: FloatArray | None = None
+    """N[s, z, l]: each slot's soft label counts under the items' latest posteriors (online
+    only; revisits step the slots on them). None until the online model first learns."""
+    sums: FloatArray | None = None
+    """Summary statistics (online only), layout ``sums_layout(K)``: the sum of the stored
+    worker table over slots (K*K), the class totals sum_i q_i (K), the number of items, the
+    total label weight, and the number of slots with labels."""
 
     @classmethod
     def initial(cls, config: NominalConfig) -> NominalParams:
@@ -159,6 +171,8 @@ class NominalParams:
             population=config.population_mean(),
             worker=np.zeros((S, K, K)),
             scalars=np.array([1.0, 0.0]),
+            counts=np.zeros((S, K, K)),
+            sums=np.zeros(sums_size(K)),
         )
 
     @property
@@ -187,16 +201,23 @@ class NominalParams:
             self.population.copy(),
             self.worker.copy(),
             self.scalars.copy(),
+            None if self.counts is None else self.counts.copy(),
+            None if self.sums is None else self.sums.copy(),
         )
 
     def arrays(self) -> dict[str, FloatArray]:
         """Named arrays, e.g. for ``np.savez``; ``from_arrays`` inverts it."""
-        return {
+        out = {
             "class_logits": self.class_logits,
             "population": self.population,
             "worker": self.worker,
             "scalars": self.scalars,
         }
+        if self.counts is not None:
+            out["counts"] = self.counts
+        if self.sums is not None:
+            out["sums"] = self.sums
+        return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, FloatArray]) -> NominalParams:
@@ -205,13 +226,15 @@ class NominalParams:
             population=np.array(arrays["population"], dtype=np.float64),
             worker=np.array(arrays["worker"], dtype=np.float64),
             scalars=np.array(arrays["scalars"], dtype=np.float64),
+            counts=np.array(arrays["counts"], dtype=np.float64) if "counts" in arrays else None,
+            sums=np.array(arrays["sums"], dtype=np.float64) if "sums" in arrays else None,
         )
 
     def equals(self, other: NominalParams) -> bool:
-        """Bit-identical parameters (what replay determinism promises)."""
-        return all(
-            np.array_equal(a, b)
-            for a, b in zip(self.arrays().values(), other.arrays().values(), strict=True)
+        """Bit-identical parameters and statistics (what replay determinism promises)."""
+        mine, theirs = self.arrays(), other.arrays()
+        return mine.keys() == theirs.keys() and all(
+            np.array_equal(mine[k], theirs[k]) for k in mine
         )
 
 

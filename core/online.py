@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from core import _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig, NominalParams, sums_size
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class OnlineEM:
             p.class_logits.shape != (K,)
             or p.population.shape != (K, K)
             or p.worker.shape != (S, K, K)
+            or (p.counts is not None and p.counts.shape != (S, K, K))
+            or (p.sums is not None and p.sums.shape != (sums_size(K),))
         ):
             raise ValueError(
                 f"parameters do not fit the configuration (K={K}, S={S}): class_logits "
@@ -67,9 +69,26 @@ class OnlineEM:
 
         ``n_previous[b]`` labels at the head of block b (in its canonical order) were learned
         in an earlier arrival of the same item, whose result is ``previous`` (row b).
-        Results go to the rows of ``out`` (allocated when None) named by ``order``.
+        Results go to the rows of ``out`` (allocated when None) named by ``order``; ``out``
+        may be ``previous`` itself.
+
+        A block whose labels were all learned before (``n_previous[b]`` = its size) is a
+        *revisit*: its statistics are refreshed and its slots, the population and the class
+        prior step toward the MAP optimum (docs/model.md, eq. 14-16). Passes after the first
+        should be revisits (``revisit_many``): they then converge toward batch EM's optimum.
         """
         return self._run(blocks, order, previous, n_previous, out, update=True)
+
+    def revisit_many(
+        self,
+        blocks: LabelBlocks,
+        previous: BlockResult,
+        order: npt.ArrayLike | None = None,
+        out: BlockResult | None = None,
+    ) -> BlockResult:
+        """Another pass over items already learned: every label counted, ``previous`` their
+        latest results (``learn_many`` with ``n_previous`` = the block sizes)."""
+        return self._run(blocks, order, previous, blocks.sizes(), out, update=True)
 
     def predict_many(
         self,
@@ -113,11 +132,13 @@ class OnlineEM:
         ):
             raise ValueError("out does not have one row per block")
         p = self.params
+        if p.counts is None or p.sums is None:
+            p.counts, p.sums = statistics_for(p)
         _kernels.learn_blocks(
             blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
             n_old, q_old, b_old, update,
             p.class_logits, self._class_mean, p.population, self._population_mean,
-            p.worker, p.scalars, self._hyper,
+            p.worker, p.counts, p.sums, p.scalars, self._hyper,
             out.posteriors, out.clarity, out.objective,
         )  # fmt: skip
         return out
@@ -131,3 +152,12 @@ class OnlineEM:
             raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
         if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
             raise ValueError("weights must be finite and >= 0")
+
+
+def statistics_for(params: NominalParams) -> tuple[FloatArray, FloatArray]:
+    """Empty statistics for parameters that came without them (e.g. mapped from batch EM):
+    no counted labels; the worker-table sum is that of the given table."""
+    K = params.class_logits.shape[0]
+    sums = np.zeros(sums_size(K))
+    sums[: K * K] = params.worker.sum(axis=0).ravel()
+    return np.zeros_like(params.worker), sums

@@ -232,3 +232,84 @@ def test_bad_inputs_are_refused() -> None:
         OnlineEM(small_config(n_classes=3), NominalParams.initial(small_config()))
     with pytest.raises(ValueError, match="n_classes"):
         NominalConfig(n_classes=1)
+
+
+def map_objective(cfg: NominalConfig, blocks: LabelBlocks, params: NominalParams) -> float:
+    """F = sum_i log p(D_i) + log P(A, Gamma, gamma_pi): batch EM's objective (docs/model.md)."""
+    data = float(OnlineEM(cfg, params.copy()).predict_many(blocks).objective.sum())
+    A = params.scalars[0] * params.worker
+    return data - 0.5 * (
+        cfg.worker_prior * float(np.sum(A**2))
+        + cfg.population_prior * float(np.sum((params.population - cfg.population_mean()) ** 2))
+        + cfg.class_prior_strength
+        * float(np.sum((params.class_logits - cfg.class_prior_logits()) ** 2))
+    )
+
+
+def test_revisit_passes_approach_the_batch_optimum(synthetic: Synthetic) -> None:
+    # Exact worker slots, so the online and batch models are the same model (eq. 14-16).
+    from core.batch import BatchEM
+
+    cfg = NominalConfig(n_classes=3, n_worker_slots=40, n_items=3000.0)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    batch, _ = BatchEM(cfg, tol=1e-10).fit(blocks, n_workers=40)
+    f_batch = batch.objective[-1]
+    model = OnlineEM(cfg)
+    rng = np.random.default_rng(0)
+    result = model.learn_many(blocks, order=rng.permutation(blocks.n_blocks))
+    gap_one = f_batch - map_objective(cfg, blocks, model.params)
+    plain = OnlineEM(cfg, model.params.copy())  # the seed's passes: each one SGD again
+    for _ in range(9):
+        model.revisit_many(blocks, result, order=rng.permutation(blocks.n_blocks), out=result)
+        plain.learn_many(blocks, order=rng.permutation(blocks.n_blocks))
+    gap_ten = f_batch - map_objective(cfg, blocks, model.params)
+    gap_plain = f_batch - map_objective(cfg, blocks, plain.params)
+    assert gap_one > 1.0
+    assert -1e-6 * abs(f_batch) < gap_ten < 0.02 * gap_one
+    assert gap_ten < 0.1 * gap_plain
+    labels = model.predict_many(blocks).posteriors.argmax(1)
+    assert np.mean(labels != batch.labels) < 0.002
+
+
+def test_revisits_count_each_label_once(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    blocks = stream_blocks(synthetic, 64)
+    model = OnlineEM(cfg)
+    result = model.learn_many(blocks)
+    K = 3
+    sums_one = model.params.sums.copy()  # type: ignore[union-attr]
+    for p in range(3):
+        order = np.random.default_rng(p).permutation(blocks.n_blocks)
+        model.revisit_many(blocks, result, order=order, out=result)
+    counts, sums = model.params.counts, model.params.sums
+    assert counts is not None and sums is not None
+    n_labels = float(blocks.n_labels)
+    assert counts.sum() == pytest.approx(n_labels, rel=1e-9)
+    assert sums[K * K + K] == sums_one[K * K + K] == 3000.0  # items
+    assert sums[K * K + K + 1] == sums_one[K * K + K + 1] == n_labels  # label weight
+    assert sums[K * K + K + 2] == 40.0  # slots with labels
+    assert sums[K * K : K * K + K] == pytest.approx(result.posteriors.sum(axis=0), rel=1e-9)
+    # counts are the soft counts of the latest posteriors
+    expected = np.zeros_like(counts)
+    item = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
+    np.add.at(expected, (blocks.slots, slice(None), blocks.labels), result.posteriors[item])
+    assert counts == pytest.approx(expected, abs=1e-9)
+    # the worker-table sum kept in O(1) per step is the table's sum
+    assert sums[: K * K] == pytest.approx(model.params.worker.sum(axis=0).ravel(), abs=1e-9)
+
+
+def test_revisit_replay_is_bit_identical(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    blocks = stream_blocks(synthetic, 64)
+    runs = []
+    for _ in range(2):
+        model = OnlineEM(cfg)
+        result = model.learn_many(blocks)
+        previous = BlockResult(
+            result.posteriors.copy(), result.clarity.copy(), result.objective.copy()
+        )
+        model.revisit_many(blocks, result, order=np.arange(1500), out=result)  # aliased out
+        separate = model.revisit_many(blocks, previous, order=np.arange(1500, 3000))
+        runs.append((result.posteriors[:1500], separate.posteriors[1500:], model.params))
+    assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
+    assert runs[0][2].equals(runs[1][2])
