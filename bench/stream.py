@@ -1,0 +1,194 @@
+"""Stream each shared dataset through the HTTP API and compare with the core engine.
+
+``python -m bench.stream [--store embedded|redis] [--datasets dog,web]`` posts every dataset's
+answers in random order, in blocks of 100 to 1,000 labels, through the API (engine in process,
+on the chosen store), lets the engine run its refinement sweeps, then reads the served
+posteriors back and prints their accuracy beside the core engine's on the very same stream
+(``core_on_stream``, written with ``core.online`` directly, independently of ``app.engine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.extract import Encoded, accuracy, load_labelled
+from bench.peers import DEFAULT_ROOT, dataset_names
+from core.blocks import FloatArray, LabelBlocks, canonical_order
+from core.hashing import worker_slot
+from core.nominal import NominalConfig
+from core.online import BlockResult, OnlineEM
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A dataset's answers in one random order, cut into blocks (index ranges into order)."""
+
+    data: Encoded
+    gold: np.ndarray  # type: ignore[type-arg]
+    order: np.ndarray  # type: ignore[type-arg]
+    cuts: list[tuple[int, int]]
+
+    def blocks(self) -> Iterator[list[dict[str, Any]]]:
+        d = self.data
+        items, workers = d.item_ids[d.items].tolist(), d.worker_ids[d.workers].tolist()
+        for lo, hi in self.cuts:
+            yield [
+                {
+                    "item": items[n],
+                    "worker": workers[n],
+                    "label": d.classes[d.labels[n]],
+                    "id": str(n),
+                }
+                for n in self.order[lo:hi].tolist()
+            ]
+
+
+def make_stream(folder: Path, seed: int = 0, smallest: int = 100, largest: int = 1000) -> Stream:
+    data, gold = load_labelled(folder)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(data.items.size)
+    cuts, lo = [], 0
+    while lo < order.size:
+        hi = min(order.size, lo + int(rng.integers(smallest, largest + 1)))
+        cuts.append((lo, hi))
+        lo = hi
+    return Stream(data, gold, order, cuts)
+
+
+def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatArray:
+    """Posteriors (by item code) from core.OnlineEM fed the same arrivals as the service:
+    per block, each item's new labels (canonical order) after its earlier ones; then
+    ``passes`` refinement passes over all items (first-seen order), each label counted once;
+    then posteriors under the final parameters."""
+    d, K = stream.data, config.n_classes
+    model = OnlineEM(config)
+    slot_of = np.array([worker_slot(w, config.n_worker_slots) for w in d.worker_ids.tolist()])
+    labels: dict[int, tuple[list[int], list[int]]] = {}
+    last: dict[int, tuple[FloatArray, float]] = {}
+    for lo, hi in stream.cuts:
+        arrival: dict[int, list[int]] = defaultdict(list)
+        for n in stream.order[lo:hi].tolist():
+            arrival[int(d.items[n])].append(n)
+        for item, rows in arrival.items():
+            s, z = slot_of[d.workers[rows]], d.labels[rows]
+            o = canonical_order(np.zeros(len(rows), dtype=np.int64), s, z, np.ones(len(rows)))
+            old_s, old_z = labels.setdefault(item, ([], []))
+            n_prev = len(old_s)
+            old_s.extend(s[o].tolist())
+            old_z.extend(z[o].tolist())
+            last[item] = _learn(model, old_s, old_z, n_prev, last.get(item), K)
+    for _ in range(passes):
+        for item, (s_l, z_l) in labels.items():
+            last[item] = _learn(model, s_l, z_l, len(s_l), last[item], K)
+    out = np.full((d.n_items, K), 1.0 / K)
+    for item, (s_l, z_l) in labels.items():
+        out[item] = model.predict_many(_block(s_l, z_l)).posteriors[0]
+    return out
+
+
+def _block(s: list[int], z: list[int]) -> LabelBlocks:
+    return LabelBlocks(np.array([0, len(s)]), np.array(s), np.array(z), np.ones(len(s)))
+
+
+def _learn(
+    model: OnlineEM,
+    s: list[int],
+    z: list[int],
+    n_prev: int,
+    prev: tuple[FloatArray, float] | None,
+    K: int,
+) -> tuple[FloatArray, float]:
+    q_old, b_old = prev if prev is not None else (np.full(K, 1.0 / K), 0.0)
+    res = model.learn_many(
+        _block(s, z),
+        previous=BlockResult(q_old[None], np.array([b_old]), np.zeros(1)),
+        n_previous=[n_prev],
+    )
+    return res.posteriors[0], float(res.clarity[0])
+
+
+def serve_stream(client: Any, stream: Stream, project: str, timeout_s: float = 300.0) -> FloatArray:
+    """Post the stream through an API client (httpx/TestClient, admin headers set), wait for
+    the engine (refinement included), and return the served posteriors by item code."""
+    d = stream.data
+    r = client.post("/v1/projects", json={"name": project, "labels": list(d.classes)})
+    r.raise_for_status()
+    key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    for block in stream.blocks():
+        r = client.post(f"/v1/projects/{project}/labels", content=orjson.dumps(block), headers=key)
+        r.raise_for_status()
+    deadline = time.monotonic() + timeout_s
+    refined = False
+    while time.monotonic() < deadline:  # wait for the refinement entry and its application
+        stats = client.get(f"/v1/projects/{project}", headers=key).json()["stats"]
+        entries = stats["log_end"]
+        refined = entries > len(stream.cuts) and stats["applied"] == entries
+        if refined:
+            break
+        time.sleep(0.05)
+    if not refined:
+        raise TimeoutError(f"{project}: the engine did not finish its refinement sweeps")
+    code = {name: n for n, name in enumerate(d.item_ids.tolist())}
+    out = np.full((d.n_items, len(d.classes)), 1.0 / len(d.classes))
+    text = client.get(f"/v1/projects/{project}/export", headers=key).text
+    for line in text.splitlines():
+        row = orjson.loads(line)
+        out[code[row["item"]]] = [row["posterior"][c] for c in d.classes]
+    client.delete(f"/v1/projects/{project}")
+    return out
+
+
+def main() -> None:
+    from fastapi.testclient import TestClient
+
+    from app.api import create_app
+    from app.settings import Settings
+
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--store", default="embedded", choices=["embedded", "redis"])
+    ap.add_argument("--datasets", default=None, help="comma-separated names (default: all)")
+    ap.add_argument("--passes", type=int, default=3, help="refinement sweeps (the service default)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    names = args.datasets.split(",") if args.datasets else dataset_names(DEFAULT_ROOT)
+    tmp = Path(f"/tmp/crowdtally-stream-{uuid.uuid4().hex[:8]}")
+    settings = Settings(
+        store=args.store, data_dir=tmp, admin_key="bench", refine_passes=args.passes,
+        refine_idle_s=0.2, redis_prefix=f"bench-stream-{uuid.uuid4().hex[:8]}",
+    )  # fmt: skip
+    print(f"store={args.store}  blocks of 100-1000 labels, random order, seed {args.seed}, "
+          f"{args.passes} refinement sweeps")  # fmt: skip
+    print(
+        f"{'dataset':<20}{'labels':>8}{'blocks':>8}{'service':>10}{'core':>10}{'diff':>8}{'secs':>7}"
+    )
+    with TestClient(create_app(settings), headers={"Authorization": "Bearer bench"}) as client:
+        diffs = []
+        for name in names:
+            stream = make_stream(DEFAULT_ROOT / name, args.seed)
+            t0 = time.perf_counter()
+            served = serve_stream(client, stream, f"stream-{name}")
+            secs = time.perf_counter() - t0
+            cfg = NominalConfig(n_classes=len(stream.data.classes))
+            core = core_on_stream(stream, cfg, args.passes)
+            a_served = 100 * accuracy(served.argmax(axis=1), stream.gold)[0]
+            a_core = 100 * accuracy(core.argmax(axis=1), stream.gold)[0]
+            diffs.append(abs(a_served - a_core))
+            print(f"{name:<20}{stream.data.items.size:>8}{len(stream.cuts):>8}{a_served:>10.2f}"
+                  f"{a_core:>10.2f}{a_served - a_core:>+8.2f}{secs:>7.1f}")  # fmt: skip
+        print(f"largest |service - core|: {max(diffs):.2f} points (target <= 0.1)")
+
+
+if __name__ == "__main__":
+    main()
