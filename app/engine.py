@@ -23,7 +23,7 @@ from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
-from core.itemlabels import ItemLabels
+from core.itemlabels import ItemLabels, grow
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM
 
@@ -233,10 +233,10 @@ class ProjectEngine:
         n = self.items_count
         if n > self.q.shape[0]:
             cap = max(n, 2 * self.q.shape[0], 1024)
-            self.q = _grow(self.q, cap, 1.0 / self.K)
-            self.b = _grow(self.b, cap, 0.0)
-            self.learned = _grow(self.learned, cap, 0)
-            self.gold = _grow(self.gold, cap, -1)
+            self.q = grow(self.q, cap, 1.0 / self.K)
+            self.b = grow(self.b, cap, 0.0)
+            self.learned = grow(self.learned, cap, 0)
+            self.gold = grow(self.gold, cap, -1)
 
     def _grow_workers(self, new: list[str]) -> None:
         if not new:
@@ -244,10 +244,10 @@ class ProjectEngine:
         n = len(self.workers.names)
         if n > self.worker_slot.size:
             cap = max(n, 2 * self.worker_slot.size, 1024)
-            self.worker_slot = _grow(self.worker_slot, cap, 0)
-            self.worker_labels = _grow(self.worker_labels, cap, 0)
-            self.worker_gold_seen = _grow(self.worker_gold_seen, cap, 0)
-            self.worker_gold_right = _grow(self.worker_gold_right, cap, 0)
+            self.worker_slot = grow(self.worker_slot, cap, 0)
+            self.worker_labels = grow(self.worker_labels, cap, 0)
+            self.worker_gold_seen = grow(self.worker_gold_seen, cap, 0)
+            self.worker_gold_right = grow(self.worker_gold_right, cap, 0)
         S = self.config.n_worker_slots
         self.worker_slot[n - len(new) : n] = [worker_slot(w, S) for w in new]
 
@@ -318,12 +318,6 @@ class ProjectEngine:
                 "gold_right": int(self.worker_gold_right[w]),
             }
         )
-
-
-def _grow(a: np.ndarray, cap: int, fill: float) -> np.ndarray:  # type: ignore[type-arg]
-    out = np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
 
 
 class EngineLoop:

@@ -8,7 +8,10 @@ an item's labels in arrival order. ``gather`` builds, for any set of items, the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from core._numba import jit
 from core.blocks import FloatArray, IntArray, LabelBlocks
@@ -35,9 +38,9 @@ class ItemLabels:
         need = self.n_items + n
         if need > self.first.size:
             cap = max(need, 2 * self.first.size)
-            self.first = _grow(self.first, cap, -1)
-            self.last = _grow(self.last, cap, -1)
-            self.count = _grow(self.count, cap, 0)
+            self.first = grow(self.first, cap, -1)
+            self.last = grow(self.last, cap, -1)
+            self.count = grow(self.count, cap, 0)
         self.n_items = need
 
     def append(
@@ -56,7 +59,7 @@ class ItemLabels:
         if need > self.item.size:
             cap = max(need, 2 * self.item.size)
             for name in ("item", "slot", "label", "weight", "worker", "next"):
-                setattr(self, name, _grow(getattr(self, name), cap, 0))
+                setattr(self, name, grow(getattr(self, name), cap, 0))
         lo = self.n_labels
         self.item[lo:need] = items
         self.slot[lo:need] = slots
@@ -80,9 +83,10 @@ class ItemLabels:
         return blocks, positions
 
 
-def _grow(a: np.ndarray, cap: int, fill: float) -> np.ndarray:  # type: ignore[type-arg]
-    out = np.full(cap, fill, dtype=a.dtype)
-    out[: a.size] = a
+def grow(a: npt.NDArray[Any], cap: int, fill: float) -> npt.NDArray[Any]:
+    """A copy of ``a`` with ``cap`` rows, the new rows set to ``fill``."""
+    out = np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
     return out
 
 

@@ -224,7 +224,7 @@ class EmbeddedStore:
 
     def ping(self) -> bool:
         with self._lock:
-            return self._db.execute("SELECT 1").fetchone() == (1,)
+            return bool(self._db.execute("SELECT 1").fetchone() == (1,))
 
     def close(self) -> None:
         with self._lock:

@@ -49,7 +49,7 @@ return {pos, accepted}
 
 class RedisStore:
     def __init__(self, url: str, prefix: str = "ct") -> None:
-        self.r = redis.Redis.from_url(url)
+        self.r: Any = redis.Redis.from_url(url)  # untyped client: replies are bytes
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND)
 
@@ -71,16 +71,16 @@ class RedisStore:
 
     def get_project(self, name: str) -> ProjectRecord | None:
         blob = self.r.hget(self._projects_key, name)
-        return _project_from_json(blob) if blob else None  # type: ignore[arg-type]
+        return _project_from_json(blob) if blob else None
 
     def list_projects(self) -> list[ProjectRecord]:
-        blobs: dict[bytes, bytes] = self.r.hgetall(self._projects_key)  # type: ignore[assignment]
+        blobs: dict[bytes, bytes] = self.r.hgetall(self._projects_key)
         return sorted((_project_from_json(b) for b in blobs.values()), key=lambda r: r.name)
 
     def delete_project(self, name: str) -> bool:
         if not self.r.hdel(self._projects_key, name):
             return False
-        keys: dict[bytes, bytes] = self.r.hgetall(self._keys_key)  # type: ignore[assignment]
+        keys: dict[bytes, bytes] = self.r.hgetall(self._keys_key)
         doomed = [h for h, b in keys.items() if orjson.loads(b).get("project") == name]
         pipe = self.r.pipeline()
         if doomed:
@@ -95,11 +95,11 @@ class RedisStore:
 
     def get_key(self, key_hash: str) -> KeyRecord | None:
         blob = self.r.hget(self._keys_key, key_hash)
-        return KeyRecord(**orjson.loads(blob)) if blob else None  # type: ignore[arg-type]
+        return KeyRecord(**orjson.loads(blob)) if blob else None
 
     def admin_key_hash(self) -> str | None:
         h = self.r.get(f"{self.prefix}:admin")
-        return h.decode() if h else None  # type: ignore[union-attr]
+        return h.decode() if h else None
 
     def set_admin_key_hash(self, key_hash: str) -> bool:
         if not self.r.set(f"{self.prefix}:admin", key_hash, nx=True):
@@ -126,14 +126,14 @@ class RedisStore:
     def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
         entries = self.r.xrange(self._k(project, "log"), min=f"({after}-1", count=limit)
         out = []
-        for entry_id, fields in entries:  # type: ignore[union-attr]
+        for entry_id, fields in entries:
             position = int(entry_id.split(b"-")[0])
             out.append(LogEntry(position, fields[b"k"].decode(), fields[b"p"], fields[b"m"]))
         return out
 
     def log_end(self, project: str) -> int:
         v = self.r.get(self._k(project, "seq"))
-        return int(v) if v else 0  # type: ignore[arg-type]
+        return int(v) if v else 0
 
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:
@@ -145,18 +145,19 @@ class RedisStore:
         if update.rows:
             pipe.hset(self._k(project, "rows"), mapping={str(s): b for s, b in update.rows.items()})
         if update.items:
-            pipe.hset(self._k(project, "items"), mapping=update.items)  # type: ignore[arg-type]
+            pipe.hset(self._k(project, "items"), mapping=update.items)
         if update.workers:
-            pipe.hset(self._k(project, "workers"), mapping=update.workers)  # type: ignore[arg-type]
+            pipe.hset(self._k(project, "workers"), mapping=update.workers)
         pipe.hset(state, "applied", update.position)
         pipe.execute()
 
     def applied_position(self, project: str) -> int:
         v = self.r.hget(self._k(project, "state"), "applied")
-        return int(v) if v else 0  # type: ignore[arg-type]
+        return int(v) if v else 0
 
     def get_item(self, project: str, item: str) -> bytes | None:
-        return self.r.hget(self._k(project, "items"), item)  # type: ignore[return-value]
+        blob: bytes | None = self.r.hget(self._k(project, "items"), item)
+        return blob
 
     def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
         pipe = self.r.pipeline(transaction=True)
@@ -173,10 +174,11 @@ class RedisStore:
         return int(nxt), [(k.decode(), v) for k, v in page.items()]
 
     def get_worker(self, project: str, worker: str) -> bytes | None:
-        return self.r.hget(self._k(project, "workers"), worker)  # type: ignore[return-value]
+        blob: bytes | None = self.r.hget(self._k(project, "workers"), worker)
+        return blob
 
     def all_workers(self, project: str) -> list[tuple[str, bytes]]:
-        d: dict[bytes, bytes] = self.r.hgetall(self._k(project, "workers"))  # type: ignore[assignment]
+        d: dict[bytes, bytes] = self.r.hgetall(self._k(project, "workers"))
         return [(k.decode(), v) for k, v in d.items()]
 
     def ping(self) -> bool:
