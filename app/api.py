@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 import io
 import logging
 import time
@@ -309,7 +310,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         made = ensure_admin_key(st, settings.admin_key, key_file)
         if made:
             where = f" (saved in {key_file})" if key_file else ""
-            log.warning("created the admin API key%s: %s", where, made)
+            print(f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True)
         engine = None
         if settings.engine_in_process:
             engine = EngineLoop(
