@@ -310,7 +310,9 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         made = ensure_admin_key(st, settings.admin_key, key_file)
         if made:
             where = f" (saved in {key_file})" if key_file else ""
-            print(f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True)
+            print(
+                f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True
+            )
         engine = None
         if settings.engine_in_process:
             engine = EngineLoop(
