@@ -1,0 +1,39 @@
+# crowdtally: one image for both processes of the service (see docs/deploy.md).
+#   api:    crowdtally serve --host 0.0.0.0 --port 8000 --no-engine   (the default command)
+#   engine: crowdtally engine
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NUMBA_CACHE_DIR=/var/cache/crowdtally/numba
+
+WORKDIR /srv/crowdtally
+
+# The runtime dependencies first, read from pyproject.toml, in a layer of their own: a code
+# change does not reinstall numpy, numba and the web stack.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+COPY core ./core
+COPY app ./app
+RUN pip install . \
+    && useradd --system --uid 10001 --no-create-home --home-dir /srv/crowdtally crowdtally \
+    && mkdir -p "$NUMBA_CACHE_DIR" && chown crowdtally "$NUMBA_CACHE_DIR"
+
+USER crowdtally
+
+# Compile the numba kernels once, into the image (else every container start compiles them
+# on its first labels, ~20 s): online and batch EM on a four-answer file, and the engine's
+# label table (tests/test_compose.py runs this python -c line too).
+RUN printf 'item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n' > /tmp/warm.csv \
+    && crowdtally extract /tmp/warm.csv > /dev/null \
+    && crowdtally extract /tmp/warm.csv --batch > /dev/null \
+    && python -c "import numpy as np; from core.itemlabels import ItemLabels; t = ItemLabels(); t.add_items(2); a = np.arange(2); t.append(a, a, a, np.ones(2), a); t.gather(a)" \
+    && rm /tmp/warm.csv
+
+EXPOSE 8000
+CMD ["crowdtally", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-engine"]

@@ -1,0 +1,760 @@
+"""The service's figures, end to end over HTTP: ``python3 -m bench.service``.
+
+Starts the production layout against a real Redis, as separate processes on a free port:
+one API process (``CROWDTALLY_STORE=redis crowdtally serve --no-engine``) and one engine
+process (``crowdtally engine``), then drives load from this process (never the API's) with a
+small asyncio HTTP/1.1 client (pre-built request bytes, kept-alive connections) and prints:
+
+1. labels/s acknowledged (202) when POSTing blocks of 1,000 labels over ``--connections``
+   concurrent connections (seeded Dawid-Skene-like data, unique label ids);
+2. engine lag: seconds from the last POST's ack until ``stats.applied == stats.log_end``
+   (``GET /v1/projects/{p}`` polled every ``--poll-ms``);
+3. latency of ``GET /v1/projects/{p}/items/{item}`` on random posted items under an open-loop
+   load of ``--rate`` requests/s for ``--seconds`` s: p50, p99, max and the achieved rate.
+   Latency runs from each request's *scheduled* send time (no coordinated omission).
+
+Between 2 and 3 it waits for the engine's refinement sweep (``CROWDTALLY_REFINE_PASSES``
+passes over every item, ``CROWDTALLY_REFINE_IDLE_S`` after the last label) to be applied, so
+the GETs measure the steady state; the sweep's time is printed.
+
+Everything lives under its own Redis key prefix (``benchsvc-<random>`` unless
+``--redis-prefix``), deleted at the end; the two server processes are stopped on every exit,
+Ctrl-C and SIGTERM included. ``--check`` makes a missed target exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+TARGET_LABELS_PER_S = 50_000.0
+TARGET_LAG_S = 2.0
+TARGET_P99_MS = 10.0
+
+
+# ---------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Dataset:
+    bodies: list[bytes]  # one JSON array of labels per block, serialised once
+    items: list[str]
+    n_labels: int
+    n_items: int
+    n_workers: int
+    classes: list[str]
+
+
+def _distinct_workers(rng: np.random.Generator, n_items: int, r: int, n_workers: int) -> Any:
+    """``n_items x r`` worker codes, distinct within a row (Floyd's sampling, vectorised)."""
+    chosen = np.empty((n_items, r), dtype=np.int64)
+    for k, j in enumerate(range(n_workers - r, n_workers)):
+        t = rng.integers(0, j + 1, size=n_items)
+        taken = (chosen[:, :k] == t[:, None]).any(axis=1)
+        chosen[:, k] = np.where(taken, j, t)
+    return chosen
+
+
+def make_dataset(
+    n_labels: int, per_item: int, n_workers: int, n_classes: int, block: int, seed: int
+) -> Dataset:
+    """Dawid-Skene answers: skewed class prior, per-worker confusion (diagonal 0.5-0.95,
+    10% near-uniform spammers), ``per_item`` distinct workers per item, random arrival order."""
+    rng = np.random.default_rng(seed)
+    n_items = -(-n_labels // per_item)
+    K = n_classes
+    prior = rng.dirichlet(np.full(K, 2.0))
+    truth = rng.choice(K, size=n_items, p=prior)
+    diag = rng.uniform(0.5, 0.95, size=n_workers)
+    diag[rng.random(n_workers) < 0.10] = 1.0 / K  # spammers
+    conf = np.repeat(((1.0 - diag) / (K - 1))[:, None, None], K, axis=1).repeat(K, axis=2)
+    conf[:, np.arange(K), np.arange(K)] = diag[:, None]
+    workers = _distinct_workers(rng, n_items, per_item, n_workers).ravel()
+    items = np.repeat(np.arange(n_items), per_item)
+    cdf = np.cumsum(conf[workers, truth[items]], axis=1)
+    labels = np.minimum((rng.random(items.size)[:, None] >= cdf).sum(axis=1), K - 1)
+    order = rng.permutation(items.size)[:n_labels]
+    item_names = [f"item-{i:07d}" for i in range(n_items)]
+    worker_names = [f"worker-{w:05d}" for w in range(n_workers)]
+    classes = [f"c{k}" for k in range(K)]
+    rows = [
+        {"item": item_names[i], "worker": worker_names[w], "label": classes[z], "id": f"L{n}"}
+        for n, (i, w, z) in enumerate(
+            zip(items[order].tolist(), workers[order].tolist(), labels[order].tolist(), strict=True)
+        )
+    ]
+    bodies = [orjson.dumps(rows[s : s + block]) for s in range(0, len(rows), block)]
+    return Dataset(bodies, item_names, len(rows), n_items, n_workers, classes)
+
+
+# ---------------------------------------------------------------------------------- HTTP
+class Conn:
+    """One kept-alive HTTP/1.1 connection; requests are pre-built bytes (the fast path)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> Conn:
+        self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
+        self.writer.transport.set_write_buffer_limits(high=1 << 20)
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        assert self.reader is not None and self.writer is not None
+        self.writer.write(raw)
+        if len(raw) > 65536:
+            await self.writer.drain()
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        lower = head.lower()
+        at = lower.find(b"\r\ncontent-length:")
+        if at < 0:
+            if status == 204 or status == 304:
+                return status, b""
+            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
+        end = lower.find(b"\r\n", at + 2)
+        body = await self.reader.readexactly(int(lower[at + 17 : end]))
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def build(method: str, path: str, key: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer {key}\r\n"
+    if body or method == "POST":
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return (head + "\r\n").encode() + body
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if len(values) else float("nan")
+
+
+# ---------------------------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cli() -> list[str]:
+    exe = shutil.which("crowdtally")
+    return [exe] if exe else [sys.executable, "-c", "from app.cli import main; main()"]
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"  {self.name}| {x}" for x in lines[-n:])
+
+
+@dataclass
+class Cluster:
+    """The API and engine processes, each in its own session (Ctrl-C reaches only us)."""
+
+    env: dict[str, str]
+    port: int
+    servers: list[Server] = field(default_factory=list)
+    logdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="benchsvc-")))
+
+    def start(self, name: str, args: list[str]) -> Server:
+        log = self.logdir / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [*_cli(), *args],
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = Server(name, proc, log)
+        self.servers.append(server)
+        return server
+
+    def check_alive(self) -> None:
+        for s in self.servers:
+            if s.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the {s.name} process exited with status {s.proc.returncode}:\n{s.tail()}"
+                )
+
+    def stop(self) -> None:
+        for s in self.servers:
+            if s.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(s.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for s in self.servers:
+            try:
+                s.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(s.proc.pid, signal.SIGKILL)
+                s.proc.wait()
+
+    def remove_logs(self) -> None:
+        shutil.rmtree(self.logdir, ignore_errors=True)
+
+
+def delete_keys(url: str, prefix: str) -> int:
+    r = redis.Redis.from_url(url)
+    n = 0
+    try:
+        for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
+            batch = list(r.scan_iter(match=pattern, count=1000))
+            for s in range(0, len(batch), 500):
+                n += int(r.delete(*batch[s : s + 500]))  # type: ignore[arg-type]
+    finally:
+        r.close()
+    return n
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, its reaped children excluded (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds spent busy by the whole machine, all cores (Linux /proc/stat)."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU share (% of one core) of named processes over a phase, and of everything else
+    on the machine ("others": a busy neighbour skews every figure)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.t0 = 0.0
+        self.c0: dict[str, float] = {}
+        self.m0 = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self.t0 = time.monotonic()
+        self.c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self.m0 = machine_busy_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dt = time.monotonic() - self.t0
+        used = {n: cpu_seconds(p) - self.c0[n] for n, p in self.pids.items()}
+        self.share = {n: 100.0 * v / dt if dt > 0 else float("nan") for n, v in used.items()}
+        others = machine_busy_seconds() - self.m0 - sum(v for v in used.values() if v == v)
+        self.share["others"] = max(100.0 * others / dt, 0.0) if dt > 0 else float("nan")
+
+    def line(self) -> str:
+        return "  ".join(f"{n} {v:.0f}%" for n, v in self.share.items() if v == v)
+
+
+@contextlib.contextmanager
+def profiled(out: Path | None, pids: dict[str, int], phase: str) -> Iterator[None]:
+    """``--py-spy DIR``: sample the API and engine during a phase into
+    ``DIR/<phase>-<process>.txt`` (collapsed stacks; ``py-spy`` must be installed)."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    spy = ["py-spy", "record", "-r", "200", "--nonblocking", "-f", "raw"]
+    spies = [
+        subprocess.Popen(
+            [*spy, "-p", str(pid), "-o", str(out / f"{phase}-{name}.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+        if name in ("api", "engine")
+    ]
+    time.sleep(0.3)  # let py-spy attach
+    try:
+        yield
+    finally:
+        for p in spies:
+            p.send_signal(signal.SIGINT)
+        for p in spies:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+# ---------------------------------------------------------------------------------- phases
+@dataclass
+class Results:
+    labels_per_s: float = float("nan")
+    post_seconds: float = float("nan")
+    post_ms: list[float] = field(default_factory=list)
+    accepted: int = 0
+    duplicates: int = 0
+    lag_s: float = float("nan")
+    behind_at_ack: int = 0
+    refine_s: float | None = None
+    get_ms: list[float] = field(default_factory=list)
+    get_service_ms: list[float] = field(default_factory=list)
+    get_errors: int = 0
+    get_rate: float = float("nan")
+    cpu: dict[str, str] = field(default_factory=dict)
+
+
+async def call(port: int, raw: bytes, expect: int) -> Any:
+    conn = await Conn(port).open()
+    try:
+        status, body = await conn.request(raw)
+    finally:
+        conn.close()
+    if status != expect:
+        raise RuntimeError(f"HTTP {status} (expected {expect}): {body[:300]!r}")
+    return orjson.loads(body) if body else None
+
+
+async def wait_healthy(port: int, cluster: Cluster, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        with contextlib.suppress(OSError, RuntimeError, asyncio.IncompleteReadError):
+            await call(port, build("GET", "/healthz", ""), 200)
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the API did not answer /healthz in time")
+
+
+async def create_project(port: int, admin: str, name: str, classes: list[str]) -> str:
+    body = orjson.dumps({"name": name, "labels": classes})
+    created = await call(port, build("POST", "/v1/projects", admin, body), 201)
+    key: str = created["api_key"]
+    return key
+
+
+async def stats(conn: Conn, raw: bytes) -> dict[str, int]:
+    status, body = await conn.request(raw)
+    if status != 200:
+        raise RuntimeError(f"GET project: HTTP {status}: {body[:300]!r}")
+    out: dict[str, int] = orjson.loads(body)["stats"]
+    return out
+
+
+async def warm_up(port: int, admin: str, cluster: Cluster, data: Dataset) -> None:
+    """A throw-away project: the engine loads (or compiles) its numba kernels, the API its
+    GET path, before anything is timed."""
+    name = "warmup"
+    key = await create_project(port, admin, name, data.classes)
+    conn = await Conn(port).open()
+    try:
+        status, body = await conn.request(
+            build("POST", f"/v1/projects/{name}/labels", key, data.bodies[0])
+        )
+        if status != 202:
+            raise RuntimeError(f"warm-up POST: HTTP {status}: {body[:300]!r}")
+        position = orjson.loads(body)["position"]
+        raw = build("GET", f"/v1/projects/{name}", key)
+        deadline = time.monotonic() + 180
+        while (await stats(conn, raw))["applied"] < position:
+            cluster.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the engine did not apply the warm-up block in 180 s")
+            await asyncio.sleep(0.05)
+        item = orjson.loads(data.bodies[0])[0]["item"]
+        for _ in range(20):
+            status, body = await conn.request(
+                build("GET", f"/v1/projects/{name}/items/{item}", key)
+            )
+            if status != 200:
+                raise RuntimeError(f"warm-up GET item: HTTP {status}: {body[:300]!r}")
+    finally:
+        conn.close()
+    await call(port, build("DELETE", f"/v1/projects/{name}", admin), 204)
+
+
+async def post_phase(
+    port: int, project: str, key: str, data: Dataset, connections: int, res: Results
+) -> int:
+    path = f"/v1/projects/{project}/labels?wait=false"
+    requests = [build("POST", path, key, b) for b in data.bodies]
+    conns = [await Conn(port).open() for _ in range(connections)]
+    todo = iter(range(len(requests)))
+    positions: list[int] = []
+    last_ack = 0.0
+
+    async def worker(conn: Conn) -> None:
+        nonlocal last_ack
+        for n in todo:
+            t = time.perf_counter()
+            status, body = await conn.request(requests[n])
+            last_ack = time.perf_counter()
+            if status != 202:
+                raise RuntimeError(f"POST block {n}: HTTP {status}: {body[:300]!r}")
+            ack = orjson.loads(body)
+            res.post_ms.append(1e3 * (last_ack - t))
+            res.accepted += ack["accepted"]
+            res.duplicates += ack["duplicates"]
+            positions.append(ack["position"])
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker(c) for c in conns))
+    finally:
+        for c in conns:
+            c.close()
+    res.post_seconds = last_ack - t0
+    res.labels_per_s = res.accepted / res.post_seconds
+    return max(positions)
+
+
+async def lag_phase(
+    port: int, project: str, key: str, last_position: int, poll_s: float, res: Results
+) -> None:
+    t_ack = time.perf_counter()  # called right after the last ack
+    conn = await Conn(port).open()
+    raw = build("GET", f"/v1/projects/{project}", key)
+    try:
+        first = True
+        while True:
+            s = await stats(conn, raw)
+            if first:
+                res.behind_at_ack, first = s["log_end"] - s["applied"], False
+            if s["applied"] == s["log_end"] and s["applied"] >= last_position:
+                res.lag_s = time.perf_counter() - t_ack
+                return
+            if time.perf_counter() - t_ack > 300:
+                raise RuntimeError(f"the engine did not catch up in 300 s: {s}")
+            await asyncio.sleep(poll_s)
+    finally:
+        conn.close()
+
+
+async def settle_phase(
+    port: int, project: str, key: str, last_position: int, timeout_s: float, res: Results
+) -> None:
+    """Wait for the engine's refinement sweep (a log entry after the labels) to be applied."""
+    t0 = time.perf_counter()
+    conn = await Conn(port).open()
+    raw = build("GET", f"/v1/projects/{project}", key)
+    try:
+        while time.perf_counter() - t0 < timeout_s:
+            s = await stats(conn, raw)
+            if s["log_end"] > last_position and s["applied"] == s["log_end"]:
+                res.refine_s = time.perf_counter() - t0
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        conn.close()
+
+
+async def get_phase(
+    port: int,
+    project: str,
+    key: str,
+    data: Dataset,
+    rate: float,
+    seconds: float,
+    seed: int,
+    res: Results,
+) -> None:
+    n = max(int(rate * seconds), 1)
+    rng = np.random.default_rng(seed + 1)
+    picks = rng.integers(0, data.n_items, size=n).tolist()
+    requests = [build("GET", f"/v1/projects/{project}/items/{data.items[i]}", key) for i in picks]
+    pool: asyncio.Queue[Conn] = asyncio.Queue()
+    conns = [await Conn(port).open() for _ in range(32)]
+    for c in conns:
+        pool.put_nowait(c)
+    tasks: list[asyncio.Task[None]] = []
+    last_done = 0.0
+
+    async def one(raw: bytes, due: float) -> None:
+        nonlocal last_done
+        conn = await pool.get()
+        sent = time.perf_counter()
+        try:
+            status, _ = await conn.request(raw)
+        finally:
+            pool.put_nowait(conn)
+        done = time.perf_counter()
+        last_done = max(last_done, done)
+        if status != 200:
+            res.get_errors += 1
+        res.get_ms.append(1e3 * (done - due))
+        res.get_service_ms.append(1e3 * (done - sent))
+
+    t0 = time.perf_counter() + 0.05
+    try:
+        for k, raw in enumerate(requests):
+            due = t0 + k / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(raw, due)))
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for c in conns:
+            c.close()
+    res.get_rate = len(res.get_ms) / (last_done - t0) if last_done > t0 else float("nan")
+
+
+async def run(args: argparse.Namespace, cluster: Cluster, admin: str, res: Results) -> None:
+    from app.settings import Settings
+
+    engine_settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    data = make_dataset(args.labels, 5, args.workers, args.classes, args.block, args.seed)
+    port = cluster.port
+    await wait_healthy(port, cluster)
+    await warm_up(port, admin, cluster, data)
+    project = "bench"
+    key = await create_project(port, admin, project, data.classes)
+    pids = {s.name: s.proc.pid for s in cluster.servers} | {"loadgen": os.getpid()}
+    with contextlib.suppress(Exception):
+        r = redis.Redis.from_url(args.redis_url)
+        info = r.info("server")
+        r.close()
+        if Path(f"/proc/{info['process_id']}").exists() and HOST in args.redis_url:
+            pids["redis"] = int(info["process_id"])
+
+    spy = args.py_spy
+    with CpuMeter(pids) as m, profiled(spy, pids, "post"):
+        last_position = await post_phase(port, project, key, data, args.connections, res)
+    res.cpu["POST"] = m.line()
+    with CpuMeter(pids) as m, profiled(spy, {"engine": pids["engine"]}, "lag"):
+        await lag_phase(port, project, key, last_position, args.poll_ms / 1e3, res)
+    res.cpu["lag"] = m.line()
+    cluster.check_alive()
+    if engine_settings.refine_passes > 0:
+        timeout = engine_settings.refine_idle_s + 120
+        await settle_phase(port, project, key, last_position, timeout, res)
+    with CpuMeter(pids) as m, profiled(spy, pids, "get"):
+        await get_phase(port, project, key, data, args.rate, args.seconds, args.seed, res)
+    res.cpu["GET"] = m.line()
+    cluster.check_alive()
+
+
+# ---------------------------------------------------------------------------------- report
+def report(args: argparse.Namespace, res: Results) -> bool:
+    rows: list[tuple[str, str, str, str]] = []
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    ok_rate = res.labels_per_s >= TARGET_LABELS_PER_S
+    ok_lag = res.lag_s <= TARGET_LAG_S
+    p99 = pct(res.get_ms, 99)
+    ok_p99 = p99 <= TARGET_P99_MS and res.get_errors == 0
+    rows.append(
+        (
+            f"POST labels/s acknowledged ({args.block:,}/block, {args.connections} conns)",
+            f"{res.labels_per_s:,.0f}",
+            f">= {TARGET_LABELS_PER_S:,.0f}",
+            verdict(ok_rate),
+        )
+    )
+    rows.append(
+        (
+            "engine lag after last ack (s)",
+            f"{res.lag_s:.2f}",
+            f"<= {TARGET_LAG_S:g}",
+            verdict(ok_lag),
+        )
+    )
+    rows.append(
+        (
+            f"GET item p99 (ms) at {args.rate:g}/s open loop",
+            f"{p99:.2f}",
+            f"<= {TARGET_P99_MS:g}",
+            verdict(ok_p99),
+        )
+    )
+    w = [
+        max(len(r[i]) for r in [("measure", "value", "target", "result"), *rows]) for i in range(4)
+    ]
+    line = "  ".join
+    print()
+    print(line(h.ljust(w[i]) for i, h in enumerate(("measure", "value", "target", "result"))))
+    print(line("-" * x for x in w))
+    for r in rows:
+        print(line((r[0].ljust(w[0]), r[1].rjust(w[1]), r[2].ljust(w[2]), r[3])))
+    print()
+    print(
+        f"POST: {res.accepted:,} labels accepted ({res.duplicates:,} duplicates) in "
+        f"{res.post_seconds:.2f} s; per-block latency p50 {pct(res.post_ms, 50):.1f} ms, "
+        f"p99 {pct(res.post_ms, 99):.1f} ms; CPU {res.cpu.get('POST', '?')}"
+    )
+    print(
+        f"lag: {res.behind_at_ack} log entries behind at the last ack; CPU {res.cpu.get('lag', '?')}"
+    )
+    if res.refine_s is not None:
+        print(f"refinement sweep applied {res.refine_s:.2f} s after catching up (before the GETs)")
+    print(
+        f"GET: {len(res.get_ms):,} requests, {res.get_errors} errors, achieved {res.get_rate:.1f}/s; "
+        f"from scheduled send p50 {pct(res.get_ms, 50):.2f} ms, p99 {p99:.2f} ms, "
+        f"max {max(res.get_ms, default=float('nan')):.2f} ms; on the wire p50 "
+        f"{pct(res.get_service_ms, 50):.2f} ms, p99 {pct(res.get_service_ms, 99):.2f} ms; "
+        f"CPU {res.cpu.get('GET', '?')}"
+    )
+    return ok_rate and ok_lag and ok_p99
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m bench.service", description=__doc__.split("\n")[0])
+    p.add_argument("--labels", type=int, default=200_000, help="labels to POST (5 per item)")
+    p.add_argument("--block", type=int, default=1_000, help="labels per POST")
+    p.add_argument("--workers", type=int, default=500, help="distinct workers")
+    p.add_argument("--classes", type=int, default=5, help="classes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--connections", type=int, default=8, help="concurrent POST connections")
+    p.add_argument("--rate", type=float, default=500.0, help="GET item requests/s (open loop)")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of the GET phase")
+    p.add_argument("--poll-ms", type=float, default=5.0, help="stats poll interval for the lag")
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="Redis for the API and engine processes",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default=None,
+        help="key prefix for this run (default benchsvc-<random>); its keys are deleted after",
+    )
+    p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
+    p.add_argument("--keep-logs", action="store_true", help="keep the server logs")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile the API and engine per phase with py-spy (collapsed stacks in DIR)",
+    )
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    if args.labels < args.block or args.workers < 5 or args.classes < 2:
+        p.error("need --labels >= --block, --workers >= 5, --classes >= 2")
+    return args
+
+
+def _sigterm(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def running(args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Cluster]:
+    env = dict(os.environ)
+    env.update(
+        CROWDTALLY_STORE="redis",
+        REDIS_URL=args.redis_url,
+        CROWDTALLY_REDIS_URL=args.redis_url,
+        CROWDTALLY_REDIS_PREFIX=prefix,
+        CROWDTALLY_ADMIN_KEY=admin,
+    )
+    env.pop("CROWDTALLY_ENGINE_IN_PROCESS", None)
+    cluster = Cluster(env, args.port or free_port())
+    ok = False
+    try:
+        cluster.start("api", ["serve", "--host", HOST, "--port", str(cluster.port), "--no-engine"])
+        cluster.start("engine", ["engine"])
+        yield cluster
+        ok = True
+    finally:
+        cluster.stop()
+        removed = delete_keys(args.redis_url, prefix)
+        print(f"stopped the API and engine; deleted {removed} Redis keys under {prefix!r}")
+        if ok and not args.keep_logs:
+            cluster.remove_logs()
+        else:
+            print(f"server logs: {cluster.logdir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    prefix = args.redis_prefix or f"benchsvc-{secrets.token_hex(4)}"
+    r = redis.Redis.from_url(args.redis_url)
+    try:
+        r.ping()
+        if next(r.scan_iter(match=f"{prefix}:*", count=1000), None) is not None:
+            print(f"error: Redis keys under {prefix!r} exist; pick another --redis-prefix")
+            return 2
+    except redis.RedisError as exc:
+        print(f"error: Redis at {args.redis_url}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        r.close()
+    admin = "bench-admin-" + secrets.token_hex(16)
+    signal.signal(signal.SIGTERM, _sigterm)
+    print(
+        f"crowdtally service bench: {args.labels:,} labels ({-(-args.labels // 5):,} items x 5, "
+        f"{args.workers} workers, {args.classes} classes, seed {args.seed}), redis {args.redis_url}, "
+        f"prefix {prefix}",
+        flush=True,
+    )
+    res = Results()
+    try:
+        with running(args, prefix, admin) as cluster:
+            print(
+                f"API pid {cluster.servers[0].proc.pid} on :{cluster.port} (--no-engine), "
+                f"engine pid {cluster.servers[1].proc.pid}; load from pid {os.getpid()}",
+                flush=True,
+            )
+            try:
+                import uvloop
+
+                runner: Any = uvloop.run
+            except ImportError:
+                runner = asyncio.run
+            try:
+                runner(run(args, cluster, admin, res))
+            except Exception as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                for s in cluster.servers:
+                    print(s.tail(), file=sys.stderr)
+                raise SystemExit(2) from None
+            passed = report(args, res)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1 if args.check and not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""docker-compose.yml and the Dockerfile, checked without Docker.
+
+The compose file is parsed with PyYAML; the api and engine commands are checked against the
+installed ``crowdtally`` command line itself (its ``--help``, and a parse of the exact argument
+list), so a renamed flag fails here rather than in a container restart loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+API_COMMAND = ["crowdtally", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-engine"]
+ENGINE_COMMAND = ["crowdtally", "engine"]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    svc: dict[str, Any] = compose["services"]
+    return svc
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("crowdtally")
+    prefix = [exe] if exe else [sys.executable, "-c", "from app.cli import main; main()"]
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run(
+        [*prefix, *args], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+    )
+
+
+def _flags(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text))
+
+
+def _options(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith("--")]
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service["environment"]
+    if isinstance(env, list):  # KEY=value form
+        env = dict(x.split("=", 1) for x in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _health_test(service: dict[str, Any]) -> list[str]:
+    test = service["healthcheck"]["test"]
+    return [test] if isinstance(test, str) else list(test)
+
+
+def _healthy_redis(service: dict[str, Any]) -> bool:
+    dep = service["depends_on"]
+    return isinstance(dep, dict) and dep.get("redis", {}).get("condition") == "service_healthy"
+
+
+def _named_volume_at(compose: dict[str, Any], service: dict[str, Any], target: str) -> str:
+    for v in service["volumes"]:
+        source, _, path = (v if isinstance(v, str) else f"{v['source']}:{v['target']}").partition(
+            ":"
+        )
+        if path.split(":")[0] == target:
+            assert source in (compose.get("volumes") or {}), f"volume {source!r} not declared"
+            return source
+    raise AssertionError(f"no volume mounted at {target}")
+
+
+def test_the_four_services(services: dict[str, Any]) -> None:
+    assert set(services) == {"redis", "postgres", "api", "engine"}
+
+
+def test_redis_keeps_an_append_only_file(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    redis = services["redis"]
+    assert redis["image"] == "redis:7"
+    cmd = redis["command"]
+    assert isinstance(cmd, list) and cmd[0] == "redis-server"
+    pairs = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    assert pairs["--appendonly"] == "yes"
+    assert pairs["--appendfsync"] == "everysec"
+    assert _health_test(redis)[1:] == ["redis-cli", "ping"]
+    assert _named_volume_at(compose, redis, "/data")
+
+
+def test_postgres(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    pg = services["postgres"]
+    assert pg["image"] == "postgres:16"
+    env = _env(pg)
+    assert env["POSTGRES_DB"] == "crowdtally"
+    assert "POSTGRES_PASSWORD" in env or env.get("POSTGRES_HOST_AUTH_METHOD") == "trust"
+    assert any("pg_isready" in part for part in _health_test(pg))
+    assert _named_volume_at(compose, pg, "/var/lib/postgresql/data")
+    assert "ports" not in pg, "the database stays on the compose network"
+
+
+def test_api_service(services: dict[str, Any]) -> None:
+    api = services["api"]
+    assert api["build"]["context"] == "."
+    assert (ROOT / api["build"].get("dockerfile", "Dockerfile")).is_file()
+    assert api["command"] == API_COMMAND
+    assert api["ports"] == ["8000:8000"]
+    assert _healthy_redis(api)
+    test = _health_test(api)
+    assert test[0] == "CMD"
+    assert "http://127.0.0.1:8000/healthz" in test[-1]
+    compile(test[-1], "api healthcheck", "exec")  # the python -c one-liner is valid Python
+
+
+def test_engine_service(services: dict[str, Any]) -> None:
+    api, engine = services["api"], services["engine"]
+    assert engine["image"] == api["image"]
+    assert engine["build"] == api["build"]
+    assert engine["command"] == ENGINE_COMMAND
+    assert "ports" not in engine
+    assert _healthy_redis(engine)
+    test = _health_test(engine)
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert "ping()" in test[3] and "REDIS_URL" in test[3]
+    compile(test[3], "engine healthcheck", "exec")
+
+
+@pytest.mark.parametrize("name", ["api", "engine"])
+def test_service_environment(
+    services: dict[str, Any], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _env(services[name])
+    assert env["CROWDTALLY_STORE"] == "redis"
+    assert env["REDIS_URL"] == "redis://redis:6379/0"
+    assert re.fullmatch(r"\$\{CROWDTALLY_ADMIN_KEY(:?[?-][^}]*)?\}", env["CROWDTALLY_ADMIN_KEY"])
+    # The names are the ones the service reads.
+    for key in list(os.environ):
+        if key.startswith("CROWDTALLY_") or key == "REDIS_URL":
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, "k" if key == "CROWDTALLY_ADMIN_KEY" else value)
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert (settings.store, settings.redis_url, settings.admin_key) == (
+        "redis",
+        "redis://redis:6379/0",
+        "k",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("api", API_COMMAND), ("engine", ENGINE_COMMAND)], ids=["api", "engine"]
+)
+def test_commands_are_what_the_cli_accepts(
+    services: dict[str, Any], name: str, expected: list[str]
+) -> None:
+    command = services[name]["command"]
+    assert command[0] == "crowdtally"
+    shown = _cli(command[1], "--help")
+    assert shown.returncode == 0, shown.stderr
+    assert set(_options(command[2:])) <= _flags(shown.stdout), shown.stdout
+    # The exact argument list parses: an unknown option or a missing value fails before
+    # --help (eager) exits.
+    parsed = _cli(*command[1:], "--help")
+    assert parsed.returncode == 0, parsed.stderr
+    assert command == expected
+
+
+def test_api_port_is_the_published_one(services: dict[str, Any]) -> None:
+    api = services["api"]
+    port = api["command"][api["command"].index("--port") + 1]
+    host = api["command"][api["command"].index("--host") + 1]
+    assert host == "0.0.0.0"
+    assert all(p.split(":")[-1] == port for p in api["ports"])
+    assert f":{port}/healthz" in _health_test(api)[-1]
+
+
+def test_dockerfile() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert re.search(r"^RUN pip install \.(\s|$)", text, re.M), "the image installs the package"
+    assert re.search(r"^COPY core ", text, re.M) and re.search(r"^COPY app ", text, re.M)
+    assert re.search(r"^USER (?!root)", text, re.M), "the processes do not run as root"
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    assert cmd is not None
+    assert yaml.safe_load(cmd.group(1)) == API_COMMAND
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".git" in ignored and ".env" in ignored
+
+
+def test_dockerfile_warm_up_runs(tmp_path: Path) -> None:
+    """The image compiles the numba kernels at build time (CLI runs on a small answer file and
+    a python -c line); they must keep working as the code changes: run them here."""
+    text = (ROOT / "Dockerfile").read_text()
+    answers = re.search(r"printf '([^']*)' > /tmp/warm.csv", text)
+    assert answers is not None
+    warm = tmp_path / "warm.csv"
+    warm.write_text(answers.group(1).replace("\\n", "\n"))
+    runs = re.findall(r"crowdtally extract /tmp/warm.csv([^>&\\]*)", text)
+    assert sorted(r.strip() for r in runs) == ["", "--batch"]
+    for extra in runs:
+        done = _cli("extract", str(warm), *extra.split())
+        assert done.returncode == 0, done.stderr
+    snippets = re.findall(r'python -c "([^"]*)"', text.split("\nUSER ", 1)[1])
+    assert snippets
+    for snippet in snippets:
+        done = subprocess.run(
+            [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr
