@@ -25,7 +25,7 @@ from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
 from core.nominal import NominalConfig, NominalParams
-from core.online import BlockResult, OnlineEM
+from core.online import BlockResult, OnlineEM, statistics_from
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -148,7 +148,9 @@ class ProjectEngine:
         previous = BlockResult(self.q[touched], self.b[touched], np.zeros(touched.size))
         n_prev = self.learned[touched]
         scale_before = self.model.params.scalars[0]
-        result = self.model.learn_many(blocks, previous=previous, n_previous=n_prev)
+        result = self.model.learn_many(
+            blocks, previous=previous, n_previous=n_prev, known=self.gold[touched]
+        )
         self.q[touched] = result.posteriors
         self.b[touched] = result.clarity
         self.learned[touched] = blocks.sizes()
@@ -173,6 +175,16 @@ class ProjectEngine:
             np.add.at(self.worker_gold_right, w[blocks.labels == g], 1)
             self._dirty_workers.update(w.tolist())
             self._dirty_items.add(i)
+        # Items already learned are revisited with their posterior fixed at the gold class:
+        # the change of their contribution moves the workers (each label still counted once).
+        learned = np.unique(item_codes[self.learned[item_codes] > 0])
+        if learned.size:
+            blocks, _ = self.labels.gather(learned)
+            previous = BlockResult(self.q[learned], self.b[learned], np.zeros(learned.size))
+            result = self.model.revisit_many(blocks, previous, known=self.gold[learned])
+            self.q[learned] = result.posteriors
+            self.b[learned] = result.clarity
+            self._dirty_slots.update(np.unique(blocks.slots).tolist())
 
     def _refine_pass(self) -> None:
         """One more pass over every item, each label already counted (docs/model.md)."""
@@ -182,7 +194,7 @@ class ProjectEngine:
         everything = np.arange(n, dtype=np.int64)
         blocks, _ = self.labels.gather(everything)
         previous = BlockResult(self.q[:n].copy(), self.b[:n].copy(), np.zeros(n))
-        result = self.model.learn_many(blocks, previous=previous, n_previous=blocks.sizes())
+        result = self.model.revisit_many(blocks, previous, known=self.gold[:n])
         self.q[:n] = result.posteriors
         self.b[:n] = result.clarity
         self.learned[:n] = blocks.sizes()
@@ -193,7 +205,7 @@ class ProjectEngine:
         if n == 0:
             return
         blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
-        result = self.model.predict_many(blocks)
+        result = self.model.predict_many(blocks, known=self.gold[:n])
         self.q[:n] = result.posteriors
         self.b[:n] = result.clarity
         self._dirty_items.update(range(n))
@@ -205,7 +217,7 @@ class ProjectEngine:
             return
         blocks, pos = self.labels.gather(np.arange(n, dtype=np.int64))
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
-        fitted, params = BatchEM(self.config).fit(exact, nw)
+        fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         counts = self.worker_labels[:nw].astype(np.float64)
         S = self.config.n_worker_slots
         total = np.zeros(S)
@@ -215,7 +227,9 @@ class ProjectEngine:
         used = total > 0
         worker[used] /= total[used, None, None]
         scalars = np.array([1.0, self.model.params.scalars[1]])
-        self.model.params = NominalParams(params.class_logits, params.population, worker, scalars)
+        mapped = NominalParams(params.class_logits, params.population, worker, scalars)
+        statistics_from(mapped, blocks, fitted.probas)  # later revisits continue from them
+        self.model.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
         self._all_rows = True

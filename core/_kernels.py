@@ -438,6 +438,7 @@ def learn_blocks(
     sums,
     scalars,
     hyper,
+    known,
     q_out,
     b_out,
     f_out,
@@ -445,7 +446,9 @@ def learn_blocks(
     """Process blocks in ``order``: per-item EM, then (if ``update``) the global step.
 
     ``n_old[b]`` labels at the head of block b were applied in an earlier arrival whose
-    posterior and clarity were ``q_old[b]``, ``b_old[b]``. Outputs are indexed by block.
+    posterior and clarity were ``q_old[b]``, ``b_old[b]``. ``known[b]`` >= 0 is block b's
+    true class (a gold item): its posterior is that class with certainty. Outputs are
+    indexed by block.
     """
     K = class_logits.shape[0]
     max_len = 0
@@ -482,6 +485,9 @@ def learn_blocks(
             p,
             probs,
         )
+        if known[b] >= 0:
+            for z in range(K):
+                q[z] = 1.0 if z == known[b] else 0.0
         for z in range(K):
             q_prev[z] = q_old[b, z]  # read before q_out is written: they may be one array
         d_prev = math.exp(b_old[b])

@@ -71,20 +71,30 @@ class BatchEM:
         blocks: LabelBlocks,
         n_workers: int,
         progress: Callable[[int, float], None] | None = None,
+        known: IntArray | None = None,
     ) -> tuple[AggregationResult, NominalParams]:
-        """Run EM from a majority-vote start until F improves by less than tol * |F|."""
+        """Run EM from a majority-vote start until F improves by less than tol * |F|.
+
+        ``known[i]`` >= 0 is item i's true class (gold): its posterior is held at that class
+        in every E-step, so the M-steps learn the workers' confusions from it.
+        """
         cfg, K = self.config, self.config.n_classes
         params = NominalParams(
             class_logits=cfg.class_prior_logits(),
             population=cfg.population_mean(),
             worker=np.zeros((n_workers, K, K)),
         )
+        gold = np.flatnonzero(known >= 0) if known is not None else np.zeros(0, dtype=np.int64)
+        eye = np.eye(K)
         q = majority_vote(blocks, K).probas
+        q[gold] = eye[known[gold]] if known is not None else q[gold]
         clarity = np.zeros(blocks.n_blocks)
         history: list[float] = []
         for it in range(self.max_iter):
             self._m_step(blocks, q, clarity, params)
             q, clarity, f = self._e_step(blocks, params, clarity)
+            if known is not None:
+                q[gold] = eye[known[gold]]
             history.append(f)
             if progress is not None:
                 progress(it + 1, f)
@@ -113,7 +123,7 @@ class BatchEM:
                 np.zeros(blocks.n_blocks, dtype=np.int64), q, clarity, False,
                 params.class_logits, cfg.class_prior_logits(), params.population,
                 cfg.population_mean(), params.worker, np.zeros((1, K, K)), np.zeros(K * K + K + 3), params.scalars, hyper,
-                q, new_clarity, objective,
+                np.full(blocks.n_blocks, -1, dtype=np.int64), q, new_clarity, objective,
             )  # fmt: skip
             data = float(objective.sum())
             clarity = new_clarity

@@ -64,6 +64,7 @@ class OnlineEM:
         previous: BlockResult | None = None,
         n_previous: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
+        known: npt.ArrayLike | None = None,
     ) -> BlockResult:
         """Learn from the blocks listed in ``order`` (default: all, as given), in that order.
 
@@ -76,8 +77,11 @@ class OnlineEM:
         *revisit*: its statistics are refreshed and its slots, the population and the class
         prior step toward the MAP optimum (docs/model.md, eq. 14-16). Passes after the first
         should be revisits (``revisit_many``): they then converge toward batch EM's optimum.
+
+        ``known[b]`` >= 0 is the true class of block b's item (gold): its posterior is fixed
+        to that class, so its labels teach the workers' confusions without doubt.
         """
-        return self._run(blocks, order, previous, n_previous, out, update=True)
+        return self._run(blocks, order, previous, n_previous, out, update=True, known=known)
 
     def revisit_many(
         self,
@@ -85,19 +89,21 @@ class OnlineEM:
         previous: BlockResult,
         order: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
+        known: npt.ArrayLike | None = None,
     ) -> BlockResult:
         """Another pass over items already learned: every label counted, ``previous`` their
         latest results (``learn_many`` with ``n_previous`` = the block sizes)."""
-        return self._run(blocks, order, previous, blocks.sizes(), out, update=True)
+        return self._run(blocks, order, previous, blocks.sizes(), out, update=True, known=known)
 
     def predict_many(
         self,
         blocks: LabelBlocks,
         order: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
+        known: npt.ArrayLike | None = None,
     ) -> BlockResult:
         """Posteriors under the current parameters, which are left unchanged."""
-        return self._run(blocks, order, None, None, out, update=False)
+        return self._run(blocks, order, None, None, out, update=False, known=known)
 
     def _run(
         self,
@@ -107,6 +113,7 @@ class OnlineEM:
         n_previous: npt.ArrayLike | None,
         out: BlockResult | None,
         update: bool,
+        known: npt.ArrayLike | None = None,
     ) -> BlockResult:
         nb, K = blocks.n_blocks, self.config.n_classes
         self._check_codes(blocks)
@@ -131,6 +138,11 @@ class OnlineEM:
             or out.objective.shape != (nb,)
         ):
             raise ValueError("out does not have one row per block")
+        known_a = (
+            np.full(nb, -1, dtype=np.int64) if known is None else np.asarray(known, dtype=np.int64)
+        )
+        if known_a.shape != (nb,) or known_a.max(initial=-1) >= K:
+            raise ValueError(f"known needs one class code (or -1) per block, below {K}")
         p = self.params
         if p.counts is None or p.sums is None:
             p.counts, p.sums = statistics_for(p)
@@ -138,7 +150,7 @@ class OnlineEM:
             blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
             n_old, q_old, b_old, update,
             p.class_logits, self._class_mean, p.population, self._population_mean,
-            p.worker, p.counts, p.sums, p.scalars, self._hyper,
+            p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
             out.posteriors, out.clarity, out.objective,
         )  # fmt: skip
         return out
@@ -161,3 +173,24 @@ def statistics_for(params: NominalParams) -> tuple[FloatArray, FloatArray]:
     sums = np.zeros(sums_size(K))
     sums[: K * K] = params.worker.sum(axis=0).ravel()
     return np.zeros_like(params.worker), sums
+
+
+def statistics_from(params: NominalParams, blocks: LabelBlocks, posteriors: FloatArray) -> None:
+    """Set ``params.counts`` and ``params.sums`` to those of every label in ``blocks`` counted
+    once under its item's posterior (eq. 14), as if the online model had learned them all;
+    e.g. after parameters from batch EM are swapped in. Blocks with no labels are not items."""
+    K = params.class_logits.shape[0]
+    sizes = blocks.sizes()
+    counts = np.zeros_like(params.worker)
+    item_of = np.repeat(np.arange(blocks.n_blocks), sizes)
+    weighted = blocks.weights[:, None] * posteriors[item_of]  # (labels, K)
+    for z in range(K):
+        np.add.at(counts[:, z, :], (blocks.slots, blocks.labels), weighted[:, z])
+    sums = np.zeros(sums_size(K))
+    sums[: K * K] = params.worker.sum(axis=0).ravel()
+    has = sizes > 0
+    sums[K * K : K * K + K] = posteriors[has].sum(axis=0)
+    sums[K * K + K] = float(has.sum())
+    sums[K * K + K + 1] = float(blocks.weights[blocks.weights > 0].sum())
+    sums[K * K + K + 2] = float(np.unique(blocks.slots[blocks.weights > 0]).size)
+    params.counts, params.sums = counts, sums

@@ -159,3 +159,28 @@ def test_refit_swaps_in_batch_parameters(synthetic: Synthetic) -> None:
     predicted = eng.q[:n].argmax(axis=1)
     gold = np.array([truth[name] for name in eng.items.names])
     assert (predicted == gold).mean() > 0.9
+
+
+def test_gold_teaches_the_model(synthetic: Synthetic) -> None:
+    entries = label_entries(synthetic, [6000])
+    truth = {
+        "items": [f"item-{i}" for i in range(0, 3000, 10)],
+        "labels": synthetic.truth[::10].tolist(),
+    }
+    with_gold = run([*entries, LogEntry(3, "gold", orjson.dumps(truth))])
+    without = run(entries)
+    assert not with_gold.model.params.equals(without.model.params)  # the workers moved
+    # gold given before the labels arrive is used when they are learned
+    early = run(
+        [
+            LogEntry(1, "gold", orjson.dumps(truth)),
+            *(LogEntry(e.position + 1, e.kind, e.payload) for e in entries),
+        ]
+    )
+    i = early.items.code["item-0"]
+    assert np.array_equal(early.q[i], np.eye(3)[synthetic.truth[0]])
+    n = early.items_count
+    codes = np.array([int(name.split("-")[1]) for name in early.items.names])
+    unknown = codes % 10 != 0
+    acc = lambda e: (e.q[:n].argmax(1) == synthetic.truth[codes])[unknown].mean()  # noqa: E731
+    assert acc(early) >= acc(without) - 0.003

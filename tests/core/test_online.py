@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.nominal import NominalConfig, NominalParams
-from core.online import BlockResult, OnlineEM
+from core.online import BlockResult, OnlineEM, statistics_from
 
 from ..conftest import Synthetic
 
@@ -313,3 +314,37 @@ def test_revisit_replay_is_bit_identical(synthetic: Synthetic) -> None:
         runs.append((result.posteriors[:1500], separate.posteriors[1500:], model.params))
     assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
     assert runs[0][2].equals(runs[1][2])
+
+
+def test_known_class_fixes_the_posterior_and_teaches_the_workers(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    known = np.where(np.arange(blocks.n_blocks) % 10 == 0, synthetic.truth, -1)
+    free, gold = OnlineEM(cfg), OnlineEM(cfg)
+    free.learn_many(blocks)
+    res = gold.learn_many(blocks, known=known)
+    has = known >= 0
+    assert np.array_equal(res.posteriors[has], np.eye(3)[known[has]])
+    assert not free.params.equals(gold.params)
+    # predictions for the other items are at least as good with a tenth of the truth known
+    acc = lambda m: (m.predict_many(blocks).posteriors.argmax(1) == synthetic.truth)[~has].mean()  # noqa: E731
+    assert acc(gold) >= acc(free) - 0.002
+
+
+def test_statistics_from_matches_what_learning_counted(synthetic: Synthetic) -> None:
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    model = OnlineEM(cfg)
+    res = model.learn_many(blocks)
+    rebuilt = model.params.copy()
+    statistics_from(rebuilt, blocks, res.posteriors)
+    assert rebuilt.counts is not None and model.params.counts is not None
+    assert rebuilt.sums is not None and model.params.sums is not None
+    np.testing.assert_allclose(rebuilt.counts, model.params.counts, atol=1e-9)
+    np.testing.assert_allclose(rebuilt.sums, model.params.sums, rtol=1e-9, atol=1e-9)
+
+
+def test_batch_em_holds_known_items() -> None:
+    blocks = LabelBlocks.group([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1, 1, 0, 0, 0, 0])
+    result, _ = BatchEM(NominalConfig(n_classes=2)).fit(blocks, 3, known=np.array([0, -1]))
+    assert np.array_equal(result.probas[0], [1.0, 0.0])
