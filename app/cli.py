@@ -292,3 +292,7 @@ def main() -> None:
     except click.exceptions.Abort:
         print("aborted", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The production layout for real: an API process and an engine process on the real Redis."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from app.store.redis_store import RedisStore
+from tests.app.conftest import ADMIN, REDIS_URL
+
+CLI = [sys.executable, "-m", "app.cli"]
+
+
+class Layout:
+    """``crowdtally serve --no-engine`` and ``crowdtally engine`` as child processes."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.prefix = f"test-proc-{uuid.uuid4().hex[:8]}"
+        self.env = {
+            **os.environ,
+            "CROWDTALLY_STORE": "redis",
+            "REDIS_URL": REDIS_URL,
+            "CROWDTALLY_REDIS_PREFIX": self.prefix,
+            "CROWDTALLY_ADMIN_KEY": ADMIN,
+            "CROWDTALLY_REFINE_PASSES": "0",
+        }
+        self.workdir = workdir
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        self.api = self._spawn("serve", "--no-engine", "--port", str(port))
+        self.engine = self._spawn("engine")
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
+        )
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*CLI, *args], env=self.env, cwd=self.workdir)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.2)
+
+    def kill_engine(self) -> None:
+        self.engine.kill()
+        self.engine.wait()
+
+    def start_engine(self) -> None:
+        self.engine = self._spawn("engine")
+
+    def close(self) -> None:
+        self.client.close()
+        for p in (self.api, self.engine):
+            p.kill()
+            p.wait()
+        RedisStore(REDIS_URL, self.prefix).flush_prefix()
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Iterator[Layout]:
+    lay = Layout(tmp_path)
+    try:
+        lay.wait_ready()
+        yield lay
+    finally:
+        lay.close()
+
+
+def lag(client: httpx.Client, key: dict[str, str]) -> int:
+    return int(client.get("/v1/projects/p", headers=key).json()["stats"]["lag"])
+
+
+def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
+    client = layout.client
+    r = client.post("/v1/projects", json={"name": "p", "labels": ["yes", "no"]})
+    assert r.status_code == 201
+    key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    block = [
+        {
+            "item": f"i{n % 30}",
+            "worker": f"w{n % 7}",
+            "label": ["yes", "no"][n % 3 == 0],
+            "id": str(n),
+        }
+        for n in range(300)
+    ]
+    r = client.post(
+        "/v1/projects/p/labels",
+        params={"wait": True},
+        content=orjson.dumps(block[:200]),
+        headers=key,
+    )
+    assert r.json() == {"accepted": 200, "duplicates": 0, "position": 1, "applied": True}
+    assert client.get("/v1/projects/p/items/i4", headers=key).json()["n_labels"] == 7
+
+    # With the engine dead, labels are still accepted (and logged); a new engine replays
+    # the log, catches up and serves them.
+    layout.kill_engine()
+    r = client.post("/v1/projects/p/labels", content=orjson.dumps(block[100:]), headers=key)
+    assert (r.json()["accepted"], r.json()["duplicates"]) == (100, 100)
+    time.sleep(0.3)
+    assert lag(client, key) == 1
+    layout.start_engine()
+    deadline = time.monotonic() + 60
+    while lag(client, key):
+        assert time.monotonic() < deadline, "the restarted engine did not catch up"
+        time.sleep(0.1)
+    after = client.get("/v1/projects/p/items/i4", headers=key).json()
+    assert after["n_labels"] == 10 and after["position"] == 2
+    assert client.get("/readyz").json()["engine_lag"] == {"p": 0}
