@@ -21,6 +21,16 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = "ct"
     """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
+    database_url: str | None = None
+    """SQLAlchemy URL of the snapshot database (``postgresql+psycopg://...`` in production);
+    default: the SQLite file ``data_dir/crowdtally.sqlite3``, which in the embedded mode also
+    holds the label log."""
+    snapshot_interval_s: float = 60.0
+    """Snapshot each project at least this often while it receives labels."""
+    snapshot_labels: int = 100_000
+    """... and after this many new labels, whichever comes first."""
+    snapshot_keep: int = 3
+    """Snapshots kept per project (older ones are deleted after a new one is written)."""
     admin_key: str | None = None
     """The admin API key; when unset, one is made on first start and kept in
     ``data_dir/admin.key`` (embedded) or in Redis (hashed) with the key printed once."""
@@ -37,3 +47,6 @@ class Settings(BaseSettings):
     """Idle time after the last label before the engine starts refinement sweeps."""
     engine_batch_entries: int = 64
     """Log entries the engine applies before writing state."""
+
+    def database_url_resolved(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'crowdtally.sqlite3'}"

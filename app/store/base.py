@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import orjson
+
 EntryKind = Literal["labels", "gold", "refine", "refit"]
 Scope = Literal["admin", "read", "write"]
 
@@ -29,6 +31,14 @@ class ProjectRecord:
     config: dict[str, Any]
     """NominalConfig fields (n_classes and n_worker_slots included)."""
     created_at: float
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> ProjectRecord:
+        d = orjson.loads(blob)
+        return cls(d["name"], tuple(d["labels"]), d["config"], d["created_at"])
 
 
 @dataclass(frozen=True)

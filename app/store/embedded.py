@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from app.db import upgrade
 from app.store.base import (
     AppendResult,
     EntryKind,
@@ -22,16 +23,6 @@ from app.store.base import (
     ProjectRecord,
     StateUpdate,
 )
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS projects (name TEXT PRIMARY KEY, record BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS api_keys (key_hash TEXT PRIMARY KEY, record BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS label_log (
-    project TEXT NOT NULL, position INTEGER NOT NULL, kind TEXT NOT NULL,
-    payload BLOB NOT NULL, keep BLOB NOT NULL, PRIMARY KEY (project, position));
-CREATE TABLE IF NOT EXISTS label_ids (
-    project TEXT NOT NULL, label_id TEXT NOT NULL, PRIMARY KEY (project, label_id));
-"""
 
 
 class _ProjectState:
@@ -50,10 +41,10 @@ class EmbeddedStore:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        upgrade(f"sqlite:///{self.path}")  # the schema is Alembic's (migrations/)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
         self._lock = threading.RLock()
         self._projects: dict[str, ProjectRecord] = {}
         self._state: dict[str, _ProjectState] = {}
@@ -61,11 +52,17 @@ class EmbeddedStore:
         self._load()
 
     def _load(self) -> None:
-        for name, blob in self._db.execute("SELECT name, record FROM projects"):
-            self._projects[name] = _project_from_json(blob)
+        for name, labels, config, created in self._db.execute(
+            "SELECT name, labels, config, created_at FROM projects"
+        ):
+            self._projects[name] = ProjectRecord(
+                name, tuple(orjson.loads(labels)), orjson.loads(config), created
+            )
             self._state[name] = _ProjectState()
-        for key_hash, blob in self._db.execute("SELECT key_hash, record FROM api_keys"):
-            self._keys[key_hash] = KeyRecord(**orjson.loads(blob))
+        for key_hash, key_id, scope, project in self._db.execute(
+            "SELECT key_hash, key_id, scope, project FROM api_keys"
+        ):
+            self._keys[key_hash] = KeyRecord(key_id, scope, project)
         for project, end in self._db.execute(
             "SELECT project, MAX(position) FROM label_log GROUP BY project"
         ):
@@ -81,7 +78,13 @@ class EmbeddedStore:
             if record.name in self._projects:
                 raise ProjectExistsError(record.name)
             self._db.execute(
-                "INSERT INTO projects VALUES (?, ?)", (record.name, _project_to_json(record))
+                "INSERT INTO projects (name, labels, config, created_at) VALUES (?, ?, ?, ?)",
+                (
+                    record.name,
+                    orjson.dumps(record.labels).decode(),
+                    orjson.dumps(record.config).decode(),
+                    record.created_at,
+                ),
             )
             self._projects[record.name] = record
             self._state[record.name] = _ProjectState()
@@ -98,9 +101,8 @@ class EmbeddedStore:
             if name not in self._projects:
                 return False
             self._db.execute("BEGIN")
-            for table in ("projects",):
-                self._db.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
-            for table in ("label_log", "label_ids"):
+            self._db.execute("DELETE FROM projects WHERE name = ?", (name,))
+            for table in ("label_log", "label_ids", "snapshots"):
                 self._db.execute(f"DELETE FROM {table} WHERE project = ?", (name,))
             doomed = [h for h, k in self._keys.items() if k.project == name]
             self._db.executemany("DELETE FROM api_keys WHERE key_hash = ?", [(h,) for h in doomed])
@@ -114,8 +116,9 @@ class EmbeddedStore:
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO api_keys VALUES (?, ?)",
-                (key_hash, orjson.dumps(record.__dict__)),
+                "INSERT OR REPLACE INTO api_keys (key_hash, key_id, scope, project) "
+                "VALUES (?, ?, ?, ?)",
+                (key_hash, record.key_id, record.scope, record.project),
             )
             self._keys[key_hash] = record
 
@@ -147,11 +150,13 @@ class EmbeddedStore:
             self._db.execute("BEGIN")
             try:
                 self._db.execute(
-                    "INSERT INTO label_log VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO label_log (project, position, kind, payload, keep) "
+                    "VALUES (?, ?, ?, ?, ?)",
                     (project, position, kind, payload, keep),
                 )
                 self._db.executemany(
-                    "INSERT INTO label_ids VALUES (?, ?)", [(project, i) for i in new_ids]
+                    "INSERT INTO label_ids (project, label_id) VALUES (?, ?)",
+                    [(project, i) for i in new_ids],
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -247,12 +252,3 @@ def _dedupe(ids: list[str | None] | None, seen: set[str]) -> tuple[bytes, list[s
             fresh.add(i)
             new.append(i)
     return bytes(keep), new
-
-
-def _project_to_json(record: ProjectRecord) -> bytes:
-    return orjson.dumps(record.__dict__)
-
-
-def _project_from_json(blob: bytes) -> ProjectRecord:
-    d = orjson.loads(blob)
-    return ProjectRecord(d["name"], tuple(d["labels"]), d["config"], d["created_at"])

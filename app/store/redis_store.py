@@ -21,7 +21,6 @@ from app.store.base import (
     ProjectRecord,
     StateUpdate,
 )
-from app.store.embedded import _project_from_json, _project_to_json
 
 # KEYS: ids set, log stream, sequence. ARGV: kind, payload, then the label ids ('' = no id).
 # Marks each label 1 (new) or 0 (id seen before), appends the entry unless nothing is new.
@@ -66,16 +65,16 @@ class RedisStore:
 
     # projects and keys -----------------------------------------------------------------
     def create_project(self, record: ProjectRecord) -> None:
-        if not self.r.hsetnx(self._projects_key, record.name, _project_to_json(record)):
+        if not self.r.hsetnx(self._projects_key, record.name, record.to_json()):
             raise ProjectExistsError(record.name)
 
     def get_project(self, name: str) -> ProjectRecord | None:
         blob = self.r.hget(self._projects_key, name)
-        return _project_from_json(blob) if blob else None
+        return ProjectRecord.from_json(blob) if blob else None
 
     def list_projects(self) -> list[ProjectRecord]:
         blobs: dict[bytes, bytes] = self.r.hgetall(self._projects_key)
-        return sorted((_project_from_json(b) for b in blobs.values()), key=lambda r: r.name)
+        return sorted((ProjectRecord.from_json(b) for b in blobs.values()), key=lambda r: r.name)
 
     def delete_project(self, name: str) -> bool:
         if not self.r.hdel(self._projects_key, name):

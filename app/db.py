@@ -1,0 +1,115 @@
+"""The SQL side (SQLAlchemy 2): project catalogue, label archive, snapshots.
+
+PostgreSQL in production, a SQLite file in the embedded mode; the schema is managed by
+Alembic (``migrations/``). In the embedded mode ``label_log`` *is* the label log; with Redis
+it is the archive of every label, written before the Redis log is trimmed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ProjectRow(Base):
+    __tablename__ = "projects"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    labels: Mapped[list[str]] = mapped_column(JSON)
+    config: Mapped[dict[str, object]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(16))
+    scope: Mapped[str] = mapped_column(String(8))
+    project: Mapped[str | None] = mapped_column(String(64), index=True)
+
+
+class LogRow(Base):
+    __tablename__ = "label_log"
+    project: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    keep: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class LabelIdRow(Base):
+    __tablename__ = "label_ids"
+    project: Mapped[str] = mapped_column(String(64), primary_key=True)
+    label_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+
+
+class SnapshotRow(Base):
+    __tablename__ = "snapshots"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project: Mapped[str] = mapped_column(String(64))
+    position: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+    n_items: Mapped[int] = mapped_column(BigInteger)
+    n_workers: Mapped[int] = mapped_column(BigInteger)
+    n_labels: Mapped[int] = mapped_column(BigInteger)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_snapshots_project_position", "project", "position"),)
+
+
+def sql_engine(url: str) -> Engine:
+    """An engine; SQLite files get WAL and ``synchronous=NORMAL`` (durable across a crash of
+    the process, the fsync at checkpoints)."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    return engine
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """``alembic upgrade`` programmatically (the service runs it on start)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config(str(REPO / "alembic.ini"))
+    cfg.set_main_option("script_location", str(REPO / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    command.upgrade(cfg, revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config(str(REPO / "alembic.ini"))
+    cfg.set_main_option("script_location", str(REPO / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    command.downgrade(cfg, revision)
