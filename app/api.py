@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
-import sys
 import io
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from app import metrics
 from app.auth import allows, ensure_admin_key, issue_key, key_hash
 from app.engine import EngineLoop
+from app.runtime import make_engine_loop, open_snapshot_db
 from app.schemas import (
     Accepted,
     ErrorResponse,
@@ -36,10 +37,12 @@ from app.schemas import (
     ProjectCreate,
     ProjectCreated,
     ProjectStats,
+    Snapshot,
     Worker,
     WorkerPage,
 )
 from app.settings import Settings
+from app.snapshots import SnapshotDB, SnapshotInfo, rebuild_store
 from app.store import open_store
 from app.store.base import KeyRecord, ProjectExistsError, ProjectRecord, Scope, Store
 from app.views import (
@@ -93,10 +96,13 @@ class ApiError(Exception):
 class Service:
     """What the routes share: settings, the store, the in-process engine (if any)."""
 
-    def __init__(self, settings: Settings, store: Store, engine: EngineLoop | None) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, engine: EngineLoop | None, db: SnapshotDB
+    ) -> None:
         self.settings = settings
         self.store = store
         self.engine = engine
+        self.db = db
         self._configs: dict[tuple[str, float], NominalConfig] = {}
 
     def project(self, name: str) -> ProjectRecord:
@@ -300,6 +306,14 @@ def _workers_view(
     return out
 
 
+def _snapshot_view(info: SnapshotInfo) -> dict[str, Any]:
+    return {
+        **info.as_dict(),
+        "created_at": iso(info.created_at),
+        "age_s": time.time() - info.created_at,
+    }
+
+
 def create_app(settings: Settings | None = None, store: Store | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -313,22 +327,29 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
             print(
                 f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True
             )
+        db = open_snapshot_db(settings)
+        rebuilt = rebuild_store(st, db)
+        if rebuilt:
+            print(f"crowdtally: rebuilt {rebuilt} from the SQL snapshots", file=sys.stderr)
+        made = ensure_admin_key(st, settings.admin_key, key_file)
+        if made:
+            where = f" (saved in {key_file})" if key_file else ""
+            print(
+                f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True
+            )
         engine = None
         if settings.engine_in_process:
-            engine = EngineLoop(
-                st,
-                batch_entries=settings.engine_batch_entries,
-                refine_passes=settings.refine_passes,
-                refine_idle_s=settings.refine_idle_s,
-            )
+            engine = make_engine_loop(settings, st, db)
             engine.start()
-        app.state.service = Service(settings, st, engine)
+        app.state.service = Service(settings, st, engine, db)
         metrics.bind(app.state.service)
         try:
             yield
         finally:
             if engine is not None:
                 engine.stop()
+                if engine.snapshotter is not None:
+                    engine.snapshotter.close()
             if store is None:
                 st.close()
 
@@ -380,12 +401,20 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
             else {}
         )
         engine_error = svc.engine.last_error if svc.engine else None
-        ready = ok and engine_error is None
+        snap = svc.engine.snapshotter if svc.engine else None
+        snapshot_error = snap.last_error if snap else None
+        now = time.time()
+        ages: dict[str, float] = {}
+        for info in svc.db.infos():
+            ages[info.project] = now - info.created_at
+        ready = ok and engine_error is None and snapshot_error is None
         body = {
             "ready": ready,
             "store": "ok" if ok else "unreachable",
             "engine_lag": lag,
             "engine_error": engine_error,
+            "snapshot_age_s": ages,
+            "snapshot_error": snapshot_error,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -460,8 +489,10 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         dependencies=[require("admin")],
     )
     def delete_project(project: str, request: Request) -> Response:
-        if not _service(request).store.delete_project(project):
+        svc = _service(request)
+        if not svc.store.delete_project(project):
             raise ApiError(404, "unknown_project", f"no project named {project!r}")
+        svc.db.forget_project(project)  # snapshots and archive go too
         return Response(status_code=204)
 
     @app.post(
@@ -510,15 +541,16 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         )
         codes = _label_codes(record, [x.label for x in labels])
         weights = [x.weight for x in labels]
+        ids = [x.id for x in labels]
         payload = orjson.dumps(
             {
                 "items": [x.item for x in labels],
                 "workers": [x.worker for x in labels],
                 "labels": codes,
                 "weights": None if all(w == 1.0 for w in weights) else weights,
+                "ids": ids,  # kept in the archive: a wiped Redis gets its seen ids back
             }
         )
-        ids = [x.id for x in labels]
         result = await _in_thread(svc.store.append, project, "labels", payload, ids)
         metrics.LABELS.labels(project, "accepted").inc(result.accepted)
         metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
@@ -581,6 +613,79 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         result = svc.store.append(project, "refit", b"{}", None)
         applied = _wait_applied(svc, project, result.position) if wait else False
         return Accepted(accepted=0, duplicates=0, position=result.position, applied=applied)
+
+    # ------------------------------------------------------------------ snapshots
+    @app.get(
+        "/v1/projects/{project}/snapshots",
+        operation_id="list_snapshots",
+        tags=["snapshots"],
+        response_model=list[Snapshot],
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def list_snapshots(project: str, request: Request) -> list[dict[str, Any]]:
+        svc = _service(request)
+        svc.project(project)
+        return [_snapshot_view(i) for i in svc.db.infos(project)]
+
+    @app.post(
+        "/v1/projects/{project}/snapshots",
+        status_code=202,
+        operation_id="take_snapshot",
+        tags=["snapshots"],
+        response_model=Accepted,
+        responses=_ERRORS,
+        dependencies=[require("write")],
+    )
+    def take_snapshot(project: str, request: Request, wait: bool = False) -> Accepted:
+        """Ask the engine for a snapshot at the current end of the log."""
+        svc = _service(request)
+        svc.project(project)
+        result = svc.store.append(project, "snapshot", b"{}", None)
+        applied = _wait_applied(svc, project, result.position) if wait else False
+        if applied:
+            deadline = time.monotonic() + svc.settings.wait_timeout_s
+            while not any(i.position >= result.position for i in svc.db.infos(project)):
+                if time.monotonic() > deadline:
+                    applied = False
+                    break
+                time.sleep(0.01)
+        return Accepted(accepted=0, duplicates=0, position=result.position, applied=applied)
+
+    @app.get(
+        "/v1/projects/{project}/snapshots/{snapshot_id}",
+        operation_id="get_snapshot",
+        tags=["snapshots"],
+        response_model=Snapshot,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_snapshot(project: str, snapshot_id: int, request: Request) -> dict[str, Any]:
+        svc = _service(request)
+        found = [i for i in svc.db.infos(project) if i.id == snapshot_id]
+        if not found:
+            raise ApiError(
+                404, "unknown_snapshot", f"project {project!r} has no snapshot {snapshot_id}"
+            )
+        return _snapshot_view(found[0])
+
+    @app.delete(
+        "/v1/projects/{project}/snapshots/{snapshot_id}",
+        status_code=204,
+        operation_id="delete_snapshot",
+        tags=["snapshots"],
+        responses=_ERRORS,
+        dependencies=[require("admin")],
+    )
+    def delete_snapshot(project: str, snapshot_id: int, request: Request) -> Response:
+        svc = _service(request)
+        if not any(i.id == snapshot_id for i in svc.db.infos(project)) or not svc.db.delete(
+            snapshot_id
+        ):
+            raise ApiError(
+                404, "unknown_snapshot", f"project {project!r} has no snapshot {snapshot_id}"
+            )
+        return Response(status_code=204)
 
     # ------------------------------------------------------------------ items
     @app.get(

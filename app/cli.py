@@ -242,18 +242,17 @@ def engine_command(
     import logging
     import os
 
-    from app.engine import EngineLoop
+    from app.runtime import make_engine_loop, open_snapshot_db
+    from app.snapshots import rebuild_store
     from app.store import open_store
 
     os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    loop = EngineLoop(
-        open_store(settings),
-        batch_entries=settings.engine_batch_entries,
-        refine_passes=settings.refine_passes,
-        refine_idle_s=settings.refine_idle_s,
-    )
+    st = open_store(settings)
+    db = open_snapshot_db(settings)
+    rebuild_store(st, db)
+    loop = make_engine_loop(settings, st, db)
     print(f"crowdtally engine: {settings.store} store", file=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
         loop.run_forever()

@@ -15,11 +15,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
 
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
+
+if TYPE_CHECKING:
+    from app.snapshots import Snapshotter
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
@@ -103,6 +107,7 @@ class ProjectEngine:
             self._predict_all()
         elif entry.kind == "refit":
             self._refit()
+        # "snapshot" changes nothing: the engine loop snapshots the state it reaches
         self.position = entry.position
         self.computed_at = time.time()
 
@@ -266,6 +271,12 @@ class ProjectEngine:
         self.worker_slot[n - len(new) : n] = [worker_slot(w, S) for w in new]
 
     # ---------------------------------------------------------------- serving
+    def mark_all_dirty(self) -> None:
+        """Make the next ``state_update`` carry every item, worker and used slot."""
+        self._dirty_items.update(range(self.items_count))
+        self._dirty_workers.update(range(len(self.workers.names)))
+        self._all_rows = True
+
     def state_update(self) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``."""
         p = self.model.params
@@ -344,8 +355,10 @@ class EngineLoop:
         refine_passes: int = 3,
         refine_idle_s: float = 1.0,
         poll_s: float = 0.002,
+        snapshotter: Snapshotter | None = None,
     ) -> None:
         self.store = store
+        self.snapshotter = snapshotter
         self.batch_entries = batch_entries
         self.refine_passes = refine_passes
         self.refine_idle_s = refine_idle_s
@@ -372,13 +385,21 @@ class EngineLoop:
 
     def _step_project(self, name: str, record: ProjectRecord) -> int:
         eng = self.engines.get(name)
+        snap = self.snapshotter
         if eng is None or eng.record.created_at != record.created_at:
-            eng = self.engines[name] = ProjectEngine(record)
+            eng = snap.load(record) if snap is not None else ProjectEngine(record)
+            self.engines[name] = eng
             # State already served (another engine, before a restart): replay silently up to it.
-            self._catch_up[name] = self.store.applied_position(name)
-        entries = self.store.read_log(name, eng.position, self.batch_entries)
+            self._catch_up[name] = served = self.store.applied_position(name)
+            if served < eng.position:  # a restored snapshot the store has not seen: serve it all
+                eng.mark_all_dirty()
+                self.store.write_state(name, eng.state_update())
+        read = snap.read_log if snap is not None else self.store.read_log
+        entries = read(name, eng.position, self.batch_entries)
         now = time.monotonic()
         if not entries:
+            if snap is not None and eng.position >= self._catch_up.get(name, 0):
+                snap.maybe_snapshot(eng)  # the last entries before a quiet spell too
             if (
                 self._refine_due.get(name)
                 and now - self._last_label.get(name, now) >= self.refine_idle_s
@@ -386,14 +407,18 @@ class EngineLoop:
                 self._refine_due[name] = False
                 self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
             return 0
+        force_snapshot = False
         for entry in entries:
             eng.apply(entry)
+            force_snapshot |= entry.kind == "snapshot"
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
                 self._refine_due[name] = self.refine_passes > 0
         update = eng.state_update()
         if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
+            if snap is not None:
+                snap.maybe_snapshot(eng, force=force_snapshot)
         return len(entries)
 
     # ------------------------------------------------------------------ running

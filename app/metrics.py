@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +47,22 @@ class _StoreCollector(Collector):
                 e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
                 lag.add_metric([r.name], max(e - a, 0))
                 end.add_metric([r.name], e)
+        age = GaugeMetricFamily(
+            "crowdtally_snapshot_age_seconds", "Age of the latest snapshot", labels=["project"]
+        )
+        size = GaugeMetricFamily(
+            "crowdtally_snapshot_bytes", "Size of the latest snapshot", labels=["project"]
+        )
+        if svc is not None:
+            latest = {i.project: i for i in svc.db.infos()}  # ordered by position
+            now = time.time()
+            for name, info in latest.items():
+                age.add_metric([name], now - info.created_at)
+                size.add_metric([name], info.size_bytes)
         yield lag
         yield end
+        yield age
+        yield size
 
 
 _COLLECTOR = _StoreCollector()

@@ -148,6 +148,18 @@ class WorkerPage(BaseModel):
     total: int
 
 
+class Snapshot(BaseModel):
+    id: int
+    project: str
+    position: int = Field(description="The log position the snapshot covers.")
+    created_at: str
+    age_s: float
+    n_items: int
+    n_workers: int
+    n_labels: int
+    size_bytes: int
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str

@@ -33,12 +33,15 @@ def run_migrations_offline() -> None:
 
 def run_migrations_online() -> None:
     engine = sql_engine(_url())
-    with engine.connect() as connection:
-        context.configure(
-            connection=connection, target_metadata=target_metadata, render_as_batch=True
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+    try:
+        with engine.connect() as connection:
+            context.configure(
+                connection=connection, target_metadata=target_metadata, render_as_batch=True
+            )
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
 
 
 if context.is_offline_mode():

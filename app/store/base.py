@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-EntryKind = Literal["labels", "gold", "refine", "refit"]
+EntryKind = Literal["labels", "gold", "refine", "refit", "snapshot"]
 Scope = Literal["admin", "read", "write"]
 
 
@@ -84,6 +84,9 @@ class StateUpdate:
 class Store(Protocol):
     """What the API and the engine need from a backend (all methods are thread-safe)."""
 
+    log_in_sql: bool
+    """True when the log itself lives in the SQL database (embedded): nothing to archive."""
+
     # projects and keys
     def create_project(self, record: ProjectRecord) -> None: ...
     def get_project(self, name: str) -> ProjectRecord | None: ...
@@ -104,6 +107,14 @@ class Store(Protocol):
         ...
 
     def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]: ...
+    def trim(self, project: str, upto: int) -> None:
+        """Drop log entries up to ``upto`` (archived in SQL and covered by a snapshot)."""
+        ...
+
+    def keys_for(self, project: str) -> dict[str, KeyRecord]:
+        """The project's keys and the admin keys, by hash."""
+        ...
+
     def log_end(self, project: str) -> int: ...
 
     # served state

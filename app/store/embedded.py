@@ -37,6 +37,8 @@ class _ProjectState:
 
 
 class EmbeddedStore:
+    log_in_sql = True
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
@@ -174,6 +176,12 @@ class EmbeddedStore:
                 (project, after, limit),
             ).fetchall()
         return [LogEntry(p, k, bytes(b), bytes(m)) for p, k, b, m in rows]
+
+    def trim(self, project: str, upto: int) -> None:
+        """The SQLite log is the archive: nothing is trimmed."""
+
+    def keys_for(self, project: str) -> dict[str, KeyRecord]:
+        return {h: k for h, k in self._keys.items() if k.project in (None, project)}
 
     def log_end(self, project: str) -> int:
         st = self._state.get(project)

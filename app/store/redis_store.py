@@ -47,6 +47,8 @@ return {pos, accepted}
 
 
 class RedisStore:
+    log_in_sql = False
+
     def __init__(self, url: str, prefix: str = "ct") -> None:
         self.r: Any = redis.Redis.from_url(url)  # untyped client: replies are bytes
         self.prefix = prefix
@@ -128,6 +130,31 @@ class RedisStore:
         for entry_id, fields in entries:
             position = int(entry_id.split(b"-")[0])
             out.append(LogEntry(position, fields[b"k"].decode(), fields[b"p"], fields[b"m"]))
+        return out
+
+    def restore_log(self, project: str, entries: list[LogEntry], ids: list[str], end: int) -> None:
+        """Put archived entries back (positions kept), the seen ids, and the log end."""
+        pipe = self.r.pipeline(transaction=True)
+        for e in entries:
+            pipe.xadd(
+                self._k(project, "log"),
+                {"k": e.kind, "p": e.payload, "m": e.keep},
+                id=f"{e.position}-1",
+            )
+        for lo in range(0, len(ids), 10_000):
+            pipe.sadd(self._k(project, "ids"), *ids[lo : lo + 10_000])
+        pipe.set(self._k(project, "seq"), end)
+        pipe.execute()
+
+    def trim(self, project: str, upto: int) -> None:
+        self.r.xtrim(self._k(project, "log"), minid=f"{upto + 1}-0")
+
+    def keys_for(self, project: str) -> dict[str, KeyRecord]:
+        out = {}
+        for h, b in self.r.hgetall(self._keys_key).items():
+            k = KeyRecord(**orjson.loads(b))
+            if k.project in (None, project):
+                out[h.decode()] = k
         return out
 
     def log_end(self, project: str) -> int:

@@ -56,3 +56,28 @@ def client(store: Store, tmp_path: Path) -> Iterator[TestClient]:
     app = create_app(service_settings(tmp_path, max_block_labels=50), store=store)
     with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
         yield c
+
+
+PG_ADMIN_URL = os.environ.get("CROWDTALLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database: a SQLite file, or a fresh database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+        return
+    import psycopg
+
+    name = f"ct_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (see .ci/run): {exc}")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()

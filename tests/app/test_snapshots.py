@@ -1,0 +1,238 @@
+"""Snapshots: exact round trips, restore + replay, trimmed logs, a wiped Redis, migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+
+from app.db import Base, downgrade, sql_engine, upgrade
+from app.engine import EngineLoop, ProjectEngine
+from app.snapshots import SnapshotDB, Snapshotter, capture, encode, rebuild_store, restore
+from app.store.base import ProjectRecord, Store
+from app.store.redis_store import RedisStore
+from core.nominal import NominalConfig
+from tests.app.test_engine import RECORD, label_entries
+from tests.conftest import Synthetic
+
+
+def same_state(a: ProjectEngine, b: ProjectEngine) -> None:
+    assert a.position == b.position
+    assert a.model.params.equals(b.model.params)
+    n = a.items_count
+    assert a.items.names == b.items.names and a.workers.names == b.workers.names
+    for name in ("q", "b", "learned", "gold"):
+        assert np.array_equal(getattr(a, name)[:n], getattr(b, name)[:n])
+    assert a.labels.n_labels == b.labels.n_labels
+    blocks_a, _ = a.labels.gather(np.arange(n))
+    blocks_b, _ = b.labels.gather(np.arange(n))
+    assert np.array_equal(blocks_a.slots, blocks_b.slots)
+    assert np.array_equal(blocks_a.labels, blocks_b.labels)
+
+
+def test_snapshot_round_trip_then_replay_is_bit_identical(synthetic: Synthetic) -> None:
+    entries = label_entries(synthetic, [700, 3000, 5200, 9000, 12000])
+    gold = orjson.dumps({"items": ["item-1", "item-2"], "labels": [0, 2]})
+    from app.store.base import LogEntry
+
+    entries = [
+        *entries[:3],
+        LogEntry(4, "gold", gold),
+        *(LogEntry(e.position + 1, e.kind, e.payload) for e in entries[3:]),
+    ]
+    full = ProjectEngine(RECORD)
+    for e in entries:
+        full.apply(e)
+    half = ProjectEngine(RECORD)
+    for e in entries[:4]:
+        half.apply(e)
+    resumed = restore(RECORD, encode(capture(half)))
+    same_state(half, resumed)
+    for e in entries[4:]:
+        resumed.apply(e)
+    same_state(full, resumed)
+
+
+def post_all(store: Store, synthetic: Synthetic, cuts: list[int]) -> None:
+    for e in label_entries(synthetic, cuts):
+        body = orjson.loads(e.payload)
+        n = len(body["items"])
+        body["ids"] = [f"{e.position}-{k}" for k in range(n)]
+        store.append("p", "labels", orjson.dumps(body), body["ids"])
+
+
+def loop_for(store: Store, db: SnapshotDB, **kw: float) -> EngineLoop:
+    snap = Snapshotter(db, store, interval_s=kw.get("interval_s", 0.0), every_labels=10**9, keep=2)
+    return EngineLoop(store, batch_entries=2, refine_passes=0, snapshotter=snap)
+
+
+def drain(loop: EngineLoop, snapshot: bool = True) -> None:
+    """Apply everything; with ``snapshot``, until a snapshot covers the last entry."""
+    snap = loop.snapshotter
+    assert snap is not None
+    while True:
+        while loop.step():
+            pass
+        snap.wait()
+        assert snap.last_error is None
+        if not snapshot or all(snap.covered(n) == e.position for n, e in loop.engines.items()):
+            return
+
+
+@pytest.fixture
+def db(sql_url: str) -> Iterator[SnapshotDB]:
+    upgrade(sql_url)
+    snapshots = SnapshotDB(sql_engine(sql_url))
+    yield snapshots
+    snapshots.close()
+
+
+def test_engine_restarts_from_snapshot_and_archive(
+    store: Store, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    store.create_project(RECORD)
+    post_all(store, synthetic, [1000, 4000, 6000, 8000, 10000])
+    first = loop_for(store, db)
+    drain(first)  # snapshots as it goes (interval 0), keeps 2
+    infos = db.infos("p")
+    assert (
+        len(infos) == 2 and infos[-1].position == 6 and infos[-1].n_labels == synthetic.items.size
+    )
+    if isinstance(store, RedisStore):
+        assert store.read_log("p", 0, 100) == []  # trimmed: all archived in SQL
+        assert db.archived_position("p") == 6
+    post_all_more = label_entries(synthetic, [500])[0]
+    body = orjson.loads(post_all_more.payload)
+    store.append("p", "labels", orjson.dumps(body), None)
+    # a new engine (a restart) restores the latest snapshot, replays what follows
+    second = loop_for(store, db, interval_s=3600)
+    drain(second, snapshot=False)
+    reference = ProjectEngine(RECORD)
+    log = (
+        store.read_log("p", 0, 100)
+        if store.log_in_sql
+        else [*db.read_archive("p", 0, 100), *store.read_log("p", 6, 100)]
+    )
+    for e in log:
+        reference.apply(e)
+    same_state(reference, second.engines["p"])
+    assert second.engines["p"].position == 7
+
+
+def test_wiped_redis_is_rebuilt_from_sql(
+    tmp_path: Path, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    from tests.app.conftest import make_store
+
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    try:
+        store.create_project(RECORD)
+        store.set_admin_key_hash("admin-hash")
+        post_all(store, synthetic, [3000, 9000])
+        loop = loop_for(store, db)
+        drain(loop)
+        before = {k: orjson.loads(v) for k, v in store.scan_items("p", 0, 10**6)[1]}
+        store.flush_prefix()  # Redis loses everything
+        assert store.list_projects() == []
+        assert rebuild_store(store, db) == ["p"]
+        assert store.get_key("admin-hash") is not None
+        assert store.log_end("p") == 3
+        again = label_entries(synthetic, [3000, 9000])[0]
+        body = orjson.loads(again.payload)
+        ids = [f"1-{k}" for k in range(len(body["items"]))]
+        assert store.append("p", "labels", again.payload, ids).duplicates == len(ids)  # ids back
+        fresh = loop_for(store, db, interval_s=3600)
+        drain(fresh, snapshot=False)
+        after = {k: orjson.loads(v) for k, v in store.scan_items("p", 0, 10**6)[1]}
+        assert after.keys() == before.keys()
+        for k, v in before.items():
+            assert after[k]["posterior"] == v["posterior"]
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_migrations_match_models_and_downgrade_cleanly(sql_url: str) -> None:
+    upgrade(sql_url)
+    engine = sql_engine(sql_url)
+    with engine.connect() as c:
+        diff = compare_metadata(MigrationContext.configure(c), Base.metadata)
+    assert diff == []
+    assert set(inspect(engine).get_table_names()) >= {
+        "projects",
+        "api_keys",
+        "label_log",
+        "label_ids",
+        "snapshots",
+    }
+    downgrade(sql_url, "base")
+    assert set(inspect(sql_engine(sql_url)).get_table_names()) <= {"alembic_version"}
+    upgrade(sql_url)
+    assert "snapshots" in inspect(sql_engine(sql_url)).get_table_names()
+
+
+def test_snapshot_retention_and_delete(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    eng = ProjectEngine(
+        ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2, n_worker_slots=8).to_dict(), 1.0)
+    )
+    for position in range(1, 6):
+        eng.position = position
+        db.write(capture(eng), encode(capture(eng)), [], keep=3)
+    assert [i.position for i in db.infos("p")] == [3, 4, 5]
+    first = db.infos("p")[0].id
+    assert db.delete(first) and not db.delete(first)
+    assert [i.position for i in db.infos("p")] == [4, 5]
+    latest = db.latest("p")
+    assert latest is not None and latest[0].position == 5
+
+
+@pytest.mark.parametrize("kind", ["embedded"])
+def test_embedded_service_restarts_from_snapshot(
+    kind: str, tmp_path: Path, synthetic: Synthetic
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.api import create_app
+    from tests.app.conftest import ADMIN, service_settings
+
+    settings = service_settings(tmp_path, snapshot_interval_s=0.0)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    with TestClient(create_app(settings), headers=head) as c:
+        key = {
+            "Authorization": f"Bearer {c.post('/v1/projects', json={'name': 'p', 'labels': ['a', 'b', 'c']}).json()['api_key']}"
+        }
+        for e in label_entries(synthetic, [2000, 5000]):
+            body = orjson.loads(e.payload)
+            block = [
+                {"item": i, "worker": w, "label": "abc"[z]}
+                for i, w, z in zip(body["items"], body["workers"], body["labels"], strict=True)
+            ]
+            for lo in range(0, len(block), 5000):
+                c.post(
+                    "/v1/projects/p/labels",
+                    params={"wait": True},
+                    content=orjson.dumps(block[lo : lo + 5000]),
+                    headers=key,
+                )
+        before = c.get("/v1/projects/p/items/item-7", headers=key).json()
+        snaps = c.get("/v1/projects/p/snapshots", headers=key).json()
+        assert snaps and snaps[-1]["n_labels"] == synthetic.items.size
+    with TestClient(create_app(settings), headers=head) as c:  # a restart: snapshot + replay
+        deadline = 0
+        while c.get("/v1/projects/p", headers=key).json()["stats"]["lag"] and deadline < 200:
+            deadline += 1
+            import time
+
+            time.sleep(0.05)
+        after = c.get("/v1/projects/p/items/item-7", headers=key).json()
+    assert after["posterior"] == before["posterior"] and after["labels"] == before["labels"]
