@@ -51,7 +51,7 @@ class NominalConfig:
     """lambda_A: precision of the Gaussian prior pulling each slot's A_s toward 0."""
     population_prior: float = 0.1
     """lambda_Gamma: precision of the prior pulling Gamma toward its mean."""
-    population_diagonal: float = 2.0
+    population_diagonal: float = 1.75
     """c_0: the prior mean of Gamma is c_0 on the diagonal, 0 elsewhere (workers beat chance)."""
     class_prior_strength: float = 1.0
     """lambda_pi: precision of the prior pulling gamma_pi toward log(class_prior)."""
@@ -63,9 +63,9 @@ class NominalConfig:
     """Per-item EM stops when b_i moves less than this (no-difficulty EM is exact in one step)."""
     em_max_iter: int = 50
     """At most this many per-item EM rounds."""
-    population_rate: float = 0.03
+    population_rate: float = 0.04
     """Step of Gamma relative to eta_t (Gamma sees every label, a slot only its own)."""
-    class_rate: float = 0.03
+    class_rate: float = 0.02
     """Step of gamma_pi relative to eta_t."""
 
     def __post_init__(self) -> None:

@@ -27,10 +27,13 @@ def one_block(slots: list[int], labels: list[int]) -> LabelBlocks:
 
 
 def test_hand_checked_posterior_and_objective() -> None:
-    # Initial parameters: Gamma = 2 I, A = 0, pi uniform. A worker is right with e^2/(1+e^2).
-    model = OnlineEM(small_config())
+    # Initial parameters: Gamma = c_0 I, A = 0, pi uniform. A worker is right with
+    # e^c_0 / (1 + e^c_0).
+    cfg = small_config()
+    model = OnlineEM(cfg)
     res = model.predict_many(one_block([0, 1, 2], [0, 0, 1]))
-    right = math.exp(2) / (1 + math.exp(2))
+    c0 = cfg.population_diagonal
+    right = math.exp(c0) / (1 + math.exp(c0))
     wrong = 1 - right
     joint0 = 0.5 * right * right * wrong  # true class 0: two right answers, one wrong
     joint1 = 0.5 * wrong * wrong * right
@@ -46,7 +49,8 @@ def test_hand_checked_first_step() -> None:
     res = model.learn_many(one_block([3, 5], [1, 1]))
     q = res.posteriors[0]
     eta = cfg.eta0 * cfg.tau0 ** (-cfg.rho)
-    right = math.exp(2) / (1 + math.exp(2))
+    c0 = cfg.population_diagonal
+    right = math.exp(c0) / (1 + math.exp(c0))
     p = np.array([[right, 1 - right], [1 - right, right]])  # p(l | z) at the start
     grad_one_label = q[:, None] * (np.array([0.0, 1.0])[None, :] - p)  # eq. 7 for answer l = 1
     # Each slot moves by eta * its own label's gradient; Gamma by population_rate * eta * both.
