@@ -24,7 +24,7 @@ CLI = [sys.executable, "-m", "app.cli"]
 class Layout:
     """``crowdtally serve --no-engine`` and ``crowdtally engine`` as child processes."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, **env: str) -> None:
         self.prefix = f"test-proc-{uuid.uuid4().hex[:8]}"
         self.env = {
             **os.environ,
@@ -33,6 +33,8 @@ class Layout:
             "CROWDTALLY_REDIS_PREFIX": self.prefix,
             "CROWDTALLY_ADMIN_KEY": ADMIN,
             "CROWDTALLY_REFINE_PASSES": "0",
+            "CROWDTALLY_DATA_DIR": str(workdir),
+            **env,
         }
         self.workdir = workdir
         with socket.socket() as s:
