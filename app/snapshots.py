@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -29,7 +30,7 @@ from app.engine import ProjectEngine
 from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
 from core.nominal import NominalParams
 
-FORMAT = 1
+FORMAT = 1  # a zlib-compressed .npz
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -87,12 +88,12 @@ def encode(cap: Capture) -> bytes:
     names = orjson.dumps({"items": cap.item_names, "workers": cap.worker_names})
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
     np.savez(buf, **arrays)
-    return buf.getvalue()
+    return zlib.compress(buf.getvalue(), 1)  # level 1: ~3x smaller for ~0.1 s per 10 MB
 
 
 def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     """A ProjectEngine in exactly the state the snapshot was taken in."""
-    z = np.load(io.BytesIO(blob))
+    z = np.load(io.BytesIO(zlib.decompress(blob)))
     fmt, position, computed_at = z["meta"]
     if int(fmt) != FORMAT:
         raise ValueError(f"snapshot format {int(fmt)} is not {FORMAT}")
