@@ -18,9 +18,13 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
+# Editable install: app/db.py finds alembic.ini and migrations/ beside app/ (the service runs
+# "alembic upgrade head" on start), and a wheel install would not carry them.
+COPY alembic.ini ./
+COPY migrations ./migrations
 COPY core ./core
 COPY app ./app
-RUN pip install . \
+RUN pip install --no-deps -e . \
     && useradd --system --uid 10001 --no-create-home --home-dir /srv/crowdtally crowdtally \
     && mkdir -p "$NUMBA_CACHE_DIR" && chown crowdtally "$NUMBA_CACHE_DIR"
 
@@ -28,11 +32,14 @@ USER crowdtally
 
 # Compile the numba kernels once, into the image (else every container start compiles them
 # on its first labels, ~20 s): online and batch EM on a four-answer file, and the engine's
-# label table (tests/test_compose.py runs this python -c line too).
+# label table; then check that the service and the PostgreSQL driver import (a dependency
+# missing from pyproject.toml fails the build, not the first start). tests/test_compose.py
+# runs these lines too.
 RUN printf 'item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n' > /tmp/warm.csv \
     && crowdtally extract /tmp/warm.csv > /dev/null \
     && crowdtally extract /tmp/warm.csv --batch > /dev/null \
     && python -c "import numpy as np; from core.itemlabels import ItemLabels; t = ItemLabels(); t.add_items(2); a = np.arange(2); t.append(a, a, a, np.ones(2), a); t.gather(a)" \
+    && python -c "import app.api, app.runtime, psycopg" \
     && rm /tmp/warm.csv
 
 EXPOSE 8000

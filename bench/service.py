@@ -18,8 +18,9 @@ passes over every item, ``CROWDTALLY_REFINE_IDLE_S`` after the last label) to be
 the GETs measure the steady state; the sweep's time is printed.
 
 Everything lives under its own Redis key prefix (``benchsvc-<random>`` unless
-``--redis-prefix``), deleted at the end; the two server processes are stopped on every exit,
-Ctrl-C and SIGTERM included. ``--check`` makes a missed target exit with status 1.
+``--redis-prefix``), deleted at the end, and the SQL snapshots in a SQLite file of the run's own
+(``--database-url`` to use a real database instead); the two server processes are stopped on
+every exit, Ctrl-C and SIGTERM included. ``--check`` makes a missed target exit with status 1.
 """
 
 from __future__ import annotations
@@ -658,6 +659,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="key prefix for this run (default benchsvc-<random>); its keys are deleted after",
     )
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="snapshot database of the API and engine (default: a SQLite file of this run's own)",
+    )
     p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     p.add_argument("--keep-logs", action="store_true", help="keep the server logs")
     p.add_argument(
@@ -690,6 +696,13 @@ def running(args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Clust
     )
     env.pop("CROWDTALLY_ENGINE_IN_PROCESS", None)
     cluster = Cluster(env, args.port or free_port())
+    # Snapshots and the label archive: a SQLite file of this run's own (deleted after) unless
+    # --database-url names a database (never the default data dir of the working directory).
+    env["CROWDTALLY_DATA_DIR"] = str(cluster.logdir / "data")
+    if args.database_url:
+        env["CROWDTALLY_DATABASE_URL"] = args.database_url
+    else:
+        env.pop("CROWDTALLY_DATABASE_URL", None)
     ok = False
     try:
         cluster.start("api", ["serve", "--host", HOST, "--port", str(cluster.port), "--no-engine"])
@@ -699,6 +712,7 @@ def running(args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Clust
     finally:
         cluster.stop()
         removed = delete_keys(args.redis_url, prefix)
+        shutil.rmtree(cluster.logdir / "data", ignore_errors=True)
         print(f"stopped the API and engine; deleted {removed} Redis keys under {prefix!r}")
         if ok and not args.keep_logs:
             cluster.remove_logs()
