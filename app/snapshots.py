@@ -359,8 +359,12 @@ class Snapshotter:
         due = eng.position > position and (
             force or now - t >= self.interval_s or eng.labels.n_labels - labels >= self.every_labels
         )
-        if not due or (self._pending is not None and not self._pending.done()):
+        if not due:
             return None
+        if self._pending is not None and not self._pending.done():
+            if not force:
+                return None
+            self._pending.result()  # an asked-for snapshot waits for the one being written
         t0 = time.perf_counter()
         cap = capture(eng)
         self.stall_s = time.perf_counter() - t0

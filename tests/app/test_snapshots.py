@@ -225,8 +225,14 @@ def test_embedded_service_restarts_from_snapshot(
                     headers=key,
                 )
         before = c.get("/v1/projects/p/items/item-7", headers=key).json()
+        r = c.post("/v1/projects/p/snapshots", params={"wait": True}, headers=key)
+        assert r.status_code == 202 and r.json()["applied"]
         snaps = c.get("/v1/projects/p/snapshots", headers=key).json()
-        assert snaps and snaps[-1]["n_labels"] == synthetic.items.size
+        assert snaps[-1]["n_labels"] == synthetic.items.size
+        assert snaps[-1]["position"] == r.json()["position"]
+        one = c.get(f"/v1/projects/p/snapshots/{snaps[-1]['id']}", headers=key).json()
+        assert one == {**snaps[-1], "age_s": one["age_s"]}
+        assert c.get("/v1/projects/p/snapshots/999", headers=key).status_code == 404
     with TestClient(create_app(settings), headers=head) as c:  # a restart: snapshot + replay
         deadline = 0
         while c.get("/v1/projects/p", headers=key).json()["stats"]["lag"] and deadline < 200:
