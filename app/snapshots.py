@@ -128,6 +128,17 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     return eng
 
 
+def describe(blob: bytes) -> dict[str, Any]:
+    """The arrays in a snapshot and their shapes (``crowdtally snapshots inspect``)."""
+    z = np.load(io.BytesIO(zlib.decompress(blob)))
+    fmt, position, _ = z["meta"]
+    return {
+        "format": int(fmt),
+        "position": int(position),
+        "arrays": {k: list(z[k].shape) for k in z.files if k != "meta"},
+    }
+
+
 @dataclass(frozen=True)
 class SnapshotInfo:
     id: int
