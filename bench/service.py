@@ -736,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         r.close()
     admin = "bench-admin-" + secrets.token_hex(16)
     signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     print(
         f"crowdtally service bench: {args.labels:,} labels ({-(-args.labels // 5):,} items x 5, "
         f"{args.workers} workers, {args.classes} classes, seed {args.seed}), redis {args.redis_url}, "
