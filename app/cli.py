@@ -374,6 +374,15 @@ def _root() -> None:
     """crowdtally: online label aggregation for crowdsourcing."""
 
 
+# typer >= 0.29 carries its own copy of click: usage errors may come from either.
+_CLICKS = [
+    click.exceptions,
+    getattr(getattr(typer, "_click", None), "exceptions", click.exceptions),
+]
+_CLICK_ERRORS = tuple({m.ClickException for m in _CLICKS})
+_CLICK_ABORTS = tuple({getattr(m, "Abort", click.exceptions.Abort) for m in _CLICKS})
+
+
 def main() -> None:
     """Entry point: expected problems print one line and exit 2, never a traceback."""
     try:
@@ -386,10 +395,10 @@ def main() -> None:
         raise SystemExit(2) from None
     except typer.Exit as err:
         raise SystemExit(err.exit_code) from None
-    except click.exceptions.ClickException as err:
+    except _CLICK_ERRORS as err:
         err.show()
         raise SystemExit(err.exit_code) from None
-    except click.exceptions.Abort:
+    except _CLICK_ABORTS:
         print("aborted", file=sys.stderr)
         raise SystemExit(130) from None
 

@@ -7,6 +7,7 @@ it is the archive of every label, written before the Redis log is trimmed.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from sqlalchemy import (
@@ -94,15 +95,23 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """``alembic upgrade`` programmatically (the service runs it on start)."""
+def upgrade(url: str, revision: str = "head", attempts: int = 3) -> None:
+    """``alembic upgrade`` programmatically (the service runs it on start). The API and the
+    engine may both start on an empty database: the loser of that race retries."""
     from alembic import command
     from alembic.config import Config
 
     cfg = Config(str(REPO / "alembic.ini"))
     cfg.set_main_option("script_location", str(REPO / "migrations"))
     cfg.set_main_option("sqlalchemy.url", url)
-    command.upgrade(cfg, revision)
+    for attempt in range(attempts):
+        try:
+            command.upgrade(cfg, revision)
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     """Refinement sweeps the engine runs over all stored labels once it is idle."""
     refine_idle_s: float = 1.0
     """Idle time after the last label before the engine starts refinement sweeps."""
-    engine_batch_entries: int = 64
+    engine_batch_entries: int = 256
     """Log entries the engine applies before writing state."""
 
     def database_url_resolved(self) -> str:

@@ -144,3 +144,17 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
 def test_missing_file() -> None:
     run = extract("/nonexistent/answers.csv")
     assert run.returncode == 2 and "no such file" in run.stderr
+
+
+def test_unknown_option_is_a_usage_error_not_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--hostx"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "No such option" in out.stderr and "Traceback" not in out.stderr
