@@ -8,7 +8,7 @@ import io
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
@@ -59,6 +59,7 @@ from app.views import (
 from core.nominal import NominalConfig
 
 log = logging.getLogger("crowdtally.api")
+CACHE_S = 1.0
 _LABELS = TypeAdapter(list[LabelIn])
 _GOLD = TypeAdapter(list[GoldIn])
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -105,12 +106,39 @@ class Service:
         self.engine = engine
         self.db = db
         self._configs: dict[tuple[str, float], NominalConfig] = {}
+        self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
 
     def project(self, name: str) -> ProjectRecord:
-        record = self.store.get_project(name)
+        record: ProjectRecord | None = self._cached(
+            ("project", name), lambda: self.store.get_project(name)
+        )
         if record is None:
             raise ApiError(404, "unknown_project", f"no project named {name!r}")
         return record
+
+    def key(self, key_hash: str) -> KeyRecord | None:
+        record: KeyRecord | None = self._cached(
+            ("key", key_hash), lambda: self.store.get_key(key_hash)
+        )
+        return record
+
+    def forget(self) -> None:
+        """Drop the cache (a project deleted through this process is gone at once)."""
+        self._cache.clear()
+
+    def _cached(self, what: tuple[str, str], load: Callable[[], Any]) -> Any:
+        # Keys and project records change rarely and cost a store round trip each on every
+        # request; each API process keeps them for CACHE_S (a deletion made through another
+        # process takes effect there within that time).
+        now = time.monotonic()
+        hit = self._cache.get(what)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        value = load()
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[what] = (now, value)
+        return value
 
     def config(self, record: ProjectRecord) -> NominalConfig:
         key = (record.name, record.created_at)
@@ -136,7 +164,7 @@ def _authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord
     key = _key_of(request)
     if not key:
         raise ApiError(401, "missing_key", "send an API key: 'Authorization: Bearer <key>'")
-    record = _service(request).store.get_key(key_hash(key))
+    record = _service(request).key(key_hash(key))
     if record is None:
         raise ApiError(401, "invalid_key", "the API key is not known")
     if not allows(record, scope, project):
@@ -491,6 +519,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
             svc.store.create_project(record)
         except ProjectExistsError:
             raise ApiError(409, "project_exists", f"a project named {body.name!r} exists") from None
+        svc.forget()  # a cached "no such project" must not outlive its creation
         key, _ = issue_key(svc.store, "write", body.name)
         return {**_project_view(svc, record), "api_key": key}
 
@@ -531,6 +560,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         if not svc.store.delete_project(project):
             raise ApiError(404, "unknown_project", f"no project named {project!r}")
         svc.db.forget_project(project)  # snapshots and archive go too
+        svc.forget()
         return Response(status_code=204)
 
     @app.post(
