@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -17,6 +18,7 @@ import orjson
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import TypeAdapter, ValidationError
 
 from app import metrics
@@ -39,6 +41,7 @@ from app.schemas import (
     ProjectCreated,
     ProjectStats,
     Snapshot,
+    Summary,
     Worker,
     WorkerPage,
 )
@@ -376,6 +379,42 @@ def _warm_up() -> None:
     cfg = NominalConfig(n_classes=2, n_worker_slots=1)
     item = {"labels": [["w", 0, 1.0]], "gold": None}
     recompute_posterior(cfg, item, Globals.parse(None, cfg), [None], [0])
+
+
+DASHBOARD = Path(__file__).with_name("dashboard")
+SPAMMER_INFORMATIVENESS = 0.1
+
+
+def _summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, Any]:
+    K = len(record.labels)
+    top = []
+    best = np.zeros(K, dtype=np.int64)
+    cursor = 0
+    while True:  # stored posteriors, page by page
+        cursor, page = svc.store.scan_items(record.name, cursor, 2000)
+        if page:
+            q = np.array([orjson.loads(b)["posterior"] for _, b in page])
+            top.append(q.max(axis=1))
+            best += np.bincount(q.argmax(axis=1), minlength=K)
+        if cursor == 0:
+            break
+    edges = np.linspace(0.0, 1.0, 21)
+    counts = np.histogram(np.concatenate(top) if top else np.zeros(0), bins=edges)[0]
+    views = _workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
+    views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
+    view = _project_view(svc, record)
+    return {
+        "project": record.name,
+        "labels": list(record.labels),
+        "stats": view["stats"],
+        "confidence_histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+        "label_counts": dict(zip(record.labels, best.tolist(), strict=True)),
+        "workers": [
+            {**w.model_dump(), "likely_spammer": w.informativeness < SPAMMER_INFORMATIVENESS}
+            for w in views[:n_workers]
+        ],
+        "computed_at": iso(time.time()),
+    }
 
 
 def _snapshot_view(info: SnapshotInfo) -> dict[str, Any]:
@@ -860,6 +899,26 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         if format == "csv":
             return StreamingResponse(csv_rows(), media_type="text/csv")
         return StreamingResponse(jsonl(), media_type="application/x-ndjson")
+
+    # ------------------------------------------------------------------ dashboard
+    @app.get(
+        "/v1/projects/{project}/summary",
+        operation_id="project_summary",
+        tags=["dashboard"],
+        response_model=Summary,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def project_summary(
+        project: str, request: Request, workers: Annotated[int, Query(ge=0, le=1000)] = 25
+    ) -> dict[str, Any]:
+        """Counts, a 20-bin histogram of each item's top probability, items per most likely
+        label, and the ``workers`` least informative workers with their confusion matrices."""
+        svc = _service(request)
+        record = svc.project(project)
+        return _summary(svc, record, workers)
+
+    app.mount("/dashboard", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
 
     # ------------------------------------------------------------------ workers
     @app.get(

@@ -148,6 +148,29 @@ class WorkerPage(BaseModel):
     total: int
 
 
+class Histogram(BaseModel):
+    edges: list[float]
+    counts: list[int]
+
+
+class SummaryWorker(Worker):
+    likely_spammer: bool = Field(
+        description="Informativeness below 0.1: answers barely depend on the truth."
+    )
+
+
+class Summary(BaseModel):
+    """What the dashboard shows: counts, the confidence histogram, the least informative workers."""
+
+    project: str
+    labels: list[str]
+    stats: ProjectStats
+    confidence_histogram: Histogram
+    label_counts: dict[str, int]
+    workers: list[SummaryWorker]
+    computed_at: str
+
+
 class Snapshot(BaseModel):
     id: int
     project: str
