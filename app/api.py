@@ -8,6 +8,7 @@ import io
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from fastapi.staticfiles import StaticFiles
 from pydantic import TypeAdapter, ValidationError
 
-from app import metrics
+from app import logs, metrics
 from app.auth import allows, ensure_admin_key, issue_key, key_hash
 from app.engine import EngineLoop
 from app.runtime import make_engine_loop, open_snapshot_db
@@ -62,6 +63,7 @@ from app.views import (
 from core.nominal import NominalConfig
 
 log = logging.getLogger("crowdtally.api")
+access = logging.getLogger("crowdtally.access")
 CACHE_S = 1.0
 _LABELS = TypeAdapter(list[LabelIn])
 _GOLD = TypeAdapter(list[GoldIn])
@@ -349,6 +351,14 @@ def _workers_view(
     return out
 
 
+def _request_id(scope: Any) -> str:
+    """The caller's X-Request-ID (if sane), else a new one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and 0 < len(value) <= 128:
+            return str(value.decode("latin-1"))
+    return uuid.uuid4().hex[:16]
+
+
 class _Observe:
     """Request latency into Prometheus, as plain ASGI (no extra task per request)."""
 
@@ -361,17 +371,27 @@ class _Observe:
             return
         t0 = time.perf_counter()
         status = [500]
+        rid = _request_id(scope)
+        token = logs.request_id.set(rid)
 
         async def send_status(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            metrics.observe(scope["method"], route, status[0], time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            metrics.observe(scope["method"], route, status[0], seconds)
+            access.info(
+                "request",
+                extra={"method": scope["method"], "path": scope["path"], "route": route,
+                       "status": status[0], "ms": round(1000 * seconds, 3)},
+            )  # fmt: skip
+            logs.request_id.reset(token)
 
 
 def _warm_up() -> None:

@@ -222,6 +222,9 @@ def serve(
     if engine is not None:
         os.environ["CROWDTALLY_ENGINE_IN_PROCESS"] = "true" if engine else "false"
     settings = _settings()
+    from app import logs
+
+    logs.configure(settings.log_format, settings.log_level)
     if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
         raise InputError("--workers", None, "several API processes need --store redis --no-engine")
     print(
@@ -234,6 +237,7 @@ def serve(
         host=host,
         port=port,
         workers=workers,
+        log_config=None,  # uvicorn's loggers go through ours (JSON by default)
         log_level="warning",
         access_log=False,
     )
@@ -244,7 +248,6 @@ def engine_command(
     store: Annotated[str | None, typer.Option(help="redis (default here) or embedded.")] = None,
 ) -> None:
     """Run the engine on its own: apply every project's label log and write served state."""
-    import logging
     import os
 
     from app.runtime import make_engine_loop, open_snapshot_db
@@ -253,7 +256,9 @@ def engine_command(
 
     os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
     settings = _settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from app import logs
+
+    logs.configure(settings.log_format, settings.log_level)
     st = open_store(settings)
     db = open_snapshot_db(settings)
     rebuild_store(st, db)

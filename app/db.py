@@ -102,6 +102,7 @@ def upgrade(url: str, revision: str = "head", attempts: int = 3) -> None:
     from alembic.config import Config
 
     cfg = Config(str(REPO / "alembic.ini"))
+    cfg.attributes["configure_logger"] = False  # the service's logging stays as configured
     cfg.set_main_option("script_location", str(REPO / "migrations"))
     cfg.set_main_option("sqlalchemy.url", url)
     for attempt in range(attempts):

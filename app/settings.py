@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     refine_idle_s: float = 1.0
     """Idle time after the last label before the engine starts refinement sweeps."""
     engine_batch_entries: int = 256
+    log_format: str = Field("json", pattern="^(json|text)$")
+    """``json``: one JSON object per line with the request id; ``text`` for people."""
+    log_level: str = "INFO"
     """Log entries the engine applies before writing state."""
 
     def database_url_resolved(self) -> str:
