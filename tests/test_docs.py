@@ -1,0 +1,30 @@
+"""The docs site builds (strict: a missing page or snippet fails) and lists every doc page."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_mkdocs_builds_strict(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "crowdtally serve" in home and "Quickstart" in home  # the README, included
+
+
+def test_every_doc_page_is_in_the_nav() -> None:
+    config = yaml.safe_load(
+        (REPO / "mkdocs.yml").read_text(encoding="utf-8").replace("!!python", "#")
+    )
+    pages = {next(iter(item.values())) for item in config["nav"]}
+    on_disk = {p.name for p in (REPO / "docs").glob("*.md")}
+    assert on_disk <= pages, f"add to mkdocs.yml nav: {sorted(on_disk - pages)}"
