@@ -1,0 +1,145 @@
+"""The seed's dyadic table on the shared datasets (seed 000 part II / III; docs/dyadic.md).
+
+``python -m bench.dyadic [DATASET ...] [--passes N] [--splits N] [--reduction oaa|tree]
+[--adaptive] [--l2 L] [--etas ...]``
+
+Protocol (part II): random split of the (rater, task, label) triples, 15/16 train and 1/16
+test, identifiers only; test loss of the best constant, the linear model (k = 0:
+α_r + β_t + c) and dyadic k = 1, 2, 3, mean ± sd over the splits. The learning rate is tuned on
+the linear model only (on a validation 1/16 held out of split 0's training part, never on a
+test set) and reused for every model. Nominal sets: hinge loss, 0/1 loss. Ordinal sets
+(web, trec2010): 0.5-quantile loss on the class code, 0.5·|y − p|. ``passes`` passes over the
+training part in a fixed order (the seed trained 160 passes). Throughput: examples/s of
+``learn_many`` (one core, compiled, k = 2, hinge) on each nominal set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from core.dyadic import DyadicConfig, DyadicModel
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(os.environ.get("CROWDTALLY_DATASETS") or (_REPO_ROOT.parent / "shared" / "datasets"))
+NOMINAL = ("dog", "face", "product", "duck")
+ORDINAL = ("web", "trec2010")
+KS = (0, 1, 2, 3)
+
+
+def load(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(worker codes, item codes, label codes, n_classes); labels coded in sorted order."""
+    items: dict[str, int] = {}
+    workers: dict[str, int] = {}
+    with open(ROOT / name / "answers.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    it = np.array([items.setdefault(r["item"], len(items)) for r in rows], dtype=np.int64)
+    wk = np.array([workers.setdefault(r["worker"], len(workers)) for r in rows], dtype=np.int64)
+    raw = [r["label"] for r in rows]
+    try:
+        distinct: list[str] = sorted(set(raw), key=float)
+    except ValueError:
+        distinct = sorted(set(raw))
+    code = {v: j for j, v in enumerate(distinct)}
+    return wk, it, np.array([code[v] for v in raw], dtype=np.int64), len(distinct)
+
+
+def _config(K: int, k: int, eta: float, ordinal: bool, args: argparse.Namespace) -> DyadicConfig:
+    return DyadicConfig(
+        n_classes=K, k=k, eta=eta, ordinal=ordinal, loss="quantile" if ordinal else "hinge",
+        reduction=args.reduction, adaptive=args.adaptive, l2=args.l2,
+        rater_slots=4096, task_slots=1 << 16, seed=args.seed,
+    )  # fmt: skip
+
+
+def fit_eval(w, i, y, tr, te, cfg: DyadicConfig, passes: int) -> float:  # type: ignore[no-untyped-def]
+    m = DyadicModel(cfg)
+    ones = np.ones(tr.size)
+    for _ in range(passes):
+        m.learn_many(w[tr], i[tr], y[tr], ones)
+    if cfg.ordinal:
+        p = m.raw_scores(w[te], i[te])[:, 0]
+        return float(np.mean(0.5 * np.abs(y[te] - p)))
+    lab, _ = m.predict(w[te], i[te])
+    return float(np.mean(lab != y[te]))
+
+
+def constant_loss(y: np.ndarray, tr: np.ndarray, te: np.ndarray, ordinal: bool) -> float:
+    if ordinal:
+        med = float(np.median(y[tr]))
+        return float(np.mean(0.5 * np.abs(y[te] - med)))
+    best = np.bincount(y[tr]).argmax()
+    return float(np.mean(y[te] != best))
+
+
+def splits(n: int, n_splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for s in range(n_splits):
+        perm = np.random.default_rng(seed + s).permutation(n)
+        n_tr = n * 15 // 16
+        out.append((perm[:n_tr], perm[n_tr:]))
+    return out
+
+
+def run(name: str, args: argparse.Namespace) -> None:
+    w, i, y, K = load(name)
+    ordinal = name in ORDINAL
+    sp = splits(y.size, args.splits, args.seed)
+    tr0 = sp[0][0]
+    n_val = tr0.size // 16
+    fit_part, val_part = tr0[:-n_val], tr0[-n_val:]
+    tuned = {
+        eta: fit_eval(w, i, y, fit_part, val_part, _config(K, 0, eta, ordinal, args), args.passes)
+        for eta in args.etas
+    }
+    eta = min(tuned, key=lambda e: (tuned[e], e))
+    rows = {"constant": [constant_loss(y, tr, te, ordinal) for tr, te in sp]}
+    for k in KS:
+        rows["linear" if k == 0 else f"dyadic k={k}"] = [
+            fit_eval(w, i, y, tr, te, _config(K, k, eta, ordinal, args), args.passes)
+            for tr, te in sp
+        ]
+    metric = "0.5-quantile" if ordinal else "0/1"
+    print(f"\n{name}: {y.size} answers, {K} classes, {metric} test loss, eta={eta} "
+          f"(validation: {', '.join(f'{e}:{v:.3f}' for e, v in tuned.items())})")  # fmt: skip
+    for model, v in rows.items():
+        print(f"  {model:<12} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}")
+    if not ordinal:
+        cfg = _config(K, 2, eta, ordinal, args)
+        m = DyadicModel(cfg)
+        tr = sp[0][0]
+        ww, ii, yy, ones = w[tr], i[tr], y[tr], np.ones(tr.size)
+        m.learn_many(ww[:10], ii[:10], yy[:10], ones[:10])  # compiled already; warm caches
+        reps = max(1, 400_000 // tr.size)
+        t = time.perf_counter()
+        for _ in range(reps):
+            m.learn_many(ww, ii, yy, ones)
+        dt = time.perf_counter() - t
+        print(f"  throughput k=2 hinge ({'binary' if K == 2 else args.reduction + f' K={K}'}): "
+              f"{reps * tr.size / dt:,.0f} examples/s")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("datasets", nargs="*", default=[*NOMINAL, *ORDINAL])
+    ap.add_argument("--passes", type=int, default=20)
+    ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--reduction", default="oaa", choices=("oaa", "tree"))
+    ap.add_argument("--adaptive", action="store_true")
+    ap.add_argument("--l2", type=float, default=0.0)
+    ap.add_argument("--etas", type=float, nargs="+", default=[0.03, 0.1, 0.3, 1.0])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(f"bench.dyadic: passes={args.passes} splits={args.splits} reduction={args.reduction} "
+          f"adaptive={args.adaptive} l2={args.l2}")  # fmt: skip
+    for name in args.datasets:
+        run(name, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,849 @@
+"""Numba kernels of the dyadic importance-aware model (docs/dyadic.md; seed 000 parts I-III).
+
+One binary "scorer" predicts p = ã_r·b̃_t − k + w_r + w_t + w_c (seed 000 part II's change of
+variables ã = a + 1, b̃ = b + 1, so p = a·b + 1·a + 1·b + w·x). An importance-weighted
+example moves every parameter along the solution of the gradient flow (part I):
+
+    ã(h) = e^{−η_d λ h} (ã0 cosh u + b̃0 sinh u),  b̃(h) = e^{−η_d λ h} (b̃0 cosh u + ã0 sinh u),
+    w_i(h) = w_i0 + η_i x_i σ,                    u = η_d σ,   σ'(h) = −∂l/∂p,
+
+so the prediction is a function of one scalar σ (and h through the decay):
+
+    p(σ, h) = p0 + δ(h) · ½[S₊ expm1(2u) − S₋ expm1(−2u)] + expm1(−2η_d λ h) · c0 + Q σ,
+
+with S₊ = ½|ã0 + b̃0|², S₋ = ½|ã0 − b̃0|², c0 = ã0·b̃0 = ½(S₊ − S₋), δ = e^{−2η_d λ h} and
+Q = Σ η_i x_i². This is part II's p(s) (s = −σ) written without catastrophic cancellation:
+c0 cosh 2u + ½(|ã0|² + |b̃0|²) sinh 2u = ½[S₊ e^{2u} − S₋ e^{−2u}].
+
+Loss codes: 0 hinge, 1 logistic, 2 squared (½(y − p)²), 3 τ-quantile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core._numba import jit
+
+HINGE, LOGISTIC, SQUARED, QUANTILE = 0, 1, 2, 3
+
+# Hyperparameter vector layout (DyadicConfig.hyper_vector()).
+(H_ETA, H_T0, H_POWER, H_L2, H_TAU, H_ADAPTIVE, H_LOSS, H_K, H_ODE_TOL) = range(9)
+
+
+# ---------------------------------------------------------------- the scalar dynamics
+
+
+@jit
+def delta_p(sigma, h, sp, sm, c0, Q, eta_d, lam):
+    """p(σ, h) − p0 (module docstring); exact for any σ, careful near σ = 0."""
+    u = eta_d * sigma
+    dec = -2.0 * eta_d * lam * h
+    dyad = 0.5 * (sp * math.expm1(2.0 * u) - sm * math.expm1(-2.0 * u))
+    return math.exp(dec) * dyad + math.expm1(dec) * c0 + Q * sigma
+
+
+@jit
+def _dp_dsigma(sigma, h, sp, sm, Q, eta_d, lam):
+    u = eta_d * sigma
+    return (
+        math.exp(-2.0 * eta_d * lam * h)
+        * eta_d
+        * (sp * math.exp(2.0 * u) + sm * math.exp(-2.0 * u))
+        + Q
+    )
+
+
+@jit
+def _dp_dh_linear(rho, h, sp, sm, c0, Q, eta_d, lam):
+    """d/dh of delta_p(ρh, h): the path of hinge / quantile (σ = ρh)."""
+    u = eta_d * rho * h
+    dec = math.exp(-2.0 * eta_d * lam * h)
+    e_p = math.exp(2.0 * u)
+    e_m = math.exp(-2.0 * u)
+    full = 0.5 * (sp * e_p - sm * e_m)
+    return dec * (-2.0 * eta_d * lam * full + eta_d * rho * (sp * e_p + sm * e_m)) + Q * rho
+
+
+@jit
+def _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, h_cap):
+    """Smallest h in (0, h_cap] with delta_p(ρh, h) = gap (sign(gap) = sign(ρ)), else inf.
+
+    Newton with backtracking inside a maintained bracket (seed 000 part II's p^{-1}(y)); the
+    path is monotone in h for λ ≤ min(τ, 1 − τ) (docs/dyadic.md), so the bracket is valid.
+    """
+    s = 1.0 if rho > 0 else -1.0
+    g_cap = s * (delta_p(rho * h_cap, h_cap, sp, sm, c0, Q, eta_d, lam) - gap)
+    if g_cap < 0.0:
+        return np.inf
+    lo = 0.0
+    hi = h_cap
+    # initial guess: the linearised step
+    d0 = s * _dp_dh_linear(rho, 0.0, sp, sm, c0, Q, eta_d, lam)
+    x = s * gap / d0 if d0 > 0 else 0.5 * hi
+    if not (x > lo and x < hi):
+        x = 0.5 * (lo + hi)
+    for _ in range(200):
+        g = s * (delta_p(rho * x, x, sp, sm, c0, Q, eta_d, lam) - gap)
+        if g == 0.0:
+            return x
+        if g < 0.0:
+            lo = x
+        else:
+            hi = x
+        d = s * _dp_dh_linear(rho, x, sp, sm, c0, Q, eta_d, lam)
+        nx = x - g / d if d > 0 else 0.5 * (lo + hi)
+        if not (nx > lo and nx < hi):  # backtrack into the bracket
+            nx = 0.5 * (lo + hi)
+        if abs(nx - x) <= 1e-15 * max(abs(nx), 1e-300) or hi - lo <= 4e-16 * hi:
+            return nx
+        x = nx
+    return x
+
+
+@jit
+def _neg_dloss(loss, p, y, tau):
+    """−∂l/∂p at p (σ' of part I)."""
+    if loss == HINGE:
+        return y if y * p < 1.0 else 0.0
+    if loss == LOGISTIC:
+        z = y * p
+        if z > 0:
+            e = math.exp(-z)
+            return y * e / (1.0 + e)
+        return y / (1.0 + math.exp(z))
+    if loss == SQUARED:
+        return y - p
+    # quantile
+    if y > p:
+        return tau
+    if y < p:
+        return tau - 1.0
+    return 0.0
+
+
+# Dormand–Prince 5(4) coefficients
+_C2, _C3, _C4, _C5 = 1.0 / 5.0, 3.0 / 10.0, 4.0 / 5.0, 8.0 / 9.0
+
+
+@jit
+def _ode_rhs(loss, p0, y, tau, h, sigma, sp, sm, c0, Q, eta_d, lam):
+    return _neg_dloss(loss, p0 + delta_p(sigma, h, sp, sm, c0, Q, eta_d, lam), y, tau)
+
+
+@jit
+def ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol):
+    """σ(h_end) for squared / logistic loss: the one-dimensional ODE of part I (RK45).
+
+    Dormand–Prince with error control (rtol = atol = tol). Safety: for squared loss the
+    exact flow never crosses y; if a step would, σ is cut back onto p = y by bisection.
+    """
+    if h_end <= 0.0:
+        return 0.0
+    sigma = 0.0
+    h = 0.0
+    dt = h_end
+    f0 = _ode_rhs(loss, p0, y, tau, 0.0, 0.0, sp, sm, c0, Q, eta_d, lam)
+    if f0 != 0.0:
+        dt = min(h_end, 0.1 / (abs(f0) * (eta_d * (sp + sm + 1.0) + Q) + 1e-300))
+    k1 = f0
+    for _ in range(100000):
+        if h >= h_end:
+            break
+        if h + dt > h_end:
+            dt = h_end - h
+        k2 = _ode_rhs(
+            loss, p0, y, tau, h + _C2 * dt, sigma + dt * (k1 / 5.0), sp, sm, c0, Q, eta_d, lam
+        )
+        k3 = _ode_rhs(
+            loss,
+            p0,
+            y,
+            tau,
+            h + _C3 * dt,
+            sigma + dt * (3.0 / 40.0 * k1 + 9.0 / 40.0 * k2),
+            sp,
+            sm,
+            c0,
+            Q,
+            eta_d,
+            lam,
+        )
+        k4 = _ode_rhs(
+            loss,
+            p0,
+            y,
+            tau,
+            h + _C4 * dt,
+            sigma + dt * (44.0 / 45.0 * k1 - 56.0 / 15.0 * k2 + 32.0 / 9.0 * k3),
+            sp,
+            sm,
+            c0,
+            Q,
+            eta_d,
+            lam,
+        )
+        k5 = _ode_rhs(
+            loss,
+            p0,
+            y,
+            tau,
+            h + _C5 * dt,
+            sigma
+            + dt
+            * (
+                19372.0 / 6561.0 * k1
+                - 25360.0 / 2187.0 * k2
+                + 64448.0 / 6561.0 * k3
+                - 212.0 / 729.0 * k4
+            ),
+            sp,
+            sm,
+            c0,
+            Q,
+            eta_d,
+            lam,
+        )
+        k6 = _ode_rhs(
+            loss,
+            p0,
+            y,
+            tau,
+            h + dt,
+            sigma
+            + dt
+            * (
+                9017.0 / 3168.0 * k1
+                - 355.0 / 33.0 * k2
+                + 46732.0 / 5247.0 * k3
+                + 49.0 / 176.0 * k4
+                - 5103.0 / 18656.0 * k5
+            ),
+            sp,
+            sm,
+            c0,
+            Q,
+            eta_d,
+            lam,
+        )
+        s5 = sigma + dt * (
+            35.0 / 384.0 * k1
+            + 500.0 / 1113.0 * k3
+            + 125.0 / 192.0 * k4
+            - 2187.0 / 6784.0 * k5
+            + 11.0 / 84.0 * k6
+        )
+        k7 = _ode_rhs(loss, p0, y, tau, h + dt, s5, sp, sm, c0, Q, eta_d, lam)
+        err = dt * abs(
+            71.0 / 57600.0 * k1
+            - 71.0 / 16695.0 * k3
+            + 71.0 / 1920.0 * k4
+            - 17253.0 / 339200.0 * k5
+            + 22.0 / 525.0 * k6
+            - 1.0 / 40.0 * k7
+        )
+        scale = tol * (1.0 + abs(s5))
+        if err <= scale:
+            h += dt
+            sigma = s5
+            k1 = k7
+            fac = 5.0 if err == 0.0 else min(5.0, 0.9 * (scale / err) ** 0.2)
+            dt *= fac
+        else:
+            dt *= max(0.1, 0.9 * (scale / err) ** 0.2)
+    if loss == SQUARED:
+        # safety: never past the label
+        gap = y - p0
+        if (gap - delta_p(sigma, h_end, sp, sm, c0, Q, eta_d, lam)) * gap < 0.0:
+            lo = 0.0
+            hi = sigma
+            for _ in range(200):
+                mid = 0.5 * (lo + hi)
+                if (gap - delta_p(mid, h_end, sp, sm, c0, Q, eta_d, lam)) * gap < 0.0:
+                    hi = mid
+                else:
+                    lo = mid
+            sigma = lo
+    return sigma
+
+
+@jit
+def step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, tol):
+    """(σ, h_eff) of one importance-weighted update; h_eff ≤ h is where the flow stopped.
+
+    Hinge and τ-quantile: closed form σ = ρ h (part I / III) until the boundary y·p = 1 (hinge)
+    or p = y (quantile), found by Newton with backtracking; then the dynamics halt (part III).
+    Squared and logistic: the ODE (h_eff = h).
+    """
+    if h <= 0.0:
+        return 0.0, 0.0
+    if loss == HINGE or loss == QUANTILE:  # noqa: SIM109 (numba)
+        if loss == HINGE:
+            if y * p0 >= 1.0:
+                return 0.0, 0.0
+            rho = y
+            gap = y - p0
+        else:
+            if y == p0:
+                return 0.0, 0.0
+            rho = tau if y > p0 else tau - 1.0
+            gap = y - p0
+        hs = _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, h)
+        if hs < h:
+            return rho * hs, hs
+        return rho * h, h
+    return ode_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, tol), h
+
+
+# ---------------------------------------------------------------- h_min (part II)
+
+
+@jit
+def _p_inverse(gap, sp, sm, Q, eta_d):
+    """σ with delta_p(σ, 0) = gap (λ = 0): part II's p^{-1}, safeguarded Newton (monotone)."""
+    if gap == 0.0:
+        return 0.0
+    s = 1.0 if gap > 0 else -1.0
+    # bracket s·σ ∈ [0, |gap|/Q]: the dyadic part moves p the same way as the linear part
+    a = 0.0
+    b = abs(gap) / Q
+    x = abs(gap) / (Q + eta_d * (sp + sm))
+    for _ in range(200):
+        g = s * (delta_p(s * x, 0.0, sp, sm, 0.0, Q, eta_d, 0.0) - gap)
+        if g == 0.0:
+            return s * x
+        if g < 0.0:
+            a = x
+        else:
+            b = x
+        d = _dp_dsigma(s * x, 0.0, sp, sm, Q, eta_d, 0.0)
+        nx = x - g / d
+        if not (nx > a and nx < b):
+            nx = 0.5 * (a + b)
+        if abs(nx - x) <= 1e-15 * nx or b - a <= 4e-16 * b:
+            return s * nx
+        x = nx
+    return s * x
+
+
+# 15-point Gauss–Kronrod nodes / weights and the embedded 7-point Gauss weights
+_XGK = np.array(
+    [
+        0.991455371120812639206854697526329,
+        0.949107912342758524526189684047851,
+        0.864864423359769072789712788640926,
+        0.741531185599394439863864773280788,
+        0.586087235467691130294144845693013,
+        0.405845151377397166906606412076961,
+        0.207784955007898467600689403773245,
+        0.000000000000000000000000000000000,
+    ]
+)
+_WGK = np.array(
+    [
+        0.022935322010529224963732008058970,
+        0.063092092629978553290700663189204,
+        0.104790010322250183839876322541518,
+        0.140653259715525918745189590510238,
+        0.169004726639267902826583426598550,
+        0.190350578064785409913256402421014,
+        0.204432940075298892414161999234649,
+        0.209482141084727828012999174891714,
+    ]
+)
+_WG = np.array(
+    [
+        0.129484966168869693270611432679082,
+        0.279705391489276667901467771423780,
+        0.381830050505118944950369775488975,
+        0.417959183673469387755102040816327,
+    ]
+)
+
+
+@jit
+def _inv_rate(loss, p0, y, tau, sigma, sp, sm, Q, eta_d):
+    """1 / σ'(σ) = dh/dσ (the integrand of part II's s^{-1}), λ = 0."""
+    return 1.0 / _neg_dloss(loss, p0 + delta_p(sigma, 0.0, sp, sm, 0.0, Q, eta_d, 0.0), y, tau)
+
+
+@jit
+def _gk15(loss, p0, y, tau, a, b, sp, sm, Q, eta_d):
+    c = 0.5 * (a + b)
+    hw = 0.5 * (b - a)
+    fc = _inv_rate(loss, p0, y, tau, c, sp, sm, Q, eta_d)
+    rk = fc * _WGK[7]
+    rg = fc * _WG[3]
+    for j in range(7):
+        dx = hw * _XGK[j]
+        f1 = _inv_rate(loss, p0, y, tau, c - dx, sp, sm, Q, eta_d)
+        f2 = _inv_rate(loss, p0, y, tau, c + dx, sp, sm, Q, eta_d)
+        rk += _WGK[j] * (f1 + f2)
+        if j % 2 == 1:
+            rg += _WG[j // 2] * (f1 + f2)
+    return rk * hw, abs((rk - rg) * hw)
+
+
+@jit
+def separation_integral(loss, p0, y, tau, sigma_end, sp, sm, Q, eta_d, rtol):
+    """h(σ) = ∫_0^σ dσ' / σ'(σ') (part II's separation of variables), adaptive Gauss–Kronrod."""
+    if sigma_end == 0.0:
+        return 0.0
+    stack_a = np.empty(200)
+    stack_b = np.empty(200)
+    top = 1
+    stack_a[0] = 0.0
+    stack_b[0] = sigma_end
+    total = 0.0
+    first, _ = _gk15(loss, p0, y, tau, 0.0, sigma_end, sp, sm, Q, eta_d)
+    target = rtol * abs(first)
+    while top > 0:
+        top -= 1
+        a = stack_a[top]
+        b = stack_b[top]
+        val, err = _gk15(loss, p0, y, tau, a, b, sp, sm, Q, eta_d)
+        if (
+            err <= target * abs(b - a) / abs(sigma_end)
+            or top >= 198
+            or abs(b - a) < 1e-14 * abs(sigma_end)
+        ):
+            total += val
+        else:
+            m = 0.5 * (a + b)
+            stack_a[top] = m
+            stack_b[top] = b
+            stack_a[top + 1] = a
+            stack_b[top + 1] = m
+            top += 2
+    return total
+
+
+@jit
+def h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, tol):
+    """Smallest importance weight moving the prediction from p0 to x for label y (part II).
+
+    Returns 0 if p0 is already at x, inf if an update with label y never reaches x (x on the
+    wrong side of p0, or beyond the label where the dynamics halt / never arrive).
+    """
+    gap = x - p0
+    if gap == 0.0:
+        return 0.0
+    if loss == HINGE or loss == QUANTILE:  # noqa: SIM109 (numba)
+        if loss == HINGE:
+            if y * p0 >= 1.0 or gap * y <= 0.0 or y * x > 1.0:
+                return np.inf
+            rho = y
+        else:
+            if y == p0 or gap * (y - p0) <= 0.0 or abs(gap) > abs(y - p0):
+                return np.inf
+            rho = tau if y > p0 else tau - 1.0
+        if lam == 0.0:
+            # closed form in σ: h = p^{-1}(x) / ρ (part II: h_min = −p^{-1}(x)/(η y) in s units)
+            return _p_inverse(gap, sp, sm, Q, eta_d) / rho
+        return _root_linear_path(
+            gap, rho, sp, sm, c0, Q, eta_d, lam, _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam)
+        )
+    # squared / logistic
+    if loss == SQUARED:
+        if gap * (y - p0) <= 0.0 or abs(gap) >= abs(y - p0):
+            return np.inf
+    elif gap * y <= 0.0:
+        return np.inf
+    if lam == 0.0:
+        sig = _p_inverse(gap, sp, sm, Q, eta_d)
+        return separation_integral(loss, p0, y, tau, sig, sp, sm, Q, eta_d, 1e-12)
+    # λ > 0: the flow is not autonomous; bracket by doubling, then bisect on the ODE's path
+    s = 1.0 if gap > 0 else -1.0
+    hi = 1e-3
+    for _ in range(200):
+        sg = ode_sigma(loss, p0, y, tau, hi, sp, sm, c0, Q, eta_d, lam, tol)
+        if s * (delta_p(sg, hi, sp, sm, c0, Q, eta_d, lam) - gap) >= 0.0:
+            break
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        sg = ode_sigma(loss, p0, y, tau, mid, sp, sm, c0, Q, eta_d, lam, tol)
+        if s * (delta_p(sg, mid, sp, sm, c0, Q, eta_d, lam) - gap) >= 0.0:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    return hi
+
+
+@jit
+def _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam):
+    hi = abs(gap / (Q * rho)) + 1e-300
+    for _ in range(2000):
+        if (delta_p(rho * hi, hi, sp, sm, c0, Q, eta_d, lam) - gap) * (
+            1.0 if rho > 0 else -1.0
+        ) >= 0.0:
+            return hi
+        hi *= 2.0
+    return hi
+
+
+# ---------------------------------------------------------------- the model's tables
+
+
+@jit
+def _slot(ident, n):
+    m = ident % n
+    return m + n if m < 0 else m
+
+
+@jit
+def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, update):
+    """(η_d, η_r, η_t, η_c): global decaying rate, or per-coordinate adaptive rates (003).
+
+    Adaptive: η_i = η / sqrt(Σ h g_i²) per linear coordinate (AdaGrad, seed 003 slide);
+    the dyadic rows share one rate per example, η / sqrt(mean of their rows' accumulators),
+    so that ã and b̃ keep a common u and the closed form of part I still applies.
+    """
+    eta = hyper[H_ETA]
+    if hyper[H_ADAPTIVE] == 0.0:
+        e = eta * (hyper[H_T0] / (hyper[H_T0] + G[0])) ** hyper[H_POWER]
+        return e, e, e, e
+    k = hyper[H_K]
+    if update:
+        GWR[s, r] += h * grad2
+        GWT[s, t] += h * grad2
+        GC[s] += h * grad2
+        if k > 0:
+            GA[s, r] += h * grad2 * bnorm2 / k
+            GB[s, t] += h * grad2 * anorm2 / k
+    er = eta / math.sqrt(1.0 + GWR[s, r])
+    et = eta / math.sqrt(1.0 + GWT[s, t])
+    ec = eta / math.sqrt(1.0 + GC[s])
+    ed = eta / math.sqrt(1.0 + 0.5 * (GA[s, r] + GB[s, t]))
+    return ed, er, et, ec
+
+
+@jit
+def _stats(A, B, s, r, t):
+    """(S₊, S₋, c0) of scorer s at (r, t)."""
+    sp = 0.0
+    sm = 0.0
+    c0 = 0.0
+    for d in range(A.shape[2]):
+        a = A[s, r, d]
+        b = B[s, t, d]
+        sp += (a + b) * (a + b)
+        sm += (a - b) * (a - b)
+        c0 += a * b
+    return 0.5 * sp, 0.5 * sm, c0
+
+
+@jit
+def _predict1(A, B, WR, WT, WC, s, r, t):
+    p = WR[s, r] + WT[s, t] + WC[s]
+    for d in range(A.shape[2]):
+        p += A[s, r, d] * B[s, t, d] - 1.0
+    return p
+
+
+@jit
+def _apply(A, B, WR, WT, WC, s, r, t, u, dec, sig_r, sig_t, sig_c):
+    cu = math.cosh(u)
+    su = math.sinh(u)
+    for d in range(A.shape[2]):
+        a = A[s, r, d]
+        b = B[s, t, d]
+        A[s, r, d] = dec * (a * cu + b * su)
+        B[s, t, d] = dec * (b * cu + a * su)
+    WR[s, r] += sig_r
+    WT[s, t] += sig_t
+    WC[s] += sig_c
+
+
+@jit
+def _norm2(M, s, i):
+    acc = 0.0
+    for d in range(M.shape[2]):
+        acc += M[s, i, d] * M[s, i, d]
+    return acc
+
+
+@jit
+def update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, si, sj, r, t, y, h):
+    """One importance-weighted update of p = f_si − f_sj (sj < 0: p = f_si) toward label y."""
+    loss = int(hyper[H_LOSS])
+    tau = hyper[H_TAU]
+    lam = hyper[H_L2]
+    sp, sm, c0 = _stats(A, B, si, r, t)
+    p0 = _predict1(A, B, WR, WT, WC, si, r, t)
+    if sj >= 0:
+        sp2, sm2, c2 = _stats(A, B, sj, r, t)
+        sp += sm2
+        sm += sp2
+        c0 -= c2
+        p0 -= _predict1(A, B, WR, WT, WC, sj, r, t)
+    g = _neg_dloss(loss, p0, y, tau)
+    if g == 0.0:
+        return
+    adaptive = hyper[H_ADAPTIVE] != 0.0
+    bn = _norm2(B, si, t) if adaptive else 0.0
+    an = _norm2(A, si, r) if adaptive else 0.0
+    ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, si, r, t, g * g, h, bn, an, True)
+    Q = er + et + ec
+    if sj >= 0:
+        bn2 = _norm2(B, sj, t) if adaptive else 0.0
+        an2 = _norm2(A, sj, r) if adaptive else 0.0
+        ed2, er2, et2, ec2 = _rates(
+            hyper, G, GWR, GWT, GC, GA, GB, sj, r, t, g * g, h, bn2, an2, True
+        )
+        ed = 0.5 * (ed + ed2)
+        Q += er2 + et2 + ec2
+    else:
+        er2 = et2 = ec2 = 0.0
+    if A.shape[2] == 0:
+        sp = sm = c0 = 0.0
+    sigma, h_eff = step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, ed, lam, hyper[H_ODE_TOL])
+    if sigma == 0.0 and h_eff == 0.0:
+        return
+    u = ed * sigma
+    dec = math.exp(-ed * lam * h_eff)
+    _apply(A, B, WR, WT, WC, si, r, t, u, dec, er * sigma, et * sigma, ec * sigma)
+    if sj >= 0:
+        _apply(A, B, WR, WT, WC, sj, r, t, -u, dec, -er2 * sigma, -et2 * sigma, -ec2 * sigma)
+
+
+@jit
+def _best_in(A, B, WR, WT, WC, r, t, lo, hi, K):
+    best = -1
+    bv = -np.inf
+    for c in range(lo, min(hi, K)):
+        v = _predict1(A, B, WR, WT, WC, c, r, t)
+        if v > bv:
+            bv = v
+            best = c
+    return best
+
+
+# reduction codes
+BINARY, OAA, TREE, ORDINAL = 0, 1, 2, 3
+
+
+@jit
+def learn_many(
+    A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, raters, tasks, labels, weights
+):
+    """Learn examples in array order (deterministic: sequential, no fastmath)."""
+    R = A.shape[1]
+    T = B.shape[1]
+    for n in range(raters.shape[0]):
+        r = _slot(raters[n], R)
+        t = _slot(tasks[n], T)
+        lab = labels[n]
+        h = weights[n]
+        if h <= 0.0:
+            continue
+        if reduction == BINARY:
+            update_pair(
+                A,
+                B,
+                WR,
+                WT,
+                WC,
+                G,
+                GWR,
+                GWT,
+                GC,
+                GA,
+                GB,
+                hyper,
+                0,
+                -1,
+                r,
+                t,
+                1.0 if lab == 1 else -1.0,
+                h,
+            )
+        elif reduction == ORDINAL:
+            update_pair(
+                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, 0, -1, r, t, float(lab), h
+            )
+        elif reduction == OAA:
+            for c in range(K):
+                update_pair(
+                    A,
+                    B,
+                    WR,
+                    WT,
+                    WC,
+                    G,
+                    GWR,
+                    GWT,
+                    GC,
+                    GA,
+                    GB,
+                    hyper,
+                    c,
+                    -1,
+                    r,
+                    t,
+                    1.0 if c == lab else -1.0,
+                    h,
+                )
+        else:
+            # scoring filter tree (seed 000, "Cost Sensitive Multi Label"): label lab meets the
+            # winner of the sibling subtree at each level; the node's classifier is
+            # 1[f_lab > f_opp], trained as p = f_lab − f_opp with label +1; training stops
+            # at the first level the label loses (the importance weights above it are 0).
+            width = 1
+            while True:
+                if width >= K:
+                    break
+                base = (lab // (2 * width)) * (2 * width)
+                sib = base + width if (lab - base) < width else base
+                opp = _best_in(A, B, WR, WT, WC, r, t, sib, sib + width, K)
+                if opp >= 0:
+                    update_pair(
+                        A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, lab, opp, r, t, 1.0, h
+                    )
+                    if _predict1(A, B, WR, WT, WC, lab, r, t) <= _predict1(
+                        A, B, WR, WT, WC, opp, r, t
+                    ):
+                        break
+                width *= 2
+        G[0] += h
+
+
+@jit
+def predict_many(A, B, WR, WT, WC, raters, tasks, out):
+    """out[n, s] = f_s(rater n, task n) for every scorer s."""
+    R = A.shape[1]
+    T = B.shape[1]
+    for n in range(raters.shape[0]):
+        r = _slot(raters[n], R)
+        t = _slot(tasks[n], T)
+        for s in range(out.shape[1]):
+            out[n, s] = _predict1(A, B, WR, WT, WC, s, r, t)
+
+
+@jit
+def _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, s, r, t, y, h):
+    """f_s after an update of scorer s alone with label y and weight h (no state change)."""
+    loss = int(hyper[H_LOSS])
+    sp, sm, c0 = _stats(A, B, s, r, t)
+    if A.shape[2] == 0:
+        sp = sm = c0 = 0.0
+    p0 = _predict1(A, B, WR, WT, WC, s, r, t)
+    ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, 0.0, 0.0, 0.0, 0.0, False)
+    sig, he = step_sigma(
+        loss, p0, y, hyper[H_TAU], h, sp, sm, c0, er + et + ec, ed, hyper[H_L2], hyper[H_ODE_TOL]
+    )
+    return p0 + delta_p(sig, he, sp, sm, c0, er + et + ec, ed, hyper[H_L2])
+
+
+@jit
+def h_min_many(
+    A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, raters, tasks, targets, out
+):
+    """Smallest importance weight of an example (r, t, target) that makes target predicted.
+
+    Binary and ordinal: part II's h_min(x, y) with x the decision boundary (ordinal: the
+    midpoint between the predicted and the target code). Filter tree: h_min(0, +1) of the
+    pairwise classifier f_target − f_best (the final match). One-against-all: each scorer
+    follows its own closed-form / ODE path; the crossing f_target(h) = f_best(h) is bisected.
+    """
+    R = A.shape[1]
+    T = B.shape[1]
+    loss = int(hyper[H_LOSS])
+    tau = hyper[H_TAU]
+    lam = hyper[H_L2]
+    tol = hyper[H_ODE_TOL]
+    for n in range(raters.shape[0]):
+        r = _slot(raters[n], R)
+        t = _slot(tasks[n], T)
+        tg = targets[n]
+        if reduction == BINARY or reduction == ORDINAL:  # noqa: SIM109 (numba)
+            p0 = _predict1(A, B, WR, WT, WC, 0, r, t)
+            if reduction == BINARY:
+                pred = 1 if p0 > 0.0 else 0
+                if pred == tg:
+                    out[n] = 0.0
+                    continue
+                y = 1.0 if tg == 1 else -1.0
+                x = 0.0
+            else:
+                pred = min(max(math.floor(p0 + 0.5), 0), K - 1)
+                if pred == tg:
+                    out[n] = 0.0
+                    continue
+                y = float(tg)
+                x = 0.5 * (pred + tg)
+            sp, sm, c0 = _stats(A, B, 0, r, t)
+            if A.shape[2] == 0:
+                sp = sm = c0 = 0.0
+            ed, er, et, ec = _rates(
+                hyper, G, GWR, GWT, GC, GA, GB, 0, r, t, 0.0, 0.0, 0.0, 0.0, False
+            )
+            out[n] = h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, er + et + ec, ed, lam, tol)
+            continue
+        best = _best_in(A, B, WR, WT, WC, r, t, 0, K, K)
+        if best == tg:
+            out[n] = 0.0
+            continue
+        if reduction == TREE:
+            sp, sm, c0 = _stats(A, B, tg, r, t)
+            sp2, sm2, c2 = _stats(A, B, best, r, t)
+            sp += sm2
+            sm += sp2
+            c0 -= c2
+            if A.shape[2] == 0:
+                sp = sm = c0 = 0.0
+            p0 = _predict1(A, B, WR, WT, WC, tg, r, t) - _predict1(A, B, WR, WT, WC, best, r, t)
+            ed, er, et, ec = _rates(
+                hyper, G, GWR, GWT, GC, GA, GB, tg, r, t, 0.0, 0.0, 0.0, 0.0, False
+            )
+            ed2, er2, et2, ec2 = _rates(
+                hyper, G, GWR, GWT, GC, GA, GB, best, r, t, 0.0, 0.0, 0.0, 0.0, False
+            )
+            out[n] = h_min_scalar(
+                loss,
+                p0,
+                1.0,
+                tau,
+                0.0,
+                sp,
+                sm,
+                c0,
+                er + et + ec + er2 + et2 + ec2,
+                0.5 * (ed + ed2),
+                lam,
+                tol,
+            )
+            continue
+        # OAA: bisection on the exact per-scorer paths
+        hi = 1e-6
+        found = False
+        for _ in range(120):
+            d = _scorer_path(
+                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, tg, r, t, 1.0, hi
+            ) - _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, best, r, t, -1.0, hi)
+            if d > 0.0:
+                found = True
+                break
+            hi *= 2.0
+        if not found:
+            out[n] = np.inf
+            continue
+        lo = 0.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            d = _scorer_path(
+                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, tg, r, t, 1.0, mid
+            ) - _scorer_path(
+                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, best, r, t, -1.0, mid
+            )
+            if d > 0.0:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-12 * hi:
+                break
+        out[n] = hi

@@ -1,0 +1,258 @@
+"""Dyadic rater-task model with importance-aware updates (issue 5; docs/dyadic.md).
+
+Predicts the label a rater gives a task from the two identifiers alone:
+p = a_r·b_t + α_r + β_t + c per binary scorer (seed 000 parts I-III), with a_r, b_t in R^k in
+hashed tables. Every example may carry an importance weight h; an update moves the parameters
+along the exact gradient flow of weight h (closed forms for hinge and τ-quantile loss with L2
+on the dyadic parameters, a one-dimensional ODE for squared and logistic loss). Multiclass
+labels reduce to binary (one-against-all or the scoring filter tree); ordinal labels use
+τ-quantile regression on the class code.
+
+The numba kernels are in ``core/_dyadic_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from core import _dyadic_kernels as _k
+
+LOSSES: dict[str, int] = {
+    "hinge": _k.HINGE,
+    "logistic": _k.LOGISTIC,
+    "squared": _k.SQUARED,
+    "quantile": _k.QUANTILE,
+}
+REDUCTIONS = ("oaa", "tree")
+_PERSON = b"crowdtally-d1"
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+def dyadic_id(name: str) -> int:
+    """A stable signed 64-bit id of a rater or task name (BLAKE2b, as core/hashing.py)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8, person=_PERSON).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def dyadic_ids(names: Iterable[str]) -> I64:
+    """Stable ids of many names; the model maps an id to slot ``id mod slots``."""
+    return np.fromiter((dyadic_id(n) for n in names), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class DyadicConfig:
+    """Settings of a dyadic model; everything that changes learning is here.
+
+    ``reduction`` matters only for ``n_classes > 2`` without ``ordinal`` ("oaa": one scorer
+    per class trained against all; "tree": the scoring filter tree). Binary problems use one
+    scorer (p > 0 means class 1); ordinal problems one τ-quantile regressor on the class code.
+    ``l2`` is λ of part III (dyadic parameters only, applied along each update's flow).
+    Learning rate: η_t = eta · (t0 / (t0 + t))^power, t the total importance weight seen;
+    with ``adaptive`` per-coordinate AdaGrad rates η / sqrt(1 + Σ h g²) instead (seed 003).
+    """
+
+    n_classes: int = 2
+    k: int = 2
+    loss: str = "hinge"
+    reduction: str = "oaa"
+    rater_slots: int = 1 << 16
+    task_slots: int = 1 << 18
+    eta: float = 0.5
+    t0: float = 1000.0
+    power: float = 0.5
+    adaptive: bool = False
+    l2: float = 0.0
+    tau: float = 0.5
+    ordinal: bool = False
+    init_scale: float = 0.1
+    seed: int = 0
+    ode_tol: float = 1e-10
+
+    def __post_init__(self) -> None:
+        if self.n_classes < 2:
+            raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+        if self.rater_slots < 1 or self.task_slots < 1:
+            raise ValueError("slot counts must be positive")
+        if not (self.eta > 0 and self.t0 > 0 and self.power >= 0):
+            raise ValueError("need eta > 0, t0 > 0, power >= 0")
+        if not 0.0 < self.tau < 1.0:
+            raise ValueError(f"tau must be in (0, 1), got {self.tau}")
+        if not 0.0 <= self.l2 <= min(self.tau, 1.0 - self.tau, 1.0):
+            # keeps each update's path monotone in h (docs/dyadic.md), so h_min is well defined
+            raise ValueError(f"l2 must be in [0, min(tau, 1 - tau)], got {self.l2}")
+        if self.ordinal and self.loss not in ("quantile", "squared"):
+            raise ValueError("ordinal labels need loss 'quantile' or 'squared'")
+        if not self.ordinal and self.loss == "quantile":
+            raise ValueError("loss 'quantile' is for ordinal labels (ordinal=True)")
+
+    @property
+    def reduction_code(self) -> int:
+        if self.ordinal:
+            return _k.ORDINAL
+        if self.n_classes == 2:
+            return _k.BINARY
+        return _k.OAA if self.reduction == "oaa" else _k.TREE
+
+    @property
+    def n_scorers(self) -> int:
+        return 1 if self.reduction_code in (_k.BINARY, _k.ORDINAL) else self.n_classes
+
+    def hyper_vector(self) -> F64:
+        h = np.zeros(9)
+        h[_k.H_ETA] = self.eta
+        h[_k.H_T0] = self.t0
+        h[_k.H_POWER] = self.power
+        h[_k.H_L2] = self.l2
+        h[_k.H_TAU] = self.tau
+        h[_k.H_ADAPTIVE] = 1.0 if self.adaptive else 0.0
+        h[_k.H_LOSS] = LOSSES[self.loss]
+        h[_k.H_K] = self.k
+        h[_k.H_ODE_TOL] = self.ode_tol
+        return h
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DyadicConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown DyadicConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+_ARRAY_NAMES = ("A", "B", "WR", "WT", "WC", "G", "GWR", "GWT", "GC", "GA", "GB")
+
+
+class DyadicModel:
+    """The dyadic model: hashed tables plus numba learning, prediction and h_min."""
+
+    def __init__(self, config: DyadicConfig) -> None:
+        self.config = config
+        S, R, T, k = config.n_scorers, config.rater_slots, config.task_slots, config.k
+        rng = np.random.default_rng(config.seed)
+        # change of variables (part II): ã = a + 1 starts at 1, with a small perturbation that
+        # breaks the symmetry between the k latent coordinates (part II breaks it at the first
+        # update; perturbing every slot up front is the same thing, and deterministic)
+        s = config.init_scale
+        self.A: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(S, R, k))
+        self.B: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(S, T, k))
+        self.WR: F64 = np.zeros((S, R))
+        self.WT: F64 = np.zeros((S, T))
+        self.WC: F64 = np.zeros(S)
+        self.G: F64 = np.zeros(1)  # total importance weight seen (the rate schedule's t)
+        ad = config.adaptive
+        self.GWR: F64 = np.zeros((S, R) if ad else (S, 0))
+        self.GWT: F64 = np.zeros((S, T) if ad else (S, 0))
+        self.GC: F64 = np.zeros(S)
+        self.GA: F64 = np.zeros((S, R) if ad else (S, 0))
+        self.GB: F64 = np.zeros((S, T) if ad else (S, 0))
+        self._hyper = config.hyper_vector()
+
+    def _tables(self) -> tuple[F64, ...]:
+        return (self.A, self.B, self.WR, self.WT, self.WC, self.G, self.GWR, self.GWT,
+                self.GC, self.GA, self.GB)  # fmt: skip
+
+    def learn_many(self, raters: I64, tasks: I64, labels: I64, weights: F64 | None = None) -> None:
+        """Learn the examples in array order; labels are class codes 0..n_classes-1."""
+        raters, tasks, labels = _i64(raters), _i64(tasks), _i64(labels)
+        n = raters.shape[0]
+        if tasks.shape[0] != n or labels.shape[0] != n:
+            raise ValueError("raters, tasks and labels must have the same length")
+        w = np.ones(n) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+        if w.shape[0] != n:
+            raise ValueError("weights must have the same length as labels")
+        if n and (labels.min() < 0 or labels.max() >= self.config.n_classes):
+            raise ValueError("labels must be class codes in [0, n_classes)")
+        if n and (not np.all(np.isfinite(w)) or w.min() < 0):
+            raise ValueError("weights must be finite and non-negative")
+        _k.learn_many(*self._tables(), self._hyper, self.config.reduction_code,
+                      self.config.n_classes, raters, tasks, labels, w)  # fmt: skip
+
+    def raw_scores(self, raters: I64, tasks: I64) -> F64:
+        """The scorers' outputs, shape (n, n_scorers)."""
+        raters, tasks = _i64(raters), _i64(tasks)
+        out = np.empty((raters.shape[0], self.config.n_scorers))
+        _k.predict_many(self.A, self.B, self.WR, self.WT, self.WC, raters, tasks, out)
+        return out
+
+    def predict(self, raters: I64, tasks: I64) -> tuple[I64, F64]:
+        """(labels, scores (n, n_classes)); the label is the argmax of the scores.
+
+        Binary: scores (−p, p). Ordinal: p is the predicted code, scores −|p − c|, the label
+        the nearest code. Multiclass: the per-class scorers (both reductions predict argmax:
+        a scoring filter tree's winner is the best score in the tournament).
+        """
+        raw = self.raw_scores(raters, tasks)
+        c = self.config
+        if c.reduction_code == _k.BINARY:
+            scores = np.concatenate([-raw, raw], axis=1)
+        elif c.reduction_code == _k.ORDINAL:
+            scores = -np.abs(raw - np.arange(c.n_classes, dtype=np.float64)[None, :])
+        else:
+            scores = raw
+        return np.argmax(scores, axis=1).astype(np.int64), scores
+
+    def h_min(self, raters: I64, tasks: I64, target: I64 | None = None) -> F64:
+        """Smallest importance weight of a (rater, task, target) example making target predicted.
+
+        ``target`` defaults to the next-best label; 0 where target is already predicted, inf
+        where no weight reaches it. Binary / ordinal: part II's h_min at the decision boundary.
+        """
+        raters, tasks = _i64(raters), _i64(tasks)
+        if target is None:
+            _, scores = self.predict(raters, tasks)
+            target = np.argsort(-scores, axis=1, kind="stable")[:, 1].astype(np.int64)
+        target = _i64(target)
+        out = np.empty(raters.shape[0])
+        _k.h_min_many(*self._tables(), self._hyper, self.config.reduction_code,
+                      self.config.n_classes, raters, tasks, target, out)  # fmt: skip
+        return out
+
+    def arrays(self) -> dict[str, F64]:
+        """The whole learned state (copies); ``from_arrays`` restores it bit for bit."""
+        return {name: getattr(self, name).copy() for name in _ARRAY_NAMES}
+
+    @classmethod
+    def from_arrays(cls, config: DyadicConfig, arrays: dict[str, np.ndarray]) -> DyadicModel:
+        model = cls.__new__(cls)
+        model.config = config
+        model._hyper = config.hyper_vector()
+        fresh_shapes = _shapes(config)
+        for name in _ARRAY_NAMES:
+            a = np.ascontiguousarray(arrays[name], dtype=np.float64).copy()
+            if a.shape != fresh_shapes[name]:
+                raise ValueError(
+                    f"array {name} has shape {a.shape}, config needs {fresh_shapes[name]}"
+                )
+            setattr(model, name, a)
+        return model
+
+
+def _shapes(c: DyadicConfig) -> dict[str, tuple[int, ...]]:
+    S, R, T = c.n_scorers, c.rater_slots, c.task_slots
+    ad = c.adaptive
+    return {
+        "A": (S, R, c.k), "B": (S, T, c.k), "WR": (S, R), "WT": (S, T), "WC": (S,), "G": (1,),
+        "GWR": (S, R if ad else 0), "GWT": (S, T if ad else 0), "GC": (S,),
+        "GA": (S, R if ad else 0), "GB": (S, T if ad else 0),
+    }  # fmt: skip
+
+
+def _i64(a: Any) -> I64:
+    return np.ascontiguousarray(a, dtype=np.int64)
