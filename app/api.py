@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from app import logs, metrics
 from app.auth import allows, ensure_admin_key, issue_key, key_hash
 from app.engine import EngineLoop
+from app.queue import QueueSettings
 from app.runtime import make_engine_loop, open_snapshot_db
 from app.schemas import (
     Accepted,
@@ -32,6 +33,7 @@ from app.schemas import (
     GoldIn,
     Hyperparameters,
     Item,
+    ItemIn,
     ItemLabel,
     ItemPage,
     KeyCreate,
@@ -41,6 +43,9 @@ from app.schemas import (
     ProjectCreate,
     ProjectCreated,
     ProjectStats,
+    QueueItem,
+    QueuePage,
+    QueueSettingsBody,
     Snapshot,
     Summary,
     Worker,
@@ -60,6 +65,7 @@ from app.views import (
     recompute_posterior,
     slot_rows,
 )
+from core.acquisition import value_of_information
 from core.nominal import NominalConfig
 
 log = logging.getLogger("crowdtally.api")
@@ -67,6 +73,7 @@ access = logging.getLogger("crowdtally.access")
 CACHE_S = 1.0
 _LABELS = TypeAdapter(list[LabelIn])
 _GOLD = TypeAdapter(list[GoldIn])
+_ITEMS = TypeAdapter(list[ItemIn])
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422)
 }
@@ -399,6 +406,49 @@ def _warm_up() -> None:
     cfg = NominalConfig(n_classes=2, n_worker_slots=1)
     item = {"labels": [["w", 0, 1.0]], "gold": None}
     recompute_posterior(cfg, item, Globals.parse(None, cfg), [None], [0])
+
+
+def _queue_for(
+    svc: Service, record: ProjectRecord, settings: QueueSettings, limit: int, worker: str | None
+) -> list[QueueItem]:
+    classes = record.labels
+    want = limit if worker is None else max(5 * limit, 50)
+    while True:
+        top = svc.store.read_queue(record.name, want)
+        blobs = svc.store.get_items(record.name, [name for name, _ in top])
+        rows = [
+            (name, score, orjson.loads(b)) for (name, score), b in zip(top, blobs, strict=True) if b
+        ]
+        if worker is not None:
+            rows = [r for r in rows if all(w != worker for w, _, _ in r[2]["labels"])]
+        if len(rows) >= limit or len(top) < want:
+            break
+        want *= 4  # this worker labelled many of the best: look further down
+    if worker is not None and settings.policy == "voi" and rows:
+        stats = svc.store.get_worker(record.name, worker)
+        if stats is not None:  # rank by what this worker's answer would tell
+            cfg = svc.config(record)
+            slot = orjson.loads(stats)["slot"]
+            gblob, row = svc.store.get_params(record.name, [slot])
+            conf = confusions(Globals.parse(gblob, cfg), slot_rows(row, cfg.n_classes))[0]
+            q = np.array([r[2]["posterior"] for r in rows])
+            own = value_of_information(q, conf)
+            order = np.argsort(-own, kind="stable")
+            rows = [(rows[i][0], float(own[i]), rows[i][2]) for i in order.tolist()]
+    out = []
+    for name, score, d in rows[:limit]:
+        q = d["posterior"]
+        best = int(np.argmax(q))
+        out.append(
+            QueueItem(
+                item=name,
+                score=score,
+                label=classes[best],
+                probability=q[best],
+                n_labels=len(d["labels"]),
+            )
+        )
+    return out
 
 
 DASHBOARD = Path(__file__).with_name("dashboard")
@@ -919,6 +969,101 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         if format == "csv":
             return StreamingResponse(csv_rows(), media_type="text/csv")
         return StreamingResponse(jsonl(), media_type="application/x-ndjson")
+
+    # ------------------------------------------------------------------ queue
+    @app.post(
+        "/v1/projects/{project}/items",
+        status_code=202,
+        operation_id="register_items",
+        tags=["queue"],
+        response_model=Accepted,
+        responses=_ERRORS,
+        dependencies=[require("write")],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/ItemIn"},
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def register_items(project: str, request: Request, wait: bool = False) -> Accepted:
+        """Items with no labels yet: they enter the queue."""
+        svc = _service(request)
+        svc.project(project)
+        items: list[ItemIn] = _parse_block(
+            await request.body(), _ITEMS, svc.settings.max_block_labels
+        )
+        payload = orjson.dumps({"items": [x.item for x in items]})
+        result = await _in_thread(svc.store.append, project, "items", payload, None)
+        applied = await _in_thread(_wait_applied, svc, project, result.position) if wait else False
+        return Accepted(
+            accepted=len(items), duplicates=0, position=result.position, applied=applied
+        )
+
+    @app.get(
+        "/v1/projects/{project}/queue/settings",
+        operation_id="get_queue_settings",
+        tags=["queue"],
+        response_model=QueueSettingsBody,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_queue_settings(project: str, request: Request) -> dict[str, Any]:
+        svc = _service(request)
+        svc.project(project)
+        blob = svc.store.queue_settings(project)
+        return orjson.loads(blob) if blob else QueueSettings().to_dict()
+
+    @app.put(
+        "/v1/projects/{project}/queue/settings",
+        status_code=202,
+        operation_id="set_queue_settings",
+        tags=["queue"],
+        response_model=Accepted,
+        responses=_ERRORS,
+        dependencies=[require("write")],
+    )
+    def set_queue_settings(
+        project: str, body: QueueSettingsBody, request: Request, wait: bool = False
+    ) -> Accepted:
+        svc = _service(request)
+        svc.project(project)
+        payload = orjson.dumps({"queue": body.model_dump()})
+        result = svc.store.append(project, "settings", payload, None)
+        applied = _wait_applied(svc, project, result.position) if wait else False
+        return Accepted(accepted=1, duplicates=0, position=result.position, applied=applied)
+
+    @app.get(
+        "/v1/projects/{project}/queue",
+        operation_id="get_queue",
+        tags=["queue"],
+        response_model=QueuePage,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def get_queue(
+        project: str,
+        request: Request,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+        worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    ) -> QueuePage:
+        """The items to label next, best first; finished items never appear. With ``worker``:
+        not the items this worker labelled, ranked by the worker's own confusion (voi)."""
+        svc = _service(request)
+        record = svc.project(project)
+        blob = svc.store.queue_settings(project)
+        settings = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+        items = _queue_for(svc, record, settings, limit, worker)
+        return QueuePage(
+            items=items, size=svc.store.queue_size(project), policy=settings.policy, worker=worker
+        )
 
     # ------------------------------------------------------------------ dashboard
     @app.get(

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
+from app.queue import QueueSettings
+from app.queue import scores as queue_scores
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
 
 if TYPE_CHECKING:
@@ -85,6 +87,9 @@ class ProjectEngine:
         self.worker_gold_right = np.empty(0, dtype=np.int64)
         self.position = 0
         self.computed_at = time.time()
+        self.queue_settings = QueueSettings()
+        self._queue_all = True
+        self._budget_spent = False
         self._dirty_items: set[int] = set()
         self._dirty_workers: set[int] = set()
         self._dirty_slots: set[int] = set()
@@ -107,6 +112,13 @@ class ProjectEngine:
             self._predict_all()
         elif entry.kind == "refit":
             self._refit()
+        elif entry.kind == "items":  # registered before any label: they enter the queue
+            codes, new = self.items.encode([str(x) for x in body["items"]])
+            self._grow_items(len(new))
+            self._dirty_items.update(codes.tolist())
+        elif entry.kind == "settings":
+            self.queue_settings = QueueSettings(**body["queue"])
+            self._queue_all = True
         # "snapshot" changes nothing: the engine loop snapshots the state it reaches
         self.position = entry.position
         self.computed_at = time.time()
@@ -286,13 +298,45 @@ class ProjectEngine:
         else:
             slots = sorted(self._dirty_slots)
         rows = {s: p.worker[s].tobytes() for s in slots}
-        items = self.items_json(np.array(sorted(self._dirty_items), dtype=np.int64))
+        dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
+        items = self.items_json(dirty)
+        queue, queue_remove = self._queue_update(dirty)
         workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
         self._dirty_items.clear()
         self._dirty_workers.clear()
         self._dirty_slots.clear()
         self._all_rows = False
-        return StateUpdate(self.position, self.globals_json(), rows, items, workers)
+        settings = orjson.dumps(self.queue_settings.to_dict())
+        return StateUpdate(
+            self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings
+        )
+
+    def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str]]:
+        """Scores of the items whose posterior or label count changed (all when the settings,
+        the budget or a sweep changed everything)."""
+        used = self.labels.n_labels
+        spent = self.queue_settings.budget is not None and used >= self.queue_settings.budget
+        if spent != self._budget_spent:
+            self._budget_spent, self._queue_all = spent, True
+        codes = np.arange(self.items_count, dtype=np.int64) if self._queue_all else dirty
+        self._queue_all = False
+        if not codes.size:
+            return {}, []
+        pop = self.model.params.population
+        confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
+        confusion /= confusion.sum(axis=1, keepdims=True)
+        s = queue_scores(
+            self.queue_settings,
+            self.q[codes],
+            self.labels.count[codes],
+            self.gold[codes],
+            used,
+            confusion,
+        )
+        names = self.items.names
+        keep = np.isfinite(s)
+        queue = {names[i]: v for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)}
+        return queue, [names[i] for i in codes[~keep].tolist()]
 
     def globals_json(self) -> bytes:
         p = self.model.params

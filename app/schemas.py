@@ -148,6 +148,34 @@ class WorkerPage(BaseModel):
     total: int
 
 
+class QueueSettingsBody(Strict):
+    """Which items the queue puts first, and when an item is finished (docs/active.md)."""
+
+    policy: Literal["voi", "uncertainty", "entropy", "margin", "uniform"] = "voi"
+    target_confidence: float = Field(0.95, gt=0, le=1)
+    max_labels_per_item: int | None = Field(None, ge=1)
+    budget: int | None = Field(None, ge=0, description="Labels to spend on the project in all.")
+
+
+class ItemIn(Strict):
+    item: ExternalId
+
+
+class QueueItem(BaseModel):
+    item: str
+    score: float = Field(description="Higher = label sooner (the policy's score).")
+    label: str
+    probability: float
+    n_labels: int
+
+
+class QueuePage(BaseModel):
+    items: list[QueueItem]
+    size: int = Field(description="Items in the queue (not finished).")
+    policy: str
+    worker: str | None
+
+
 class Histogram(BaseModel):
     edges: list[float]
     counts: list[int]

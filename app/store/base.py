@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-EntryKind = Literal["labels", "gold", "refine", "refit", "snapshot"]
+EntryKind = Literal["labels", "gold", "refine", "refit", "snapshot", "items", "settings"]
 Scope = Literal["admin", "read", "write"]
 
 
@@ -79,6 +79,11 @@ class StateUpdate:
     """Worker slots whose stored (scaled) deviation rows changed: slot -> float64 bytes."""
     items: dict[str, bytes] = field(default_factory=dict)
     workers: dict[str, bytes] = field(default_factory=dict)
+    queue: dict[str, float] = field(default_factory=dict)
+    """Active-learning scores of items that (still) need labels."""
+    queue_remove: list[str] = field(default_factory=list)
+    """Items that left the queue (finished)."""
+    queue_settings: bytes | None = None
 
 
 class Store(Protocol):
@@ -132,6 +137,14 @@ class Store(Protocol):
         ...
 
     def get_worker(self, project: str, worker: str) -> bytes | None: ...
+    def read_queue(self, project: str, count: int) -> list[tuple[str, float]]:
+        """The ``count`` highest-scored items, best first (ties: by item id)."""
+        ...
+
+    def queue_size(self, project: str) -> int: ...
+    def get_items(self, project: str, items: list[str]) -> list[bytes | None]: ...
+    def queue_settings(self, project: str) -> bytes | None: ...
+
     def all_workers(self, project: str) -> list[tuple[str, bytes]]: ...
     def ping(self) -> bool: ...
     def close(self) -> None: ...

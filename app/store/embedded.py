@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from app.db import upgrade
@@ -34,6 +35,9 @@ class _ProjectState:
         self.rows: dict[int, bytes] = {}
         self.items: dict[str, bytes] = {}
         self.workers: dict[str, bytes] = {}
+        self.queue: dict[str, float] = {}
+        self.queue_settings: bytes | None = None
+        self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
 
 
 class EmbeddedStore:
@@ -197,6 +201,13 @@ class EmbeddedStore:
             st.rows.update(update.rows)
             st.items.update(update.items)
             st.workers.update(update.workers)
+            if update.queue or update.queue_remove:
+                st.queue.update(update.queue)
+                for item in update.queue_remove:
+                    st.queue.pop(item, None)
+                st._ranked = None
+            if update.queue_settings is not None:
+                st.queue_settings = update.queue_settings
             st.applied = max(st.applied, update.position)
 
     def applied_position(self, project: str) -> int:
@@ -229,6 +240,31 @@ class EmbeddedStore:
     def get_worker(self, project: str, worker: str) -> bytes | None:
         st = self._state.get(project)
         return st.workers.get(worker) if st else None
+
+    def read_queue(self, project: str, count: int) -> list[tuple[str, float]]:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None or not st.queue:
+                return []
+            if st._ranked is None:  # rebuilt once per change of the queue
+                names = sorted(st.queue, reverse=True)  # ties: by item id, as Redis does
+                values = np.array([st.queue[n] for n in names])
+                order = np.argsort(-values, kind="stable")
+                st._ranked = ([names[i] for i in order.tolist()], values[order])
+            names, values = st._ranked
+            return [(names[i], float(values[i])) for i in range(min(count, len(names)))]
+
+    def queue_size(self, project: str) -> int:
+        st = self._state.get(project)
+        return len(st.queue) if st else 0
+
+    def get_items(self, project: str, items: list[str]) -> list[bytes | None]:
+        st = self._state.get(project)
+        return [st.items.get(i) for i in items] if st else [None] * len(items)
+
+    def queue_settings(self, project: str) -> bytes | None:
+        st = self._state.get(project)
+        return st.queue_settings if st else None
 
     def all_workers(self, project: str) -> list[tuple[str, bytes]]:
         with self._lock:

@@ -86,7 +86,7 @@ class RedisStore:
         pipe = self.r.pipeline()
         if doomed:
             pipe.hdel(self._keys_key, *doomed)
-        for what in ("ids", "log", "seq", "state", "rows", "items", "workers"):
+        for what in ("ids", "log", "seq", "state", "rows", "items", "workers", "queue"):
             pipe.delete(self._k(name, what))
         pipe.execute()
         return True
@@ -174,6 +174,12 @@ class RedisStore:
             pipe.hset(self._k(project, "items"), mapping=update.items)
         if update.workers:
             pipe.hset(self._k(project, "workers"), mapping=update.workers)
+        if update.queue:
+            pipe.zadd(self._k(project, "queue"), update.queue)
+        if update.queue_remove:
+            pipe.zrem(self._k(project, "queue"), *update.queue_remove)
+        if update.queue_settings is not None:
+            pipe.hset(state, "queue_settings", update.queue_settings)
         pipe.hset(state, "applied", update.position)
         pipe.execute()
 
@@ -201,6 +207,23 @@ class RedisStore:
 
     def get_worker(self, project: str, worker: str) -> bytes | None:
         blob: bytes | None = self.r.hget(self._k(project, "workers"), worker)
+        return blob
+
+    def read_queue(self, project: str, count: int) -> list[tuple[str, float]]:
+        rows = self.r.zrevrange(self._k(project, "queue"), 0, count - 1, withscores=True)
+        return [(k.decode(), float(v)) for k, v in rows]
+
+    def queue_size(self, project: str) -> int:
+        return int(self.r.zcard(self._k(project, "queue")))
+
+    def get_items(self, project: str, items: list[str]) -> list[bytes | None]:
+        if not items:
+            return []
+        blobs: list[bytes | None] = self.r.hmget(self._k(project, "items"), items)
+        return blobs
+
+    def queue_settings(self, project: str) -> bytes | None:
+        blob: bytes | None = self.r.hget(self._k(project, "state"), "queue_settings")
         return blob
 
     def all_workers(self, project: str) -> list[tuple[str, bytes]]:

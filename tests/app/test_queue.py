@@ -1,0 +1,117 @@
+"""The active-learning queue end to end, on both stores: registration, policies, stopping rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi.testclient import TestClient
+
+from tests.app.test_api import make_project
+
+
+def post(client: TestClient, key: dict[str, str], path: str, body: Any) -> Any:
+    r = client.post(
+        f"/v1/projects/census/{path}",
+        params={"wait": True},
+        content=orjson.dumps(body),
+        headers=key,
+    )
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def queue(client: TestClient, key: dict[str, str], **params: Any) -> Any:
+    r = client.get("/v1/projects/census/queue", params=params, headers=key)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def settings(client: TestClient, key: dict[str, str], **body: Any) -> None:
+    r = client.put(
+        "/v1/projects/census/queue/settings", params={"wait": True}, json=body, headers=key
+    )
+    assert r.status_code == 202, r.text
+
+
+def test_queue_loop(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, "items", [{"item": f"new{i}"} for i in range(5)])
+    q = queue(client, key, limit=10)
+    assert q["size"] == 5 and q["policy"] == "voi"
+    assert {x["item"] for x in q["items"]} == {f"new{i}" for i in range(5)} and all(
+        x["n_labels"] == 0 for x in q["items"]
+    )
+    # new0 gets 5 agreeing answers: confident, it leaves the queue; new1 gets a split vote
+    five = [{"item": "new0", "worker": f"w{j}", "label": "white"} for j in range(5)]
+    split = [
+        {"item": "new1", "worker": "w0", "label": "white"},
+        {"item": "new1", "worker": "w1", "label": "asian"},
+    ]
+    post(client, key, "labels", five + split)
+    q = queue(client, key, limit=10)
+    names = [x["item"] for x in q["items"]]
+    assert "new0" not in names and q["size"] == 4
+    scores = [x["score"] for x in q["items"]]
+    assert scores == sorted(scores, reverse=True)
+    # a worker is not offered items they labelled
+    mine = [x["item"] for x in queue(client, key, limit=10, worker="w0")["items"]]
+    assert "new1" not in mine and set(mine) == {"new2", "new3", "new4"}
+
+
+def test_stopping_rule_and_policies(client: TestClient) -> None:
+    key = make_project(client)
+    post(
+        client,
+        key,
+        "labels",
+        [
+            {"item": f"i{i}", "worker": f"w{j}", "label": "white"}
+            for i in range(6)
+            for j in range(i % 3)
+        ],
+    )
+    settings(client, key, policy="uniform", target_confidence=1.0)
+    q = queue(client, key, limit=10)
+    assert [x["n_labels"] for x in q["items"]] == [
+        1,
+        1,
+        2,
+        2,
+    ]  # fewest labels first (i0, i3 have none: not items yet)
+    settings(client, key, policy="uniform", target_confidence=1.0, max_labels_per_item=2)
+    assert [x["n_labels"] for x in queue(client, key, limit=10)["items"]] == [1, 1]
+    settings(client, key, policy="uncertainty", target_confidence=1.0, budget=6)
+    assert queue(client, key)["size"] == 0  # 6 labels spent: everything is finished
+    r = client.get("/v1/projects/census/queue/settings", headers=key).json()
+    assert r == {
+        "policy": "uncertainty",
+        "target_confidence": 1.0,
+        "max_labels_per_item": None,
+        "budget": 6,
+    }
+    r = client.put("/v1/projects/census/queue/settings", json={"policy": "random"}, headers=key)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "policy"
+
+
+def test_gold_items_leave_the_queue(client: TestClient) -> None:
+    key = make_project(client)
+    post(
+        client,
+        key,
+        "labels",
+        [
+            {"item": "a", "worker": "w1", "label": "white"},
+            {"item": "b", "worker": "w1", "label": "asian"},
+        ],
+    )
+    assert queue(client, key)["size"] == 2
+    post(client, key, "gold", [{"item": "a", "label": "white"}])
+    assert [x["item"] for x in queue(client, key)["items"]] == ["b"]
+
+
+def test_queue_needs_read_key_and_valid_limit(client: TestClient) -> None:
+    make_project(client)
+    assert client.get("/v1/projects/census/queue", headers={"Authorization": ""}).status_code == 401
+    r = client.get("/v1/projects/census/queue", params={"limit": 0})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "limit"
