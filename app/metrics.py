@@ -42,11 +42,15 @@ class _StoreCollector(Collector):
             "crowdtally_engine_lag_entries", "Log entries not yet applied", labels=["project"]
         )
         end = GaugeMetricFamily("crowdtally_log_position", "Last log position", labels=["project"])
+        queue = GaugeMetricFamily(
+            "crowdtally_queue_items", "Items that still need labels", labels=["project"]
+        )
         if svc is not None and svc.store.ping():
             for r in svc.store.list_projects():
                 e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
                 lag.add_metric([r.name], max(e - a, 0))
                 end.add_metric([r.name], e)
+                queue.add_metric([r.name], svc.store.queue_size(r.name))
         age = GaugeMetricFamily(
             "crowdtally_snapshot_age_seconds", "Age of the latest snapshot", labels=["project"]
         )
@@ -61,6 +65,7 @@ class _StoreCollector(Collector):
                 size.add_metric([name], info.size_bytes)
         yield lag
         yield end
+        yield queue
         yield age
         yield size
 

@@ -391,6 +391,7 @@ def test_operations_endpoints(client: TestClient) -> None:
     text = client.get("/metrics").text
     assert 'crowdtally_labels_total{outcome="accepted",project="census"}' in text
     assert 'crowdtally_engine_lag_entries{project="census"} 0.0' in text
+    assert 'crowdtally_queue_items{project="census"}' in text
 
 
 def test_openapi_has_stable_operation_ids(client: TestClient) -> None:
