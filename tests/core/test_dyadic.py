@@ -1,0 +1,322 @@
+"""The dyadic importance-aware model (core/dyadic.py; docs/dyadic.md; seed 000 parts I-III)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import _dyadic_kernels as kern
+from core.dyadic import DyadicConfig, DyadicModel, dyadic_ids
+
+LOSS = {
+    "hinge": kern.HINGE,
+    "logistic": kern.LOGISTIC,
+    "squared": kern.SQUARED,
+    "quantile": kern.QUANTILE,
+}
+TOL = 1e-10
+
+
+def _state(rng: np.random.Generator, k: int = 2) -> tuple[np.ndarray, np.ndarray, float]:
+    a = 1.0 + 0.6 * rng.standard_normal(k)
+    b = 1.0 + 0.6 * rng.standard_normal(k)
+    return a, b, float(rng.normal(0.0, 1.0))  # (ã0, b̃0, w·x)
+
+
+def _scal(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    return 0.5 * float((a + b) @ (a + b)), 0.5 * float((a - b) @ (a - b)), float(a @ b)
+
+
+def _after(loss: int, a, b, wx, y, tau, h, eta, lam, Q=3.0):  # type: ignore[no-untyped-def]
+    """Prediction after one real update (the kernels' step)."""
+    sp, sm, c0 = _scal(a, b)
+    p0 = c0 - a.size + wx
+    sig, he = kern.step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q * eta, eta, lam, TOL)
+    return p0 + kern.delta_p(sig, he, sp, sm, c0, Q * eta, eta, lam), p0
+
+
+# ------------------------------------------------------------ the flow is the exact gradient flow
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "squared", "quantile"])
+def test_update_equals_full_gradient_flow(loss: str) -> None:
+    """Part I: ã, b̃, w move along cosh/sinh of one scalar; check against RK4 on the full ODE."""
+    rng = np.random.default_rng(1)
+    eta, lam, tau = 0.3, (0.05 if loss in ("hinge", "quantile") else 0.0), 0.3
+    for _ in range(3):
+        a, b, wx = _state(rng)
+        y = float(rng.choice([-1.0, 1.0])) if loss != "quantile" else float(rng.normal(0, 2))
+        h = float(rng.uniform(0.1, 2.0))
+        p_closed, p0 = _after(LOSS[loss], a, b, wx, y, tau, h, eta, lam)
+
+        def rhs(state: np.ndarray, y: float = y) -> np.ndarray:
+            av, bv, w = state[:2], state[2:4], state[4:]
+            p = av @ bv - 2 + w.sum()
+            g = kern._neg_dloss(LOSS[loss], p, y, tau)  # −∂l/∂p
+            return np.concatenate([eta * g * bv - eta * lam * av, eta * g * av - eta * lam * bv,
+                                   eta * g * np.ones(3)])  # fmt: skip
+
+        state = np.concatenate([a, b, np.full(3, wx / 3)])
+        n = 4000
+        dt = h / n
+        for _ in range(n):  # RK4; hinge/quantile stop at the boundary like the closed form
+            k1 = rhs(state)
+            k2 = rhs(state + dt / 2 * k1)
+            k3 = rhs(state + dt / 2 * k2)
+            k4 = rhs(state + dt * k3)
+            new = state + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            pn = new[:2] @ new[2:4] - 2 + new[4:].sum()
+            if (loss == "hinge" and y * pn >= 1.0) or (
+                loss == "quantile" and (pn - y) * (p0 - y) <= 0
+            ):
+                break
+            state = new
+        p_ode = state[:2] @ state[2:4] - 2 + state[4:].sum()
+        assert p_closed == pytest.approx(p_ode, abs=2e-3 if loss in ("hinge", "quantile") else 1e-6)
+
+
+# ------------------------------------------------------------ invariance and safety (hypothesis)
+
+
+def _model(loss: str, l2: float, k: int = 2) -> DyadicModel:
+    ordinal = loss == "quantile"
+    cfg = DyadicConfig(n_classes=5 if ordinal else 2, k=k, loss=loss, ordinal=ordinal, l2=l2,
+                       eta=0.4, power=0.0, rater_slots=8, task_slots=8, tau=0.4)  # fmt: skip
+    return DyadicModel(cfg)
+
+
+def _warm(m: DyadicModel, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 30
+    m.learn_many(rng.integers(0, 8, n), rng.integers(0, 8, n),
+                 rng.integers(0, m.config.n_classes, n), rng.uniform(0.1, 1.0, n))  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loss=st.sampled_from(["hinge", "logistic", "squared", "quantile"]),
+    seed=st.integers(0, 10_000),
+    h1=st.floats(0.01, 3.0),
+    h2=st.floats(0.01, 3.0),
+    l2=st.sampled_from([0.0, 0.1]),
+    label=st.integers(0, 4),
+)
+def test_invariance_h1_then_h2_equals_h1_plus_h2(loss, seed, h1, h2, l2, label) -> None:  # type: ignore[no-untyped-def]
+    if loss in ("logistic", "squared"):
+        l2 = 0.0  # the seed's invariance argument: autonomous 1-D ODE (and closed forms with λ)
+    label = label % (5 if loss == "quantile" else 2)
+    one, two = _model(loss, l2), _model(loss, l2)
+    _warm(one, seed)
+    _warm(two, seed)
+    r, t, y = np.array([3]), np.array([5]), np.array([label])
+    one.learn_many(r, t, y, np.array([h1]))
+    one.learn_many(r, t, y, np.array([h2]))
+    two.learn_many(r, t, y, np.array([h1 + h2]))
+    rtol = 1e-9 if loss in ("hinge", "quantile") else 1e-6
+    for name in ("A", "B", "WR", "WT", "WC"):
+        np.testing.assert_allclose(one.arrays()[name], two.arrays()[name], rtol=rtol, atol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    loss=st.sampled_from(["hinge", "squared", "quantile"]),
+    seed=st.integers(0, 10_000),
+    h=st.floats(0.01, 1e4),
+    lam=st.sampled_from([0.0, 0.2]),
+)
+def test_safety_never_past_the_label(loss, seed, h, lam) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    a, b, wx = _state(rng)
+    y = float(rng.choice([-1.0, 1.0])) if loss != "quantile" else float(rng.normal(0, 3))
+    if loss == "squared":
+        lam = 0.0
+    p1, p0 = _after(LOSS[loss], a, b, wx, y, 0.5 if loss != "quantile" else 0.3, h, 2.0, lam)
+    assert np.isfinite(p1)
+    target = y  # hinge: the flow stops at y·p = 1; quantile/squared: at p = y
+    if loss == "hinge" and y * p0 >= 1:
+        assert p1 == p0
+        return
+    assert (p1 - p0) * (target - p0) >= 0  # moved toward the label
+    assert abs(p1 - p0) <= abs(target - p0) * (1 + 1e-9) + 1e-12  # and never past it
+
+
+# ------------------------------------------------------------ h_min against bisection
+
+
+def _bisect_h(
+    loss: int,
+    a: np.ndarray,
+    b: np.ndarray,
+    wx: float,
+    y: float,
+    tau: float,
+    x: float,
+    eta: float,
+    lam: float,
+) -> float:
+    """Smallest h whose *real update* brings the prediction to x (bisection, 1e-12 rel)."""
+    _, p0 = _after(loss, a, b, wx, y, tau, 0.0, eta, lam)
+    s = math.copysign(1.0, x - p0)
+
+    def reached(h: float) -> bool:
+        return bool(s * (_after(loss, a, b, wx, y, tau, h, eta, lam)[0] - x) >= 0)
+
+    hi = 1e-6
+    while not reached(hi):
+        hi *= 2
+        assert hi < 1e12
+    lo = 0.0
+    while hi - lo > 1e-12 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if reached(mid) else (mid, hi)
+    return hi
+
+
+@pytest.mark.parametrize(
+    ("loss", "lam", "cases"),
+    [("hinge", 0.0, 1000), ("hinge", 0.1, 1000), ("quantile", 0.0, 1000), ("quantile", 0.1, 1000),
+     ("logistic", 0.0, 1000), ("squared", 0.0, 1000), ("logistic", 0.1, 100)],
+)  # fmt: skip
+def test_h_min_agrees_with_bisection_over_real_updates(loss: str, lam: float, cases: int) -> None:
+    rng = np.random.default_rng(7)
+    code = LOSS[loss]
+    worst = 0.0
+    tau = 0.3
+    for _ in range(cases):
+        a, b, wx = _state(rng)
+        eta = float(rng.uniform(0.05, 1.0))
+        sp, sm, c0 = _scal(a, b)
+        p0 = c0 - 2 + wx
+        if loss == "quantile":
+            y = float(rng.normal(0, 3))
+            x = p0 + rng.uniform(0.05, 0.95) * (y - p0)
+        elif loss == "hinge":
+            y = -1.0 if p0 > 0 else 1.0  # the label that flips the prediction
+            x = 0.0 if rng.random() < 0.5 else p0 + rng.uniform(0.05, 0.95) * (y - p0)
+        elif loss == "squared":
+            y = float(rng.choice([-1.0, 1.0]))
+            x = p0 + rng.uniform(0.05, 0.95) * (y - p0)
+        else:
+            y = float(rng.choice([-1.0, 1.0]))
+            x = p0 + y * rng.uniform(0.05, 3.0)
+        if abs(x - p0) < 1e-3:
+            continue
+        hm = kern.h_min_scalar(code, p0, y, tau, x, sp, sm, c0, 3 * eta, eta, lam, TOL)
+        hb = _bisect_h(code, a, b, wx, y, tau, x, eta, lam)
+        worst = max(worst, abs(hm - hb) / hb)
+    assert worst <= 1e-6, worst
+
+
+def test_h_min_unreachable_and_zero() -> None:
+    a, b, wx = np.array([1.0, 1.1]), np.array([0.9, 1.0]), 0.5
+    sp, sm, c0 = _scal(a, b)
+    p0 = c0 - 2 + wx
+    assert (
+        kern.h_min_scalar(kern.HINGE, p0, 1.0, 0.5, p0 - 0.1, sp, sm, c0, 3.0, 1.0, 0.0, TOL)
+        == np.inf
+    )
+    assert (
+        kern.h_min_scalar(kern.SQUARED, p0, 1.0, 0.5, 1.5, sp, sm, c0, 3.0, 1.0, 0.0, TOL) == np.inf
+    )
+    assert kern.h_min_scalar(kern.LOGISTIC, p0, 1.0, 0.5, p0, sp, sm, c0, 3.0, 1.0, 0.0, TOL) == 0.0
+
+
+# ------------------------------------------------------------ the model
+
+
+def _synthetic(
+    n_raters: int = 40, n_tasks: int = 300, per_task: int = 6, K_: int = 4, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, K_, n_tasks)
+    good = rng.random(n_raters) < 0.7
+    r = np.concatenate([rng.choice(n_raters, per_task, replace=False) for _ in range(n_tasks)])
+    t = np.repeat(np.arange(n_tasks), per_task)
+    acc = np.where(good[r], 0.85, 0.35)
+    y = np.where(rng.random(r.size) < acc, truth[t], rng.integers(0, K_, r.size))
+    perm = rng.permutation(r.size)  # a random order: the test tail shares raters and tasks
+    return r[perm].astype(np.int64), t[perm].astype(np.int64), y[perm].astype(np.int64)
+
+
+@pytest.mark.parametrize("reduction", ["oaa", "tree"])
+def test_multiclass_learns_and_h_min_flips(reduction: str) -> None:
+    r, t, y = _synthetic()
+    m = DyadicModel(DyadicConfig(n_classes=4, k=2, reduction=reduction, eta=0.3,
+                                 rater_slots=64, task_slots=512))  # fmt: skip
+    n = r.size * 7 // 8
+    for _ in range(5):
+        m.learn_many(r[:n], t[:n], y[:n], np.ones(n))
+    lab, scores = m.predict(r[n:], t[n:])
+    assert scores.shape == (r.size - n, 4)
+    assert np.mean(lab == y[n:]) > 0.5  # chance 0.25, majority class ≈ 0.25
+    hm = m.h_min(r[n : n + 20], t[n : n + 20])
+    assert np.all(hm > 0) and np.all(np.isfinite(hm))
+    if reduction == "oaa":  # OAA's h_min is exact: the label flips right there
+        target = np.argsort(-scores[:20], axis=1, kind="stable")[:, 1]
+        for j in range(20):
+            for f, flipped in ((1 + 1e-6, True), (1 - 1e-6, False)):
+                c = DyadicModel.from_arrays(m.config, m.arrays())
+                c.learn_many(r[n + j : n + j + 1], t[n + j : n + j + 1], target[j : j + 1],
+                             np.array([hm[j] * f]))  # fmt: skip
+                assert (
+                    c.predict(r[n + j : n + j + 1], t[n + j : n + j + 1])[0][0] == target[j]
+                ) == flipped
+
+
+@pytest.mark.parametrize(
+    ("loss", "ordinal"), [("hinge", False), ("logistic", False), ("quantile", True)]
+)
+def test_model_h_min_is_the_flip_point(loss: str, ordinal: bool) -> None:
+    r, t, y = _synthetic(K_=2 if not ordinal else 5, seed=3)
+    m = DyadicModel(DyadicConfig(n_classes=5 if ordinal else 2, k=2, loss=loss, ordinal=ordinal,
+                                 eta=0.3, rater_slots=64, task_slots=512))  # fmt: skip
+    m.learn_many(r, t, y, np.ones(r.size))
+    hm = m.h_min(r[:30], t[:30])
+    lab, scores = m.predict(r[:30], t[:30])
+    target = np.argsort(-scores, axis=1, kind="stable")[:, 1]
+    for j in range(30):
+        if not np.isfinite(hm[j]):
+            continue
+        for f, flipped in ((1 + 1e-6, True), (1 - 1e-6, False)):
+            c = DyadicModel.from_arrays(m.config, m.arrays())
+            c.learn_many(r[j : j + 1], t[j : j + 1], target[j : j + 1], np.array([hm[j] * f]))
+            assert (c.predict(r[j : j + 1], t[j : j + 1])[0][0] == target[j]) == flipped
+    assert np.all(m.h_min(r[:30], t[:30], lab) == 0.0)
+
+
+def test_snapshot_round_trip_is_bit_identical_and_deterministic() -> None:
+    r, t, y = _synthetic(seed=5)
+    cfg = DyadicConfig(n_classes=4, k=3, adaptive=True, l2=0.01, rater_slots=32, task_slots=128)
+    m1, m2 = DyadicModel(cfg), DyadicModel(cfg)
+    w = np.random.default_rng(0).uniform(0.5, 2.0, r.size)
+    half = r.size // 2
+    m1.learn_many(r, t, y, w)
+    m2.learn_many(r[:half], t[:half], y[:half], w[:half])
+    restored = DyadicModel.from_arrays(DyadicConfig.from_dict(cfg.to_dict()), m2.arrays())
+    restored.learn_many(r[half:], t[half:], y[half:], w[half:])
+    for name, arr in m1.arrays().items():
+        assert np.array_equal(arr, restored.arrays()[name]), name
+    with pytest.raises(ValueError):
+        DyadicModel.from_arrays(DyadicConfig(n_classes=4, k=2), m1.arrays())
+
+
+def test_config_validation_and_ids() -> None:
+    cfg = DyadicConfig(n_classes=3, k=1, reduction="tree")
+    assert DyadicConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ({"loss": "nope"}, {"reduction": "x"}, {"l2": 0.9}, {"loss": "quantile"},
+                {"n_classes": 1}, {"tau": 1.0}):  # fmt: skip
+        with pytest.raises(ValueError):
+            DyadicConfig(**bad)
+    with pytest.raises(ValueError):
+        DyadicConfig.from_dict({"n_classes": 2, "bogus": 1})
+    ids = dyadic_ids(["ann", "bob", "ann"])
+    assert ids[0] == ids[2] != ids[1] and ids.dtype == np.int64
+    m = DyadicModel(DyadicConfig(rater_slots=7, task_slots=5))
+    with pytest.raises(ValueError):
+        m.learn_many(ids, ids, np.array([0, 1, 2]), np.ones(3))
+    m.learn_many(ids, ids, np.array([0, 1, 1]), np.ones(3))  # negative hashed ids are fine
+    assert m.predict(ids, ids)[1].shape == (3, 2)
