@@ -379,6 +379,10 @@ def _root() -> None:
     """crowdtally: online label aggregation for crowdsourcing."""
 
 
+from app.transfer import register  # noqa: E402  (import/export over HTTP)
+
+register(app)
+
 # typer >= 0.29 carries its own copy of click: usage errors may come from either.
 _CLICKS = [
     click.exceptions,

@@ -1,0 +1,599 @@
+"""Reading crowdsourcing exports into label records, for ``crowdtally import``.
+
+Formats: generic CSV / TSV / JSONL with a column mapping, crowd-kit CSV (``task,worker,label``),
+Toloka result TSV, Mechanical Turk batch results CSV and Label Studio JSON exports. Each
+source row becomes a ``Record`` whose ``id`` is derived from the source (a Toloka or MTurk
+assignment, a Label Studio annotation, the content of a generic row), so importing the same
+file again, or a later export that repeats it, counts every answer once.
+
+Problems raise ``app.triples.InputError`` (``FILE:LINE: reason``), before anything is sent.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.triples import MAX_ID_LENGTH, InputError
+
+FORMATS = ("auto", "csv", "tsv", "jsonl", "crowdkit", "toloka", "mturk", "labelstudio")
+MAP_KEYS = ("item", "worker", "label", "id", "weight", "gold")
+_SKIP_STATUS = {"REJECTED", "SKIPPED", "EXPIRED"}  # Toloka and MTurk (upper-cased)
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One answer (``gold=False``) or one known answer for an item (``gold=True``, no worker)."""
+
+    item: str
+    worker: str
+    label: str
+    id: str | None
+    weight: float = 1.0
+    gold: bool = False
+    line: int | None = None
+
+
+@dataclass
+class Parsed:
+    format: str
+    records: list[Record] = field(default_factory=list)
+    skipped: int = 0
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[Record]:
+        return [r for r in self.records if not r.gold]
+
+    @property
+    def gold(self) -> list[Record]:
+        return [r for r in self.records if r.gold]
+
+    def skip(self, reason: str) -> None:
+        self.skipped += 1
+        self.skip_reasons[reason] = self.skip_reasons.get(reason, 0) + 1
+
+
+def parse_map(text: str | None) -> dict[str, str]:
+    """``item=col,worker=col,...`` into a dict (keys from ``MAP_KEYS``)."""
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for part in text.split(","):
+        key, sep, column = part.partition("=")
+        key, column = key.strip(), column.strip()
+        if not sep or not column or key not in MAP_KEYS:
+            raise InputError(
+                "--map",
+                None,
+                f"expected key=column with key one of {', '.join(MAP_KEYS)}; got {part!r}",
+            )
+        out[key] = column
+    return out
+
+
+def _hash_id(kind: str, *parts: str) -> str:
+    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+    return f"{kind}:{digest}"
+
+
+def _source_id(kind: str, *parts: str) -> str:
+    text = f"{kind}:" + ":".join(parts)
+    return text if len(text) <= MAX_ID_LENGTH else _hash_id(kind, *parts)
+
+
+def _name(path: Path, line: int | None, what: str, value: Any) -> str:
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise InputError(path, line, f"empty {what}")
+    if len(text) > MAX_ID_LENGTH:
+        raise InputError(path, line, f"{what} is longer than {MAX_ID_LENGTH} characters")
+    return text
+
+
+def _weight(path: Path, line: int, value: Any) -> float:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return 1.0
+    try:
+        w = float(value)
+    except (TypeError, ValueError):
+        raise InputError(path, line, f"weight {value!r} is not a number") from None
+    if not math.isfinite(w) or w < 0:
+        raise InputError(path, line, f"weight {value!r} must be a finite number >= 0")
+    return w
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, None, "is a folder, not a file") from None
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise InputError(path, line, "not UTF-8 text") from None
+
+
+def detect(path: Path, text: str) -> str:
+    """The format of a file, from its first bytes, its header and its name."""
+    head = text.lstrip()[:1]
+    suffix = path.suffix.lower()
+    if head == "[" or (suffix == ".json" and head == "{"):
+        return "labelstudio"
+    if head == "{" or suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    first = text.splitlines()[0] if text else ""
+    delimiter = "\t" if "\t" in first or suffix == ".tsv" else ","
+    columns = {c.strip().strip('"') for c in next(csv.reader([first], delimiter=delimiter), [])}
+    if any(c.startswith(("INPUT:", "OUTPUT:", "ASSIGNMENT:")) for c in columns):
+        return "toloka"
+    if {"HITId", "WorkerId", "AssignmentId"} <= columns:
+        return "mturk"
+    if "task" in columns and {"worker", "label"} <= columns:
+        return "crowdkit"
+    return "tsv" if delimiter == "\t" else "csv"
+
+
+def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None = None) -> Parsed:
+    """Parse ``path`` (``format`` one of ``FORMATS``) into records."""
+    path = Path(path)
+    if format not in FORMATS:
+        raise InputError(
+            "--format", None, f"unknown format {format!r}: one of {', '.join(FORMATS)}"
+        )
+    text = _text(path)
+    if not text.strip():
+        raise InputError(path, None, "the file is empty")
+    kind = detect(path, text) if format == "auto" else format
+    mapping = dict(mapping or {})
+    if kind in ("csv", "tsv", "crowdkit"):
+        delimiter = "\t" if kind == "tsv" or (kind == "crowdkit" and _tabbed(text)) else ","
+        parsed = _tabular(path, text, delimiter, mapping, kind)
+    elif kind == "jsonl":
+        parsed = _jsonl(path, text, mapping)
+    elif kind == "toloka":
+        parsed = _toloka(path, text, mapping)
+    elif kind == "mturk":
+        parsed = _mturk(path, text, mapping)
+    else:
+        parsed = _labelstudio(path, text, mapping)
+    if not parsed.records:
+        raise InputError(
+            path, None, f"no answers found ({kind} format; {parsed.skipped} rows skipped)"
+        )
+    _check_gold(path, parsed.records)
+    return parsed
+
+
+def _tabbed(text: str) -> bool:
+    return "\t" in text.split("\n", 1)[0]
+
+
+def _check_gold(path: Path, records: list[Record]) -> None:
+    seen: dict[str, Record] = {}
+    for r in records:
+        if not r.gold:
+            continue
+        before = seen.setdefault(r.item, r)
+        if before.label != r.label:
+            raise InputError(
+                path,
+                r.line,
+                f"item {r.item!r} has gold {r.label!r} here and {before.label!r} on line {before.line}",
+            )
+
+
+# ---------------------------------------------------------------------- tables
+
+
+def _rows(text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number where the row starts, fields) of every non-blank row."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    start = 1
+    for row in reader:
+        if any(f.strip() for f in row):
+            yield start, row
+        start = reader.line_num + 1
+
+
+def _header(path: Path, rows: Iterator[tuple[int, list[str]]]) -> tuple[int, dict[str, int]]:
+    try:
+        line, names = next(rows)
+    except StopIteration:
+        raise InputError(path, None, "no header row") from None
+    index: dict[str, int] = {}
+    for n, name in enumerate(names):
+        index.setdefault(name.strip(), n)
+    return line, index
+
+
+def _column(
+    path: Path, line: int, index: dict[str, int], mapping: dict[str, str], key: str, *defaults: str
+) -> int | None:
+    """The column for ``key``: the mapped name (which must exist) or the first default present."""
+    if key in mapping:
+        name = mapping[key]
+        if name not in index:
+            raise InputError(
+                path, line, f"--map {key}={name}: no such column (columns: {', '.join(index)})"
+            )
+        return index[name]
+    return next((index[d] for d in defaults if d in index), None)
+
+
+def _need(path: Path, line: int, col: int | None, key: str, index: dict[str, int]) -> int:
+    if col is None:
+        raise InputError(
+            path,
+            line,
+            f"no {key} column: name it with --map {key}=COLUMN (columns: {', '.join(index)})",
+        )
+    return col
+
+
+def _cell(row: list[str], col: int | None) -> str:
+    return row[col].strip() if col is not None and col < len(row) else ""
+
+
+def _tabular(path: Path, text: str, delimiter: str, mapping: dict[str, str], kind: str) -> Parsed:
+    rows = _rows(text, delimiter)
+    hline, index = _header(path, rows)
+    item_c = _need(
+        path, hline, _column(path, hline, index, mapping, "item", "item", "task"), "item", index
+    )
+    worker_c = _need(
+        path, hline, _column(path, hline, index, mapping, "worker", "worker"), "worker", index
+    )
+    label_c = _need(
+        path, hline, _column(path, hline, index, mapping, "label", "label"), "label", index
+    )
+    id_c = _column(path, hline, index, mapping, "id", "id")
+    weight_c = _column(path, hline, index, mapping, "weight", "weight")
+    gold_c = _column(path, hline, index, mapping, "gold")
+    parsed = Parsed(kind)
+    seen: dict[tuple[str, str, str], int] = {}
+    for line, row in rows:
+        if len(row) < len(index):
+            raise InputError(path, line, f"expected {len(index)} fields, got {len(row)}")
+        item = _name(path, line, "item", _cell(row, item_c))
+        gold = _cell(row, gold_c)
+        if gold:
+            parsed.records.append(
+                Record(item, "", _name(path, line, "gold", gold), None, gold=True, line=line)
+            )
+        raw_label = _cell(row, label_c)
+        if not raw_label and gold:
+            continue  # a gold-only row
+        worker = _name(path, line, "worker", _cell(row, worker_c))
+        label = _name(path, line, "label", raw_label)
+        given = _cell(row, id_c)
+        if given:
+            rid = _name(path, line, "id", given)
+        else:  # the n-th occurrence of this answer in the file
+            n = seen[item, worker, label] = seen.get((item, worker, label), 0) + 1
+            rid = _hash_id("row", item, worker, label, str(n))
+        weight = _weight(path, line, _cell(row, weight_c)) if weight_c is not None else 1.0
+        parsed.records.append(Record(item, worker, label, rid, weight, line=line))
+    return parsed
+
+
+def _jsonl(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
+    parsed = Parsed("jsonl")
+    keys = {k: mapping.get(k, k) for k in MAP_KEYS}
+    seen: dict[tuple[str, str, str], int] = {}
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, line, f"not JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise InputError(path, line, "expected a JSON object per line")
+        item_v = obj.get(keys["item"], obj.get("task") if "item" not in mapping else None)
+        item = _name(path, line, "item", item_v)
+        if obj.get(keys["gold"]) not in (None, ""):
+            gold = _name(path, line, "gold", obj[keys["gold"]])
+            parsed.records.append(Record(item, "", gold, None, gold=True, line=line))
+            if obj.get(keys["label"]) in (None, ""):
+                continue
+        worker = _name(path, line, "worker", obj.get(keys["worker"]))
+        label = _name(path, line, "label", obj.get(keys["label"]))
+        if obj.get(keys["id"]) not in (None, ""):
+            rid = _name(path, line, "id", obj[keys["id"]])
+        else:
+            n = seen[item, worker, label] = seen.get((item, worker, label), 0) + 1
+            rid = _hash_id("row", item, worker, label, str(n))
+        weight = _weight(path, line, obj.get(keys["weight"]))
+        parsed.records.append(Record(item, worker, label, rid, weight, line=line))
+    return parsed
+
+
+# ---------------------------------------------------------------------- Toloka
+
+
+def _only(path: Path, line: int, index: dict[str, int], prefix: str, key: str) -> str:
+    names = [c for c in index if c.startswith(prefix)]
+    if len(names) != 1:
+        found = ", ".join(names) or "none"
+        raise InputError(
+            path,
+            line,
+            f"cannot tell the {key} column among the {prefix} columns ({found}): give --map {key}=COLUMN",
+        )
+    return names[0]
+
+
+def _toloka(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
+    rows = _rows(text, "\t")
+    hline, index = _header(path, rows)
+    m = dict(mapping)
+    m.setdefault("item", _only(path, hline, index, "INPUT:", "item"))
+    m.setdefault("label", _only(path, hline, index, "OUTPUT:", "label"))
+    m.setdefault("worker", "ASSIGNMENT:worker_id")
+    item_c = _column(path, hline, index, m, "item")
+    label_c = _column(path, hline, index, m, "label")
+    worker_c = _column(path, hline, index, m, "worker")
+    golden = "GOLDEN:" + m["label"].removeprefix("OUTPUT:")
+    gold_c = _column(path, hline, index, m, "gold", golden)
+    id_c = _column(path, hline, index, m, "id", "ASSIGNMENT:assignment_id")
+    task_c = index.get("ASSIGNMENT:task_id")
+    status_c = index.get("ASSIGNMENT:status")
+    parsed = Parsed("toloka")
+    for line, row in rows:
+        item = _name(path, line, "item", _cell(row, item_c))
+        gold = _cell(row, gold_c)
+        if gold:
+            parsed.records.append(Record(item, "", gold, None, gold=True, line=line))
+        status = _cell(row, status_c).upper()
+        label = _cell(row, label_c)
+        if status in _SKIP_STATUS:
+            parsed.skip(status.lower())
+            continue
+        if not label:
+            parsed.skip("no answer")
+            continue
+        worker = _name(path, line, "worker", _cell(row, worker_c))
+        assignment = _cell(row, id_c)
+        if not assignment:
+            raise InputError(path, line, "no assignment id (ASSIGNMENT:assignment_id)")
+        rid = _source_id("toloka", assignment, _cell(row, task_c) or item)
+        parsed.records.append(
+            Record(item, worker, _name(path, line, "label", label), rid, line=line)
+        )
+    return parsed
+
+
+# ---------------------------------------------------------------------- Mechanical Turk
+
+
+def _answer_columns(index: dict[str, int]) -> list[str]:
+    return [c for c in index if c.startswith("Answer.")]
+
+
+def _radio_name(column: str) -> str:
+    name = column.removeprefix("Answer.").removesuffix(".on")
+    return name.rsplit(".", 1)[-1]
+
+
+def _task_answers(path: Path, line: int, value: str) -> str:
+    """``Answer.taskAnswers`` of crowd-html-elements: ``[{"q": {"label": "x"}}]`` or radio ``on``s."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError:
+        raise InputError(path, line, "Answer.taskAnswers is not JSON") from None
+    if isinstance(data, list):
+        data = data[0] if data else {}
+    if not isinstance(data, dict):
+        raise InputError(path, line, "Answer.taskAnswers: expected an object")
+    chosen = [k for k, v in data.items() if isinstance(v, dict) and v.get("on") is True]
+    labels = [v["label"] for v in data.values() if isinstance(v, dict) and "label" in v]
+    plain = [
+        v for v in data.values() if isinstance(v, str | int | float) and not isinstance(v, bool)
+    ]
+    found = chosen or labels or plain
+    if len(found) != 1:
+        raise InputError(
+            path,
+            line,
+            f"Answer.taskAnswers: expected one answer, found {len(found)}: give --map label=Answer.<field>",
+        )
+    return str(found[0])
+
+
+def _mturk(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
+    rows = list(_rows(text, ","))
+    if not rows:
+        raise InputError(path, None, "no header row")
+    hline, names = rows[0]
+    index = {n.strip(): k for k, n in reversed(list(enumerate(names)))}
+    body = rows[1:]
+    item_c = _need(
+        path, hline, _column(path, hline, index, mapping, "item", "HITId"), "item", index
+    )
+    worker_c = _need(
+        path, hline, _column(path, hline, index, mapping, "worker", "WorkerId"), "worker", index
+    )
+    id_c = _need(
+        path, hline, _column(path, hline, index, mapping, "id", "AssignmentId"), "id", index
+    )
+    gold_c = _column(path, hline, index, mapping, "gold")
+    status_c = index.get("AssignmentStatus")
+    label_c: int | None = _column(path, hline, index, mapping, "label")
+    radios: list[str] = []
+    if label_c is None:
+        answers = _answer_columns(index)
+        if not answers:
+            raise InputError(path, hline, "no Answer.* column")
+        boolean = all(
+            _cell(row, index[c]).lower() in _TRUE | _FALSE for c in answers for _, row in body
+        )
+        if len(answers) > 1 and boolean:
+            radios = answers  # one radio button per column, true on the chosen one
+        elif len(answers) == 1:
+            label_c = index[answers[0]]
+        else:
+            raise InputError(
+                path,
+                hline,
+                f"several answer columns ({', '.join(answers)}): give --map label=COLUMN",
+            )
+    json_answers = label_c is not None and names[label_c].strip() == "Answer.taskAnswers"
+    parsed = Parsed("mturk")
+    for line, row in body:
+        item = _name(path, line, "item", _cell(row, item_c))
+        gold = _cell(row, gold_c)
+        if gold:
+            parsed.records.append(Record(item, "", gold, None, gold=True, line=line))
+        status = _cell(row, status_c).upper()
+        if status in _SKIP_STATUS:
+            parsed.skip(status.lower())
+            continue
+        if radios:
+            chosen = [c for c in radios if _cell(row, index[c]).lower() in _TRUE]
+            if len(chosen) > 1:
+                raise InputError(path, line, f"{len(chosen)} answers chosen: {', '.join(chosen)}")
+            label = _radio_name(chosen[0]) if chosen else ""
+        elif json_answers:
+            value = _cell(row, label_c)
+            label = _task_answers(path, line, value) if value else ""
+        else:
+            label = _cell(row, label_c)
+        if not label:
+            parsed.skip("no answer")
+            continue
+        worker = _name(path, line, "worker", _cell(row, worker_c))
+        rid = _source_id("mturk", _name(path, line, "assignment id", _cell(row, id_c)))
+        parsed.records.append(
+            Record(item, worker, _name(path, line, "label", label), rid, line=line)
+        )
+    return parsed
+
+
+# ---------------------------------------------------------------------- Label Studio
+
+
+def _json_array(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """(line of the element's start, element) of a top-level JSON array, element by element."""
+    decoder = json.JSONDecoder()
+    pos = len(text) - len(text.lstrip())
+    if text[pos : pos + 1] == "{":  # a single task
+        obj, _ = _decode(path, text, decoder, pos)
+        yield text.count("\n", 0, pos) + 1, obj
+        return
+    pos += 1
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            raise InputError(path, text.count("\n") + 1, "the JSON array is not closed")
+        if text[pos] == "]":
+            return
+        obj, end = _decode(path, text, decoder, pos)
+        yield text.count("\n", 0, pos) + 1, obj
+        pos = end
+
+
+def _decode(path: Path, text: str, decoder: json.JSONDecoder, pos: int) -> tuple[Any, int]:
+    try:
+        return decoder.raw_decode(text, pos)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, exc.lineno, f"not JSON: {exc.msg}") from None
+
+
+def _annotator(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("email") or value.get("id")
+    return None if value is None else str(value)
+
+
+def _choice(path: Path, line: int, results: Any, control: str | None) -> str | None:
+    if not isinstance(results, list):
+        raise InputError(path, line, "annotation 'result' is not a list")
+    found = [
+        r
+        for r in results
+        if isinstance(r, dict)
+        and isinstance(r.get("value"), dict)
+        and "choices" in r["value"]
+        and (control is None or r.get("from_name") == control)
+    ]
+    if not found:
+        return None
+    controls = {r.get("from_name") for r in found}
+    if len(controls) > 1:
+        raise InputError(
+            path,
+            line,
+            f"choices from several controls ({', '.join(map(str, controls))}): give --map label=<from_name>",
+        )
+    choices = found[0]["value"]["choices"]
+    if not isinstance(choices, list) or len(choices) != 1:
+        raise InputError(
+            path,
+            line,
+            f"{len(choices) if isinstance(choices, list) else 'no'} choices in one answer: one label per answer is supported",
+        )
+    return str(choices[0])
+
+
+def _labelstudio(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
+    parsed = Parsed("labelstudio")
+    item_key = mapping.get("item")
+    control = mapping.get("label")
+    for line, task in _json_array(path, text):
+        if not isinstance(task, dict):
+            raise InputError(path, line, "expected a Label Studio task object")
+        if item_key is None:
+            raw_item = task.get("id")
+        else:
+            key = item_key.removeprefix("data.")
+            raw_item = (task.get("data") or {}).get(key, task.get(item_key))
+        item = _name(path, line, "item (the task id, or --map item=data.FIELD)", raw_item)
+        annotations = task.get("annotations", task.get("completions", []))
+        if not isinstance(annotations, list):
+            raise InputError(path, line, "'annotations' is not a list")
+        for k, ann in enumerate(annotations):
+            if not isinstance(ann, dict):
+                raise InputError(path, line, f"annotation {k} is not an object")
+            if ann.get("was_cancelled"):
+                parsed.skip("cancelled")
+                continue
+            label = _choice(path, line, ann.get("result", []), control)
+            if label is None:
+                parsed.skip("no choice")
+                continue
+            label = _name(path, line, "label", label)
+            if ann.get("ground_truth"):
+                parsed.records.append(Record(item, "", label, None, gold=True, line=line))
+                continue
+            worker = _annotator(ann.get("completed_by"))
+            if worker is None:
+                raise InputError(path, line, f"annotation {k} has no completed_by")
+            ann_id = ann.get("id")
+            key = str(ann_id) if ann_id is not None else f"{task.get('id')}.{k}"
+            rid = _source_id("labelstudio", str(task.get("id", item)), key)
+            parsed.records.append(
+                Record(item, _name(path, line, "worker", worker), label, rid, line=line)
+            )
+    return parsed
+
+
+def distinct_labels(records: list[Record]) -> list[str]:
+    """The label names seen, in numeric order when all are integers, else sorted."""
+    names = {r.label for r in records}
+    try:
+        return sorted(names, key=int)
+    except ValueError:
+        return sorted(names)

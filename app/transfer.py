@@ -1,0 +1,474 @@
+"""``crowdtally import`` and ``crowdtally export``: files to and from a running service, over HTTP.
+
+Only HTTP: these commands work against any crowdtally service (``--url``), local or remote,
+with a key from ``--key`` or ``CROWDTALLY_KEY``. Imports are resumable: every label carries an
+id derived from its source (``app.importers``), so a re-run after a failure, or an import of a
+later export that repeats earlier rows, counts each answer once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+
+from app import importers
+from app.importers import Record
+from app.triples import InputError, read_truth
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUS = {429, 500, 502, 503, 504}
+RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
+
+
+class ServiceError(ValueError):
+    """The service refused a request or could not be reached (``crowdtally`` exits 2)."""
+
+
+def _http(url: str, key: str | None) -> httpx.Client:
+    headers = {"Content-Type": "application/json", "User-Agent": "crowdtally-cli"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120.0)
+
+
+# Tests swap this for a factory of in-process clients (fastapi's TestClient is an httpx.Client).
+make_http: Callable[[str, str | None], httpx.Client] = _http
+
+
+def _p(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _error_text(resp: httpx.Response) -> tuple[str, int | None]:
+    try:
+        err = resp.json()["error"]
+        return f"{resp.status_code} {err['code']}: {err['message']}", err.get("entry")
+    except (ValueError, KeyError, TypeError):
+        return f"{resp.status_code}: {resp.text[:300]}", None
+
+
+def call(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    params: dict[str, Any] | None = None,
+    retry: bool = True,
+    retries: int | None = None,
+) -> httpx.Response:
+    """A request; connection errors, 429 and 5xx are retried with back-off when ``retry``
+    (``retries`` times, default ``RETRIES``: 5, ``--retries`` of the commands)."""
+    retries = RETRIES.get() if retries is None else retries
+    content = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if body is not None else None
+    for attempt in range(retries + 1):
+        last = attempt == retries or not retry
+        try:
+            resp = http.request(method, path, content=content, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            if last:
+                raise ServiceError(f"cannot reach {http.base_url}: {exc}") from None
+        else:
+            if resp.status_code not in RETRY_STATUS or last:
+                return resp
+        time.sleep(min(0.25 * 2**attempt, 8.0) * (0.5 + random.random() / 2))
+    raise AssertionError("unreachable")
+
+
+def _check(resp: httpx.Response, what: str) -> None:
+    if resp.status_code >= 400:
+        raise ServiceError(f"{what}: {_error_text(resp)[0]}")
+
+
+# ---------------------------------------------------------------------- import
+
+
+@dataclass
+class ImportResult:
+    format: str
+    labels: int
+    accepted: int
+    duplicates: int
+    gold: int
+    skipped: int
+    blocks: int
+    created: bool
+    seconds: float
+
+
+def _ensure_project(
+    http: httpx.Client,
+    project: str,
+    create_with: list[str] | None,
+    parsed: importers.Parsed,
+    path: Path,
+) -> tuple[list[str], bool]:
+    created = False
+    if create_with is not None:
+        resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
+        if resp.status_code == 201:
+            created = True
+        elif resp.status_code != 409:
+            _check(resp, f"creating project {project!r}")
+    resp = call(http, "GET", f"/v1/projects/{_p(project)}")
+    if resp.status_code == 404 and create_with is None:
+        raise ServiceError(
+            f"no project named {project!r}: create it, or pass --create-with-labels a,b,c (admin key)"
+        )
+    _check(resp, f"project {project!r}")
+    classes: list[str] = resp.json()["labels"]
+    known = set(classes)
+    for r in parsed.records:
+        if r.label not in known:
+            what = "gold label" if r.gold else "label"
+            raise InputError(
+                path,
+                r.line,
+                f"{what} {r.label!r} is not one of project {project!r}'s labels {classes}",
+            )
+    return classes, created
+
+
+def run_import(
+    http: httpx.Client,
+    path: Path,
+    project: str,
+    *,
+    format: str = "auto",
+    mapping: dict[str, str] | None = None,
+    create_with: list[str] | None = None,
+    auto_labels: bool = False,
+    truth: Path | None = None,
+    batch_size: int = 1000,
+    wait: bool = True,
+    progress: bool = False,
+) -> ImportResult:
+    """Parse ``path`` and post its labels (then gold) to ``project``; returns the tallies."""
+    t0 = time.perf_counter()
+    parsed = importers.read(path, format, mapping)
+    if truth is not None:
+        parsed.records.extend(
+            Record(item, "", label, None, gold=True) for item, label in read_truth(truth).items()
+        )
+    if auto_labels:
+        create_with = importers.distinct_labels(parsed.records)
+    _ensure_project(http, project, create_with, parsed, path)
+    labels, gold = parsed.labels, parsed.gold
+    blocks = [labels[k : k + batch_size] for k in range(0, len(labels), batch_size)]
+    accepted = duplicates = 0
+    with _progress(progress, len(labels), f"import {path.name}") as advance:
+        for n, block in enumerate(blocks):
+            body = [_label_json(r) for r in block]
+            last = n == len(blocks) - 1
+            params = {"wait": "true"} if wait and last and not gold else None
+            resp = call(
+                http, "POST", f"/v1/projects/{_p(project)}/labels", body=body, params=params
+            )
+            if resp.status_code >= 400:
+                text, entry = _error_text(resp)
+                line = block[entry].line if entry is not None and entry < len(block) else None
+                raise InputError(path, line, f"the service refused this block: {text} "
+                                 f"({accepted + duplicates} labels were accepted before it; re-run to resume)")  # fmt: skip
+            got = resp.json()
+            accepted += got["accepted"]
+            duplicates += got["duplicates"]
+            advance(len(block))
+    if gold:
+        # Gold has no ids in the API; posting it again sets the same answers (idempotent for
+        # the posteriors, though workers' gold tallies count it again).
+        items = {r.item: r.label for r in gold}
+        body_all = [{"item": i, "label": lab} for i, lab in items.items()]
+        for k in range(0, len(body_all), batch_size):
+            last = k + batch_size >= len(body_all)
+            resp = call(
+                http,
+                "POST",
+                f"/v1/projects/{_p(project)}/gold",
+                body=body_all[k : k + batch_size],
+                params={"wait": "true"} if wait and last else None,
+                retry=False,
+            )
+            _check(resp, "posting gold")
+    return ImportResult(
+        format=parsed.format,
+        labels=len(labels),
+        accepted=accepted,
+        duplicates=duplicates,
+        gold=len({r.item for r in gold}),
+        skipped=parsed.skipped,
+        blocks=len(blocks),
+        created=create_with is not None,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _label_json(r: Record) -> dict[str, Any]:
+    d: dict[str, Any] = {"item": r.item, "worker": r.worker, "label": r.label}
+    if r.id is not None:
+        d["id"] = r.id
+    if r.weight != 1.0:
+        d["weight"] = r.weight
+    return d
+
+
+class _NoProgress:
+    def __enter__(self) -> Callable[[int], None]:
+        return lambda n: None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _RichProgress:
+    def __init__(self, total: int, title: str) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task(title, total=total)
+
+    def __enter__(self) -> Callable[[int], None]:
+        self.progress.start()
+        return lambda n: self.progress.advance(self.task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def _progress(show: bool, total: int, title: str) -> _NoProgress | _RichProgress:
+    return _RichProgress(total, title) if show else _NoProgress()
+
+
+# ---------------------------------------------------------------------- export
+
+WHAT = ("posteriors", "labels", "workers")
+
+
+def _lines(http: httpx.Client, project: str, format: str) -> Iterator[str]:
+    with http.stream(
+        "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
+    ) as resp:
+        if resp.status_code >= 400:
+            resp.read()
+            _check(resp, f"export of {project!r}")
+        yield from resp.iter_lines()
+
+
+def _workers(http: httpx.Client, project: str, confusion: bool) -> Iterator[dict[str, Any]]:
+    offset = 0
+    while True:
+        resp = call(
+            http,
+            "GET",
+            f"/v1/projects/{_p(project)}/workers",
+            params={"limit": 10000, "offset": offset, "order": "best"},
+        )
+        _check(resp, f"workers of {project!r}")
+        page = resp.json()
+        for w in page["workers"]:
+            if confusion:
+                one = call(http, "GET", f"/v1/projects/{_p(project)}/workers/{_p(w['worker'])}")
+                _check(one, f"worker {w['worker']!r}")
+                w = one.json()
+            yield w
+        offset += len(page["workers"])
+        if not page["workers"] or offset >= page["total"]:
+            return
+
+
+def run_export(
+    http: httpx.Client,
+    project: str,
+    out: Path,
+    *,
+    what: str = "posteriors",
+    format: str = "csv",
+    confusion: bool = False,
+    progress: bool = False,
+) -> int:
+    """Write ``what`` of ``project`` to ``out``; returns the number of rows written."""
+    if what not in WHAT:
+        raise InputError("--what", None, f"one of {', '.join(WHAT)}, got {what!r}")
+    if format not in ("csv", "jsonl"):
+        raise InputError("--format", None, f"csv or jsonl, got {format!r}")
+    resp = call(http, "GET", f"/v1/projects/{_p(project)}")
+    _check(resp, f"project {project!r}")
+    classes: list[str] = resp.json()["labels"]
+    n = 0
+    tmp = out.with_name(out.name + ".part")
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        if what == "posteriors":
+            for line in _lines(http, project, format):
+                if line.strip():
+                    f.write(line + "\n")
+                    n += 1
+            n -= 1 if format == "csv" and n else 0
+        elif what == "labels":
+            writer = csv.writer(f) if format == "csv" else None
+            if writer:
+                writer.writerow(["item", "label", "probability", "n_labels", "gold"])
+            for line in _lines(http, project, "jsonl"):
+                if not line.strip():
+                    continue
+                x = json.loads(line)
+                best = {k: x[k] for k in ("item", "label", "probability", "n_labels", "gold")}
+                if writer:
+                    writer.writerow([*list(best.values())[:4], best["gold"] or ""])
+                else:
+                    f.write(json.dumps(best) + "\n")
+                n += 1
+        else:
+            fields = [
+                "worker",
+                "accuracy",
+                "informativeness",
+                "n_labels",
+                "gold_labels",
+                "gold_accuracy",
+            ]
+            conf_cols = [f"{t}->{a}" for t in classes for a in classes] if confusion else []
+            writer = csv.writer(f) if format == "csv" else None
+            if writer:
+                writer.writerow(fields + conf_cols)
+            for w in _workers(http, project, confusion):
+                if writer:
+                    row: list[Any] = [w[k] if w[k] is not None else "" for k in fields]
+                    if confusion:
+                        row += [w["confusion"][t][a] for t in classes for a in classes]
+                    writer.writerow(row)
+                else:
+                    keep = fields + (["confusion"] if confusion else [])
+                    f.write(json.dumps({k: w.get(k) for k in keep}) + "\n")
+                n += 1
+    tmp.replace(out)
+    return n
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def _key(key: str | None) -> str | None:
+    return key or os.environ.get("CROWDTALLY_KEY") or None
+
+
+def import_command(
+    file: Annotated[Path, typer.Argument(help="The file to import.")],
+    project: Annotated[str, typer.Option("--project", "-p", help="Project to post to.")],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help=f"One of {', '.join(importers.FORMATS)}.")
+    ] = "auto",
+    map_: Annotated[
+        str | None,
+        typer.Option(
+            "--map",
+            help="Columns: item=COL,worker=COL,label=COL,id=COL,weight=COL,gold=COL "
+            "(Label Studio: item=data.FIELD, label=<from_name>).",
+        ),
+    ] = None,
+    url: Annotated[str, typer.Option("--url", help="The service.")] = DEFAULT_URL,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="API key (write, or admin to create); else CROWDTALLY_KEY."),
+    ] = None,
+    create_with_labels: Annotated[
+        str | None,
+        typer.Option(
+            "--create-with-labels",
+            help="Create the project (admin key) with these labels, comma-separated; "
+            "'auto': the labels in the file. An existing project is used as it is.",
+        ),
+    ] = None,
+    truth: Annotated[
+        Path | None, typer.Option("--truth", help="Also post gold answers from an item,label CSV.")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=10000, help="Labels per POST.")
+    ] = 1000,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = True,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+    ] = 5,
+) -> None:
+    """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
+    auto = create_with_labels is not None and create_with_labels.strip() == "auto"
+    create = (
+        [s.strip() for s in create_with_labels.split(",") if s.strip()]
+        if create_with_labels is not None and not auto
+        else None
+    )
+    RETRIES.set(retries)
+    with make_http(url, _key(key)) as http:
+        r = run_import(
+            http,
+            file,
+            project,
+            format=format,
+            mapping=importers.parse_map(map_),
+            create_with=create,
+            auto_labels=auto,
+            truth=truth,
+            batch_size=batch_size,
+            progress=progress,
+        )
+    skipped = f", {r.skipped} rows skipped" if r.skipped else ""
+    print(
+        f"{file}: {r.format}, {r.labels:,} labels in {r.blocks} blocks: {r.accepted:,} new, "
+        f"{r.duplicates:,} already there; {r.gold:,} gold{skipped}; {r.seconds:.2f}s"
+    )
+
+
+def export_command(
+    project: Annotated[str, typer.Option("--project", "-p", help="Project to export.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    what: Annotated[
+        str, typer.Option("--what", help="posteriors (every class), labels (best), or workers.")
+    ] = "posteriors",
+    format: Annotated[str, typer.Option("--format", "-f", help="csv or jsonl.")] = "csv",
+    confusion: Annotated[
+        bool,
+        typer.Option("--confusion", help="Workers: add confusion matrices (a GET per worker)."),
+    ] = False,
+    url: Annotated[str, typer.Option("--url", help="The service.")] = DEFAULT_URL,
+    key: Annotated[
+        str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
+    ] = None,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+    ] = 5,
+) -> None:
+    """Write a project's posteriors, labels or workers to a CSV or JSONL file."""
+    RETRIES.set(retries)
+    with make_http(url, _key(key)) as http:
+        n = run_export(http, project, output, what=what, format=format, confusion=confusion)
+    print(f"{output}: {n:,} {what if what != 'posteriors' else 'items'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import")(import_command)
+    app.command("export")(export_command)

@@ -1,0 +1,58 @@
+"""Python client for the crowdtally service: ``Client`` (sync) and ``AsyncClient`` (asyncio).
+
+Retries with exponential back-off on connection errors, 429 and 5xx; large label lists go in
+blocks; ``iter_items`` follows the cursor; ``to_pandas`` gives crowd-kit-shaped frames.
+"""
+
+from crowdtally_client._core import (
+    ApiError,
+    CrowdtallyError,
+    RetryPolicy,
+    TransportError,
+    auto_id,
+    prepare_labels,
+)
+from crowdtally_client.client import AsyncClient, Client, parse_jsonl
+from crowdtally_client.models import (
+    Accepted,
+    Gold,
+    Item,
+    ItemLabel,
+    ItemPage,
+    KeyCreated,
+    Label,
+    PostResult,
+    Project,
+    ProjectCreated,
+    ProjectStats,
+    Snapshot,
+    Worker,
+    WorkerPage,
+)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Accepted",
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "CrowdtallyError",
+    "Gold",
+    "Item",
+    "ItemLabel",
+    "ItemPage",
+    "KeyCreated",
+    "Label",
+    "PostResult",
+    "Project",
+    "ProjectCreated",
+    "ProjectStats",
+    "RetryPolicy",
+    "Snapshot",
+    "TransportError",
+    "Worker",
+    "WorkerPage",
+    "auto_id",
+    "parse_jsonl",
+    "prepare_labels",
+]

@@ -1,0 +1,201 @@
+"""What the sync and async clients share: label preparation, batching, retries, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from crowdtally_client.models import Gold, Label
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_BATCH = 1_000
+MAX_BATCH = 10_000  # the service's default limit of labels per block
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+LabelLike = Label | Mapping[str, Any] | Sequence[Any]
+IdMode = Literal["auto"] | None
+
+
+class CrowdtallyError(Exception):
+    """Base class of the client's errors."""
+
+
+class ApiError(CrowdtallyError):
+    """The service answered with an error: ``status``, ``code``, ``message``, ``entry``, ``field``.
+
+    For a ``post_labels`` call split into blocks, ``entry`` is the index in the caller's whole
+    input, and ``sent`` holds what the blocks before the failing one did (already applied).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        entry: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.entry, self.field = (
+            status,
+            code,
+            message,
+            entry,
+            field,
+        )
+        self.sent: Any = None
+
+
+class TransportError(CrowdtallyError):
+    """The service could not be reached (after the retries)."""
+
+
+def auto_id(item: str, worker: str, label: str, position: int, namespace: str = "") -> str:
+    """A deterministic label id: the same input at the same position gives the same id."""
+    text = "\x1f".join((namespace, item, worker, label, str(position)))
+    return "auto-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _from_frame(labels: Any) -> list[dict[str, Any]] | None:
+    """A pandas DataFrame (crowd-kit's ``task, worker, label`` or ``item, worker, label``)."""
+    columns = getattr(labels, "columns", None)
+    if columns is None or not hasattr(labels, "to_dict"):
+        return None
+    cols = set(columns)
+    item_col = "task" if "task" in cols else "item"
+    missing = {item_col, "worker", "label"} - cols
+    if missing:
+        raise ValueError(f"the DataFrame lacks the columns {sorted(missing)}")
+    keep = [c for c in (item_col, "worker", "label", "id", "weight") if c in cols]
+    rows: list[dict[str, Any]] = labels[keep].to_dict("records")
+    if item_col == "task":
+        for r in rows:
+            r["item"] = r.pop("task")
+    return rows
+
+
+def prepare_labels(
+    labels: Iterable[LabelLike] | Any, ids: IdMode = None, namespace: str = ""
+) -> list[dict[str, Any]]:
+    """Labels as JSON-ready dicts; accepts models, mappings, (item, worker, label[, weight])
+    tuples or a pandas DataFrame. ``ids="auto"`` fills missing ids with ``auto_id``."""
+    if ids not in (None, "auto"):
+        raise ValueError("ids must be None or 'auto'")
+    rows = _from_frame(labels)
+    source: Iterable[Any] = rows if rows is not None else labels
+    out: list[dict[str, Any]] = []
+    for n, x in enumerate(source):
+        if isinstance(x, Label):
+            d = x.model_dump(exclude_none=True)
+        elif isinstance(x, Mapping):
+            d = {k: v for k, v in x.items() if v is not None}
+        elif isinstance(x, Sequence) and not isinstance(x, str) and 3 <= len(x) <= 4:
+            d = {"item": x[0], "worker": x[1], "label": x[2]}
+            if len(x) == 4:
+                d["weight"] = x[3]
+        else:
+            raise ValueError(f"label {n}: expected a Label, a mapping or a tuple, got {x!r}")
+        for k in ("item", "worker", "label", "id"):
+            if k in d:
+                d[k] = str(d[k])
+        if "weight" in d:
+            d["weight"] = float(d["weight"])
+            if d["weight"] == 1.0:
+                del d["weight"]
+        if ids == "auto" and "id" not in d:
+            try:
+                d["id"] = auto_id(d["item"], d["worker"], d["label"], n, namespace)
+            except KeyError as exc:
+                raise ValueError(f"label {n}: no {exc.args[0]!r}") from None
+        out.append(d)
+    return out
+
+
+def prepare_gold(gold: Iterable[Gold | Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, str]]:
+    out = []
+    for x in gold:
+        if isinstance(x, Gold):
+            out.append(x.model_dump())
+        elif isinstance(x, Mapping):
+            out.append({"item": str(x["item"]), "label": str(x["label"])})
+        else:
+            out.append({"item": str(x[0]), "label": str(x[1])})
+    return out
+
+
+def check_batch(batch_size: int) -> int:
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValueError(f"batch_size must be within 1..{MAX_BATCH}, got {batch_size}")
+    return batch_size
+
+
+@dataclass
+class RetryPolicy:
+    """Exponential back-off: ``backoff * 2**attempt`` seconds (jittered, capped at ``max_backoff``).
+
+    Connection failures before the request went out and 429 are always retried; other
+    transport errors and 5xx only for idempotent requests (GETs, DELETEs, label blocks whose
+    labels all carry ids).
+    """
+
+    retries: int = 5
+    backoff: float = 0.25
+    max_backoff: float = 8.0
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        if response is not None:
+            after = response.headers.get("retry-after")
+            if after:
+                try:
+                    return min(float(after), self.max_backoff)
+                except ValueError:
+                    pass
+        d = min(self.backoff * 2.0**attempt, self.max_backoff)
+        return d / 2 + random.random() * d / 2
+
+    def should_retry_status(self, status: int, attempt: int, idempotent: bool) -> bool:
+        if attempt >= self.retries or status not in RETRY_STATUS:
+            return False
+        return idempotent or status == 429
+
+    def should_retry_exc(self, exc: httpx.TransportError, attempt: int, idempotent: bool) -> bool:
+        if attempt >= self.retries:
+            return False
+        return idempotent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+def raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()["error"]
+        raise ApiError(
+            response.status_code,
+            str(body.get("code", "error")),
+            str(body.get("message", "")),
+            body.get("entry"),
+            body.get("field"),
+        )
+    except (ValueError, KeyError, TypeError):
+        raise ApiError(response.status_code, "http_error", response.text[:500]) from None
+
+
+def dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def headers(key: str | None) -> dict[str, str]:
+    h = {"Content-Type": "application/json", "User-Agent": "crowdtally-client/0.1"}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    return h
+
+
+def blocks(entries: list[dict[str, Any]], size: int) -> list[tuple[int, list[dict[str, Any]]]]:
+    return [(start, entries[start : start + size]) for start in range(0, len(entries), size)]

@@ -1,0 +1,134 @@
+"""Typed models of the service's requests and answers (mirrors the service's OpenAPI schema).
+
+Answers are parsed leniently (unknown fields are kept, not rejected) so that a newer server
+does not break an older client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Label(BaseModel):
+    """One answer to post: ``weight`` defaults to 1; give ``id`` to make re-sends count once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item: str
+    worker: str
+    label: str
+    id: str | None = None
+    weight: float = 1.0
+
+
+class Gold(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    item: str
+    label: str
+
+
+class ProjectStats(_Answer):
+    log_end: int
+    applied: int
+    lag: int
+    n_items: int
+    n_workers: int
+    n_labels: int
+
+
+class Project(_Answer):
+    name: str
+    labels: list[str]
+    hyperparameters: dict[str, Any]
+    worker_slots: int
+    created_at: str
+    stats: ProjectStats
+
+
+class ProjectCreated(Project):
+    api_key: str
+
+
+class KeyCreated(_Answer):
+    api_key: str
+    key_id: str
+    scope: str
+    project: str
+
+
+class Accepted(_Answer):
+    accepted: int
+    duplicates: int
+    position: int
+    applied: bool
+
+
+class PostResult(_Answer):
+    """The sum over the blocks one ``post_labels`` call sent."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    position: int = Field(0, description="Log position of the last block.")
+    applied: bool = Field(True, description="Every block applied (wait=True).")
+    blocks: int = 0
+
+
+class ItemLabel(_Answer):
+    worker: str
+    label: str
+    weight: float
+
+
+class Item(_Answer):
+    item: str
+    label: str
+    probability: float
+    posterior: dict[str, float]
+    n_labels: int
+    gold: str | None = None
+    labels: list[ItemLabel] | None = None
+    computed_at: str
+    position: int
+
+
+class ItemPage(_Answer):
+    items: list[Item]
+    next_cursor: str | None = None
+
+
+class Worker(_Answer):
+    worker: str
+    accuracy: float
+    informativeness: float
+    confusion: dict[str, dict[str, float]] | None = Field(
+        None, description="confusion[true][answer] = P(answer | true)."
+    )
+    n_labels: int
+    gold_labels: int
+    gold_accuracy: float | None = None
+    slot: int
+    computed_at: str
+
+
+class WorkerPage(_Answer):
+    workers: list[Worker]
+    total: int
+
+
+class Snapshot(_Answer):
+    id: int
+    project: str
+    position: int
+    created_at: str
+    age_s: float
+    n_items: int
+    n_workers: int
+    n_labels: int
+    size_bytes: int

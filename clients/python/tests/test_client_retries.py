@@ -1,0 +1,93 @@
+"""Retries and back-off, with a scripted transport (the other tests use a live service)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from crowdtally_client import ApiError, AsyncClient, Client, TransportError
+
+ACCEPTED = {"accepted": 1, "duplicates": 0, "position": 1, "applied": False}
+
+
+def scripted(answers: list[object], seen: list[httpx.Request]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, httpx.Response)
+        return answer
+
+    return httpx.MockTransport(handler)
+
+
+def fast(transport: httpx.MockTransport, **kw: object) -> Client:
+    return Client("http://ct.test", "k", transport=transport, backoff=0.001, **kw)  # type: ignore[arg-type]
+
+
+def test_labels_with_ids_are_resent_on_5xx_and_connection_errors() -> None:
+    seen: list[httpx.Request] = []
+    answers: list[object] = [
+        httpx.Response(503),
+        httpx.ReadError("reset"),
+        httpx.Response(429, headers={"Retry-After": "0"}),
+        httpx.Response(202, json=ACCEPTED),
+    ]
+    with fast(scripted(answers, seen)) as c:
+        got = c.post_labels("p", [("i", "w", "a")], ids="auto")
+    assert got.accepted == 1 and len(seen) == 4
+    bodies = {r.content for r in seen}
+    assert len(bodies) == 1  # the very same block, same id, each time
+    assert json.loads(seen[0].content)[0]["id"].startswith("auto-")
+    assert seen[0].headers["authorization"] == "Bearer k"
+
+
+def test_labels_without_ids_are_not_resent_after_a_5xx() -> None:
+    seen: list[httpx.Request] = []
+    with (
+        fast(scripted([httpx.Response(500, text="boom")], seen)) as c,
+        pytest.raises(ApiError) as err,
+    ):
+        c.post_labels("p", [("i", "w", "a")])
+    assert err.value.status == 500 and len(seen) == 1
+    # ... but a refused connection (nothing was sent) and 429 are
+    seen.clear()
+    answers: list[object] = [
+        httpx.ConnectError("refused"),
+        httpx.Response(429),
+        httpx.Response(202, json=ACCEPTED),
+    ]
+    with fast(scripted(answers, seen)) as c:
+        assert c.post_labels("p", [("i", "w", "a")]).accepted == 1
+    assert len(seen) == 3
+
+
+def test_gives_up_after_the_retries() -> None:
+    seen: list[httpx.Request] = []
+    answers: list[object] = [httpx.ConnectError("refused")] * 3
+    with fast(scripted(answers, seen), retries=2) as c, pytest.raises(TransportError):
+        c.get_project("p")
+    assert len(seen) == 3
+
+
+def test_async_retries_gets() -> None:
+    seen: list[httpx.Request] = []
+    page = {"items": [], "next_cursor": None}
+    answers: list[object] = [httpx.Response(502), httpx.Response(200, json=page)]
+
+    async def run() -> None:
+        async with AsyncClient(
+            "http://ct.test", "k", transport=scripted(answers, seen), backoff=0.001
+        ) as c:
+            assert (await c.list_items("p")).items == []
+
+    asyncio.run(run())
+    assert len(seen) == 2
+
+
+def test_batch_size_is_checked() -> None:
+    with pytest.raises(ValueError):
+        Client("http://ct.test", batch_size=20_000)

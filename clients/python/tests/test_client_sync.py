@@ -1,0 +1,134 @@
+"""The sync Client against a live service."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from crowdtally_client import ApiError, Client, Label, auto_id
+
+CLASSES = ["cat", "dog", "bird"]
+LABELS = [
+    ("i1", "ann", "cat"),
+    ("i1", "bob", "cat"),
+    ("i1", "cy", "dog"),
+    ("i2", "ann", "dog"),
+    ("i2", "bob", "dog"),
+    ("i2", "cy", "dog"),
+    ("i3", "ann", "bird"),
+    ("i3", "bob", "bird"),
+    ("i3", "cy", "cat"),
+    ("i/4 odd", "ann", "bird"),
+]
+
+if TYPE_CHECKING:
+    from conftest import LiveServer
+
+
+@pytest.fixture
+def project(live_server: LiveServer) -> tuple[str, str]:
+    with Client(live_server.url, live_server.admin_key) as admin:
+        name = live_server.project_name("sync")
+        created = admin.create_project(name, CLASSES)
+        assert created.name == name and created.labels == CLASSES
+        assert created.stats.n_labels == 0
+        return name, created.api_key
+
+
+def test_post_batches_and_reposts_count_once(
+    live_server: LiveServer, project: tuple[str, str]
+) -> None:
+    name, key = project
+    with Client(live_server.url, key, batch_size=3) as c:
+        first = c.post_labels(name, LABELS, ids="auto", wait=True)
+        assert (first.accepted, first.duplicates, first.blocks, first.applied) == (10, 0, 4, True)
+        again = c.post_labels(name, LABELS, ids="auto", wait=True, batch_size=10)
+        assert (again.accepted, again.duplicates, again.blocks) == (0, 10, 1)
+        stats = c.get_project(name).stats
+        assert stats.n_labels == 10 and stats.n_items == 4 and stats.n_workers == 3
+
+        item = c.get_item(name, "i2")
+        assert item.label == "dog" and item.n_labels == 3
+        assert item.labels is not None and {x.worker for x in item.labels} == {"ann", "bob", "cy"}
+        assert sum(item.posterior.values()) == pytest.approx(1.0)
+        assert c.get_item(name, "i/4 odd").n_labels == 1  # path-unsafe names are encoded
+
+
+def test_iter_items_follows_the_cursor(live_server: LiveServer, project: tuple[str, str]) -> None:
+    name, key = project
+    with Client(live_server.url, key) as c:
+        many = [(f"item{n:03d}", f"w{n % 7}", CLASSES[n % 3]) for n in range(250)]
+        c.post_labels(name, many, ids="auto", wait=True)
+        items = list(c.iter_items(name, page_size=7))
+        assert sorted(x.item for x in items) == sorted({t for t, _, _ in many})
+        sure = list(c.iter_items(name, page_size=50, min_probability=0.99))
+        assert all(x.probability >= 0.99 for x in sure) and len(sure) <= len(items)
+        lines = list(c.export(name, "jsonl"))
+        assert len([ln for ln in lines if ln.strip()]) == 250
+        csv_lines = [ln for ln in c.export(name, "csv") if ln.strip()]
+        assert csv_lines[0].startswith("item,label,probability,cat,dog,bird")
+        assert len(csv_lines) == 251
+
+
+def test_workers_gold_and_models(live_server: LiveServer, project: tuple[str, str]) -> None:
+    name, key = project
+    with Client(live_server.url, key) as c:
+        c.post_labels(
+            name,
+            [
+                Label(item=t, worker=w, label=lab, id=f"x-{n}")
+                for n, (t, w, lab) in enumerate(LABELS)
+            ],
+            wait=True,
+        )
+        page = c.list_workers(name, order="worst", limit=2)
+        assert page.total == 3 and len(page.workers) == 2
+        assert sorted(w.worker for w in c.iter_workers(name, page_size=1)) == ["ann", "bob", "cy"]
+        ann = c.get_worker(name, "ann")
+        assert ann.confusion is not None and set(ann.confusion) == set(CLASSES)
+        assert sum(ann.confusion["cat"].values()) == pytest.approx(1.0)
+        got = c.post_gold(name, [("i3", "bird")], wait=True)
+        assert got.accepted == 1 and got.applied
+        assert c.get_item(name, "i3").gold == "bird"
+        refit = c.refit(name, wait=True)
+        assert refit.applied
+
+
+def test_errors_name_the_entry_of_the_whole_input(
+    live_server: LiveServer, project: tuple[str, str]
+) -> None:
+    name, key = project
+    bad = [*LABELS[:5], ("i9", "ann", "horse"), *LABELS[6:]]
+    with Client(live_server.url, key, batch_size=2) as c:
+        with pytest.raises(ApiError) as err:
+            c.post_labels(name, bad, ids="auto", wait=True)
+        assert err.value.status == 422 and err.value.code == "unknown_label"
+        assert err.value.entry == 5 and err.value.field == "label"
+        assert err.value.sent.accepted == 4  # the two blocks before the bad one went in
+        with pytest.raises(ApiError) as missing:
+            c.get_item(name, "nope")
+        assert missing.value.status == 404
+    with Client(live_server.url, live_server.admin_key) as admin:
+        reader = admin.create_key(name, "read").api_key
+    with Client(live_server.url, reader) as r:
+        with pytest.raises(ApiError) as forbidden:
+            r.post_labels(name, LABELS)
+        assert forbidden.value.status == 403
+        assert r.get_project(name).name == name
+
+
+def test_admin_lists_and_deletes(live_server: LiveServer) -> None:
+    with Client(live_server.url, live_server.admin_key) as admin:
+        name = live_server.project_name("gone")
+        admin.create_project(name, ["a", "b"], worker_slots=1024, hyperparameters={"eta0": 10.0})
+        assert name in {p.name for p in admin.list_projects()}
+        assert admin.get_project(name).worker_slots == 1024
+        admin.delete_project(name)
+        assert name not in {p.name for p in admin.list_projects()}
+        assert admin.healthz()
+
+
+def test_auto_ids_depend_on_position_and_namespace() -> None:
+    a = auto_id("i", "w", "l", 0)
+    assert a == auto_id("i", "w", "l", 0) != auto_id("i", "w", "l", 1)
+    assert a != auto_id("i", "w", "l", 0, namespace="batch-2")

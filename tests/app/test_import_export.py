@@ -1,0 +1,350 @@
+"""``crowdtally import`` / ``export``: every format parsed, round-tripped through a service, resumed.
+
+Most round trips talk to an in-process service (fastapi's TestClient is an httpx.Client, so the
+commands' HTTP code runs unchanged); the last tests start a real ``crowdtally serve``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from app import importers, transfer
+from app.api import create_app
+from app.cli import app as cli_app
+from app.store.embedded import EmbeddedStore
+from app.triples import InputError, read_truth
+from tests.app.conftest import ADMIN, service_settings
+
+DATA = Path(__file__).parent / "data"
+
+# file, format given, --map, project labels, labels, gold items, rows skipped
+CASES = [
+    ("mapped.csv", "csv", "item=image,worker=annotator,label=answer,weight=confidence,gold=ref",
+     ["cat", "dog", "bird"], 9, 1, 0),
+    ("answers.tsv", "auto", None, ["cat", "dog", "bird"], 7, 0, 0),
+    ("answers.jsonl", "auto", None, ["cat", "dog", "bird"], 5, 1, 0),
+    ("crowdkit.csv", "auto", None, ["cat", "dog", "bird"], 7, 0, 0),
+    ("toloka.tsv", "auto", None, ["cat", "dog"], 6, 1, 2),
+    ("mturk.csv", "auto", None, ["Cat", "Dog"], 5, 0, 1),
+    ("mturk_radio.csv", "mturk", None, ["negative", "positive"], 3, 0, 0),
+    ("mturk_taskanswers.csv", "auto", None, ["negative", "positive"], 2, 0, 0),
+    ("labelstudio.json", "auto", None, ["Positive", "Negative", "Neutral"], 6, 1, 1),
+]  # fmt: skip
+DETECTED = {
+    "answers.tsv": "tsv",
+    "answers.jsonl": "jsonl",
+    "crowdkit.csv": "crowdkit",
+    "toloka.tsv": "toloka",
+    "mturk.csv": "mturk",
+    "mturk_taskanswers.csv": "mturk",
+    "labelstudio.json": "labelstudio",
+}
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_format_parses_into_records(case: tuple) -> None:  # type: ignore[type-arg]
+    name, fmt, mapping, classes, n_labels, n_gold, n_skipped = case
+    parsed = importers.read(DATA / name, fmt, importers.parse_map(mapping))
+    if fmt == "auto":
+        assert parsed.format == DETECTED[name]
+    assert len(parsed.labels) == n_labels
+    assert len({r.item for r in parsed.gold}) == n_gold
+    assert parsed.skipped == n_skipped
+    assert {r.label for r in parsed.records} <= set(classes)
+    ids = [r.id for r in parsed.labels]
+    assert None not in ids and len(set(ids)) == len(ids)  # every label has its own source id
+    assert all(r.line for r in parsed.records)
+    again = importers.read(DATA / name, fmt, importers.parse_map(mapping))
+    assert [r.id for r in again.labels] == ids  # deterministic: a re-run is a no-op
+
+
+def test_format_details() -> None:
+    mapped = importers.read(DATA / "mapped.csv", "csv", importers.parse_map(
+        "item=image,worker=annotator,label=answer,weight=confidence,gold=ref"))  # fmt: skip
+    assert mapped.labels[1].weight == 0.5 and mapped.labels[-1].item == "img-04, with a comma"
+    assert mapped.labels[-1].line == 10
+    toloka = importers.read(DATA / "toloka.tsv")
+    assert toloka.skip_reasons == {"rejected": 1, "skipped": 1}
+    assert toloka.labels[0].item.endswith("cat_vs_dogs/cat.101.jpg".replace("cat_vs", "cats_vs"))
+    assert toloka.labels[0].worker == "8f1e7b2a"
+    assert toloka.labels[0].id == "toloka:00001a2b3c--6400f9a1:00001a2b3c--6400f1"
+    assert {r.item for r in toloka.gold} == {toloka.labels[-1].item}
+    mturk = importers.read(DATA / "mturk.csv")
+    assert mturk.labels[0].item == "3Z8UJEJOCZEG603II1EL4BE2PLI93A"
+    assert mturk.labels[0].id == "mturk:3R5F3LQFV2JWXC43QHIYK8XSD9TZOG"
+    by_image = importers.read(DATA / "mturk.csv", mapping={"item": "Input.image_url"})
+    assert by_image.labels[0].item.endswith("/cat_1.jpg")
+    radio = importers.read(DATA / "mturk_radio.csv")
+    assert [r.label for r in radio.labels] == ["positive", "negative", "negative"]
+    studio = importers.read(DATA / "labelstudio.json")
+    assert [r.worker for r in studio.labels[:3]] == ["1", "2", "carol@example.com"]
+    assert studio.gold[0].item == "102" and studio.gold[0].label == "Negative"
+    assert "2" not in {r.worker for r in studio.labels if r.item == "102"}  # cancelled
+    assert studio.labels[0].line == 2  # the line where the task starts
+    by_review = importers.read(DATA / "labelstudio.json", mapping={"item": "data.review_id"})
+    assert by_review.labels[0].item == "rev-101"
+    tsv = importers.read(DATA / "answers.tsv")
+    assert tsv.labels[-1].id != tsv.labels[-2].id  # the same answer twice: two labels
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_errors_name_file_and_line(tmp_path: Path) -> None:
+    cases = [
+        ("w.csv", "item,worker,label,weight\na,w,x,1\nb,w,x,heavy\n", None, 3, "weight 'heavy'"),
+        ("e.csv", "item,worker,label\na,w,x\nb,,x\n", None, 3, "empty worker"),
+        ("s.csv", "item,worker,label\na,w\n", None, 2, "expected 3 fields"),
+        ("m.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who", 1, "no label column"),
+        ("u.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who,label=nope", 1, "no such column"),
+        ("j.jsonl", '{"item":"a","worker":"w","label":"x"}\n{"item": "b",\n', None, 2, "not JSON"),
+        ("t.tsv", "INPUT:a\tINPUT:b\tOUTPUT:r\tASSIGNMENT:worker_id\nx\ty\tz\tw\n", None, 1,
+         "--map item="),
+        ("k.csv", "HITId,AssignmentId,WorkerId,Answer.a,Answer.b\nh,a1,w,x,y\n", None, 1,
+         "several answer columns"),
+        ("l.json", '[\n {"id": 1, "annotations": [\n  {"id": 9, "completed_by": 1, "result": '
+         '[{"from_name": "c", "value": {"choices": ["A", "B"]}}]}]}\n]\n', None, 2, "2 choices"),
+    ]  # fmt: skip
+    for name, text, mapping, line, reason in cases:
+        with pytest.raises(InputError) as err:
+            importers.read(_write(tmp_path, name, text), mapping=importers.parse_map(mapping))
+        assert err.value.line == line, (name, str(err.value))
+        assert reason in str(err.value) and str(err.value).startswith(str(tmp_path / name))
+    with pytest.raises(InputError, match="--map"):
+        importers.parse_map("colour=c")
+    with pytest.raises(InputError, match="no such file"):
+        importers.read(tmp_path / "missing.csv")
+
+
+# ---------------------------------------------------------------------- in-process service
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    tmp = tmp_path_factory.mktemp("transfer")
+    store = EmbeddedStore(tmp / "crowdtally.sqlite3")
+    app = create_app(service_settings(tmp), store=store)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        yield c
+    store.close()
+
+
+def _stats(client: httpx.Client, project: str) -> dict[str, int]:
+    stats: dict[str, int] = client.get(f"/v1/projects/{project}").json()["stats"]
+    return stats
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_round_trip(case: tuple, service: TestClient, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    name, fmt, mapping, classes, n_labels, n_gold, _ = case
+    project = "rt-" + name.replace(".", "-").replace("_", "-")
+    mp = importers.parse_map(mapping)
+    first = transfer.run_import(service, DATA / name, project, format=fmt, mapping=mp,
+                                create_with=classes, batch_size=4)  # fmt: skip
+    assert (first.labels, first.accepted, first.duplicates, first.gold) == (
+        n_labels,
+        n_labels,
+        0,
+        n_gold,
+    )
+    assert first.blocks == -(-n_labels // 4)
+    stats = _stats(service, project)
+    assert stats["n_labels"] == n_labels and stats["lag"] == 0
+    # resumable: a second run (or a run after a failure half-way) counts nothing twice
+    again = transfer.run_import(service, DATA / name, project, format=fmt, mapping=mp)
+    assert (again.accepted, again.duplicates) == (0, n_labels)
+    assert _stats(service, project)["n_labels"] == n_labels
+
+    parsed = importers.read(DATA / name, fmt, mp)
+    items = {r.item for r in parsed.records}
+    out = tmp_path / "posteriors.csv"
+    assert transfer.run_export(service, project, out) == len(items)
+    with out.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["item"] for r in rows} == items
+    assert list(rows[0])[: 3 + len(classes)] == ["item", "label", "probability", *classes]
+    gold = {r.item: r.label for r in parsed.gold}
+    for r in rows:
+        assert abs(sum(float(r[c]) for c in classes) - 1) < 1e-4
+        if r["item"] in gold:
+            assert r["gold"] == gold[r["item"]] and r["label"] == gold[r["item"]]
+    labels = tmp_path / "labels.jsonl"
+    assert transfer.run_export(service, project, labels, what="labels", format="jsonl") == len(
+        items
+    )
+    best = [json.loads(x) for x in labels.read_text().splitlines()]
+    assert {x["item"] for x in best} == items and all(x["label"] in classes for x in best)
+    workers = tmp_path / "workers.csv"
+    n_workers = len({r.worker for r in parsed.labels})
+    assert (
+        transfer.run_export(service, project, workers, what="workers", confusion=True) == n_workers
+    )
+    with workers.open(newline="") as f:
+        header = next(csv.reader(f))
+    assert header[:2] == ["worker", "accuracy"] and f"{classes[0]}->{classes[1]}" in header
+
+
+def test_refused_labels_point_at_the_source_line(service: TestClient, tmp_path: Path) -> None:
+    path = _write(tmp_path, "bad.csv", "item,worker,label\na,w1,cat\nb,w1,dog\nc,w2,horse\n")
+    service.post("/v1/projects", json={"name": "refuse", "labels": ["cat", "dog"]})
+    with pytest.raises(InputError) as err:
+        transfer.run_import(service, path, "refuse")
+    assert err.value.line == 4 and "'horse' is not one of" in str(err.value)
+    assert _stats(service, "refuse")["n_labels"] == 0  # checked before anything was sent
+    with pytest.raises(transfer.ServiceError, match="no project named"):
+        transfer.run_import(service, DATA / "crowdkit.csv", "absent")
+
+
+def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The typer commands, their options and output, on the in-process service."""
+    urls: list[tuple[str, str | None]] = []
+
+    def borrowed(url: str, key: str | None) -> contextlib.nullcontext[TestClient]:
+        urls.append((url, key))
+        return contextlib.nullcontext(service)
+
+    monkeypatch.setattr(transfer, "make_http", borrowed)
+    monkeypatch.setenv("CROWDTALLY_KEY", "from-env")
+    runner = CliRunner()
+    args = ["import", str(DATA / "mapped.csv"), "--project", "cli", "--format", "csv",
+            "--map", "item=image,worker=annotator,label=answer,weight=confidence,gold=ref",
+            "--create-with-labels", "cat,dog,bird", "--url", "http://ct.example:9000", "--no-progress"]  # fmt: skip
+    result = runner.invoke(cli_app, args)
+    assert result.exit_code == 0, result.output
+    assert "9 labels in 1 blocks: 9 new, 0 already there; 1 gold" in result.output
+    assert urls[-1] == ("http://ct.example:9000", "from-env")
+    result = runner.invoke(cli_app, [*args[:-1], "--progress", "--key", "k2"])
+    assert result.exit_code == 0 and "0 new, 9 already there" in result.output
+    assert urls[-1][1] == "k2"
+    out = tmp_path / "p.jsonl"
+    result = runner.invoke(
+        cli_app, ["export", "--project", "cli", "--format", "jsonl", "-o", str(out)]
+    )
+    assert result.exit_code == 0 and "4 items" in result.output
+    assert {json.loads(x)["item"] for x in out.read_text().splitlines()} == {
+        "img-01", "img-02", "img-03", "img-04, with a comma"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- a real `crowdtally serve`
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli() -> list[str]:
+    exe = shutil.which("crowdtally")
+    return [exe] if exe else [sys.executable, "-m", "app.cli"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("live")
+    port = _free_port()
+    env = {**os.environ, "CROWDTALLY_DATA_DIR": str(data), "CROWDTALLY_ADMIN_KEY": ADMIN,
+           "CROWDTALLY_STORE": "embedded", "CROWDTALLY_REFINE_PASSES": "1"}  # fmt: skip
+    log = (data / "server.log").open("wb")
+    proc = subprocess.Popen([*_cli(), "serve", "--port", str(port)], env=env, cwd=data,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (data / "server.log").read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "crowdtally serve did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CROWDTALLY_KEY": ADMIN}
+    return subprocess.run([*_cli(), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_import_a_shared_dataset_and_export_posteriors(
+    live: str, datasets_root: Path, tmp_path: Path
+) -> None:
+    answers, truth = datasets_root / "dog" / "answers.csv", datasets_root / "dog" / "truth.csv"
+    done = _run(
+        "import", str(answers), "--project", "dog", "--url", live, "--create-with-labels", "auto"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "8,070 labels in 9 blocks: 8,070 new, 0 already there" in done.stdout
+    again = _run("import", str(answers), "--project", "dog", "--url", live, "--no-progress")
+    assert again.returncode == 0 and "0 new, 8,070 already there" in again.stdout
+    out = tmp_path / "dog.csv"
+    exported = _run("export", "--project", "dog", "--what", "posteriors", "--format", "csv",
+                    "-o", str(out), "--url", live)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    with out.open(newline="") as f:
+        rows = {r["item"]: r for r in csv.DictReader(f)}
+    gold = read_truth(truth)
+    assert len(rows) == 807 and set(gold) <= set(rows)
+    accuracy = sum(rows[i]["label"] == z for i, z in gold.items()) / len(gold)
+    assert accuracy > 0.8  # extract's online EM on dog: 0.83
+
+
+def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
+    done = _run("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
+                "--create-with-labels", "cat,dog", "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "toloka, 6 labels" in done.stdout and "1 gold, 2 rows skipped" in done.stdout
+    studio = _run("import", str(DATA / "labelstudio.json"), "-p", "studio", "--url", live,
+                  "--create-with-labels", "auto", "--no-progress")  # fmt: skip
+    assert studio.returncode == 0 and "labelstudio, 6 labels" in studio.stdout
+    out = tmp_path / "w.jsonl"
+    workers = _run("export", "-p", "studio", "--what", "workers", "--format", "jsonl",
+                   "--confusion", "-o", str(out), "--url", live)  # fmt: skip
+    assert workers.returncode == 0, workers.stderr
+    names = {json.loads(x)["worker"] for x in out.read_text().splitlines()}
+    assert names == {"1", "2", "carol@example.com"}
+    bad = _write(tmp_path, "bad.csv", "item,worker,label\na,w,cat\nb,w,zebra\n")
+    refused = _run("import", str(bad), "-p", "toloka", "--url", live)
+    assert refused.returncode == 2 and f"{bad}:3:" in refused.stderr
+    nobody = _run(
+        "import",
+        str(bad),
+        "-p",
+        "x",
+        "--url",
+        "http://127.0.0.1:9",
+        "--retries",
+        "1",
+        "--no-progress",
+    )
+    assert nobody.returncode == 2 and "cannot reach" in nobody.stderr
