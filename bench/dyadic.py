@@ -132,6 +132,24 @@ def run(name: str, args: argparse.Namespace) -> None:
               f"{reps * tr.size / dt:,.0f} examples/s")  # fmt: skip
 
 
+def throughput(n: int = 1_000_000) -> None:
+    """examples/s of learn_many on a synthetic stream over the default (large) tables."""
+    rng = np.random.default_rng(0)
+    raters = rng.integers(0, 50_000, n)
+    tasks = rng.integers(0, 500_000, n)
+    ones = np.ones(n)
+    print(f"\nthroughput, {n:,} synthetic examples, 50k raters x 500k tasks, default slots:")
+    for K, red in ((2, "oaa"), (4, "oaa"), (4, "tree")):
+        m = DyadicModel(DyadicConfig(n_classes=K, k=2, reduction=red))
+        labels = rng.integers(0, K, n)
+        m.learn_many(raters[:10], tasks[:10], labels[:10], ones[:10])
+        t = time.perf_counter()
+        m.learn_many(raters, tasks, labels, ones)
+        dt = time.perf_counter() - t
+        name = "binary" if K == 2 else f"{red} K={K}"
+        print(f"  k=2 hinge {name}: {n / dt:,.0f} examples/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("datasets", nargs="*", default=[*NOMINAL, *ORDINAL])
@@ -148,6 +166,8 @@ def main() -> None:
           f"adaptive={args.adaptive} l2={args.l2}")  # fmt: skip
     for name in args.datasets:
         run(name, args)
+    if args.loss == "hinge":
+        throughput()
 
 
 if __name__ == "__main__":

@@ -509,16 +509,16 @@ def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, up
         return e, e, e, e
     k = hyper[H_K]
     if update:
-        GWR[s, r] += h * grad2
-        GWT[s, t] += h * grad2
+        GWR[r, s] += h * grad2
+        GWT[t, s] += h * grad2
         GC[s] += h * grad2
         if k > 0:
-            GA[s, r] += h * grad2 * bnorm2 / k
-            GB[s, t] += h * grad2 * anorm2 / k
-    er = eta / math.sqrt(1.0 + GWR[s, r])
-    et = eta / math.sqrt(1.0 + GWT[s, t])
+            GA[r, s] += h * grad2 * bnorm2 / k
+            GB[t, s] += h * grad2 * anorm2 / k
+    er = eta / math.sqrt(1.0 + GWR[r, s])
+    et = eta / math.sqrt(1.0 + GWT[t, s])
     ec = eta / math.sqrt(1.0 + GC[s])
-    ed = eta / math.sqrt(1.0 + 0.5 * (GA[s, r] + GB[s, t]))
+    ed = eta / math.sqrt(1.0 + 0.5 * (GA[r, s] + GB[t, s]))
     return ed, er, et, ec
 
 
@@ -529,8 +529,8 @@ def _stats(A, B, s, r, t):
     sm = 0.0
     c0 = 0.0
     for d in range(A.shape[2]):
-        a = A[s, r, d]
-        b = B[s, t, d]
+        a = A[r, s, d]
+        b = B[t, s, d]
         sp += (a + b) * (a + b)
         sm += (a - b) * (a - b)
         c0 += a * b
@@ -539,9 +539,9 @@ def _stats(A, B, s, r, t):
 
 @jit
 def _predict1(A, B, WR, WT, WC, s, r, t):
-    p = WR[s, r] + WT[s, t] + WC[s]
+    p = WR[r, s] + WT[t, s] + WC[s]
     for d in range(A.shape[2]):
-        p += A[s, r, d] * B[s, t, d] - 1.0
+        p += A[r, s, d] * B[t, s, d] - 1.0
     return p
 
 
@@ -550,12 +550,12 @@ def _apply(A, B, WR, WT, WC, s, r, t, u, dec, sig_r, sig_t, sig_c):
     cu = math.cosh(u)
     su = math.sinh(u)
     for d in range(A.shape[2]):
-        a = A[s, r, d]
-        b = B[s, t, d]
-        A[s, r, d] = dec * (a * cu + b * su)
-        B[s, t, d] = dec * (b * cu + a * su)
-    WR[s, r] += sig_r
-    WT[s, t] += sig_t
+        a = A[r, s, d]
+        b = B[t, s, d]
+        A[r, s, d] = dec * (a * cu + b * su)
+        B[t, s, d] = dec * (b * cu + a * su)
+    WR[r, s] += sig_r
+    WT[t, s] += sig_t
     WC[s] += sig_c
 
 
@@ -563,7 +563,7 @@ def _apply(A, B, WR, WT, WC, s, r, t, u, dec, sig_r, sig_t, sig_c):
 def _norm2(M, s, i):
     acc = 0.0
     for d in range(M.shape[2]):
-        acc += M[s, i, d] * M[s, i, d]
+        acc += M[i, s, d] * M[i, s, d]
     return acc
 
 
@@ -632,8 +632,8 @@ def learn_many(
     A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, raters, tasks, labels, weights
 ):
     """Learn examples in array order (deterministic: sequential, no fastmath)."""
-    R = A.shape[1]
-    T = B.shape[1]
+    R = A.shape[0]
+    T = B.shape[0]
     for n in range(raters.shape[0]):
         r = _slot(raters[n], R)
         t = _slot(tasks[n], T)
@@ -715,8 +715,8 @@ def learn_many(
 @jit
 def predict_many(A, B, WR, WT, WC, raters, tasks, out):
     """out[n, s] = f_s(rater n, task n) for every scorer s."""
-    R = A.shape[1]
-    T = B.shape[1]
+    R = A.shape[0]
+    T = B.shape[0]
     for n in range(raters.shape[0]):
         r = _slot(raters[n], R)
         t = _slot(tasks[n], T)
@@ -750,8 +750,8 @@ def h_min_many(
     pairwise classifier f_target − f_best (the final match). One-against-all: each scorer
     follows its own closed-form / ODE path; the crossing f_target(h) = f_best(h) is bisected.
     """
-    R = A.shape[1]
-    T = B.shape[1]
+    R = A.shape[0]
+    T = B.shape[0]
     loss = int(hyper[H_LOSS])
     tau = hyper[H_TAU]
     lam = hyper[H_L2]

@@ -150,18 +150,18 @@ class DyadicModel:
         # breaks the symmetry between the k latent coordinates (part II breaks it at the first
         # update; perturbing every slot up front is the same thing, and deterministic)
         s = config.init_scale
-        self.A: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(S, R, k))
-        self.B: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(S, T, k))
-        self.WR: F64 = np.zeros((S, R))
-        self.WT: F64 = np.zeros((S, T))
+        self.A: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(R, S, k))
+        self.B: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(T, S, k))
+        self.WR: F64 = np.zeros((R, S))
+        self.WT: F64 = np.zeros((T, S))
         self.WC: F64 = np.zeros(S)
         self.G: F64 = np.zeros(1)  # total importance weight seen (the rate schedule's t)
         ad = config.adaptive
-        self.GWR: F64 = np.zeros((S, R) if ad else (S, 0))
-        self.GWT: F64 = np.zeros((S, T) if ad else (S, 0))
+        self.GWR: F64 = np.zeros((R, S) if ad else (0, S))
+        self.GWT: F64 = np.zeros((T, S) if ad else (0, S))
         self.GC: F64 = np.zeros(S)
-        self.GA: F64 = np.zeros((S, R) if ad else (S, 0))
-        self.GB: F64 = np.zeros((S, T) if ad else (S, 0))
+        self.GA: F64 = np.zeros((R, S) if ad else (0, S))
+        self.GB: F64 = np.zeros((T, S) if ad else (0, S))
         self._hyper = config.hyper_vector()
 
     def _tables(self) -> tuple[F64, ...]:
@@ -248,9 +248,9 @@ def _shapes(c: DyadicConfig) -> dict[str, tuple[int, ...]]:
     S, R, T = c.n_scorers, c.rater_slots, c.task_slots
     ad = c.adaptive
     return {
-        "A": (S, R, c.k), "B": (S, T, c.k), "WR": (S, R), "WT": (S, T), "WC": (S,), "G": (1,),
-        "GWR": (S, R if ad else 0), "GWT": (S, T if ad else 0), "GC": (S,),
-        "GA": (S, R if ad else 0), "GB": (S, T if ad else 0),
+        "A": (R, S, c.k), "B": (T, S, c.k), "WR": (R, S), "WT": (T, S), "WC": (S,), "G": (1,),
+        "GWR": (R if ad else 0, S), "GWT": (T if ad else 0, S), "GC": (S,),
+        "GA": (R if ad else 0, S), "GB": (T if ad else 0, S),
     }  # fmt: skip
 
 
