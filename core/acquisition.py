@@ -1,0 +1,206 @@
+"""Acquisition scores: which items need more ratings (docs/active.md has the math).
+
+All functions are vectorised over items. ``posteriors`` is (n, K), each row an item's
+posterior q_i over the true class; a confusion matrix C is (K, K) with rows = true class z,
+columns = answer l, rows summing to 1 (``NominalParams.population_confusion()`` for a typical
+worker, ``NominalParams.worker_confusion(slots)`` for given workers).
+
+* ``error_probability`` (eq. A1), ``entropy`` (A2), ``margin`` (A3): uncertainty of q_i.
+* ``value_of_information`` (A4-A6): the expected drop of the chance that the item's most
+  likely label is wrong after ``lookahead`` more labels from a worker with confusion C.
+* ``StoppingRule`` (A7): target confidence, at most so many labels per item, a budget.
+* ``select``: the best-scoring items that are not finished (and, for a worker asking for
+  work, that the worker has not labelled yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from core._numba import jit
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+MAX_SEQUENCES = 4096
+"""``value_of_information`` sums over K^lookahead answer sequences; at most this many."""
+
+
+def _as_posteriors(posteriors: npt.ArrayLike) -> FloatArray:
+    q = np.asarray(posteriors, dtype=np.float64)
+    if q.ndim != 2 or q.shape[1] < 2:
+        raise ValueError(f"posteriors must be (n, K) with K >= 2, got shape {q.shape}")
+    return q
+
+
+def error_probability(posteriors: npt.ArrayLike) -> FloatArray:
+    """(A1) e(q) = 1 - max_z q_z: the chance that the most likely label is wrong."""
+    q = _as_posteriors(posteriors)
+    out: FloatArray = 1.0 - q.max(axis=1)
+    return out
+
+
+def entropy(posteriors: npt.ArrayLike) -> FloatArray:
+    """(A2) H(q) = -sum_z q_z log q_z, in nats (0 log 0 = 0)."""
+    q = _as_posteriors(posteriors)
+    logs = np.log(np.where(q > 0, q, 1.0))
+    out: FloatArray = -(q * logs).sum(axis=1)
+    return out
+
+
+def margin(posteriors: npt.ArrayLike) -> FloatArray:
+    """(A3) q_(1) - q_(2): the best class's lead over the runner-up (small = uncertain)."""
+    q = _as_posteriors(posteriors)
+    top2 = np.partition(q, q.shape[1] - 2, axis=1)[:, -2:]
+    out: FloatArray = top2[:, 1] - top2[:, 0]
+    return out
+
+
+def value_of_information(
+    posteriors: npt.ArrayLike,
+    confusion: npt.ArrayLike,
+    lookahead: int = 1,
+    index: npt.ArrayLike | None = None,
+) -> FloatArray:
+    """Expected reduction of e(q_i) after ``lookahead`` more labels (eq. A4-A6).
+
+    ``confusion`` is one (K, K) matrix for every item (the population's: a typical worker;
+    or one worker's own: "where is this worker's answer most informative"), or (m, K, K)
+    matrices: with ``index`` (n,), item i uses ``confusion[index[i]]`` (e.g. the worker who
+    would answer it); without, m must be n (one matrix per item).
+
+    With one label, VOI_i = sum_l max_z q_iz C_zl - max_z q_iz (A5): at least 0, 0 for a
+    certain item and 0 for a spammer (identical rows). With more labels (A6) the sum runs
+    over the K^lookahead answer sequences, with the product of their likelihoods.
+    Cost O(n K^(lookahead+1) lookahead), one compiled loop.
+    """
+    q = np.ascontiguousarray(_as_posteriors(posteriors))
+    n, K = q.shape
+    C = np.asarray(confusion, dtype=np.float64)
+    if C.shape == (K, K):
+        C = C[None]
+        idx = np.zeros(n, dtype=np.int64)
+    elif C.ndim == 3 and C.shape[1:] == (K, K) and (index is not None or C.shape[0] == n):
+        idx = np.arange(n, dtype=np.int64) if index is None else np.asarray(index, np.int64)
+        if idx.shape != (n,) or (n and (idx.min() < 0 or idx.max() >= C.shape[0])):
+            raise ValueError(f"index needs one matrix number in 0..{C.shape[0] - 1} per item")
+    else:
+        raise ValueError(f"confusion must be ({K}, {K}) or (m, {K}, {K}) with an index per item")
+    if lookahead < 1 or K**lookahead > MAX_SEQUENCES:
+        raise ValueError(f"lookahead must be >= 1 with K^lookahead <= {MAX_SEQUENCES}")
+    out: FloatArray = np.empty(n)
+    _voi_kernel(q, np.ascontiguousarray(C), idx, lookahead, out)
+    return out
+
+
+@jit
+def _voi_kernel(
+    q: FloatArray, C: FloatArray, idx: IntArray, lookahead: int, out: FloatArray
+) -> None:  # pragma: no cover - compiled
+    """out[i] = max(0, sum over answer sequences s of max_z q_iz prod_j C_z,s_j - max_z q_iz)."""
+    n, K = q.shape
+    seq = np.zeros(lookahead, dtype=np.int64)
+    for i in range(n):
+        Ci = C[idx[i]]
+        best_now = 0.0
+        for z in range(K):
+            best_now = max(best_now, q[i, z])
+        total = 0.0
+        seq[:] = 0
+        while True:
+            best = 0.0
+            for z in range(K):
+                v = q[i, z]
+                for j in range(lookahead):
+                    v *= Ci[z, seq[j]]
+                best = max(best, v)
+            total += best
+            j = lookahead - 1  # next sequence, odometer style
+            while j >= 0 and seq[j] == K - 1:
+                seq[j] = 0
+                j -= 1
+            if j < 0:
+                break
+            seq[j] += 1
+        out[i] = max(total - best_now, 0.0)
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """A project's stopping rule (eq. A7): an item is finished once its most likely label is
+    at least ``target_confidence`` probable, or it has ``max_labels_per_item`` labels; every
+    item is finished once ``budget`` labels have been spent (None: no such limit)."""
+
+    target_confidence: float = 0.95
+    max_labels_per_item: int | None = None
+    budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_confidence <= 1.0:
+            raise ValueError("target_confidence must be in (0, 1]")
+        if self.max_labels_per_item is not None and self.max_labels_per_item < 1:
+            raise ValueError("max_labels_per_item must be >= 1")
+        if self.budget is not None and self.budget < 0:
+            raise ValueError("budget must be >= 0")
+
+    def finished(
+        self, posteriors: npt.ArrayLike, n_labels: npt.ArrayLike, labels_used: int = 0
+    ) -> BoolArray:
+        """Per item: needs no more labels. ``labels_used``: labels spent so far on the project."""
+        q = _as_posteriors(posteriors)
+        n = np.asarray(n_labels)
+        if n.shape != (q.shape[0],):
+            raise ValueError("n_labels needs one count per item")
+        if self.budget is not None and labels_used >= self.budget:
+            return np.ones(q.shape[0], dtype=np.bool_)
+        done: BoolArray = q.max(axis=1) >= self.target_confidence
+        if self.max_labels_per_item is not None:
+            done |= n >= self.max_labels_per_item
+        return done
+
+    def remaining_budget(self, labels_used: int) -> int | None:
+        """Labels left to spend (None without a budget)."""
+        return None if self.budget is None else max(self.budget - labels_used, 0)
+
+
+def select(
+    scores: npt.ArrayLike,
+    finished: npt.ArrayLike,
+    already_labelled_by_worker: npt.ArrayLike | None = None,
+    limit: int = 1,
+) -> IntArray:
+    """Indices of at most ``limit`` items with the highest scores, best first.
+
+    Skips finished items, items with a non-finite score, and (for a worker asking for work)
+    items in ``already_labelled_by_worker`` (a boolean mask over items, or item indices).
+    Ties go to the lower index, so the choice is deterministic.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    done = np.asarray(finished, dtype=np.bool_)
+    if s.ndim != 1 or done.shape != s.shape:
+        raise ValueError("scores and finished need one entry per item")
+    ok = ~done & np.isfinite(s)
+    if already_labelled_by_worker is not None:
+        seen = np.asarray(already_labelled_by_worker)
+        if seen.dtype == np.bool_:
+            if seen.shape != s.shape:
+                raise ValueError("already_labelled_by_worker mask needs one entry per item")
+            ok &= ~seen
+        else:
+            ok[seen.astype(np.int64)] = False
+    candidates = np.flatnonzero(ok)
+    if limit <= 0 or candidates.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    cs = s[candidates]
+    if candidates.size > limit:
+        # The limit-th best score; keep everything above it and the lowest-index ties at it.
+        kth = np.partition(-cs, limit - 1)[limit - 1]
+        keep = -cs <= kth
+        candidates, cs = candidates[keep], cs[keep]
+    order = np.lexsort((candidates, -cs))[:limit]
+    out: IntArray = candidates[order].astype(np.int64)
+    return out
