@@ -44,6 +44,7 @@ from bench.peers import DEFAULT_ROOT, dataset_names
 from core import acquisition as acq
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.dyadic import DyadicConfig, DyadicModel
 from core.hashing import worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM, statistics_from
@@ -265,7 +266,39 @@ def uncertainty_worker(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
     return picked, _best_answer_of(items, answers, _pair_scores(c, answers, items), picked)
 
 
+def hmin(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
+    """Near the boundary (issue 5's h_min): a dyadic model (core.dyadic, k=2, hinge, l2 0.2)
+    learns every revealed (worker, item, answer); for every unrevealed real (item, worker)
+    pair, h_min is the smallest importance weight that would flip the label the model
+    predicts that worker gives that item. Items are ranked by their smallest h_min (the
+    answer the model is least sure of), and that worker's answer is revealed."""
+    d = c.data
+    model: DyadicModel | None = getattr(c, "_dyadic", None)
+    if model is None:
+        cfg = DyadicConfig(n_classes=c.config.n_classes, k=2, l2=0.2,
+                           rater_slots=max(1, d.worker_ids.size), task_slots=max(1, d.n_items))  # fmt: skip
+        model = DyadicModel(cfg)
+        c._dyadic = model  # type: ignore[attr-defined]
+        c._dyadic_seen = np.zeros(d.n_items, dtype=np.int64)  # type: ignore[attr-defined]
+    seen: IntArray = c._dyadic_seen  # type: ignore[attr-defined]
+    new = np.flatnonzero(c.revealed > seen)
+    if new.size:  # train on the answers revealed since the last call, in order
+        take = np.concatenate(
+            [c.order[c.start[i] + seen[i] : c.start[i] + c.revealed[i]] for i in new.tolist()]
+        )
+        model.learn_many(d.workers[take], d.items[take], d.labels[take], d.weights[take])
+        seen[new] = c.revealed[new]
+    answers, items = c.remaining_answers()
+    h = model.h_min(d.workers[answers], items)
+    h = np.where(np.isfinite(h), h, 1e12)
+    smallest = np.full(d.n_items, np.inf)
+    np.minimum.at(smallest, items, h)
+    picked = _pick(c, -smallest + 1e-9 * c.tiebreak, n)
+    return picked, _best_answer_of(items, answers, -h, picked)
+
+
 POLICIES: dict[str, Policy] = {
+    "hmin": hmin,
     "uniform": uniform,
     "entropy": uncertainty,
     "margin": smallest_margin,
@@ -274,7 +307,6 @@ POLICIES: dict[str, Policy] = {
     "least_confident": least_confident,
     "entropy_worker": uncertainty_worker,
 }
-"""Add ``"hmin": <policy>`` here once the dyadic model gives an h_min score per item."""
 
 
 @dataclass
