@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 import orjson
@@ -366,6 +366,28 @@ def _request_id(scope: Any) -> str:
     return uuid.uuid4().hex[:16]
 
 
+class TimedStore:
+    """The store, with each call's latency in ``crowdtally_store_seconds{op}``."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        hist = metrics.STORE.labels(name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                hist.observe(time.perf_counter() - t0)
+
+        return timed
+
+
 class _Observe:
     """Request latency into Prometheus, as plain ASGI (no extra task per request)."""
 
@@ -522,7 +544,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         if settings.engine_in_process:
             engine = make_engine_loop(settings, st, db)
             engine.start()
-        app.state.service = Service(settings, st, engine, db)
+        app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db)
         _warm_up()
         # numba and llvmlite bring ~10^6 long-lived objects; a full GC pass over them stalls
         # requests for ~0.1 s. Freeze them out of the collector's sight.

@@ -88,6 +88,7 @@ class ProjectEngine:
         self.position = 0
         self.computed_at = time.time()
         self.queue_settings = QueueSettings()
+        self.em_iterations = 0  # batch EM iterations run by refits (a metric)
         self._queue_all = True
         self._budget_spent = False
         self._dirty_items: set[int] = set()
@@ -235,6 +236,7 @@ class ProjectEngine:
         blocks, pos = self.labels.gather(np.arange(n, dtype=np.int64))
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
+        self.em_iterations += fitted.n_iter
         counts = self.worker_labels[:nw].astype(np.float64)
         S = self.config.n_worker_slots
         total = np.zeros(S)
@@ -350,6 +352,7 @@ class ProjectEngine:
                 "n_items": self.items_count,
                 "n_workers": len(self.workers.names),
                 "n_labels": self.labels.n_labels,
+                "em_iterations": self.em_iterations,
             }
         )
 

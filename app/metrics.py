@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -13,7 +14,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -25,6 +26,13 @@ REQUESTS = Histogram(
     "HTTP request latency",
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)
+STORE = Histogram(
+    "crowdtally_store_seconds",
+    "Latency of state-store calls made by the API",
+    ["op"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1),
     registry=REGISTRY,
 )
 LABELS = Counter(
@@ -45,12 +53,25 @@ class _StoreCollector(Collector):
         queue = GaugeMetricFamily(
             "crowdtally_queue_items", "Items that still need labels", labels=["project"]
         )
+        steps = CounterMetricFamily(
+            "crowdtally_online_steps", "Item updates of the online EM", labels=["project"]
+        )
+        em = CounterMetricFamily(
+            "crowdtally_batch_em_iterations",
+            "Batch EM iterations run by refits",
+            labels=["project"],
+        )
         if svc is not None and svc.store.ping():
             for r in svc.store.list_projects():
                 e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
                 lag.add_metric([r.name], max(e - a, 0))
                 end.add_metric([r.name], e)
                 queue.add_metric([r.name], svc.store.queue_size(r.name))
+                blob = svc.store.get_params(r.name, [])[0]
+                if blob:
+                    g = orjson.loads(blob)
+                    steps.add_metric([r.name], g["scalars"][1])
+                    em.add_metric([r.name], g.get("em_iterations", 0))
         age = GaugeMetricFamily(
             "crowdtally_snapshot_age_seconds", "Age of the latest snapshot", labels=["project"]
         )
@@ -66,6 +87,8 @@ class _StoreCollector(Collector):
         yield lag
         yield end
         yield queue
+        yield steps
+        yield em
         yield age
         yield size
 

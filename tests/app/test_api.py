@@ -163,6 +163,12 @@ def test_refit(client: TestClient) -> None:
     post(client, key, triples(40))
     r = client.post("/v1/projects/census/refit", params={"wait": True}, headers=key)
     assert r.status_code == 202 and r.json()["applied"] and r.json()["position"] == 2
+    line = next(
+        x
+        for x in client.get("/metrics").text.splitlines()
+        if x.startswith("crowdtally_batch_em_iterations_total")
+    )
+    assert float(line.split()[-1]) >= 2  # the refit's EM iterations are counted
 
 
 def test_project_admin(client: TestClient) -> None:
@@ -392,6 +398,9 @@ def test_operations_endpoints(client: TestClient) -> None:
     assert 'crowdtally_labels_total{outcome="accepted",project="census"}' in text
     assert 'crowdtally_engine_lag_entries{project="census"} 0.0' in text
     assert 'crowdtally_queue_items{project="census"}' in text
+    assert 'crowdtally_online_steps_total{project="census"}' in text
+    assert 'crowdtally_batch_em_iterations_total{project="census"} 0.0' in text
+    assert 'crowdtally_store_seconds_count{op="append"}' in text
 
 
 def test_openapi_has_stable_operation_ids(client: TestClient) -> None:
