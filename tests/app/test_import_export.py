@@ -348,3 +348,26 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
         "--no-progress",
     )
     assert nobody.returncode == 2 and "cannot reach" in nobody.stderr
+
+
+def test_every_shared_dataset_imports_and_exports_with_one_command_each(
+    live: str, datasets_root: Path, tmp_path: Path
+) -> None:
+    from bench.peers import dataset_names
+
+    for name in dataset_names(datasets_root):
+        answers = datasets_root / name / "answers.csv"
+        with answers.open() as f:
+            n_answers = sum(1 for _ in f) - 1
+        project = f"all-{name.replace('_', '-')}"
+        done = _run("import", str(answers), "--project", project, "--url", live,
+                    "--create-with-labels", "auto", "--progress")  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr)
+        assert f"{n_answers:,} new, 0 already there" in done.stdout, (name, done.stdout)
+        out = tmp_path / f"{name}.jsonl"
+        exported = _run("export", "--project", project, "--what", "posteriors", "--format", "jsonl",
+                        "-o", str(out), "--url", live)  # fmt: skip
+        assert exported.returncode == 0, (name, exported.stderr)
+        items = {json.loads(line)["item"] for line in out.read_text().splitlines()}
+        gold = read_truth(datasets_root / name / "truth.csv")
+        assert set(gold) <= items, name
