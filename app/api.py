@@ -495,7 +495,11 @@ def _summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, A
     views = _workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
     views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
     view = _project_view(svc, record)
+    blob = svc.store.queue_settings(record.name)
+    settings = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
     return {
+        "queue": _queue_for(svc, record, settings, 10, None),
+        "queue_size": svc.store.queue_size(record.name),
         "project": record.name,
         "labels": list(record.labels),
         "stats": view["stats"],

@@ -196,6 +196,8 @@ class Summary(BaseModel):
     confidence_histogram: Histogram
     label_counts: dict[str, int]
     workers: list[SummaryWorker]
+    queue: list[QueueItem] = Field(description="The first items of the active-learning queue.")
+    queue_size: int
     computed_at: str
 
 

@@ -81,6 +81,16 @@ function render(s) {
   const h = s.confidence_histogram;
   bars($("confidence-histogram"), h.counts, h.edges.slice(0, -1).map((e) => e.toFixed(2)), { ticks: 5 });
   bars($("label-counts"), s.labels.map((l) => s.label_counts[l]), s.labels);
+  $("queue-size").textContent = `${s.queue_size.toLocaleString()} items still need labels`;
+  const qbody = $("queue").querySelector("tbody");
+  qbody.replaceChildren();
+  for (const q of s.queue) {
+    const tr = document.createElement("tr");
+    for (const c of [q.item, q.score.toFixed(4), q.label, q.probability.toFixed(3), q.n_labels]) {
+      const td = document.createElement("td"); td.textContent = c; tr.appendChild(td);
+    }
+    qbody.appendChild(tr);
+  }
   const tbody = $("workers").querySelector("tbody");
   tbody.replaceChildren();
   for (const w of s.workers) {

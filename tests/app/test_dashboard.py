@@ -59,6 +59,7 @@ def test_summary_endpoint(served_dog: tuple[str, str]) -> None:
     assert sum(s["confidence_histogram"]["counts"]) == s["stats"]["n_items"] == 807
     assert sum(s["label_counts"].values()) == 807
     assert len(s["workers"]) == 25
+    assert len(s["queue"]) == 10 and s["queue_size"] > 10
     infos = [w["informativeness"] for w in s["workers"]]
     assert infos == sorted(infos)  # least informative first
     assert all(
@@ -91,6 +92,8 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             assert page.locator("#n-items").inner_text() == "807"
             assert "8,070" in page.locator("#n-labels").inner_text()
             assert "project dog" in page.locator("#status").inner_text()
+            assert page.locator("#queue tbody tr").count() == 10  # the first of the queue
+            assert "items still need labels" in page.locator("#queue-size").inner_text()
             page.screenshot(path=str(ARTIFACTS / "dashboard-dog.png"), full_page=True)
             # a wrong key is reported, not a blank page
             page.goto(f"{base}/dashboard/?project=dog&key=wrong")
