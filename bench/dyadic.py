@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 
+from bench.datasets import DEFAULT_ROOT
 from core.dyadic import DyadicConfig, DyadicModel
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-ROOT = Path(os.environ.get("CROWDTALLY_DATASETS") or (_REPO_ROOT.parent / "shared" / "datasets"))
+ROOT = DEFAULT_ROOT
 NOMINAL = ("dog", "face", "product", "duck")
 ORDINAL = ("web", "trec2010")
 KS = (0, 1, 2, 3)

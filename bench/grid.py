@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from bench.peers import dataset_names
+from bench.datasets import dataset_names
 from bench.run import ORDERS, Prepared, acc, online_accuracy, prepare
 from core.batch import majority_vote
 from core.blocks import LabelBlocks

@@ -14,7 +14,6 @@ integer codes of the sorted distinct label strings and mapped back, so any label
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import warnings
 from collections import Counter
@@ -24,13 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.datasets import DEFAULT_ROOT, dataset_names
+
 PEER_METHODS: tuple[str, ...] = ("DawidSkene", "OneCoinDawidSkene", "GLAD", "MACE", "Wawa")
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ROOT: Path = Path(
-    os.environ.get("CROWDTALLY_DATASETS") or (_REPO_ROOT.parent / "shared" / "datasets")
-)
-"""``$CROWDTALLY_DATASETS`` if set (read at import), else ``<repo>/../shared/datasets``."""
 
 _SHORT = {"DawidSkene": "DS", "OneCoinDawidSkene": "1CoinDS"}
 
@@ -118,11 +114,6 @@ def load_dataset(name: str, root: Path = DEFAULT_ROOT) -> tuple[pd.DataFrame, pd
         gold["label"].to_numpy(), index=pd.Index(gold["item"], name="task"), name="true_label"
     )
     return answers, truth
-
-
-def dataset_names(root: Path = DEFAULT_ROOT) -> list[str]:
-    """Sorted names of the sub-folders of ``root`` that hold an ``answers.csv``."""
-    return sorted(p.parent.name for p in Path(root).glob("*/answers.csv"))
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:

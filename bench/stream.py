@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from app.extract import Encoded, accuracy, load_labelled
-from bench.peers import DEFAULT_ROOT, dataset_names
+from bench.datasets import DEFAULT_ROOT, dataset_names
 from core.blocks import FloatArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
 from core.nominal import NominalConfig

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bench.datasets import find_datasets_root
+
 REPO = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("CROWDTALLY_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = find_datasets_root()
 
 
 @pytest.fixture(scope="session")

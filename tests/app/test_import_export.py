@@ -353,7 +353,7 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
 def test_every_shared_dataset_imports_and_exports_with_one_command_each(
     live: str, datasets_root: Path, tmp_path: Path
 ) -> None:
-    from bench.peers import dataset_names
+    from bench.datasets import dataset_names
 
     for name in dataset_names(datasets_root):
         answers = datasets_root / name / "answers.csv"

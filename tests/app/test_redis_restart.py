@@ -8,14 +8,12 @@ second before the crash are never lost.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import orjson
-import pytest
 
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
@@ -37,7 +35,6 @@ def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

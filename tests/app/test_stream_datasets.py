@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from app.extract import accuracy
 from app.store.base import Store
-from bench.peers import dataset_names
+from bench.datasets import dataset_names
 from bench.stream import core_on_stream, make_stream, serve_stream
 from core.nominal import NominalConfig
 from tests.app.conftest import ADMIN, service_settings

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+import crowdkit.aggregation as crowdkit
 import numpy as np
-import pytest
 from crowdtally_client import AsyncClient, Client
-
-pd = pytest.importorskip("pandas")
-crowdkit = pytest.importorskip("crowdkit.aggregation")
 
 CLASSES = ["neg", "neu", "pos"]
 
