@@ -260,6 +260,13 @@ def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int) -> list[Any]
     return out
 
 
+def _array_body(schema: str) -> dict[str, Any]:
+    """OpenAPI for a body read by hand (``_parse_block``): a JSON array of ``schema``."""
+    items = {"$ref": f"#/components/schemas/{schema}"}
+    content = {"application/json": {"schema": {"type": "array", "items": items}}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def _label_codes(record: ProjectRecord, names: list[str]) -> list[int]:
     index = {name: k for k, name in enumerate(record.labels)}
     codes = [index.get(n, -1) for n in names]
@@ -722,19 +729,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         response_model=Accepted,
         responses={**_ERRORS, 413: {"model": ErrorResponse}},
         dependencies=[require("write")],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/LabelIn"},
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=_array_body("LabelIn"),
     )
     async def post_labels(project: str, request: Request, wait: bool = False) -> Accepted:
         svc = _service(request)
@@ -775,19 +770,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         response_model=Accepted,
         responses=_ERRORS,
         dependencies=[require("write")],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/GoldIn"},
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=_array_body("GoldIn"),
     )
     async def post_gold(project: str, request: Request, wait: bool = False) -> Accepted:
         svc = _service(request)
@@ -1005,19 +988,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         response_model=Accepted,
         responses=_ERRORS,
         dependencies=[require("write")],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/ItemIn"},
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=_array_body("ItemIn"),
     )
     async def register_items(project: str, request: Request, wait: bool = False) -> Accepted:
         """Items with no labels yet: they enter the queue."""

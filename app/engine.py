@@ -26,11 +26,11 @@ from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
 
 if TYPE_CHECKING:
     from app.snapshots import Snapshotter
-from core.batch import BatchEM
+from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM, statistics_from
 
 log = logging.getLogger("crowdtally.engine")
@@ -238,15 +238,8 @@ class ProjectEngine:
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
         counts = self.worker_labels[:nw].astype(np.float64)
-        S = self.config.n_worker_slots
-        total = np.zeros(S)
-        np.add.at(total, self.worker_slot[:nw], counts)
-        worker = np.zeros((S, self.K, self.K))
-        np.add.at(worker, self.worker_slot[:nw], params.worker * counts[:, None, None])
-        used = total > 0
-        worker[used] /= total[used, None, None]
-        scalars = np.array([1.0, self.model.params.scalars[1]])
-        mapped = NominalParams(params.class_logits, params.population, worker, scalars)
+        step = float(self.model.params.scalars[1])
+        mapped = into_slots(params, self.worker_slot[:nw], counts, self.config.n_worker_slots, step)
         statistics_from(mapped, blocks, fitted.probas)  # later revisits continue from them
         self.model.params = mapped
         self.q[:n] = fitted.probas

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.triples import InputError, Triples, read_triples, read_truth
-from core.batch import AggregationResult, BatchEM
+from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
@@ -288,15 +288,10 @@ def slot_params_from_batch(
     params: NominalParams, data: Encoded, config: NominalConfig
 ) -> NominalParams:
     """Map exact-worker batch parameters into hashed slots (colliding workers averaged by labels)."""
-    K, S = config.n_classes, config.n_worker_slots
+    S = config.n_worker_slots
     slots = worker_slots(data.worker_ids.tolist(), S)
     n_labels = np.bincount(data.workers, minlength=data.worker_ids.size).astype(np.float64)
-    total = np.zeros(S)
-    np.add.at(total, slots, n_labels)
-    worker = np.zeros((S, K, K))
-    np.add.at(worker, slots, params.worker * n_labels[:, None, None])
-    worker[total > 0] /= total[total > 0, None, None]
-    return NominalParams(params.class_logits.copy(), params.population.copy(), worker)
+    return into_slots(params, slots, n_labels, S)
 
 
 def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None:

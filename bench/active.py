@@ -40,13 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from app.extract import Encoded, load_labelled
-from bench.peers import DEFAULT_ROOT, dataset_names
+from bench.datasets import DEFAULT_ROOT, dataset_names
 from core import acquisition as acq
-from core.batch import BatchEM
+from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.dyadic import DyadicConfig, DyadicModel
 from core.hashing import worker_slots
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM, statistics_from
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -132,22 +132,15 @@ class Campaign:
     def refit(self) -> float:
         """Batch EM on the revealed answers (exact workers): its accuracy on gold; its
         parameters, mapped into the hashed slots, replace the online model's (engine refit)."""
-        d, cfg, K = self.data, self.config, self.config.n_classes
+        d, cfg = self.data, self.config
         idx, _ = self.answers_of(np.arange(d.n_items, dtype=np.int64))
         exact = LabelBlocks.group(d.items[idx], d.workers[idx], d.labels[idx], d.weights[idx],
                                   n_blocks=d.n_items)  # fmt: skip
         nw = d.worker_ids.size
         fitted, params = BatchEM(cfg).fit(exact, nw)
         n_labels = np.bincount(d.workers[idx], minlength=nw).astype(np.float64)
-        S = cfg.n_worker_slots
-        total = np.zeros(S)
-        np.add.at(total, self.slots, n_labels)
-        worker = np.zeros((S, K, K))
-        np.add.at(worker, self.slots, params.worker * n_labels[:, None, None])
-        used = total > 0
-        worker[used] /= total[used, None, None]
-        scalars = np.array([1.0, self.model.params.scalars[1]])
-        mapped = NominalParams(params.class_logits, params.population, worker, scalars)
+        step = float(self.model.params.scalars[1])
+        mapped = into_slots(params, self.slots, n_labels, cfg.n_worker_slots, step)
         statistics_from(mapped, self.hashed_blocks(np.arange(d.n_items)), fitted.probas)
         self.model.params = mapped
         self.q = fitted.probas.copy()

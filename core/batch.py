@@ -201,3 +201,21 @@ class BatchEM:
             neg_hess = n * (np.diag(pi) - np.outer(pi, pi)) + lam * np.eye(pi.size)
             g_pi = g_pi + np.linalg.solve(neg_hess, grad)
         params.class_logits[:] = g_pi
+
+
+def into_slots(
+    params: NominalParams, slots: IntArray, n_labels: FloatArray, n_slots: int, step: float = 0.0
+) -> NominalParams:
+    """Exact-worker batch parameters mapped into ``n_slots`` hashed slots, for the online
+    model: worker w's deviation goes to slot ``slots[w]``; workers sharing a slot are averaged,
+    weighted by their label counts ``n_labels``. ``step`` keeps the online step count t."""
+    K = params.class_logits.shape[0]
+    total = np.zeros(n_slots)
+    np.add.at(total, slots, n_labels)
+    worker = np.zeros((n_slots, K, K))
+    np.add.at(worker, slots, params.worker * n_labels[:, None, None])
+    used = total > 0
+    worker[used] /= total[used, None, None]
+    return NominalParams(
+        params.class_logits.copy(), params.population.copy(), worker, np.array([1.0, step])
+    )
