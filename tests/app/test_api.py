@@ -347,6 +347,15 @@ def test_oversized_block(client: TestClient) -> None:
     assert log_end(client, key) == 0
 
 
+def test_oversized_body_is_refused_before_parsing(client: TestClient) -> None:
+    key = make_project(client)
+    body = b"[" + b" " * (50 * 2048) + b"]"  # over 2 KiB per label at the fixture's limit of 50
+    r = client.post("/v1/projects/census/labels", content=body, headers=key)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "block_too_large"
+    assert "102,402-byte body" in r.json()["error"]["message"]
+    assert log_end(client, key) == 0
+
+
 def test_invalid_json(client: TestClient) -> None:
     key = make_project(client)
     r = client.post("/v1/projects/census/labels", content=b'[{"item": ', headers=key)
