@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -144,14 +144,12 @@ class DyadicModel:
 
     def __init__(self, config: DyadicConfig) -> None:
         self.config = config
-        S, R, T, k = config.n_scorers, config.rater_slots, config.task_slots, config.k
-        rng = np.random.default_rng(config.seed)
+        S, R, T = config.n_scorers, config.rater_slots, config.task_slots
         # change of variables (part II): ã = a + 1 starts at 1, with a small perturbation that
         # breaks the symmetry between the k latent coordinates (part II breaks it at the first
         # update; perturbing every slot up front is the same thing, and deterministic)
-        s = config.init_scale
-        self.A: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(R, S, k))
-        self.B: F64 = 1.0 + s * rng.uniform(-1.0, 1.0, size=(T, S, k))
+        self.A: F64 = initial_factors(config, RATER, np.arange(R, dtype=np.int64))
+        self.B: F64 = initial_factors(config, TASK, np.arange(T, dtype=np.int64))
         self.WR: F64 = np.zeros((R, S))
         self.WT: F64 = np.zeros((T, S))
         self.WC: F64 = np.zeros(S)
@@ -224,6 +222,53 @@ class DyadicModel:
                       self.config.n_classes, raters, tasks, target, out)  # fmt: skip
         return out
 
+    def rows(self, table: str, slots: I64) -> F64:
+        """The given slots' parameters in one table (RATER or TASK), one flat row per slot.
+
+        A row is the slot's factors (n_scorers × k), its linear weights (n_scorers) and, with
+        adaptive rates, its accumulators: all that a prediction or h_min reads of the slot.
+        """
+        slots = _i64(slots)
+        parts = [a[slots].reshape(slots.size, -1) for a in self._row_tables(table)]
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+    def set_rows(self, table: str, slots: I64, rows: F64) -> None:
+        """Overwrite the given slots (the inverse of ``rows``)."""
+        slots = _i64(slots)
+        at = 0
+        for a in self._row_tables(table):
+            width = int(np.prod(a.shape[1:]))
+            a[slots] = rows[:, at : at + width].reshape((slots.size, *a.shape[1:]))
+            at += width
+
+    def _row_tables(self, table: str) -> list[F64]:
+        tables = [getattr(self, name) for name in _ROWS[table]]
+        return [a for a in tables if a.shape[0]]  # accumulators are empty without adaptive
+
+    def shared(self) -> F64:
+        """The parameters every prediction reads: the constant, its accumulator, and t."""
+        return np.concatenate([self.WC, self.GC, self.G])
+
+    def set_shared(self, shared: F64) -> None:
+        S = self.config.n_scorers
+        self.WC[:], self.GC[:], self.G[:] = shared[:S], shared[S : 2 * S], shared[2 * S :]
+
+    @classmethod
+    def from_rows(
+        cls, config: DyadicConfig, shared: F64, rater_rows: F64, task_rows: F64
+    ) -> DyadicModel:
+        """A model over only the given rows: rater id i is ``rater_rows[i]``, task id j is
+        ``task_rows[j]`` (the API predicts from the rows it read, without whole tables)."""
+        small = replace(
+            config, rater_slots=max(len(rater_rows), 1), task_slots=max(len(task_rows), 1)
+        )
+        model = cls(small)
+        n_r, n_t = len(rater_rows), len(task_rows)
+        model.set_rows(RATER, np.arange(n_r, dtype=np.int64), rater_rows)
+        model.set_rows(TASK, np.arange(n_t, dtype=np.int64), task_rows)
+        model.set_shared(shared)
+        return model
+
     def arrays(self) -> dict[str, F64]:
         """The whole learned state (copies); ``from_arrays`` restores it bit for bit."""
         return {name: getattr(self, name).copy() for name in _ARRAY_NAMES}
@@ -242,6 +287,34 @@ class DyadicModel:
                 )
             setattr(model, name, a)
         return model
+
+
+RATER, TASK = "rater", "task"
+_ROWS = {RATER: ("A", "WR", "GWR", "GA"), TASK: ("B", "WT", "GWT", "GB")}
+_TABLE_CODE = {RATER: 1, TASK: 2}
+
+
+def initial_factors(config: DyadicConfig, table: str, slots: I64) -> F64:
+    """ã (or b̃) of never-updated slots: 1 + U(−init_scale, init_scale) per coordinate.
+
+    Each value is a function of (seed, table, slot, scorer, coordinate) alone (splitmix64),
+    so any slot's initial row is known without building the table.
+    """
+    S, k = config.n_scorers, config.k
+    where = _i64(slots).astype(np.uint64)
+    coord = np.arange(S * k, dtype=np.uint64)
+    base = (config.seed * 0x9E3779B97F4A7C15 + _TABLE_CODE[table] * 0xD1B54A32D192ED03) % 2**64
+    z = _splitmix64(np.uint64(base) + where[:, None] * np.uint64(S * k) + coord[None, :])
+    u = (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)  # [0, 1)
+    out: F64 = 1.0 + config.init_scale * (2.0 * u - 1.0)
+    return out.reshape(where.size, S, k)
+
+
+def _splitmix64(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def _shapes(c: DyadicConfig) -> dict[str, tuple[int, ...]]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import _dyadic_kernels as kern
-from core.dyadic import DyadicConfig, DyadicModel, dyadic_ids
+from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_factors
 
 LOSS = {
     "hinge": kern.HINGE,
@@ -320,3 +320,29 @@ def test_config_validation_and_ids() -> None:
         m.learn_many(ids, ids, np.array([0, 1, 2]), np.ones(3))
     m.learn_many(ids, ids, np.array([0, 1, 1]), np.ones(3))  # negative hashed ids are fine
     assert m.predict(ids, ids)[1].shape == (3, 2)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_model_over_read_rows_predicts_as_the_whole_model(adaptive: bool) -> None:
+    """What the API does: read only the rows of the asked pairs, predict and score h_min."""
+    cfg = DyadicConfig(n_classes=4, k=2, adaptive=adaptive, l2=0.2, rater_slots=97, task_slots=389)
+    m = DyadicModel(cfg)
+    rng = np.random.default_rng(1)
+    raters, tasks = rng.integers(-(10**12), 10**12, 3000), rng.integers(-(10**12), 10**12, 3000)
+    m.learn_many(raters, tasks, rng.integers(0, 4, 3000))
+    qr, qt = raters[:40], tasks[::-1][:40]
+    rs, ts = np.unique(qr % 97), np.unique(qt % 389)
+    sub = DyadicModel.from_rows(cfg, m.shared(), m.rows(RATER, rs), m.rows(TASK, ts))
+    lr, lt = np.searchsorted(rs, qr % 97), np.searchsorted(ts, qt % 389)
+    np.testing.assert_array_equal(sub.predict(lr, lt)[1], m.predict(qr, qt)[1])
+    np.testing.assert_array_equal(sub.h_min(lr, lt), m.h_min(qr, qt))
+
+
+def test_initial_rows_are_known_without_the_table() -> None:
+    cfg = DyadicConfig(n_classes=3, k=3, rater_slots=50, task_slots=70, seed=4)
+    m = DyadicModel(cfg)
+    slots = np.array([0, 13, 69])
+    np.testing.assert_array_equal(initial_factors(cfg, TASK, slots), m.B[slots])
+    np.testing.assert_array_equal(initial_factors(cfg, RATER, slots[:2]), m.A[slots[:2]])
+    assert not np.array_equal(m.A[0], m.A[1])  # symmetry broken per slot
+    assert np.all(np.abs(m.B - 1.0) <= cfg.init_scale)
