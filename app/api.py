@@ -24,11 +24,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from app import logs, metrics
 from app.auth import allows, ensure_admin_key, issue_key, key_hash
+from app.dyadic import DyadicSettings, settings_for
 from app.engine import EngineLoop
+from app.predictions import MAX_PAIRS, PairPredictions, predict_pairs
 from app.queue import QueueSettings
 from app.runtime import make_engine_loop, open_snapshot_db
 from app.schemas import (
     Accepted,
+    BoundaryPage,
+    DyadicSettingsBody,
     ErrorResponse,
     GoldIn,
     Hyperparameters,
@@ -39,6 +43,9 @@ from app.schemas import (
     KeyCreate,
     KeyCreated,
     LabelIn,
+    PairIn,
+    Prediction,
+    Predictions,
     Project,
     ProjectCreate,
     ProjectCreated,
@@ -54,7 +61,14 @@ from app.schemas import (
 from app.settings import Settings
 from app.snapshots import SnapshotDB, SnapshotInfo, rebuild_store
 from app.store import open_store
-from app.store.base import KeyRecord, ProjectExistsError, ProjectRecord, Scope, Store
+from app.store.base import (
+    KeyRecord,
+    ProjectExistsError,
+    ProjectRecord,
+    Scope,
+    Store,
+    nominal_config,
+)
 from app.views import (
     Globals,
     class_priors,
@@ -74,6 +88,7 @@ CACHE_S = 1.0
 _LABELS = TypeAdapter(list[LabelIn])
 _GOLD = TypeAdapter(list[GoldIn])
 _ITEMS = TypeAdapter(list[ItemIn])
+_PAIRS = TypeAdapter(list[PairIn])
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422)
 }
@@ -118,6 +133,7 @@ class Service:
         self.engine = engine
         self.db = db
         self._configs: dict[tuple[str, float], NominalConfig] = {}
+        self._dyadic: dict[tuple[str, float], DyadicSettings | None] = {}
         self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
 
     def project(self, name: str) -> ProjectRecord:
@@ -156,8 +172,18 @@ class Service:
         key = (record.name, record.created_at)
         cfg = self._configs.get(key)
         if cfg is None:
-            cfg = self._configs[key] = NominalConfig.from_dict(record.config)
+            cfg = self._configs[key] = nominal_config(record)
         return cfg
+
+    def dyadic(self, record: ProjectRecord) -> DyadicSettings:
+        """The project's dyadic settings; 409 when the project has no dyadic model."""
+        key = (record.name, record.created_at)
+        if key not in self._dyadic:
+            self._dyadic[key] = DyadicSettings.of(record.config)
+        settings = self._dyadic[key]
+        if settings is None:
+            raise ApiError(409, "dyadic_disabled", f"project {record.name!r} has no dyadic model")
+        return settings
 
 
 def _service(request: Request) -> Service:
@@ -198,6 +224,7 @@ def _project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
     cfg = dict(record.config)
     slots = cfg.pop("n_worker_slots")
     cfg.pop("n_classes")
+    dyadic = DyadicSettings.of(record.config)
     hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
     g = Globals.parse(svc.store.get_params(record.name, [])[0], svc.config(record))
     log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
@@ -206,6 +233,7 @@ def _project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
         "labels": list(record.labels),
         "hyperparameters": hyper,
         "worker_slots": slots,
+        "dyadic": _dyadic_view(dyadic),
         "created_at": iso(record.created_at),
         "stats": ProjectStats(
             log_end=log_end,
@@ -218,10 +246,59 @@ def _project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
     }
 
 
-def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int) -> list[Any]:
+def _dyadic_view(settings: DyadicSettings | None) -> DyadicSettingsBody:
+    if settings is None:
+        return DyadicSettingsBody(enabled=False)
+    c = settings.config
+    return DyadicSettingsBody(
+        k=c.k, loss=c.loss, reduction=c.reduction, ordinal=c.ordinal, eta=c.eta, l2=c.l2,
+        passes=settings.passes, rater_slots=c.rater_slots, task_slots=c.task_slots,
+    )  # fmt: skip
+
+
+def _dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any] | None:
+    if not body.enabled:
+        return None
+    fields = body.model_dump(exclude={"enabled"})
+    try:
+        return settings_for(n_classes, **fields).to_dict()
+    except ValueError as exc:
+        raise ApiError(422, "invalid_dyadic", str(exc), None, "dyadic") from None
+
+
+def _predictions(
+    record: ProjectRecord, workers: list[str], items: list[str], p: PairPredictions
+) -> list[Prediction]:
+    classes = record.labels
+    h = [None if not np.isfinite(x) else x for x in p.h_min.tolist()]
+    columns = (workers, items, p.labels.tolist(), p.scores.tolist(), h, p.trained.tolist())
+    rows = zip(*columns, strict=True)
+    return [
+        Prediction(
+            worker=w,
+            item=i,
+            label=classes[lab],
+            scores=dict(zip(classes, sc, strict=True)),
+            h_min=hm,
+            trained=t,
+        )
+        for w, i, lab, sc, hm, t in rows
+    ]
+
+
+def _nearest_boundary(preds: list[Prediction], limit: int) -> list[Prediction]:
+    """Smallest h_min first (None: cannot flip, last); ties by worker then item."""
+    inf = float("inf")
+    key = lambda x: (inf if x.h_min is None else x.h_min, x.worker, x.item)  # noqa: E731
+    return sorted(preds, key=key)[:limit]
+
+
+def _parse_block(
+    raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str = "label"
+) -> list[Any]:
     if len(raw) > limit * 2048:
         raise ApiError(
-            413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} labels"
+            413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} {what}s"
         )
     try:  # the common case in one pass over the bytes; errors are explained below
         fast: list[Any] = adapter.validate_json(raw)
@@ -234,12 +311,12 @@ def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int) -> list[Any]
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
     if not isinstance(data, list):
-        raise ApiError(422, "invalid_block", "the body must be a JSON array of labels")
+        raise ApiError(422, "invalid_block", f"the body must be a JSON array of {what}s")
     if not data:
-        raise ApiError(422, "empty_block", "the block holds no labels")
+        raise ApiError(422, "empty_block", f"the block holds no {what}s")
     if len(data) > limit:
         raise ApiError(
-            413, "block_too_large", f"{len(data)} labels in one block; the limit is {limit}"
+            413, "block_too_large", f"{len(data)} {what}s in one block; the limit is {limit}"
         )
     try:
         out: list[Any] = adapter.validate_python(data)
@@ -252,7 +329,7 @@ def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int) -> list[Any]
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(
             422,
-            "invalid_label",
+            f"invalid_{what}",
             f"entry {entry}, field {field!r}: {err['msg']}{more}",
             entry,
             field,
@@ -480,6 +557,21 @@ def _queue_for(
     return out
 
 
+def _boundary_workers(
+    svc: Service, project: str, item: str, candidates: int
+) -> tuple[list[str], list[str]]:
+    """(items, workers) pairs of ``item`` with the workers who have not labelled it, the
+    ``candidates`` with the most labels first."""
+    blob = svc.store.get_item(project, item)
+    done = {w for w, _, _ in orjson.loads(blob)["labels"]} if blob else set()
+    ranked = sorted(
+        ((-orjson.loads(b)["n_labels"], w) for w, b in svc.store.all_workers(project)
+         if w not in done)
+    )  # fmt: skip
+    workers = [w for _, w in ranked[:candidates]]
+    return [item] * len(workers), workers
+
+
 DASHBOARD = Path(__file__).with_name("dashboard")
 SPAMMER_INFORMATIVENESS = 0.1
 
@@ -656,7 +748,9 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
             raise ApiError(
                 422, "invalid_hyperparameters", str(exc), None, "hyperparameters"
             ) from None
-        record = ProjectRecord(body.name, tuple(body.labels), cfg.to_dict(), time.time())
+        config: dict[str, Any] = cfg.to_dict()
+        config["dyadic"] = _dyadic_settings(body.dyadic, len(body.labels))
+        record = ProjectRecord(body.name, tuple(body.labels), config, time.time())
         try:
             svc.store.create_project(record)
         except ProjectExistsError:
@@ -1060,6 +1154,66 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         items = _queue_for(svc, record, settings, limit, worker)
         return QueuePage(
             items=items, size=svc.store.queue_size(project), policy=settings.policy, worker=worker
+        )
+
+    # ------------------------------------------------------------------ predictions
+    @app.post(
+        "/v1/projects/{project}/predictions",
+        operation_id="predict",
+        tags=["predictions"],
+        response_model=Predictions,
+        responses={**_ERRORS, 413: {"model": ErrorResponse}},
+        dependencies=[require("read")],
+        openapi_extra=_array_body("PairIn"),
+    )
+    async def predict(project: str, request: Request) -> Predictions:
+        """The label each worker would give each item (the dyadic model), with per-label
+        scores and h_min, for a JSON array of ``{worker, item}`` (at most 10,000)."""
+        svc = _service(request)
+        record = svc.project(project)
+        settings = svc.dyadic(record)
+        pairs: list[PairIn] = _parse_block(await request.body(), _PAIRS, MAX_PAIRS, "pair")
+        workers, items = [x.worker for x in pairs], [x.item for x in pairs]
+        p = await _in_thread(predict_pairs, svc.store, project, settings, workers, items)
+        return Predictions(predictions=_predictions(record, workers, items, p), position=p.position)
+
+    @app.get(
+        "/v1/projects/{project}/boundary",
+        operation_id="nearest_boundary",
+        tags=["predictions"],
+        response_model=BoundaryPage,
+        responses=_ERRORS,
+        dependencies=[require("read")],
+    )
+    def nearest_boundary(
+        project: str,
+        request: Request,
+        worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+        item: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+        candidates: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 1000,
+    ) -> BoundaryPage:
+        """The (worker, item) pairs nearest the dyadic model's decision boundary (smallest
+        h_min first). With ``worker``: among the items in the active-learning queue this worker
+        has not labelled (the first ``candidates``). With ``item``: among the project's
+        workers who have not labelled it (the ``candidates`` with the most labels)."""
+        svc = _service(request)
+        record = svc.project(project)
+        settings = svc.dyadic(record)
+        if (worker is None) == (item is None):
+            raise ApiError(422, "invalid_query", "give exactly one of worker and item")
+        if worker is not None:
+            blob = svc.store.queue_settings(project)
+            qs = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+            items = [q.item for q in _queue_for(svc, record, qs, candidates, worker)]
+            workers = [worker] * len(items)
+        else:
+            assert item is not None
+            items, workers = _boundary_workers(svc, project, item, candidates)
+        p = predict_pairs(svc.store, project, settings, workers, items)
+        pairs = _nearest_boundary(_predictions(record, workers, items, p), limit)
+        return BoundaryPage(
+            pairs=pairs, worker=worker, item=item, candidates=len(items), position=p.position
         )
 
     # ------------------------------------------------------------------ dashboard

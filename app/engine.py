@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
+from app.dyadic import DyadicSettings, DyadicTrainer
 from app.queue import QueueSettings
 from app.queue import scores as queue_scores
-from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
+from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store, nominal_config
 
 if TYPE_CHECKING:
     from app.snapshots import Snapshotter
@@ -30,7 +31,6 @@ from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
-from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM, statistics_from
 
 log = logging.getLogger("crowdtally.engine")
@@ -71,7 +71,7 @@ class ProjectEngine:
     def __init__(self, record: ProjectRecord) -> None:
         self.record = record
         self.classes = record.labels
-        self.config = NominalConfig.from_dict(record.config)
+        self.config = nominal_config(record)
         self.K = self.config.n_classes
         self.model = OnlineEM(self.config)
         self.items = _Codes()
@@ -95,6 +95,8 @@ class ProjectEngine:
         self._dirty_workers: set[int] = set()
         self._dirty_slots: set[int] = set()
         self._all_rows = False
+        dyadic = DyadicSettings.of(record.config)
+        self.dyadic = DyadicTrainer(dyadic) if dyadic is not None else None
 
     # ---------------------------------------------------------------- applying entries
     def apply(self, entry: LogEntry) -> None:
@@ -111,6 +113,9 @@ class ProjectEngine:
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
             self._predict_all()
+        elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
+            if self.dyadic is not None:
+                self.dyadic.sweep(self.labels)
         elif entry.kind == "refit":
             self._refit()
         elif entry.kind == "items":  # registered before any label: they enter the queue
@@ -160,6 +165,8 @@ class ProjectEngine:
         np.add.at(self.worker_gold_right, worker_codes[has_gold & (gold == labels)], 1)
         self._learn(touched)
         self._dirty_workers.update(worker_codes.tolist())
+        if self.dyadic is not None:  # in the block's own order: what a worker answered, as sent
+            self.dyadic.learn(worker_codes, item_codes, labels, weights)
 
     def _learn(self, touched: IntArray) -> None:
         blocks, _ = self.labels.gather(touched)
@@ -248,6 +255,9 @@ class ProjectEngine:
         self._dirty_items.update(range(n))
 
     # ---------------------------------------------------------------- growing arrays
+    def wants_dyadic_sweep(self) -> bool:
+        return self.dyadic is not None and self.dyadic.wants_sweep(self.labels)
+
     @property
     def items_count(self) -> int:
         return len(self.items.names)
@@ -257,6 +267,8 @@ class ProjectEngine:
             return
         self.labels.add_items(n_new)
         n = self.items_count
+        if self.dyadic is not None:
+            self.dyadic.add_items(self.items.names[n - n_new :])
         if n > self.q.shape[0]:
             cap = max(n, 2 * self.q.shape[0], 1024)
             self.q = grow(self.q, cap, 1.0 / self.K)
@@ -276,6 +288,8 @@ class ProjectEngine:
             self.worker_gold_right = grow(self.worker_gold_right, cap, 0)
         S = self.config.n_worker_slots
         self.worker_slot[n - len(new) : n] = [worker_slot(w, S) for w in new]
+        if self.dyadic is not None:
+            self.dyadic.add_workers(new)
 
     # ---------------------------------------------------------------- serving
     def mark_all_dirty(self) -> None:
@@ -283,6 +297,8 @@ class ProjectEngine:
         self._dirty_items.update(range(self.items_count))
         self._dirty_workers.update(range(len(self.workers.names)))
         self._all_rows = True
+        if self.dyadic is not None:
+            self.dyadic.mark_all_dirty()
 
     def state_update(self) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``."""
@@ -302,9 +318,11 @@ class ProjectEngine:
         self._dirty_slots.clear()
         self._all_rows = False
         settings = orjson.dumps(self.queue_settings.to_dict())
+        dyadic = self.dyadic.update() if self.dyadic is not None else None
         return StateUpdate(
-            self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings
-        )
+            self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
+            dyadic,
+        )  # fmt: skip
 
     def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str]]:
         """Scores of the items whose posterior or label count changed (all when the settings,
@@ -419,6 +437,7 @@ class EngineLoop:
         self._catch_up: dict[str, int] = {}
         self._last_label: dict[str, float] = {}
         self._refine_due: dict[str, bool] = {}
+        self._sweep_pending: dict[str, bool] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -452,17 +471,15 @@ class EngineLoop:
         if not entries:
             if snap is not None and eng.position >= self._catch_up.get(name, 0):
                 snap.maybe_snapshot(eng)  # the last entries before a quiet spell too
-            if (
-                self._refine_due.get(name)
-                and now - self._last_label.get(name, now) >= self.refine_idle_s
-            ):
-                self._refine_due[name] = False
-                self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
+            if now - self._last_label.get(name, now) >= self.refine_idle_s:
+                self._idle_sweeps(name, eng)
             return 0
         force_snapshot = False
         for entry in entries:
             eng.apply(entry)
             force_snapshot |= entry.kind == "snapshot"
+            if entry.kind == "dyadic":
+                self._sweep_pending[name] = False
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
                 self._refine_due[name] = self.refine_passes > 0
@@ -473,13 +490,33 @@ class EngineLoop:
                 snap.maybe_snapshot(eng, force=force_snapshot)
         return len(entries)
 
+    def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
+        """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic
+        pass while its labels have had fewer passes than configured (one entry at a time)."""
+        if self.refine_passes <= 0:
+            return
+        if self._refine_due.get(name):
+            self._refine_due[name] = False
+            self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
+        elif not self._sweep_pending.get(name) and eng.wants_dyadic_sweep():
+            self._sweep_pending[name] = True
+            self.store.append(name, "dyadic", b"{}")
+
+    def _busy(self) -> bool:
+        """Sweeps still to come (what ``run_until_idle`` waits for)."""
+        if self.refine_passes <= 0:
+            return False
+        return any(self._refine_due.values()) or any(
+            self._sweep_pending.get(n) or e.wants_dyadic_sweep() for n, e in self.engines.items()
+        )
+
     # ------------------------------------------------------------------ running
     def run_until_idle(self, timeout_s: float = 120.0) -> None:
         """Apply entries, refinement sweeps included, until nothing is left (tests, CLI)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.step() == 0:
-                if not any(self._refine_due.values()):
+                if not self._busy():
                     return
                 time.sleep(self.poll_s)
         raise TimeoutError("the engine did not become idle")

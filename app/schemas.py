@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from app.triples import MAX_ID_LENGTH
+from core.dyadic import LOSSES, REDUCTIONS, DyadicConfig
 from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig
 
@@ -15,6 +16,7 @@ ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LE
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MAX_CLASSES = 256
 _DEFAULTS = NominalConfig(n_classes=2)
+_DYADIC = DyadicConfig()
 
 
 class Strict(BaseModel):
@@ -39,11 +41,29 @@ class Hyperparameters(Strict):
     class_rate: float = Field(_DEFAULTS.class_rate, ge=0)
 
 
+class DyadicSettingsBody(Strict):
+    """The dyadic model that predicts what a worker would answer on an item (docs/dyadic.md)."""
+
+    enabled: bool = True
+    k: int = Field(_DYADIC.k, ge=0, le=16, description="Latent dimension (0: the linear model).")
+    loss: Literal[tuple(LOSSES)] | None = Field(  # type: ignore[valid-type]
+        None, description="Default: quantile for ordinal labels, else " + _DYADIC.loss + "."
+    )
+    reduction: Literal[REDUCTIONS] = _DYADIC.reduction  # type: ignore[valid-type]
+    ordinal: bool = Field(False, description="The labels are a scale, listed in order.")
+    eta: float = Field(_DYADIC.eta, gt=0, le=100)
+    l2: float = Field(_DYADIC.l2, ge=0, le=0.5)
+    passes: int = Field(10, ge=1, le=100, description="Passes over each label, sweeps included.")
+    rater_slots: int = Field(_DYADIC.rater_slots, ge=1, le=1 << 22)
+    task_slots: int = Field(_DYADIC.task_slots, ge=1, le=1 << 24)
+
+
 class ProjectCreate(Strict):
     name: ProjectName
     labels: list[LabelName] = Field(min_length=2, max_length=MAX_CLASSES)
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     worker_slots: int = Field(DEFAULT_WORKER_SLOTS, ge=1, le=1 << 22)
+    dyadic: DyadicSettingsBody = Field(default_factory=DyadicSettingsBody)
 
     @field_validator("labels")
     @classmethod
@@ -67,6 +87,7 @@ class Project(BaseModel):
     labels: list[str]
     hyperparameters: Hyperparameters
     worker_slots: int
+    dyadic: DyadicSettingsBody
     created_at: str
     stats: ProjectStats
 
@@ -222,3 +243,34 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class PairIn(Strict):
+    worker: ExternalId
+    item: ExternalId
+
+
+class Prediction(BaseModel):
+    worker: str
+    item: str
+    label: str = Field(description="The label this worker is predicted to give this item.")
+    scores: dict[str, float] = Field(description="Per-label scores; the label has the highest.")
+    h_min: float | None = Field(
+        description="Smallest importance weight of one more (worker, item) example with the "
+        "runner-up label that would flip the prediction: small = near the boundary. "
+        "null: no weight flips it."
+    )
+    trained: bool = Field(description="Both the worker's and the item's rows have been trained.")
+
+
+class Predictions(BaseModel):
+    predictions: list[Prediction]
+    position: int = Field(description="Log position of the model that made them.")
+
+
+class BoundaryPage(BaseModel):
+    pairs: list[Prediction] = Field(description="Smallest h_min first.")
+    worker: str | None
+    item: str | None
+    candidates: int = Field(description="Pairs scored to find these.")
+    position: int

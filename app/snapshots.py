@@ -80,6 +80,8 @@ def capture(eng: ProjectEngine) -> Capture:
         "count_rows": p.counts[used],
         "meta": np.array([FORMAT, eng.position, eng.computed_at]),
     }
+    if eng.dyadic is not None:
+        arrays.update(eng.dyadic.capture())
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
         eng.queue_settings.to_dict(),
@@ -129,6 +131,8 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     eng.labels.append(
         z["label_item"], z["label_slot"], z["label_label"], z["label_weight"], z["label_worker"]
     )
+    if eng.dyadic is not None and "dyadic_shared" in z.files:  # (older snapshots: none)
+        eng.dyadic.restore(z)
     eng.position, eng.computed_at = int(position), float(computed_at)
     eng.queue_settings = QueueSettings(**names["queue"])
     return eng

@@ -12,11 +12,18 @@ part of a key name or a statement.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-EntryKind = Literal["labels", "gold", "refine", "refit", "snapshot", "items", "settings"]
+from core.nominal import NominalConfig
+
+if TYPE_CHECKING:
+    from app.dyadic import DyadicUpdate
+
+EntryKind = Literal[
+    "labels", "gold", "refine", "refit", "snapshot", "items", "settings", "dyadic"
+]  # fmt: skip
 Scope = Literal["admin", "read", "write"]
 
 
@@ -29,7 +36,8 @@ class ProjectRecord:
     name: str
     labels: tuple[str, ...]
     config: dict[str, Any]
-    """NominalConfig fields (n_classes and n_worker_slots included)."""
+    """NominalConfig fields (n_classes and n_worker_slots included), and ``dyadic``: the
+    dyadic model's settings (``app.dyadic.DyadicSettings``; absent or None: no dyadic model)."""
     created_at: float
 
     def to_json(self) -> bytes:
@@ -84,6 +92,7 @@ class StateUpdate:
     queue_remove: list[str] = field(default_factory=list)
     """Items that left the queue (finished)."""
     queue_settings: bytes | None = None
+    dyadic: DyadicUpdate | None = None
 
 
 class Store(Protocol):
@@ -130,6 +139,13 @@ class Store(Protocol):
         """The shared parameters and the given slots' rows, read consistently."""
         ...
 
+    def get_dyadic(
+        self, project: str, raters: list[int], tasks: list[int]
+    ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
+        """(applied position, shared parameters, rater rows, task rows) of the dyadic model,
+        read consistently; None where nothing was written yet."""
+        ...
+
     def scan_items(
         self, project: str, cursor: int, count: int
     ) -> tuple[int, list[tuple[str, bytes]]]:
@@ -148,3 +164,8 @@ class Store(Protocol):
     def all_workers(self, project: str) -> list[tuple[str, bytes]]: ...
     def ping(self) -> bool: ...
     def close(self) -> None: ...
+
+
+def nominal_config(record: ProjectRecord) -> NominalConfig:
+    """The nominal model's config of a project (its record also holds the dyadic settings)."""
+    return NominalConfig.from_dict({k: v for k, v in record.config.items() if k != "dyadic"})

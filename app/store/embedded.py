@@ -37,6 +37,9 @@ class _ProjectState:
         self.workers: dict[str, bytes] = {}
         self.queue: dict[str, float] = {}
         self.queue_settings: bytes | None = None
+        self.dyadic_shared: bytes | None = None
+        self.dyadic_raters: dict[int, bytes] = {}
+        self.dyadic_tasks: dict[int, bytes] = {}
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
 
 
@@ -208,6 +211,10 @@ class EmbeddedStore:
                 st._ranked = None
             if update.queue_settings is not None:
                 st.queue_settings = update.queue_settings
+            if update.dyadic is not None:
+                st.dyadic_shared = update.dyadic.shared
+                st.dyadic_raters.update(update.dyadic.raters)
+                st.dyadic_tasks.update(update.dyadic.tasks)
             st.applied = max(st.applied, update.position)
 
     def applied_position(self, project: str) -> int:
@@ -224,6 +231,16 @@ class EmbeddedStore:
             if st is None:
                 return None, [None] * len(slots)
             return st.globals, [st.rows.get(s) for s in slots]
+
+    def get_dyadic(
+        self, project: str, raters: list[int], tasks: list[int]
+    ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return 0, None, [None] * len(raters), [None] * len(tasks)
+            r = [st.dyadic_raters.get(s) for s in raters]
+            return st.applied, st.dyadic_shared, r, [st.dyadic_tasks.get(s) for s in tasks]
 
     def scan_items(
         self, project: str, cursor: int, count: int

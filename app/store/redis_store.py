@@ -46,6 +46,11 @@ return {pos, accepted}
 """
 
 
+_STATE_KEYS = (
+    "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks"
+)  # fmt: skip
+
+
 class RedisStore:
     log_in_sql = False
 
@@ -86,7 +91,7 @@ class RedisStore:
         pipe = self.r.pipeline()
         if doomed:
             pipe.hdel(self._keys_key, *doomed)
-        for what in ("ids", "log", "seq", "state", "rows", "items", "workers", "queue"):
+        for what in _STATE_KEYS:
             pipe.delete(self._k(name, what))
         pipe.execute()
         return True
@@ -180,6 +185,11 @@ class RedisStore:
             pipe.zrem(self._k(project, "queue"), *update.queue_remove)
         if update.queue_settings is not None:
             pipe.hset(state, "queue_settings", update.queue_settings)
+        if update.dyadic is not None:
+            pipe.hset(state, "dyadic", update.dyadic.shared)
+            for what, rows in (("draters", update.dyadic.raters), ("dtasks", update.dyadic.tasks)):
+                if rows:
+                    pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
         pipe.hset(state, "applied", update.position)
         pipe.execute()
 
@@ -198,6 +208,21 @@ class RedisStore:
             pipe.hmget(self._k(project, "rows"), [str(s) for s in slots])
         res = pipe.execute()
         return res[0], (res[1] if slots else [])
+
+    def get_dyadic(
+        self, project: str, raters: list[int], tasks: list[int]
+    ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hmget(self._k(project, "state"), ["applied", "dyadic"])
+        if raters:
+            pipe.hmget(self._k(project, "draters"), [str(s) for s in raters])
+        if tasks:
+            pipe.hmget(self._k(project, "dtasks"), [str(s) for s in tasks])
+        res = pipe.execute()
+        (applied, shared), rest = res[0], res[1:]
+        r = rest.pop(0) if raters else []
+        t = rest.pop(0) if tasks else []
+        return int(applied or 0), shared, r, t
 
     def scan_items(
         self, project: str, cursor: int, count: int
