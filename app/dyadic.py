@@ -126,17 +126,15 @@ class DyadicTrainer:
         return DyadicUpdate(raters, tasks, self.model.shared().tobytes())
 
     # ------------------------------------------------------------------ snapshots
-    def capture(self) -> dict[str, npt.NDArray[Any]]:
-        """Copies of the learned state: only touched rows (the rest is the initial model)."""
-        r, t = np.flatnonzero(self.rater_touched), np.flatnonzero(self.task_touched)
-        return {
-            "dyadic_rater_slots": r,
-            "dyadic_rater_rows": self.model.rows(RATER, r),
-            "dyadic_task_slots": t,
-            "dyadic_task_rows": self.model.rows(TASK, t),
-            "dyadic_shared": self.model.shared(),
-            "dyadic_examples": np.array([self.examples], dtype=np.int64),
-        }
+    def capture(self) -> DyadicCapture:
+        """Copies of the learned state (plain copies: the engine thread's stall)."""
+        return DyadicCapture(
+            self.config,
+            self.model.arrays(),
+            self.rater_touched.copy(),
+            self.task_touched.copy(),
+            self.examples,
+        )
 
     def restore(self, arrays: Any) -> None:
         """The inverse of ``capture`` (the engine re-adds workers and items by name)."""
@@ -147,6 +145,28 @@ class DyadicTrainer:
         self.rater_touched[r] = True
         self.task_touched[t] = True
         self.examples = int(arrays["dyadic_examples"][0])
+
+
+@dataclass
+class DyadicCapture:
+    config: DyadicConfig
+    tables: dict[str, npt.NDArray[np.float64]]
+    rater_touched: npt.NDArray[np.bool_]
+    task_touched: npt.NDArray[np.bool_]
+    examples: int
+
+    def pack(self) -> dict[str, npt.NDArray[Any]]:
+        """The snapshot's arrays: only touched rows (the rest is the initial model)."""
+        model = DyadicModel.from_arrays(self.config, self.tables)
+        r, t = np.flatnonzero(self.rater_touched), np.flatnonzero(self.task_touched)
+        return {
+            "dyadic_rater_slots": r,
+            "dyadic_rater_rows": model.rows(RATER, r),
+            "dyadic_task_slots": t,
+            "dyadic_task_rows": model.rows(TASK, t),
+            "dyadic_shared": model.shared(),
+            "dyadic_examples": np.array([self.examples], dtype=np.int64),
+        }
 
 
 def _append(ids: IntArray, n: int, names: list[str]) -> tuple[IntArray, int]:

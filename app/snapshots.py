@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from app.db import ApiKeyRow, LabelIdRow, LogRow, ProjectRow, SnapshotRow
+from app.dyadic import DyadicCapture
 from app.engine import ProjectEngine
 from app.queue import QueueSettings
 from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
@@ -45,6 +46,8 @@ class Capture:
     item_names: list[str]
     worker_names: list[str]
     queue_settings: dict[str, Any]
+    dyadic: DyadicCapture | None = None
+    """Copied in the engine's thread, packed to its touched rows by ``encode``."""
 
     @property
     def n_labels(self) -> int:
@@ -80,11 +83,9 @@ def capture(eng: ProjectEngine) -> Capture:
         "count_rows": p.counts[used],
         "meta": np.array([FORMAT, eng.position, eng.computed_at]),
     }
-    if eng.dyadic is not None:
-        arrays.update(eng.dyadic.capture())
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
-        eng.queue_settings.to_dict(),
+        eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
     )  # fmt: skip
 
 
@@ -94,6 +95,8 @@ def encode(cap: Capture) -> bytes:
         {"items": cap.item_names, "workers": cap.worker_names, "queue": cap.queue_settings}
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
+    if cap.dyadic is not None:
+        arrays.update(cap.dyadic.pack())
     np.savez(buf, **arrays)
     return zlib.compress(buf.getvalue(), 1)  # level 1: ~3x smaller for ~0.1 s per 10 MB
 

@@ -1,6 +1,7 @@
 """Snapshot cost on 1,000,000 labels over 200,000 items: ``python -m bench.snapshot``.
 
-Builds a project's engine state from the synthetic million answers (bench.synthetic), then
+Builds a project's engine state (the API's defaults: the dyadic model on) from the synthetic
+million answers (bench.synthetic), then
 times (a) the capture, the only part that runs in the engine's thread and so stalls the
 engine (in the embedded mode, the ingest thread shares the process too), and (b) the encoding
 and the SQL write (archive + snapshot row), on a SQLite file and on PostgreSQL. Then restores
@@ -18,6 +19,7 @@ import numpy as np
 import orjson
 
 from app.db import sql_engine, upgrade
+from app.dyadic import settings_for
 from app.engine import ProjectEngine
 from app.snapshots import SnapshotDB, capture, encode, restore
 from app.store.base import LogEntry, ProjectRecord
@@ -30,7 +32,8 @@ def build(n_items: int, per_item: int, seed: int) -> tuple[ProjectEngine, list[L
     data = dawid_skene(n_items, per_item, 2000, K, seed)
     items, workers, labels = data.items, data.workers, data.labels
     order = np.random.default_rng(seed).permutation(items.size)
-    record = ProjectRecord("bench", tuple("abcde"), NominalConfig(n_classes=K).to_dict(), 1.0)
+    config = {**NominalConfig(n_classes=K).to_dict(), "dyadic": settings_for(K).to_dict()}
+    record = ProjectRecord("bench", tuple("abcde"), config, 1.0)  # the API's defaults
     eng = ProjectEngine(record)
     entries = []
     item_ids = np.char.add("item-", items.astype(str))
@@ -46,6 +49,12 @@ def build(n_items: int, per_item: int, seed: int) -> tuple[ProjectEngine, list[L
         entries.append(LogEntry(n + 1, "labels", orjson.dumps(body)))
         eng.apply(entries[-1])
     return eng, entries
+
+
+def _same_dyadic(a: ProjectEngine, b: ProjectEngine) -> bool:
+    assert a.dyadic is not None and b.dyadic is not None
+    ours, theirs = a.dyadic.model.arrays(), b.dyadic.model.arrays()
+    return all(np.array_equal(v, theirs[k]) for k, v in ours.items())
 
 
 def main() -> None:
@@ -97,8 +106,10 @@ def main() -> None:
                 assert latest is not None
                 back = restore(eng.record, latest[1])
                 t_restore = time.perf_counter() - t
-                same = back.model.params.equals(eng.model.params) and np.array_equal(
-                    back.q[: eng.items_count], eng.q[: eng.items_count]
+                same = (
+                    back.model.params.equals(eng.model.params)
+                    and np.array_equal(back.q[: eng.items_count], eng.q[: eng.items_count])
+                    and _same_dyadic(back, eng)
                 )
                 print(f"{label:<11} encode + write (with a {len(entries)}-entry archive of the 1M labels): {t_write:.2f} s  "
                       f"(target <= 5 s), {info.size_bytes / 2**20:.1f} MiB; restore {t_restore:.2f} s, identical: {same}")  # fmt: skip
