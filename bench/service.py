@@ -11,11 +11,14 @@ small asyncio HTTP/1.1 client (pre-built request bytes, kept-alive connections) 
    (``GET /v1/projects/{p}`` polled every ``--poll-ms``);
 3. latency of ``GET /v1/projects/{p}/items/{item}`` on random posted items under an open-loop
    load of ``--rate`` requests/s for ``--seconds`` s: p50, p99, max and the achieved rate.
-   Latency runs from each request's *scheduled* send time (no coordinated omission).
+   Latency runs from each request's *scheduled* send time (no coordinated omission);
+4. the same for ``POST /v1/projects/{p}/predictions`` of ``--predict-pairs`` random
+   (worker, item) pairs at ``--predict-rate`` requests/s (the dyadic model; no target).
 
-Between 2 and 3 it waits for the engine's refinement sweep (``CROWDTALLY_REFINE_PASSES``
-passes over every item, ``CROWDTALLY_REFINE_IDLE_S`` after the last label) to be applied, so
-the GETs measure the steady state; the sweep's time is printed.
+Between 2 and 3 it waits for the engine's idle sweeps to be applied (the refinement sweep:
+``CROWDTALLY_REFINE_PASSES`` passes over every item, ``CROWDTALLY_REFINE_IDLE_S`` after the last
+label; then the dyadic model's passes over every label), so the GETs measure the steady
+state; the sweeps' time is printed.
 
 Everything lives under its own Redis key prefix (``benchsvc-<random>`` unless
 ``--redis-prefix``), deleted at the end, and the SQL snapshots in a SQLite file of the run's own
@@ -51,6 +54,7 @@ HOST = "127.0.0.1"
 TARGET_LABELS_PER_S = 50_000.0
 TARGET_LAG_S = 2.0
 TARGET_P99_MS = 10.0
+QUIET_S = 1.5  # no new sweep entry for this long: the engine is idle
 
 
 # ---------------------------------------------------------------------------------- data
@@ -325,6 +329,25 @@ def profiled(out: Path | None, pids: dict[str, int], phase: str) -> Iterator[Non
 
 # ---------------------------------------------------------------------------------- phases
 @dataclass
+class Latencies:
+    """An open-loop phase: latency from each request's scheduled send, and on the wire."""
+
+    from_due_ms: list[float] = field(default_factory=list)
+    wire_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    rate: float = float("nan")
+
+    def line(self) -> str:
+        return (
+            f"{len(self.from_due_ms):,} requests, {self.errors} errors, achieved "
+            f"{self.rate:.1f}/s; from scheduled send p50 {pct(self.from_due_ms, 50):.2f} ms, "
+            f"p99 {pct(self.from_due_ms, 99):.2f} ms, max "
+            f"{max(self.from_due_ms, default=float('nan')):.2f} ms; on the wire p50 "
+            f"{pct(self.wire_ms, 50):.2f} ms, p99 {pct(self.wire_ms, 99):.2f} ms"
+        )
+
+
+@dataclass
 class Results:
     labels_per_s: float = float("nan")
     post_seconds: float = float("nan")
@@ -334,10 +357,9 @@ class Results:
     lag_s: float = float("nan")
     behind_at_ack: int = 0
     refine_s: float | None = None
-    get_ms: list[float] = field(default_factory=list)
-    get_service_ms: list[float] = field(default_factory=list)
-    get_errors: int = 0
-    get_rate: float = float("nan")
+    sweeps: int = 0
+    get: Latencies = field(default_factory=Latencies)
+    predict: Latencies = field(default_factory=Latencies)
     cpu: dict[str, str] = field(default_factory=dict)
 
 
@@ -470,35 +492,30 @@ async def lag_phase(
 async def settle_phase(
     port: int, project: str, key: str, last_position: int, timeout_s: float, res: Results
 ) -> None:
-    """Wait for the engine's refinement sweep (a log entry after the labels) to be applied."""
+    """Wait for the engine's idle sweeps (log entries after the labels: the refinement sweep,
+    then the dyadic passes) to be applied, and the log to stay quiet for QUIET_S."""
     t0 = time.perf_counter()
     conn = await Conn(port).open()
     raw = build("GET", f"/v1/projects/{project}", key)
+    done_at, end = 0.0, -1
     try:
         while time.perf_counter() - t0 < timeout_s:
             s = await stats(conn, raw)
+            now = time.perf_counter()
             if s["log_end"] > last_position and s["applied"] == s["log_end"]:
-                res.refine_s = time.perf_counter() - t0
-                return
+                if s["log_end"] != end:
+                    done_at, end = now, s["log_end"]
+                elif now - done_at >= QUIET_S:
+                    res.refine_s = done_at - t0
+                    res.sweeps = end - last_position
+                    return
             await asyncio.sleep(0.05)
     finally:
         conn.close()
 
 
-async def get_phase(
-    port: int,
-    project: str,
-    key: str,
-    data: Dataset,
-    rate: float,
-    seconds: float,
-    seed: int,
-    res: Results,
-) -> None:
-    n = max(int(rate * seconds), 1)
-    rng = np.random.default_rng(seed + 1)
-    picks = rng.integers(0, data.n_items, size=n).tolist()
-    requests = [build("GET", f"/v1/projects/{project}/items/{data.items[i]}", key) for i in picks]
+async def open_loop(port: int, requests: list[bytes], rate: float, out: Latencies) -> None:
+    """Send ``requests`` at ``rate``/s whatever the answers' pace (no coordinated omission)."""
     pool: asyncio.Queue[Conn] = asyncio.Queue()
     conns = [await Conn(port).open() for _ in range(32)]
     for c in conns:
@@ -517,9 +534,9 @@ async def get_phase(
         done = time.perf_counter()
         last_done = max(last_done, done)
         if status != 200:
-            res.get_errors += 1
-        res.get_ms.append(1e3 * (done - due))
-        res.get_service_ms.append(1e3 * (done - sent))
+            out.errors += 1
+        out.from_due_ms.append(1e3 * (done - due))
+        out.wire_ms.append(1e3 * (done - sent))
 
     t0 = time.perf_counter() + 0.05
     try:
@@ -535,7 +552,29 @@ async def get_phase(
             t.cancel()
         for c in conns:
             c.close()
-    res.get_rate = len(res.get_ms) / (last_done - t0) if last_done > t0 else float("nan")
+    out.rate = len(out.from_due_ms) / (last_done - t0) if last_done > t0 else float("nan")
+
+
+def get_requests(project: str, key: str, data: Dataset, n: int, seed: int) -> list[bytes]:
+    picks = np.random.default_rng(seed + 1).integers(0, data.n_items, size=n).tolist()
+    return [build("GET", f"/v1/projects/{project}/items/{data.items[i]}", key) for i in picks]
+
+
+def predict_requests(
+    project: str, key: str, data: Dataset, n: int, pairs: int, seed: int
+) -> list[bytes]:
+    """POST /predictions of ``pairs`` random (worker, item) pairs each."""
+    rng = np.random.default_rng(seed + 2)
+    out = []
+    for _ in range(n):
+        items = rng.integers(0, data.n_items, size=pairs).tolist()
+        workers = rng.integers(0, data.n_workers, size=pairs).tolist()
+        body = [
+            {"worker": f"worker-{w:05d}", "item": data.items[i]}
+            for w, i in zip(workers, items, strict=True)
+        ]
+        out.append(build("POST", f"/v1/projects/{project}/predictions", key, orjson.dumps(body)))
+    return out
 
 
 async def run(args: argparse.Namespace, cluster: Cluster, admin: str, res: Results) -> None:
@@ -567,10 +606,18 @@ async def run(args: argparse.Namespace, cluster: Cluster, admin: str, res: Resul
     if engine_settings.refine_passes > 0:
         timeout = engine_settings.refine_idle_s + 120
         await settle_phase(port, project, key, last_position, timeout, res)
+    n = max(int(args.rate * args.seconds), 1)
     with CpuMeter(pids) as m, profiled(spy, pids, "get"):
-        await get_phase(port, project, key, data, args.rate, args.seconds, args.seed, res)
+        await open_loop(port, get_requests(project, key, data, n, args.seed), args.rate, res.get)
     res.cpu["GET"] = m.line()
     cluster.check_alive()
+    if args.predict_rate > 0:
+        n = max(int(args.predict_rate * args.seconds), 1)
+        raws = predict_requests(project, key, data, n, args.predict_pairs, args.seed)
+        with CpuMeter(pids) as m:
+            await open_loop(port, raws, args.predict_rate, res.predict)
+        res.cpu["predict"] = m.line()
+        cluster.check_alive()
 
 
 # ---------------------------------------------------------------------------------- report
@@ -582,8 +629,8 @@ def report(args: argparse.Namespace, res: Results) -> bool:
 
     ok_rate = res.labels_per_s >= TARGET_LABELS_PER_S
     ok_lag = res.lag_s <= TARGET_LAG_S
-    p99 = pct(res.get_ms, 99)
-    ok_p99 = p99 <= TARGET_P99_MS and res.get_errors == 0
+    p99 = pct(res.get.from_due_ms, 99)
+    ok_p99 = p99 <= TARGET_P99_MS and res.get.errors == 0
     rows.append(
         (
             f"POST labels/s acknowledged ({args.block:,}/block, {args.connections} conns)",
@@ -627,15 +674,15 @@ def report(args: argparse.Namespace, res: Results) -> bool:
         f"lag: {res.behind_at_ack} log entries behind at the last ack; CPU {res.cpu.get('lag', '?')}"
     )
     if res.refine_s is not None:
-        print(f"refinement sweep applied {res.refine_s:.2f} s after catching up (before the GETs)")
-    print(
-        f"GET: {len(res.get_ms):,} requests, {res.get_errors} errors, achieved {res.get_rate:.1f}/s; "
-        f"from scheduled send p50 {pct(res.get_ms, 50):.2f} ms, p99 {p99:.2f} ms, "
-        f"max {max(res.get_ms, default=float('nan')):.2f} ms; on the wire p50 "
-        f"{pct(res.get_service_ms, 50):.2f} ms, p99 {pct(res.get_service_ms, 99):.2f} ms; "
-        f"CPU {res.cpu.get('GET', '?')}"
-    )
-    return ok_rate and ok_lag and ok_p99
+        print(f"{res.sweeps} idle sweeps (refinement, dyadic passes) applied {res.refine_s:.2f} s "
+              "after catching up (before the GETs)")  # fmt: skip
+    print(f"GET item: {res.get.line()}; CPU {res.cpu.get('GET', '?')}")
+    if res.predict.from_due_ms:
+        print(
+            f"POST predictions ({args.predict_pairs} pairs each, {args.predict_rate:g}/s open "
+            f"loop): {res.predict.line()}; CPU {res.cpu.get('predict', '?')}"
+        )
+    return ok_rate and ok_lag and ok_p99 and res.predict.errors == 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -647,6 +694,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--connections", type=int, default=8, help="concurrent POST connections")
     p.add_argument("--rate", type=float, default=500.0, help="GET item requests/s (open loop)")
+    p.add_argument(
+        "--predict-rate", type=float, default=200.0, help="POST predictions/s (open loop; 0: skip)"
+    )
+    p.add_argument("--predict-pairs", type=int, default=10, help="pairs per predictions request")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the GET phase")
     p.add_argument("--poll-ms", type=float, default=5.0, help="stats poll interval for the lag")
     p.add_argument(
