@@ -61,7 +61,7 @@ class BatchEM:
     ``blocks`` hold one block per item whose ``slots`` are exact worker codes 0..W-1.
     """
 
-    def __init__(self, config: NominalConfig, max_iter: int = 200, tol: float = 1e-6) -> None:
+    def __init__(self, config: NominalConfig, max_iter: int = 1000, tol: float = 1e-6) -> None:
         self.config = config
         self.max_iter = max_iter
         self.tol = tol
@@ -73,10 +73,12 @@ class BatchEM:
         progress: Callable[[int, float], None] | None = None,
         known: IntArray | None = None,
     ) -> tuple[AggregationResult, NominalParams]:
-        """Run EM from a majority-vote start until F improves by less than tol * |F|.
+        """Run EM from a majority-vote start to its fixed point, accelerated by SQUAREM.
 
-        ``known[i]`` >= 0 is item i's true class (gold): its posterior is held at that class
-        in every E-step, so the M-steps learn the workers' confusions from it.
+        Converged when one EM iteration moves no parameter (logit) by more than ``tol``;
+        ``max_iter`` bounds the EM iterations (E-steps). ``known[i]`` >= 0 is item i's true
+        class (gold): its posterior is held at that class in every E-step, so the M-steps
+        learn the workers' confusions from it.
         """
         cfg, K = self.config, self.config.n_classes
         params = NominalParams(
@@ -90,22 +92,58 @@ class BatchEM:
         q[gold] = eye[known[gold]] if known is not None else q[gold]
         clarity = np.zeros(blocks.n_blocks)
         history: list[float] = []
-        for it in range(self.max_iter):
-            self._m_step(blocks, q, clarity, params)
-            q, clarity, f = self._e_step(blocks, params, clarity)
+        self._m_step(blocks, q, clarity, params)
+        layout = _Layout(params, clarity if cfg.difficulty else None)
+
+        def em(x: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, float]:
+            """One EM iteration from the packed state x: E-step at x (its posteriors and F),
+            then the M-step; returns (the next state, q, clarity, F(x))."""
+            p, b = layout.unpack(x, clarity)
+            q, b, f = self._e_step(blocks, p, b)
             if known is not None:
                 q[gold] = eye[known[gold]]
             history.append(f)
             if progress is not None:
-                progress(it + 1, f)
-            if it > 0 and abs(history[-1] - history[-2]) < self.tol * abs(history[-1]):
+                progress(len(history), f)
+            self._m_step(blocks, q, b, p)
+            return layout.pack(p, b), q, b, f
+
+        x0 = layout.pack(params, clarity)
+        # the latest accepted state whose E-step we have: (state, q, clarity, F)
+        fit: tuple[FloatArray, FloatArray, FloatArray, float] = (x0, q, clarity, -np.inf)
+        while len(history) < self.max_iter:
+            # SQUAREM (Varadhan & Roland 2008, scheme S3): two EM iterations x0 -> x1 -> x2,
+            # a step along them of length -alpha >= 1, then one EM iteration from there. The
+            # step is halved back toward the plain EM point x2 until F does not decrease.
+            x1, q0, b0, f0 = em(x0)
+            fit = (x0, q0, b0, f0)
+            if _max_abs(x1 - x0) < self.tol or len(history) >= self.max_iter:
                 break
+            x2, q1, b1, f1 = em(x1)
+            fit = (x1, q1, b1, f1)
+            if _max_abs(x2 - x1) < self.tol:
+                break
+            r, v = x1 - x0, x2 - 2.0 * x1 + x0
+            norm_v = float(np.linalg.norm(v))
+            alpha = min(-float(np.linalg.norm(r)) / norm_v, -1.0) if norm_v > 0 else -1.0
+            x0 = x2
+            while alpha < -1.0 and len(history) < self.max_iter:
+                x_try = x1 - r - 2.0 * alpha * r + alpha * alpha * v
+                x_next, q_try, b_try, f_try = em(x_try)
+                if np.isfinite(f_try) and f_try >= f1:
+                    x0, fit = x_next, (x_try, q_try, b_try, f_try)
+                    break
+                alpha = min((alpha - 1.0) / 2.0, -1.0)
+        params, _ = layout.unpack(fit[0], clarity)
+        q_fit, b_fit = fit[1], fit[2]
+        if history and history[-1] != fit[3]:  # stopped by max_iter after a rejected step
+            history.append(fit[3])
         errors = params.worker_confusion(np.arange(n_workers))
         result = AggregationResult(
-            probas=q,
+            probas=q_fit,
             priors=params.class_priors(),
             errors=errors,
-            clarity=clarity if cfg.difficulty else None,
+            clarity=b_fit if cfg.difficulty else None,
             objective=history,
         )
         return result, params
@@ -201,6 +239,37 @@ class BatchEM:
             neg_hess = n * (np.diag(pi) - np.outer(pi, pi)) + lam * np.eye(pi.size)
             g_pi = g_pi + np.linalg.solve(neg_hess, grad)
         params.class_logits[:] = g_pi
+
+
+def _max_abs(x: FloatArray) -> float:
+    return float(np.max(np.abs(x))) if x.size else 0.0
+
+
+class _Layout:
+    """The EM state (gamma_pi, Gamma, A and, with difficulty, every b_i) as one vector."""
+
+    def __init__(self, params: NominalParams, clarity: FloatArray | None) -> None:
+        self.shapes = [params.class_logits.shape, params.population.shape, params.worker.shape]
+        self.with_clarity = clarity is not None
+        if clarity is not None:
+            self.shapes.append(clarity.shape)
+        self.ends = np.cumsum([int(np.prod(s)) for s in self.shapes])
+
+    def pack(self, params: NominalParams, clarity: FloatArray) -> FloatArray:
+        parts = [params.class_logits.ravel(), params.population.ravel(), params.worker.ravel()]
+        if self.with_clarity:
+            parts.append(clarity)
+        return np.concatenate(parts)
+
+    def unpack(self, x: FloatArray, clarity: FloatArray) -> tuple[NominalParams, FloatArray]:
+        """Parameters (copies) and the clarity (``clarity`` itself without difficulty)."""
+        pieces = np.split(x, self.ends[:-1])
+        params = NominalParams(
+            pieces[0].reshape(self.shapes[0]).copy(),
+            pieces[1].reshape(self.shapes[1]).copy(),
+            pieces[2].reshape(self.shapes[2]).copy(),
+        )
+        return params, (pieces[3].copy() if self.with_clarity else clarity)
 
 
 def into_slots(
