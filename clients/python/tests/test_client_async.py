@@ -41,6 +41,12 @@ def test_async_round_trip(live_server: LiveServer) -> None:
                 await c.post_labels(name, [("q1", "w1", "maybe")])
             assert err.value.code == "unknown_label" and err.value.entry == 0
             assert (await c.get_project(name)).stats.n_labels == 120
+            sync_like = await c.predict(name, [("w1", "q1"), ("w2", "q7")])
+            assert [p.trained for p in sync_like] == [True, True]
+            page = await c.boundary(name, worker="w1", limit=3, candidates=50)
+            assert page.worker == "w1" and len(page.pairs) <= 3
+            hs = [p.h_min for p in page.pairs]
+            assert all(h is not None for h in hs) and hs == sorted(hs)  # type: ignore[type-var]
 
     asyncio.run(run())
 

@@ -132,3 +132,23 @@ def test_auto_ids_depend_on_position_and_namespace() -> None:
     a = auto_id("i", "w", "l", 0)
     assert a == auto_id("i", "w", "l", 0) != auto_id("i", "w", "l", 1)
     assert a != auto_id("i", "w", "l", 0, namespace="batch-2")
+
+
+def test_predictions_and_boundary(live_server: LiveServer, project: tuple[str, str]) -> None:
+    name, key = project
+    with Client(live_server.url, key) as c:
+        assert c.get_project(name).dyadic == {**c.get_project(name).dyadic, "enabled": True}
+        c.post_labels(name, LABELS, wait=True)
+        got = c.predict(name, [("ann", "i1"), {"worker": "cy", "item": "i3"}, ("zed", "i9")])
+        assert [(p.worker, p.item) for p in got] == [("ann", "i1"), ("cy", "i3"), ("zed", "i9")]
+        assert all(p.label in CLASSES and set(p.scores) == set(CLASSES) for p in got)
+        assert [p.trained for p in got] == [True, True, False]
+        many = c.predict(name, [("ann", f"i{n}") for n in range(10_050)])  # two requests
+        assert len(many) == 10_050 and many[1] == got[0]
+        page = c.boundary(name, item="i1", limit=5)
+        assert page.item == "i1" and page.pairs == []  # every worker has labelled i1
+        with pytest.raises(ValueError, match="exactly one"):
+            c.boundary(name)
+        with pytest.raises(ApiError) as err:
+            c.predict(name, [("", "i1")])
+        assert err.value.status == 422 and err.value.code == "invalid_pair"

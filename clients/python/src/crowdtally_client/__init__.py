@@ -15,6 +15,7 @@ from crowdtally_client._core import (
 from crowdtally_client.client import AsyncClient, Client, parse_jsonl
 from crowdtally_client.models import (
     Accepted,
+    BoundaryPage,
     Gold,
     Item,
     ItemLabel,
@@ -22,6 +23,7 @@ from crowdtally_client.models import (
     KeyCreated,
     Label,
     PostResult,
+    Prediction,
     Project,
     ProjectCreated,
     ProjectStats,
@@ -35,6 +37,7 @@ __all__ = [
     "Accepted",
     "ApiError",
     "AsyncClient",
+    "BoundaryPage",
     "Client",
     "CrowdtallyError",
     "Gold",
@@ -44,6 +47,7 @@ __all__ = [
     "KeyCreated",
     "Label",
     "PostResult",
+    "Prediction",
     "Project",
     "ProjectCreated",
     "ProjectStats",

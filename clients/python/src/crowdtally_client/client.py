@@ -21,11 +21,13 @@ from crowdtally_client._core import (
 )
 from crowdtally_client.models import (
     Accepted,
+    BoundaryPage,
     Gold,
     Item,
     ItemPage,
     KeyCreated,
     PostResult,
+    Prediction,
     Project,
     ProjectCreated,
     Snapshot,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 Order = Literal["best", "worst"]
 By = Literal["informativeness", "accuracy"]
 ExportFormat = Literal["jsonl", "csv"]
+MAX_PAIRS = 10_000  # the service's limit per predictions request
 
 
 def _p(name: str) -> str:
@@ -46,14 +49,35 @@ def _p(name: str) -> str:
 
 
 def _project_body(
-    name: str, labels: list[str], hyperparameters: dict[str, Any] | None, worker_slots: int | None
+    name: str,
+    labels: list[str],
+    hyperparameters: dict[str, Any] | None,
+    worker_slots: int | None,
+    dyadic: dict[str, Any] | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"name": name, "labels": list(labels)}
     if hyperparameters:
         body["hyperparameters"] = hyperparameters
     if worker_slots is not None:
         body["worker_slots"] = worker_slots
+    if dyadic is not None:
+        body["dyadic"] = dyadic
     return body
+
+
+def _pairs(pairs: Iterable[tuple[str, str] | dict[str, str]]) -> list[dict[str, str]]:
+    out = [p if isinstance(p, dict) else {"worker": p[0], "item": p[1]} for p in pairs]
+    return out
+
+
+def _boundary_params(
+    worker: str | None, item: str | None, limit: int, candidates: int
+) -> dict[str, Any]:
+    if (worker is None) == (item is None):
+        raise ValueError("give exactly one of worker and item")
+    params: dict[str, Any] = {"limit": limit, "candidates": candidates}
+    params.update({"worker": worker} if worker is not None else {"item": item})
+    return params
 
 
 def _add(total: PostResult, got: Accepted) -> None:
@@ -199,8 +223,9 @@ class Client(_Base):
         *,
         hyperparameters: dict[str, Any] | None = None,
         worker_slots: int | None = None,
+        dyadic: dict[str, Any] | None = None,
     ) -> ProjectCreated:
-        body = _project_body(name, labels, hyperparameters, worker_slots)
+        body = _project_body(name, labels, hyperparameters, worker_slots, dyadic)
         return ProjectCreated.model_validate(
             self._json("POST", "/v1/projects", body=body, idempotent=False)
         )
@@ -392,6 +417,36 @@ class Client(_Base):
         )
         return [self.get_worker(project, w) for w in names]
 
+    # ---------------------------------------------------------------- predictions
+    def predict(
+        self, project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+    ) -> list[Prediction]:
+        """What each worker would answer on each item: ``pairs`` of (worker, item), sent in
+        requests of at most 10,000 pairs; the answers in the same order."""
+        body, out = _pairs(pairs), []
+        for lo in range(0, len(body), MAX_PAIRS):
+            chunk = body[lo : lo + MAX_PAIRS]
+            url = f"/v1/projects/{_p(project)}/predictions"
+            got = self._json("POST", url, body=chunk, idempotent=True)  # reads only
+            out.extend(Prediction.model_validate(p) for p in got["predictions"])
+        return out
+
+    def boundary(
+        self,
+        project: str,
+        *,
+        worker: str | None = None,
+        item: str | None = None,
+        limit: int = 10,
+        candidates: int = 1000,
+    ) -> BoundaryPage:
+        """The (worker, item) pairs nearest the decision boundary (smallest h_min first) for
+        one worker (among the items still queued) or one item (among the workers)."""
+        params = _boundary_params(worker, item, limit, candidates)
+        return BoundaryPage.model_validate(
+            self._json("GET", f"/v1/projects/{_p(project)}/boundary", params=params)
+        )
+
     # ---------------------------------------------------------------- snapshots
     def list_snapshots(self, project: str) -> list[Snapshot]:
         return [
@@ -494,8 +549,9 @@ class AsyncClient(_Base):
         *,
         hyperparameters: dict[str, Any] | None = None,
         worker_slots: int | None = None,
+        dyadic: dict[str, Any] | None = None,
     ) -> ProjectCreated:
-        body = _project_body(name, labels, hyperparameters, worker_slots)
+        body = _project_body(name, labels, hyperparameters, worker_slots, dyadic)
         return ProjectCreated.model_validate(
             await self._json("POST", "/v1/projects", body=body, idempotent=False)
         )
@@ -692,6 +748,31 @@ class AsyncClient(_Base):
                 return await self.get_worker(project, name)
 
         return list(await asyncio.gather(*(one(w) for w in names)))
+
+    async def predict(
+        self, project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+    ) -> list[Prediction]:
+        body, out = _pairs(pairs), []
+        for lo in range(0, len(body), MAX_PAIRS):
+            chunk = body[lo : lo + MAX_PAIRS]
+            url = f"/v1/projects/{_p(project)}/predictions"
+            got = await self._json("POST", url, body=chunk, idempotent=True)  # reads only
+            out.extend(Prediction.model_validate(p) for p in got["predictions"])
+        return out
+
+    async def boundary(
+        self,
+        project: str,
+        *,
+        worker: str | None = None,
+        item: str | None = None,
+        limit: int = 10,
+        candidates: int = 1000,
+    ) -> BoundaryPage:
+        params = _boundary_params(worker, item, limit, candidates)
+        return BoundaryPage.model_validate(
+            await self._json("GET", f"/v1/projects/{_p(project)}/boundary", params=params)
+        )
 
     async def list_snapshots(self, project: str) -> list[Snapshot]:
         return [

@@ -48,6 +48,7 @@ class Project(_Answer):
     labels: list[str]
     hyperparameters: dict[str, Any]
     worker_slots: int
+    dyadic: dict[str, Any] | None = None
     created_at: str
     stats: ProjectStats
 
@@ -132,3 +133,24 @@ class Snapshot(_Answer):
     n_workers: int
     n_labels: int
     size_bytes: int
+
+
+class Prediction(_Answer):
+    """The label a worker would give an item (the dyadic model), and how near the boundary."""
+
+    worker: str
+    item: str
+    label: str
+    scores: dict[str, float]
+    h_min: float | None = Field(
+        None, description="Importance weight that flips the prediction; None: nothing does."
+    )
+    trained: bool
+
+
+class BoundaryPage(_Answer):
+    pairs: list[Prediction]
+    worker: str | None = None
+    item: str | None = None
+    candidates: int
+    position: int
