@@ -242,6 +242,7 @@ def _project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
             n_items=g.n_items,
             n_workers=g.n_workers,
             n_labels=g.n_labels,
+            dyadic_passes=g.dyadic_examples / g.n_labels if dyadic and g.n_labels else None,
         ),
     }
 

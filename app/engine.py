@@ -364,6 +364,7 @@ class ProjectEngine:
                 "n_workers": len(self.workers.names),
                 "n_labels": self.labels.n_labels,
                 "em_iterations": self.em_iterations,
+                "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
             }
         )
 
@@ -502,8 +503,8 @@ class EngineLoop:
             self._sweep_pending[name] = True
             self.store.append(name, "dyadic", b"{}")
 
-    def _busy(self) -> bool:
-        """Sweeps still to come (what ``run_until_idle`` waits for)."""
+    def sweeps_pending(self) -> bool:
+        """Idle sweeps still to come (what ``run_until_idle`` waits for)."""
         if self.refine_passes <= 0:
             return False
         return any(self._refine_due.values()) or any(
@@ -516,7 +517,7 @@ class EngineLoop:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.step() == 0:
-                if not self._busy():
+                if not self.sweeps_pending():
                     return
                 time.sleep(self.poll_s)
         raise TimeoutError("the engine did not become idle")

@@ -80,6 +80,9 @@ class ProjectStats(BaseModel):
     n_items: int
     n_workers: int
     n_labels: int
+    dyadic_passes: float | None = Field(
+        None, description="Passes the dyadic model made over each label, on average."
+    )
 
 
 class Project(BaseModel):

@@ -35,6 +35,7 @@ class Globals:
     n_items: int
     n_workers: int
     n_labels: int
+    dyadic_examples: int = 0
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -51,6 +52,7 @@ class Globals:
             d["n_items"],
             d["n_workers"],
             d["n_labels"],
+            d.get("dyadic_examples", 0),
         )
 
 
