@@ -127,3 +127,30 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
     after = client.get("/v1/projects/p/items/i4", headers=key).json()
     assert after["n_labels"] == 10 and after["position"] == 2
     assert client.get("/readyz").json()["engine_lag"] == {"p": 0}
+    # predictions come from the rows the engine process wrote: equal to a replay of the log
+    from app.engine import ProjectEngine
+    from core.dyadic import dyadic_ids
+
+    store = RedisStore(REDIS_URL, layout.prefix)
+    record = store.get_project("p")
+    assert record is not None
+    replay = ProjectEngine(record)
+    for entry in store.read_log("p", 0, 1000):
+        replay.apply(entry)
+    pairs = [("w1", "i4"), ("w3", "i17"), ("w6", "i29"), ("stranger", "i4")]
+    got = client.post(
+        "/v1/projects/p/predictions",
+        content=orjson.dumps([{"worker": w, "item": i} for w, i in pairs]),
+        headers=key,
+    ).json()
+    assert got["position"] == replay.position == 2
+    assert replay.dyadic is not None
+    model = replay.dyadic.model
+    workers, items = dyadic_ids([w for w, _ in pairs]), dyadic_ids([i for _, i in pairs])
+    labels, scores = model.predict(workers, items)
+    h = model.h_min(workers, items)
+    for n, p in enumerate(got["predictions"]):
+        assert p["label"] == ["yes", "no"][labels[n]]
+        assert list(p["scores"].values()) == scores[n].tolist()
+        assert p["h_min"] == h[n]
+    store.close()
