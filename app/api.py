@@ -515,6 +515,11 @@ def _warm_up() -> None:
     recompute_posterior(cfg, item, Globals.parse(None, cfg), [None], [0])
 
 
+def _queue_settings(svc: Service, project: str) -> QueueSettings:
+    blob = svc.store.queue_settings(project)
+    return QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+
+
 def _queue_for(
     svc: Service, record: ProjectRecord, settings: QueueSettings, limit: int, worker: str | None
 ) -> list[QueueItem]:
@@ -595,8 +600,7 @@ def _summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, A
     views = _workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
     views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
     view = _project_view(svc, record)
-    blob = svc.store.queue_settings(record.name)
-    settings = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+    settings = _queue_settings(svc, record.name)
     return {
         "queue": _queue_for(svc, record, settings, 10, None),
         "queue_size": svc.store.queue_size(record.name),
@@ -1110,8 +1114,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
     def get_queue_settings(project: str, request: Request) -> dict[str, Any]:
         svc = _service(request)
         svc.project(project)
-        blob = svc.store.queue_settings(project)
-        return orjson.loads(blob) if blob else QueueSettings().to_dict()
+        return _queue_settings(svc, project).to_dict()
 
     @app.put(
         "/v1/projects/{project}/queue/settings",
@@ -1150,8 +1153,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         not the items this worker labelled, ranked by the worker's own confusion (voi)."""
         svc = _service(request)
         record = svc.project(project)
-        blob = svc.store.queue_settings(project)
-        settings = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+        settings = _queue_settings(svc, project)
         items = _queue_for(svc, record, settings, limit, worker)
         return QueuePage(
             items=items, size=svc.store.queue_size(project), policy=settings.policy, worker=worker
@@ -1204,8 +1206,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         if (worker is None) == (item is None):
             raise ApiError(422, "invalid_query", "give exactly one of worker and item")
         if worker is not None:
-            blob = svc.store.queue_settings(project)
-            qs = QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+            qs = _queue_settings(svc, project)
             items = [q.item for q in _queue_for(svc, record, qs, candidates, worker)]
             workers = [worker] * len(items)
         else:
