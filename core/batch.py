@@ -100,6 +100,9 @@ class BatchEM:
             then the M-step; returns (the next state, q, clarity, F(x))."""
             p, b = layout.unpack(x, clarity)
             q, b, f = self._e_step(blocks, p, b)
+            if not np.isfinite(f):  # an extrapolation too far: no M-step from there
+                history.append(f)
+                return x, q, b, f
             if known is not None:
                 q[gold] = eye[known[gold]]
             history.append(f)
@@ -111,6 +114,7 @@ class BatchEM:
         x0 = layout.pack(params, clarity)
         # the latest accepted state whose E-step we have: (state, q, clarity, F)
         fit: tuple[FloatArray, FloatArray, FloatArray, float] = (x0, q, clarity, -np.inf)
+        max_step = 1.0
         while len(history) < self.max_iter:
             # SQUAREM (Varadhan & Roland 2008, scheme S3): two EM iterations x0 -> x1 -> x2,
             # a step along them of length -alpha >= 1, then one EM iteration from there. The
@@ -126,6 +130,8 @@ class BatchEM:
             r, v = x1 - x0, x2 - 2.0 * x1 + x0
             norm_v = float(np.linalg.norm(v))
             alpha = min(-float(np.linalg.norm(r)) / norm_v, -1.0) if norm_v > 0 else -1.0
+            if alpha <= -max_step:  # the step length cap grows while steps hit it
+                alpha, max_step = -max_step, _STEP_GROWTH * max_step
             x0 = x2
             while alpha < -1.0 and len(history) < self.max_iter:
                 x_try = x1 - r - 2.0 * alpha * r + alpha * alpha * v
@@ -239,6 +245,10 @@ class BatchEM:
             neg_hess = n * (np.diag(pi) - np.outer(pi, pi)) + lam * np.eye(pi.size)
             g_pi = g_pi + np.linalg.solve(neg_hess, grad)
         params.class_logits[:] = g_pi
+
+
+# SQUAREM's cap on -alpha starts at 1 and grows by this factor (R SQUAREM's ``mstep``)
+_STEP_GROWTH = 4.0
 
 
 def _max_abs(x: FloatArray) -> float:
