@@ -15,6 +15,9 @@ with S₊ = ½|ã0 + b̃0|², S₋ = ½|ã0 − b̃0|², c0 = ã0·b̃0 = ½(S�
 Q = Σ η_i x_i². This is part II's p(s) (s = −σ) written without catastrophic cancellation:
 c0 cosh 2u + ½(|ã0|² + |b̃0|²) sinh 2u = ½[S₊ e^{2u} − S₋ e^{−2u}].
 
+With L2 on the linear weights too (μ = η λ_w): w_i(h) = e^{−μh} w_i0 + η_i x_i ψ, ψ' = σ' − μψ,
+and the linear part moves by expm1(−μh)·L0 + Qψ instead of Qσ (``delta_pl``, docs/dyadic.md).
+
 Loss codes: 0 hinge, 1 logistic, 2 squared (½(y − p)²), 3 τ-quantile.
 """
 
@@ -29,19 +32,52 @@ from core._numba import jit
 HINGE, LOGISTIC, SQUARED, QUANTILE = 0, 1, 2, 3
 
 # Hyperparameter vector layout (DyadicConfig.hyper_vector()).
-(H_ETA, H_T0, H_POWER, H_L2, H_TAU, H_ADAPTIVE, H_LOSS, H_K, H_ODE_TOL) = range(9)
+(H_ETA, H_T0, H_POWER, H_L2, H_TAU, H_ADAPTIVE, H_LOSS, H_K, H_ODE_TOL, H_L2_LIN, H_DRATE) = range(
+    11
+)
 
 
 # ---------------------------------------------------------------- the scalar dynamics
 
 
 @jit
-def delta_p(sigma, h, sp, sm, c0, Q, eta_d, lam):
-    """p(σ, h) − p0 (module docstring); exact for any σ, careful near σ = 0."""
+def delta_pl(sigma, psi, h, sp, sm, c0, Q, eta_d, lam, L0, mu):
+    """p − p0 with L2 decay μ = η λ_w on the linear weights too (module docstring).
+
+    The linear weights follow w_i(h) = e^{−μh} w_i0 + η_i x_i ψ with ψ' = σ' − μψ, so the
+    linear part of p moves by expm1(−μh)·L0 + Qψ (L0: the linear part of p0; ψ = σ if μ = 0).
+    """
     u = eta_d * sigma
     dec = -2.0 * eta_d * lam * h
-    dyad = 0.5 * (sp * math.expm1(2.0 * u) - sm * math.expm1(-2.0 * u))
-    return math.exp(dec) * dyad + math.expm1(dec) * c0 + Q * sigma
+    out = 0.0
+    if sp != 0.0 or sm != 0.0:  # k = 0: no dyadic term (and no 0·inf far along a path)
+        out = math.exp(dec) * (0.5 * (sp * math.expm1(2.0 * u) - sm * math.expm1(-2.0 * u)))
+    if c0 != 0.0:
+        out += math.expm1(dec) * c0
+    out += Q * psi
+    if mu != 0.0:
+        out += math.expm1(-mu * h) * L0
+    return out
+
+
+@jit
+def delta_p(sigma, h, sp, sm, c0, Q, eta_d, lam):
+    """p(σ, h) − p0 without linear decay (module docstring); exact for any σ, careful near 0."""
+    return delta_pl(sigma, sigma, h, sp, sm, c0, Q, eta_d, lam, 0.0, 0.0)
+
+
+@jit
+def _phi(h, mu):
+    """ψ/ρ along a constant-gradient stretch: (1 − e^{−μh})/μ (h if μ = 0)."""
+    if mu == 0.0:
+        return h
+    return -math.expm1(-mu * h) / mu
+
+
+@jit
+def path_p(rho, h, sp, sm, c0, Q, eta_d, lam, L0, mu):
+    """p − p0 after weight h of a constant gradient ρ (hinge / quantile): σ = ρh."""
+    return delta_pl(rho * h, rho * _phi(h, mu), h, sp, sm, c0, Q, eta_d, lam, L0, mu)
 
 
 @jit
@@ -56,43 +92,47 @@ def _dp_dsigma(sigma, h, sp, sm, Q, eta_d, lam):
 
 
 @jit
-def _dp_dh_linear(rho, h, sp, sm, c0, Q, eta_d, lam):
-    """d/dh of delta_p(ρh, h): the path of hinge / quantile (σ = ρh)."""
+def _dp_dh_linear(rho, h, sp, sm, c0, Q, eta_d, lam, L0, mu):
+    """d/dh of path_p: the path of hinge / quantile (σ = ρh)."""
+    lin = Q * rho if mu == 0.0 else math.exp(-mu * h) * (Q * rho - mu * L0)
+    if sp == 0.0 and sm == 0.0:
+        return lin
     u = eta_d * rho * h
     dec = math.exp(-2.0 * eta_d * lam * h)
     e_p = math.exp(2.0 * u)
     e_m = math.exp(-2.0 * u)
     full = 0.5 * (sp * e_p - sm * e_m)
-    return dec * (-2.0 * eta_d * lam * full + eta_d * rho * (sp * e_p + sm * e_m)) + Q * rho
+    return dec * (-2.0 * eta_d * lam * full + eta_d * rho * (sp * e_p + sm * e_m)) + lin
 
 
 @jit
-def _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, h_cap):
-    """Smallest h in (0, h_cap] with delta_p(ρh, h) = gap (sign(gap) = sign(ρ)), else inf.
+def _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu, h_cap):
+    """Smallest h in (0, h_cap] with path_p(ρ, h) = gap (sign(gap) = sign(ρ)), else inf.
 
     Newton with backtracking inside a maintained bracket (seed 000 part II's p^{-1}(y)); the
-    path is monotone in h for λ ≤ min(τ, 1 − τ) (docs/dyadic.md), so the bracket is valid.
+    path is monotone in h for λ ≤ min(τ, 1 − τ) and linear weights within [(τ−1)/λ_w, τ/λ_w]
+    (docs/dyadic.md), so the bracket is valid.
     """
     s = 1.0 if rho > 0 else -1.0
-    g_cap = s * (delta_p(rho * h_cap, h_cap, sp, sm, c0, Q, eta_d, lam) - gap)
+    g_cap = s * (path_p(rho, h_cap, sp, sm, c0, Q, eta_d, lam, L0, mu) - gap)
     if g_cap < 0.0:
         return np.inf
     lo = 0.0
     hi = h_cap
     # initial guess: the linearised step
-    d0 = s * _dp_dh_linear(rho, 0.0, sp, sm, c0, Q, eta_d, lam)
+    d0 = s * _dp_dh_linear(rho, 0.0, sp, sm, c0, Q, eta_d, lam, L0, mu)
     x = s * gap / d0 if d0 > 0 else 0.5 * hi
     if not (x > lo and x < hi):
         x = 0.5 * (lo + hi)
     for _ in range(200):
-        g = s * (delta_p(rho * x, x, sp, sm, c0, Q, eta_d, lam) - gap)
+        g = s * (path_p(rho, x, sp, sm, c0, Q, eta_d, lam, L0, mu) - gap)
         if g == 0.0:
             return x
         if g < 0.0:
             lo = x
         else:
             hi = x
-        d = s * _dp_dh_linear(rho, x, sp, sm, c0, Q, eta_d, lam)
+        d = s * _dp_dh_linear(rho, x, sp, sm, c0, Q, eta_d, lam, L0, mu)
         nx = x - g / d if d > 0 else 0.5 * (lo + hi)
         if not (nx > lo and nx < hi):  # backtrack into the bracket
             nx = 0.5 * (lo + hi)
@@ -268,32 +308,130 @@ def ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol):
     return sigma
 
 
-@jit
-def step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, tol):
-    """(σ, h_eff) of one importance-weighted update; h_eff ≤ h is where the flow stopped.
+# Dormand–Prince 5(4) tableau (rows: stages 2..7; the 7th row is the 5th-order solution)
+_DP_A = np.array(
+    [
+        [1.0 / 5.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        [3.0 / 40.0, 9.0 / 40.0, 0.0, 0.0, 0.0, 0.0],
+        [44.0 / 45.0, -56.0 / 15.0, 32.0 / 9.0, 0.0, 0.0, 0.0],
+        [19372.0 / 6561.0, -25360.0 / 2187.0, 64448.0 / 6561.0, -212.0 / 729.0, 0.0, 0.0],
+        [9017.0 / 3168.0, -355.0 / 33.0, 46732.0 / 5247.0, 49.0 / 176.0, -5103.0 / 18656.0, 0.0],
+        [35.0 / 384.0, 0.0, 500.0 / 1113.0, 125.0 / 192.0, -2187.0 / 6784.0, 11.0 / 84.0],
+    ]
+)
+_DP_C = np.array([0.0, 1.0 / 5.0, 3.0 / 10.0, 4.0 / 5.0, 8.0 / 9.0, 1.0, 1.0])
+_DP_E = np.array(
+    [
+        71.0 / 57600.0,
+        0.0,
+        -71.0 / 16695.0,
+        71.0 / 1920.0,
+        -17253.0 / 339200.0,
+        22.0 / 525.0,
+        -1.0 / 40.0,
+    ]
+)
 
-    Hinge and τ-quantile: closed form σ = ρ h (part I / III) until the boundary y·p = 1 (hinge)
-    or p = y (quantile), found by Newton with backtracking; then the dynamics halt (part III).
-    Squared and logistic: the ODE (h_eff = h).
+
+@jit
+def ode_flow(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, L0, mu, tol):
+    """(σ, ψ)(h_end) for squared / logistic loss with linear decay μ > 0 (μ = 0: ode_sigma).
+
+    The two-dimensional ODE σ' = −∂l/∂p, ψ' = σ' − μψ (delta_pl), Dormand–Prince 5(4) with
+    error control on both components (rtol = atol = tol). No cut-back onto p = y: with decay
+    the regularised flow's rest point is not at the label.
+    """
+    if mu == 0.0:
+        sg = ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol)
+        return sg, sg
+    if h_end <= 0.0:
+        return 0.0, 0.0
+    ks = np.empty(7)
+    kp = np.empty(7)
+    sigma = 0.0
+    psi = 0.0
+    h = 0.0
+    f0 = _neg_dloss(loss, p0, y, tau)
+    dt = h_end
+    if f0 != 0.0:
+        dt = min(h_end, 0.1 / (abs(f0) * (eta_d * (sp + sm + 1.0) + Q) + 1e-300))
+    ks[0] = f0
+    kp[0] = f0
+    for _ in range(100000):
+        if h >= h_end:
+            break
+        if h + dt > h_end:
+            dt = h_end - h
+        s5 = sigma
+        q5 = psi
+        for j in range(6):
+            ss = sigma
+            qq = psi
+            for m in range(j + 1):
+                ss += dt * _DP_A[j, m] * ks[m]
+                qq += dt * _DP_A[j, m] * kp[m]
+            g = _neg_dloss(
+                loss,
+                p0 + delta_pl(ss, qq, h + _DP_C[j + 1] * dt, sp, sm, c0, Q, eta_d, lam, L0, mu),
+                y,
+                tau,
+            )
+            ks[j + 1] = g
+            kp[j + 1] = g - mu * qq
+            s5 = ss
+            q5 = qq
+        es = 0.0
+        ep = 0.0
+        for m in range(7):
+            es += _DP_E[m] * ks[m]
+            ep += _DP_E[m] * kp[m]
+        err = dt * max(abs(es) / (1.0 + abs(s5)), abs(ep) / (1.0 + abs(q5)))
+        if err <= tol:
+            h += dt
+            sigma = s5
+            psi = q5
+            ks[0] = ks[6]
+            kp[0] = kp[6]
+            dt *= 5.0 if err == 0.0 else min(5.0, 0.9 * (tol / err) ** 0.2)
+        else:
+            dt *= max(0.1, 0.9 * (tol / err) ** 0.2)
+    return sigma, psi
+
+
+@jit
+def step_flow(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, L0, mu, tol):
+    """(σ, ψ, h_eff) of one importance-weighted update; h_eff ≤ h is where the flow stopped.
+
+    Hinge and τ-quantile: constant gradient ρ, σ = ρh, ψ = ρ(1 − e^{−μh})/μ (part I / III)
+    until the boundary y·p = 1 (hinge) or p = y (quantile), found by Newton with
+    backtracking; then the dynamics halt (part III). Squared and logistic: the ODE.
     """
     if h <= 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if loss == HINGE or loss == QUANTILE:  # noqa: SIM109 (numba)
         if loss == HINGE:
             if y * p0 >= 1.0:
-                return 0.0, 0.0
+                return 0.0, 0.0, 0.0
             rho = y
             gap = y - p0
         else:
             if y == p0:
-                return 0.0, 0.0
+                return 0.0, 0.0, 0.0
             rho = tau if y > p0 else tau - 1.0
             gap = y - p0
-        hs = _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, h)
+        hs = _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu, h)
         if hs < h:
-            return rho * hs, hs
-        return rho * h, h
-    return ode_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, tol), h
+            return rho * hs, rho * _phi(hs, mu), hs
+        return rho * h, rho * _phi(h, mu), h
+    sg, ps = ode_flow(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, L0, mu, tol)
+    return sg, ps, h
+
+
+@jit
+def step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, tol):
+    """(σ, h_eff) of step_flow without linear decay (σ = ψ)."""
+    sg, _, he = step_flow(loss, p0, y, tau, h, sp, sm, c0, Q, eta_d, lam, 0.0, 0.0, tol)
+    return sg, he
 
 
 # ---------------------------------------------------------------- h_min (part II)
@@ -421,10 +559,17 @@ def separation_integral(loss, p0, y, tau, sigma_end, sp, sm, Q, eta_d, rtol):
 
 @jit
 def h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, tol):
+    """h_min_flow without linear decay."""
+    return h_min_flow(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, 0.0, 0.0, tol)
+
+
+@jit
+def h_min_flow(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, L0, mu, tol):
     """Smallest importance weight moving the prediction from p0 to x for label y (part II).
 
     Returns 0 if p0 is already at x, inf if an update with label y never reaches x (x on the
-    wrong side of p0, or beyond the label where the dynamics halt / never arrive).
+    wrong side of p0, or beyond the label where the dynamics halt / never arrive). L0 is the
+    linear part of p0 and μ the linear weights' decay rate (0: no L2 on them).
     """
     gap = x - p0
     if gap == 0.0:
@@ -438,34 +583,40 @@ def h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, tol):
             if y == p0 or gap * (y - p0) <= 0.0 or abs(gap) > abs(y - p0):
                 return np.inf
             rho = tau if y > p0 else tau - 1.0
-        if lam == 0.0:
+        if lam == 0.0 and mu == 0.0:
             # closed form in σ: h = p^{-1}(x) / ρ (part II: h_min = −p^{-1}(x)/(η y) in s units)
             return _p_inverse(gap, sp, sm, Q, eta_d) / rho
-        return _root_linear_path(
-            gap, rho, sp, sm, c0, Q, eta_d, lam, _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam)
-        )
+        hb = _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu)
+        if hb == np.inf:
+            return np.inf
+        return _root_linear_path(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu, hb)
     # squared / logistic
     if loss == SQUARED:
         if gap * (y - p0) <= 0.0 or abs(gap) >= abs(y - p0):
             return np.inf
     elif gap * y <= 0.0:
         return np.inf
-    if lam == 0.0:
+    if lam == 0.0 and mu == 0.0:
         sig = _p_inverse(gap, sp, sm, Q, eta_d)
         return separation_integral(loss, p0, y, tau, sig, sp, sm, Q, eta_d, 1e-12)
-    # λ > 0: the flow is not autonomous; bracket by doubling, then bisect on the ODE's path
+    # λ > 0 or μ > 0: the flow is not autonomous; bracket by doubling, then bisect on the
+    # ODE's path (inf if the path has not reached x by h = 1e12)
     s = 1.0 if gap > 0 else -1.0
     hi = 1e-3
-    for _ in range(200):
-        sg = ode_sigma(loss, p0, y, tau, hi, sp, sm, c0, Q, eta_d, lam, tol)
-        if s * (delta_p(sg, hi, sp, sm, c0, Q, eta_d, lam) - gap) >= 0.0:
+    found = False
+    for _ in range(60):
+        sg, ps = ode_flow(loss, p0, y, tau, hi, sp, sm, c0, Q, eta_d, lam, L0, mu, tol)
+        if s * (delta_pl(sg, ps, hi, sp, sm, c0, Q, eta_d, lam, L0, mu) - gap) >= 0.0:
+            found = True
             break
         hi *= 2.0
+    if not found:
+        return np.inf
     lo = 0.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        sg = ode_sigma(loss, p0, y, tau, mid, sp, sm, c0, Q, eta_d, lam, tol)
-        if s * (delta_p(sg, mid, sp, sm, c0, Q, eta_d, lam) - gap) >= 0.0:
+        sg, ps = ode_flow(loss, p0, y, tau, mid, sp, sm, c0, Q, eta_d, lam, L0, mu, tol)
+        if s * (delta_pl(sg, ps, mid, sp, sm, c0, Q, eta_d, lam, L0, mu) - gap) >= 0.0:
             hi = mid
         else:
             lo = mid
@@ -475,15 +626,17 @@ def h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, Q, eta_d, lam, tol):
 
 
 @jit
-def _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam):
+def _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu):
+    """An h at which the hinge / quantile path has reached gap (inf if it never does)."""
     hi = abs(gap / (Q * rho)) + 1e-300
+    s = 1.0 if rho > 0 else -1.0
     for _ in range(2000):
-        if (delta_p(rho * hi, hi, sp, sm, c0, Q, eta_d, lam) - gap) * (
-            1.0 if rho > 0 else -1.0
-        ) >= 0.0:
+        if s * (path_p(rho, hi, sp, sm, c0, Q, eta_d, lam, L0, mu) - gap) >= 0.0:
             return hi
+        if hi > 1e200:
+            break
         hi *= 2.0
-    return hi
+    return np.inf
 
 
 # ---------------------------------------------------------------- the model's tables
@@ -499,6 +652,7 @@ def _slot(ident, n):
 def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, update):
     """(η_d, η_r, η_t, η_c): global decaying rate, or per-coordinate adaptive rates (003).
 
+    η_d carries the factor ``dyadic_rate`` (H_DRATE) in both modes.
     Adaptive: η_i = η / sqrt(Σ h g_i²) per linear coordinate (AdaGrad, seed 003 slide);
     the dyadic rows share one rate per example, η / sqrt(mean of their rows' accumulators),
     so that ã and b̃ keep a common u and the closed form of part I still applies.
@@ -506,7 +660,7 @@ def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, up
     eta = hyper[H_ETA]
     if hyper[H_ADAPTIVE] == 0.0:
         e = eta * (hyper[H_T0] / (hyper[H_T0] + G[0])) ** hyper[H_POWER]
-        return e, e, e, e
+        return hyper[H_DRATE] * e, e, e, e
     k = hyper[H_K]
     if update:
         GWR[r, s] += h * grad2
@@ -518,7 +672,7 @@ def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, up
     er = eta / math.sqrt(1.0 + GWR[r, s])
     et = eta / math.sqrt(1.0 + GWT[t, s])
     ec = eta / math.sqrt(1.0 + GC[s])
-    ed = eta / math.sqrt(1.0 + 0.5 * (GA[r, s] + GB[t, s]))
+    ed = hyper[H_DRATE] * eta / math.sqrt(1.0 + 0.5 * (GA[r, s] + GB[t, s]))
     return ed, er, et, ec
 
 
@@ -546,7 +700,12 @@ def _predict1(A, B, WR, WT, WC, s, r, t):
 
 
 @jit
-def _apply(A, B, WR, WT, WC, s, r, t, u, dec, sig_r, sig_t, sig_c):
+def _lin1(WR, WT, WC, s, r, t):
+    return WR[r, s] + WT[t, s] + WC[s]
+
+
+@jit
+def _apply(A, B, WR, WT, WC, s, r, t, u, dec, ldec, sig_r, sig_t, sig_c):
     cu = math.cosh(u)
     su = math.sinh(u)
     for d in range(A.shape[2]):
@@ -554,9 +713,14 @@ def _apply(A, B, WR, WT, WC, s, r, t, u, dec, sig_r, sig_t, sig_c):
         b = B[t, s, d]
         A[r, s, d] = dec * (a * cu + b * su)
         B[t, s, d] = dec * (b * cu + a * su)
-    WR[r, s] += sig_r
-    WT[t, s] += sig_t
-    WC[s] += sig_c
+    if ldec == 1.0:
+        WR[r, s] += sig_r
+        WT[t, s] += sig_t
+        WC[s] += sig_c
+    else:
+        WR[r, s] = ldec * WR[r, s] + sig_r
+        WT[t, s] = ldec * WT[t, s] + sig_t
+        WC[s] = ldec * WC[s] + sig_c
 
 
 @jit
@@ -601,14 +765,23 @@ def update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, si, sj, r, t, 
         er2 = et2 = ec2 = 0.0
     if A.shape[2] == 0:
         sp = sm = c0 = 0.0
-    sigma, h_eff = step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q, ed, lam, hyper[H_ODE_TOL])
+    mu = hyper[H_L2_LIN] * er  # linear decay rate (one linear rate: adaptive needs λ_w = 0)
+    L0 = 0.0
+    if mu != 0.0:
+        L0 = _lin1(WR, WT, WC, si, r, t)
+        if sj >= 0:
+            L0 -= _lin1(WR, WT, WC, sj, r, t)
+    sigma, psi, h_eff = step_flow(
+        loss, p0, y, tau, h, sp, sm, c0, Q, ed, lam, L0, mu, hyper[H_ODE_TOL]
+    )
     if sigma == 0.0 and h_eff == 0.0:
         return
     u = ed * sigma
     dec = math.exp(-ed * lam * h_eff)
-    _apply(A, B, WR, WT, WC, si, r, t, u, dec, er * sigma, et * sigma, ec * sigma)
+    ldec = math.exp(-mu * h_eff)
+    _apply(A, B, WR, WT, WC, si, r, t, u, dec, ldec, er * psi, et * psi, ec * psi)
     if sj >= 0:
-        _apply(A, B, WR, WT, WC, sj, r, t, -u, dec, -er2 * sigma, -et2 * sigma, -ec2 * sigma)
+        _apply(A, B, WR, WT, WC, sj, r, t, -u, dec, ldec, -er2 * psi, -et2 * psi, -ec2 * psi)
 
 
 @jit
@@ -733,10 +906,14 @@ def _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, s, r, t, y, h
         sp = sm = c0 = 0.0
     p0 = _predict1(A, B, WR, WT, WC, s, r, t)
     ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, 0.0, 0.0, 0.0, 0.0, False)
-    sig, he = step_sigma(
-        loss, p0, y, hyper[H_TAU], h, sp, sm, c0, er + et + ec, ed, hyper[H_L2], hyper[H_ODE_TOL]
+    Q = er + et + ec
+    lam = hyper[H_L2]
+    mu = hyper[H_L2_LIN] * er
+    L0 = _lin1(WR, WT, WC, s, r, t)
+    sig, psi, he = step_flow(
+        loss, p0, y, hyper[H_TAU], h, sp, sm, c0, Q, ed, lam, L0, mu, hyper[H_ODE_TOL]
     )
-    return p0 + delta_p(sig, he, sp, sm, c0, er + et + ec, ed, hyper[H_L2])
+    return p0 + delta_pl(sig, psi, he, sp, sm, c0, Q, ed, lam, L0, mu)
 
 
 @jit
@@ -782,7 +959,9 @@ def h_min_many(
             ed, er, et, ec = _rates(
                 hyper, G, GWR, GWT, GC, GA, GB, 0, r, t, 0.0, 0.0, 0.0, 0.0, False
             )
-            out[n] = h_min_scalar(loss, p0, y, tau, x, sp, sm, c0, er + et + ec, ed, lam, tol)
+            mu = hyper[H_L2_LIN] * er
+            L0 = _lin1(WR, WT, WC, 0, r, t)
+            out[n] = h_min_flow(loss, p0, y, tau, x, sp, sm, c0, er + et + ec, ed, lam, L0, mu, tol)
             continue
         best = _best_in(A, B, WR, WT, WC, r, t, 0, K, K)
         if best == tg:
@@ -803,7 +982,7 @@ def h_min_many(
             ed2, er2, et2, ec2 = _rates(
                 hyper, G, GWR, GWT, GC, GA, GB, best, r, t, 0.0, 0.0, 0.0, 0.0, False
             )
-            out[n] = h_min_scalar(
+            out[n] = h_min_flow(
                 loss,
                 p0,
                 1.0,
@@ -815,6 +994,8 @@ def h_min_many(
                 er + et + ec + er2 + et2 + ec2,
                 0.5 * (ed + ed2),
                 lam,
+                _lin1(WR, WT, WC, tg, r, t) - _lin1(WR, WT, WC, best, r, t),
+                hyper[H_L2_LIN] * er,
                 tol,
             )
             continue

@@ -60,8 +60,8 @@ class DyadicConfig:
     """
 
     n_classes: int = 2
-    k: int = 2
-    loss: str = "hinge"
+    k: int = 1
+    loss: str = "logistic"
     reduction: str = "oaa"
     rater_slots: int = 1 << 16
     task_slots: int = 1 << 18
@@ -69,12 +69,14 @@ class DyadicConfig:
     t0: float = 1000.0
     power: float = 0.5
     adaptive: bool = False
-    l2: float = 0.0
+    l2: float = 0.05
     tau: float = 0.5
     ordinal: bool = False
     init_scale: float = 0.1
     seed: int = 0
     ode_tol: float = 1e-10
+    l2_linear: float = 0.0
+    dyadic_rate: float = 1.0
 
     def __post_init__(self) -> None:
         if self.n_classes < 2:
@@ -94,6 +96,13 @@ class DyadicConfig:
         if not 0.0 <= self.l2 <= min(self.tau, 1.0 - self.tau, 1.0):
             # keeps each update's path monotone in h (docs/dyadic.md), so h_min is well defined
             raise ValueError(f"l2 must be in [0, min(tau, 1 - tau)], got {self.l2}")
+        if self.l2_linear < 0.0 or (self.l2_linear > 0.0 and self.adaptive):
+            # one decay rate per update needs one linear rate (docs/dyadic.md)
+            raise ValueError(
+                f"l2_linear must be >= 0 and needs adaptive=False, got {self.l2_linear}"
+            )
+        if not self.dyadic_rate > 0.0:
+            raise ValueError(f"dyadic_rate must be positive, got {self.dyadic_rate}")
         if self.ordinal and self.loss not in ("quantile", "squared"):
             raise ValueError("ordinal labels need loss 'quantile' or 'squared'")
         if not self.ordinal and self.loss == "quantile":
@@ -112,7 +121,7 @@ class DyadicConfig:
         return 1 if self.reduction_code in (_k.BINARY, _k.ORDINAL) else self.n_classes
 
     def hyper_vector(self) -> F64:
-        h = np.zeros(9)
+        h = np.zeros(11)
         h[_k.H_ETA] = self.eta
         h[_k.H_T0] = self.t0
         h[_k.H_POWER] = self.power
@@ -122,6 +131,8 @@ class DyadicConfig:
         h[_k.H_LOSS] = LOSSES[self.loss]
         h[_k.H_K] = self.k
         h[_k.H_ODE_TOL] = self.ode_tol
+        h[_k.H_L2_LIN] = self.l2_linear
+        h[_k.H_DRATE] = self.dyadic_rate
         return h
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,34 +31,41 @@ def _scal(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     return 0.5 * float((a + b) @ (a + b)), 0.5 * float((a - b) @ (a - b)), float(a @ b)
 
 
-def _after(loss: int, a, b, wx, y, tau, h, eta, lam, Q=3.0):  # type: ignore[no-untyped-def]
-    """Prediction after one real update (the kernels' step)."""
+def _after(loss: int, a, b, wx, y, tau, h, eta, lam, Q=3.0, lam_w=0.0):  # type: ignore[no-untyped-def]
+    """Prediction after one real update (the kernels' step); lam_w: L2 on the linear weights."""
     sp, sm, c0 = _scal(a, b)
     p0 = c0 - a.size + wx
-    sig, he = kern.step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q * eta, eta, lam, TOL)
-    return p0 + kern.delta_p(sig, he, sp, sm, c0, Q * eta, eta, lam), p0
+    if lam_w == 0.0:
+        sig, he = kern.step_sigma(loss, p0, y, tau, h, sp, sm, c0, Q * eta, eta, lam, TOL)
+        return p0 + kern.delta_p(sig, he, sp, sm, c0, Q * eta, eta, lam), p0
+    mu = eta * lam_w
+    sig, psi, he = kern.step_flow(loss, p0, y, tau, h, sp, sm, c0, Q * eta, eta, lam, wx, mu, TOL)
+    return p0 + kern.delta_pl(sig, psi, he, sp, sm, c0, Q * eta, eta, lam, wx, mu), p0
 
 
 # ------------------------------------------------------------ the flow is the exact gradient flow
 
 
+@pytest.mark.parametrize("lam_w", [0.0, 0.2])
 @pytest.mark.parametrize("loss", ["hinge", "logistic", "squared", "quantile"])
-def test_update_equals_full_gradient_flow(loss: str) -> None:
-    """Part I: ã, b̃, w move along cosh/sinh of one scalar; check against RK4 on the full ODE."""
+def test_update_equals_full_gradient_flow(loss: str, lam_w: float) -> None:
+    """Part I: ã, b̃, w move along cosh/sinh of one scalar; check against RK4 on the full ODE
+    (lam_w: L2 on the linear weights too, w' = −η x ∂l/∂p − η λ_w w)."""
     rng = np.random.default_rng(1)
-    eta, lam, tau = 0.3, (0.05 if loss in ("hinge", "quantile") else 0.0), 0.3
+    eta, tau = 0.3, 0.3
+    lam = 0.05 if loss in ("hinge", "quantile") or lam_w > 0 else 0.0
     for _ in range(3):
         a, b, wx = _state(rng)
         y = float(rng.choice([-1.0, 1.0])) if loss != "quantile" else float(rng.normal(0, 2))
         h = float(rng.uniform(0.1, 2.0))
-        p_closed, p0 = _after(LOSS[loss], a, b, wx, y, tau, h, eta, lam)
+        p_closed, p0 = _after(LOSS[loss], a, b, wx, y, tau, h, eta, lam, lam_w=lam_w)
 
         def rhs(state: np.ndarray, y: float = y) -> np.ndarray:
             av, bv, w = state[:2], state[2:4], state[4:]
             p = av @ bv - 2 + w.sum()
             g = kern._neg_dloss(LOSS[loss], p, y, tau)  # −∂l/∂p
             return np.concatenate([eta * g * bv - eta * lam * av, eta * g * av - eta * lam * bv,
-                                   eta * g * np.ones(3)])  # fmt: skip
+                                   eta * g * np.ones(3) - eta * lam_w * w])  # fmt: skip
 
         state = np.concatenate([a, b, np.full(3, wx / 3)])
         n = 4000
@@ -82,10 +89,11 @@ def test_update_equals_full_gradient_flow(loss: str) -> None:
 # ------------------------------------------------------------ invariance and safety (hypothesis)
 
 
-def _model(loss: str, l2: float, k: int = 2) -> DyadicModel:
+def _model(loss: str, l2: float, k: int = 2, l2_linear: float = 0.0) -> DyadicModel:
     ordinal = loss == "quantile"
     cfg = DyadicConfig(n_classes=5 if ordinal else 2, k=k, loss=loss, ordinal=ordinal, l2=l2,
-                       eta=0.4, power=0.0, rater_slots=8, task_slots=8, tau=0.4)  # fmt: skip
+                       eta=0.4, power=0.0, rater_slots=8, task_slots=8, tau=0.4,
+                       l2_linear=l2_linear)  # fmt: skip
     return DyadicModel(cfg)
 
 
@@ -103,13 +111,16 @@ def _warm(m: DyadicModel, seed: int) -> None:
     h1=st.floats(0.01, 3.0),
     h2=st.floats(0.01, 3.0),
     l2=st.sampled_from([0.0, 0.1]),
+    l2_linear=st.sampled_from([0.0, 0.3]),
     label=st.integers(0, 4),
 )
-def test_invariance_h1_then_h2_equals_h1_plus_h2(loss, seed, h1, h2, l2, label) -> None:  # type: ignore[no-untyped-def]
+def test_invariance_h1_then_h2_equals_h1_plus_h2(loss, seed, h1, h2, l2, l2_linear, label) -> None:  # type: ignore[no-untyped-def]
     if loss in ("logistic", "squared"):
         l2 = 0.0  # the seed's invariance argument: autonomous 1-D ODE (and closed forms with λ)
+        if loss == "squared":
+            l2_linear = 0.0  # (logistic with λ_w: the 2-D ODE, to its tolerance)
     label = label % (5 if loss == "quantile" else 2)
-    one, two = _model(loss, l2), _model(loss, l2)
+    one, two = _model(loss, l2, l2_linear=l2_linear), _model(loss, l2, l2_linear=l2_linear)
     _warm(one, seed)
     _warm(two, seed)
     r, t, y = np.array([3]), np.array([5]), np.array([label])
@@ -127,14 +138,16 @@ def test_invariance_h1_then_h2_equals_h1_plus_h2(loss, seed, h1, h2, l2, label) 
     seed=st.integers(0, 10_000),
     h=st.floats(0.01, 1e4),
     lam=st.sampled_from([0.0, 0.2]),
+    lam_w=st.sampled_from([0.0, 0.3]),
 )
-def test_safety_never_past_the_label(loss, seed, h, lam) -> None:  # type: ignore[no-untyped-def]
+def test_safety_never_past_the_label(loss, seed, h, lam, lam_w) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(seed)
     a, b, wx = _state(rng)
     y = float(rng.choice([-1.0, 1.0])) if loss != "quantile" else float(rng.normal(0, 3))
     if loss == "squared":
-        lam = 0.0
-    p1, p0 = _after(LOSS[loss], a, b, wx, y, 0.5 if loss != "quantile" else 0.3, h, 2.0, lam)
+        lam = lam_w = 0.0  # with decay the regularised flow may rest short of or past y
+    tau = 0.5 if loss != "quantile" else 0.3
+    p1, p0 = _after(LOSS[loss], a, b, wx, y, tau, h, 2.0, lam, lam_w=lam_w)
     assert np.isfinite(p1)
     target = y  # hinge: the flow stops at y·p = 1; quantile/squared: at p = y
     if loss == "hinge" and y * p0 >= 1:
@@ -157,13 +170,14 @@ def _bisect_h(
     x: float,
     eta: float,
     lam: float,
+    lam_w: float = 0.0,
 ) -> float:
     """Smallest h whose *real update* brings the prediction to x (bisection, 1e-12 rel)."""
     _, p0 = _after(loss, a, b, wx, y, tau, 0.0, eta, lam)
     s = math.copysign(1.0, x - p0)
 
     def reached(h: float) -> bool:
-        return bool(s * (_after(loss, a, b, wx, y, tau, h, eta, lam)[0] - x) >= 0)
+        return bool(s * (_after(loss, a, b, wx, y, tau, h, eta, lam, lam_w=lam_w)[0] - x) >= 0)
 
     hi = 1e-6
     while not reached(hi):
@@ -177,11 +191,15 @@ def _bisect_h(
 
 
 @pytest.mark.parametrize(
-    ("loss", "lam", "cases"),
-    [("hinge", 0.0, 1000), ("hinge", 0.1, 1000), ("quantile", 0.0, 1000), ("quantile", 0.1, 1000),
-     ("logistic", 0.0, 1000), ("squared", 0.0, 1000), ("logistic", 0.1, 100)],
+    ("loss", "lam", "cases", "lam_w"),
+    [("hinge", 0.0, 1000, 0.0), ("hinge", 0.1, 1000, 0.0), ("quantile", 0.0, 1000, 0.0),
+     ("quantile", 0.1, 1000, 0.0), ("logistic", 0.0, 1000, 0.0), ("squared", 0.0, 1000, 0.0),
+     ("logistic", 0.1, 100, 0.0), ("hinge", 0.0, 1000, 0.1), ("hinge", 0.1, 1000, 0.1),
+     ("quantile", 0.1, 1000, 0.1), ("logistic", 0.0, 100, 0.1)],
 )  # fmt: skip
-def test_h_min_agrees_with_bisection_over_real_updates(loss: str, lam: float, cases: int) -> None:
+def test_h_min_agrees_with_bisection_over_real_updates(
+    loss: str, lam: float, cases: int, lam_w: float
+) -> None:
     rng = np.random.default_rng(7)
     code = LOSS[loss]
     worst = 0.0
@@ -205,8 +223,9 @@ def test_h_min_agrees_with_bisection_over_real_updates(loss: str, lam: float, ca
             x = p0 + y * rng.uniform(0.05, 3.0)
         if abs(x - p0) < 1e-3:
             continue
-        hm = kern.h_min_scalar(code, p0, y, tau, x, sp, sm, c0, 3 * eta, eta, lam, TOL)
-        hb = _bisect_h(code, a, b, wx, y, tau, x, eta, lam)
+        mu = eta * lam_w
+        hm = kern.h_min_flow(code, p0, y, tau, x, sp, sm, c0, 3 * eta, eta, lam, wx, mu, TOL)
+        hb = _bisect_h(code, a, b, wx, y, tau, x, eta, lam, lam_w)
         worst = max(worst, abs(hm - hb) / hb)
     assert worst <= 1e-6, worst
 
@@ -268,12 +287,15 @@ def test_multiclass_learns_and_h_min_flips(reduction: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("loss", "ordinal"), [("hinge", False), ("logistic", False), ("quantile", True)]
-)
-def test_model_h_min_is_the_flip_point(loss: str, ordinal: bool) -> None:
+    ("loss", "ordinal", "l2_linear"),
+    [("hinge", False, 0.0), ("logistic", False, 0.0), ("quantile", True, 0.0),
+     ("hinge", False, 0.05), ("quantile", True, 0.05)],
+)  # fmt: skip
+def test_model_h_min_is_the_flip_point(loss: str, ordinal: bool, l2_linear: float) -> None:
     r, t, y = _synthetic(K_=2 if not ordinal else 5, seed=3)
     m = DyadicModel(DyadicConfig(n_classes=5 if ordinal else 2, k=2, loss=loss, ordinal=ordinal,
-                                 eta=0.3, rater_slots=64, task_slots=512))  # fmt: skip
+                                 eta=0.3, rater_slots=64, task_slots=512,
+                                 l2_linear=l2_linear))  # fmt: skip
     m.learn_many(r, t, y, np.ones(r.size))
     hm = m.h_min(r[:30], t[:30])
     lab, scores = m.predict(r[:30], t[:30])
@@ -308,7 +330,8 @@ def test_config_validation_and_ids() -> None:
     cfg = DyadicConfig(n_classes=3, k=1, reduction="tree")
     assert DyadicConfig.from_dict(cfg.to_dict()) == cfg
     for bad in ({"loss": "nope"}, {"reduction": "x"}, {"l2": 0.9}, {"loss": "quantile"},
-                {"n_classes": 1}, {"tau": 1.0}):  # fmt: skip
+                {"n_classes": 1}, {"tau": 1.0}, {"l2_linear": -0.1}, {"dyadic_rate": 0.0},
+                {"l2_linear": 0.1, "adaptive": True}):  # fmt: skip
         with pytest.raises(ValueError):
             DyadicConfig(**bad)
     with pytest.raises(ValueError):
@@ -322,10 +345,13 @@ def test_config_validation_and_ids() -> None:
     assert m.predict(ids, ids)[1].shape == (3, 2)
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_a_model_over_read_rows_predicts_as_the_whole_model(adaptive: bool) -> None:
+@pytest.mark.parametrize(("adaptive", "l2_linear"), [(False, 0.0), (True, 0.0), (False, 0.05)])
+def test_a_model_over_read_rows_predicts_as_the_whole_model(
+    adaptive: bool, l2_linear: float
+) -> None:
     """What the API does: read only the rows of the asked pairs, predict and score h_min."""
-    cfg = DyadicConfig(n_classes=4, k=2, adaptive=adaptive, l2=0.2, rater_slots=97, task_slots=389)
+    cfg = DyadicConfig(n_classes=4, k=2, adaptive=adaptive, l2=0.2, rater_slots=97, task_slots=389,
+                       l2_linear=l2_linear)  # fmt: skip
     m = DyadicModel(cfg)
     rng = np.random.default_rng(1)
     raters, tasks = rng.integers(-(10**12), 10**12, 3000), rng.integers(-(10**12), 10**12, 3000)
