@@ -1,17 +1,21 @@
 """The seed's dyadic table on the shared datasets (seed 000 part II / III; docs/dyadic.md).
 
 ``python -m bench.dyadic [DATASET ...] [--passes N] [--splits N] [--reduction oaa|tree]
-[--loss hinge|logistic|squared] [--adaptive] [--l2 L] [--etas ...]``
+[--loss hinge|logistic|squared] [--adaptive] [--l2 L] [--l2-linear L] [--dyadic-rate F]
+[--one-pass] [--etas ...]``
 
 Protocol (part II): random split of the (rater, task, label) triples, 15/16 train and 1/16
 test, identifiers only; test loss of the best constant, the linear model (k = 0:
 α_r + β_t + c) and dyadic k = 1, 2, 3, mean ± sd over the splits. The learning rate is tuned on
 the linear model only (mean over the splits of a validation 1/16 held out of each training
-part, never on a test set) and reused for every model. Nominal sets: hinge loss (or ``--loss``), 0/1 loss. Ordinal sets
-(web, trec2010): 0.5-quantile loss on the class code, 0.5·|y − p|. ``passes`` passes over the
-training part in a fixed order (default 10; the seed trained 160 passes). Defaults
-(10 passes, l2 = 0.2, one-against-all) were chosen on the validation parts (docs/dyadic.md). Throughput: examples/s of
-``learn_many`` (one core, compiled, k = 2, hinge) on each nominal set.
+part, never on a test set) and reused for every model. Nominal sets: the
+config's loss (default logistic, or ``--loss``), 0/1 test loss. Ordinal sets (web, trec2010):
+0.5-quantile loss on the class code, 0.5·|y − p|. ``passes`` passes over the training part in
+a fixed order (default 30; the seed trained 160 passes); the model settings default to
+``DyadicConfig()``'s (logistic, l2 = 0.05, one-against-all), chosen on validation parts
+(docs/dyadic.md). ``--one-pass``: also one pass in the answers' file (arrival) order. Throughput: examples/s of
+``learn_many`` (one core, compiled, k = 2, hinge) on each nominal set (with --loss hinge) and
+on a synthetic stream.
 """
 
 from __future__ import annotations
@@ -51,13 +55,17 @@ def load(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
 def _config(K: int, k: int, eta: float, ordinal: bool, args: argparse.Namespace) -> DyadicConfig:
     return DyadicConfig(
         n_classes=K, k=k, eta=eta, ordinal=ordinal, loss="quantile" if ordinal else args.loss,
-        reduction=args.reduction, adaptive=args.adaptive, l2=args.l2,
-        rater_slots=4096, task_slots=1 << 16, seed=args.seed,
+        reduction=args.reduction, adaptive=args.adaptive, l2=args.l2, l2_linear=args.l2_linear,
+        dyadic_rate=args.dyadic_rate, rater_slots=4096, task_slots=1 << 16, seed=args.seed,
     )  # fmt: skip
 
 
-def fit_eval(w, i, y, tr, te, cfg: DyadicConfig, passes: int) -> float:  # type: ignore[no-untyped-def]
+def fit_eval(w, i, y, tr, te, cfg: DyadicConfig, passes: int, arrival: bool = False) -> float:  # type: ignore[no-untyped-def]
+    """Test loss after ``passes`` passes over tr (in tr's fixed random order, or with
+    ``arrival`` in the answers' file order: what the service sees as labels arrive)."""
     m = DyadicModel(cfg)
+    if arrival:
+        tr = np.sort(tr)
     ones = np.ones(tr.size)
     for _ in range(passes):
         m.learn_many(w[tr], i[tr], y[tr], ones)
@@ -110,12 +118,18 @@ def run(name: str, args: argparse.Namespace) -> None:
             fit_eval(w, i, y, tr, te, _config(K, k, eta, ordinal, args), args.passes)
             for tr, te in sp
         ]
+    if args.one_pass:
+        for k in KS:
+            rows[("linear" if k == 0 else f"k={k}") + " 1 pass"] = [
+                fit_eval(w, i, y, tr, te, _config(K, k, eta, ordinal, args), 1, arrival=True)
+                for tr, te in sp
+            ]
     metric = "0.5-quantile" if ordinal else "0/1"
     print(f"\n{name}: {y.size} answers, {K} classes, {metric} test loss, eta={eta} "
           f"(validation: {', '.join(f'{e}:{v:.3f}' for e, v in tuned.items())})")  # fmt: skip
     for model, v in rows.items():
-        print(f"  {model:<12} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}")
-    if not ordinal:
+        print(f"  {model:<15} {np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}")
+    if not ordinal and args.loss == "hinge":
         cfg = _config(K, 2, eta, ordinal, args)
         m = DyadicModel(cfg)
         tr = sp[0][0]
@@ -138,7 +152,7 @@ def throughput(n: int = 1_000_000) -> None:
     ones = np.ones(n)
     print(f"\nthroughput, {n:,} synthetic examples, 50k raters x 500k tasks, default slots:")
     for K, red in ((2, "oaa"), (4, "oaa"), (4, "tree")):
-        m = DyadicModel(DyadicConfig(n_classes=K, k=2, reduction=red))
+        m = DyadicModel(DyadicConfig(n_classes=K, k=2, reduction=red, loss="hinge"))
         labels = rng.integers(0, K, n)
         m.learn_many(raters[:10], tasks[:10], labels[:10], ones[:10])
         t = time.perf_counter()
@@ -151,21 +165,26 @@ def throughput(n: int = 1_000_000) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("datasets", nargs="*", default=[*NOMINAL, *ORDINAL])
-    ap.add_argument("--passes", type=int, default=10)
+    d = DyadicConfig()
+    ap.add_argument("--passes", type=int, default=30)
     ap.add_argument("--splits", type=int, default=5)
     ap.add_argument("--reduction", default="oaa", choices=("oaa", "tree"))
-    ap.add_argument("--loss", default="hinge", choices=("hinge", "logistic", "squared"))
+    ap.add_argument("--loss", default=d.loss, choices=("hinge", "logistic", "squared"))
     ap.add_argument("--adaptive", action="store_true")
-    ap.add_argument("--l2", type=float, default=0.2)
+    ap.add_argument("--l2", type=float, default=d.l2)
+    ap.add_argument("--l2-linear", type=float, default=d.l2_linear)
+    ap.add_argument("--dyadic-rate", type=float, default=d.dyadic_rate)
+    ap.add_argument("--one-pass", action="store_true",
+                    help="also: one pass in the answers' file (arrival) order")  # fmt: skip
     ap.add_argument("--etas", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.5, 1.0])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     print(f"bench.dyadic: loss={args.loss} passes={args.passes} splits={args.splits} reduction={args.reduction} "
-          f"adaptive={args.adaptive} l2={args.l2}")  # fmt: skip
+          f"adaptive={args.adaptive} l2={args.l2} l2_linear={args.l2_linear} "
+          f"dyadic_rate={args.dyadic_rate}")  # fmt: skip
     for name in args.datasets:
         run(name, args)
-    if args.loss == "hinge":
-        throughput()
+    throughput()
 
 
 if __name__ == "__main__":
