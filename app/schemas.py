@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from app.dyadic import DEFAULT_PASSES, SERVICE_DEFAULTS
 from app.triples import MAX_ID_LENGTH
-from core.dyadic import LOSSES, REDUCTIONS, DyadicConfig
+from core.dyadic import LOSSES, REDUCTIONS
 from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig
 
@@ -16,7 +17,7 @@ ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LE
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MAX_CLASSES = 256
 _DEFAULTS = NominalConfig(n_classes=2)
-_DYADIC = DyadicConfig()
+_DYADIC = SERVICE_DEFAULTS
 
 
 class Strict(BaseModel):
@@ -53,7 +54,9 @@ class DyadicSettingsBody(Strict):
     ordinal: bool = Field(False, description="The labels are a scale, listed in order.")
     eta: float = Field(_DYADIC.eta, gt=0, le=100)
     l2: float = Field(_DYADIC.l2, ge=0, le=0.5)
-    passes: int = Field(10, ge=1, le=100, description="Passes over each label, sweeps included.")
+    passes: int = Field(
+        DEFAULT_PASSES, ge=1, le=100, description="Passes over each label, sweeps included."
+    )
     rater_slots: int = Field(_DYADIC.rater_slots, ge=1, le=1 << 22)
     task_slots: int = Field(_DYADIC.task_slots, ge=1, le=1 << 24)
 

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 
 from app.db import sql_engine
+from app.dyadic import DEFAULT_PASSES
 from app.engine import ProjectEngine
 from app.snapshots import SnapshotDB
 from app.store.base import LogEntry
@@ -111,7 +112,7 @@ def test_engine_sigkilled_20_times_loses_nothing(tmp_path: Path, sql_url: str) -
         deadline = time.monotonic() + 180
         while True:  # the idle sweeps: refinement, then the dyadic passes
             stats = lay.client.get("/v1/projects/p", headers=key).json()["stats"]
-            if stats["dyadic_passes"] == 10 and not stats["lag"]:
+            if stats["dyadic_passes"] == DEFAULT_PASSES and not stats["lag"]:
                 break
             assert time.monotonic() < deadline, stats
             time.sleep(0.2)
