@@ -27,6 +27,7 @@ from app.auth import allows, ensure_admin_key, issue_key, key_hash
 from app.dyadic import DyadicSettings, settings_for
 from app.engine import EngineLoop
 from app.predictions import MAX_PAIRS, PairPredictions, predict_pairs
+from app.predictions import warm_up as warm_up_predictions
 from app.queue import QueueSettings
 from app.runtime import make_engine_loop, open_snapshot_db
 from app.schemas import (
@@ -513,6 +514,7 @@ def _warm_up() -> None:
     cfg = NominalConfig(n_classes=2, n_worker_slots=1)
     item = {"labels": [["w", 0, 1.0]], "gold": None}
     recompute_posterior(cfg, item, Globals.parse(None, cfg), [None], [0])
+    warm_up_predictions()
 
 
 def _queue_settings(svc: Service, project: str) -> QueueSettings:

@@ -7,12 +7,12 @@ gives. A slot the engine never trained is at its initial value, computed, not re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from app.dyadic import DyadicSettings
+from app.dyadic import SERVICE_DEFAULTS, DyadicSettings
 from app.store.base import Store
 from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_rows
 
@@ -48,6 +48,17 @@ def predict_pairs(
     labels, scores = model.predict(r_local, t_local)
     trained = _present(r_rows)[r_local] & _present(t_rows)[t_local]
     return PairPredictions(position, labels, scores, model.h_min(r_local, t_local), trained)
+
+
+def warm_up() -> None:
+    """Load the dyadic kernels now, not on the first prediction."""
+    cfg = replace(SERVICE_DEFAULTS, n_classes=3, rater_slots=1, task_slots=1)
+    model = DyadicModel.from_rows(cfg, np.zeros(2 * cfg.n_scorers + 1), *(
+        initial_rows(cfg, table, np.zeros(1, dtype=np.int64)) for table in (RATER, TASK)
+    ))  # fmt: skip
+    none = np.zeros(1, dtype=np.int64)
+    model.predict(none, none)
+    model.h_min(none, none)
 
 
 def _rows(

@@ -13,7 +13,9 @@ small asyncio HTTP/1.1 client (pre-built request bytes, kept-alive connections) 
    load of ``--rate`` requests/s for ``--seconds`` s: p50, p99, max and the achieved rate.
    Latency runs from each request's *scheduled* send time (no coordinated omission);
 4. the same for ``POST /v1/projects/{p}/predictions`` of ``--predict-pairs`` random
-   (worker, item) pairs at ``--predict-rate`` requests/s (the dyadic model; no target).
+   (worker, item) pairs at ``--predict-rate`` requests/s, and for
+   ``GET /v1/projects/{p}/boundary?worker=`` (1,000 candidate items) at ``--boundary-rate``
+   requests/s (the dyadic model; no targets).
 
 Between 2 and 3 it waits for the engine's idle sweeps to be applied (the refinement sweep:
 ``CROWDTALLY_REFINE_PASSES`` passes over every item, ``CROWDTALLY_REFINE_IDLE_S`` after the last
@@ -360,6 +362,7 @@ class Results:
     sweeps: int = 0
     get: Latencies = field(default_factory=Latencies)
     predict: Latencies = field(default_factory=Latencies)
+    boundary: Latencies = field(default_factory=Latencies)
     cpu: dict[str, str] = field(default_factory=dict)
 
 
@@ -560,6 +563,13 @@ def get_requests(project: str, key: str, data: Dataset, n: int, seed: int) -> li
     return [build("GET", f"/v1/projects/{project}/items/{data.items[i]}", key) for i in picks]
 
 
+def boundary_requests(project: str, key: str, data: Dataset, n: int, seed: int) -> list[bytes]:
+    """GET /boundary for random workers (1,000 candidate items each, the 10 nearest)."""
+    workers = np.random.default_rng(seed + 3).integers(0, data.n_workers, size=n).tolist()
+    path = f"/v1/projects/{project}/boundary?limit=10&candidates=1000&worker=worker-"
+    return [build("GET", f"{path}{w:05d}", key) for w in workers]
+
+
 def predict_requests(
     project: str, key: str, data: Dataset, n: int, pairs: int, seed: int
 ) -> list[bytes]:
@@ -617,6 +627,13 @@ async def run(args: argparse.Namespace, cluster: Cluster, admin: str, res: Resul
         with CpuMeter(pids) as m:
             await open_loop(port, raws, args.predict_rate, res.predict)
         res.cpu["predict"] = m.line()
+        cluster.check_alive()
+    if args.boundary_rate > 0:
+        n = max(int(args.boundary_rate * args.seconds), 1)
+        raws = boundary_requests(project, key, data, n, args.seed)
+        with CpuMeter(pids) as m:
+            await open_loop(port, raws, args.boundary_rate, res.boundary)
+        res.cpu["boundary"] = m.line()
         cluster.check_alive()
 
 
@@ -682,7 +699,12 @@ def report(args: argparse.Namespace, res: Results) -> bool:
             f"POST predictions ({args.predict_pairs} pairs each, {args.predict_rate:g}/s open "
             f"loop): {res.predict.line()}; CPU {res.cpu.get('predict', '?')}"
         )
-    return ok_rate and ok_lag and ok_p99 and res.predict.errors == 0
+    if res.boundary.from_due_ms:
+        print(
+            f"GET boundary (a worker, 1,000 candidates, {args.boundary_rate:g}/s open loop): "
+            f"{res.boundary.line()}; CPU {res.cpu.get('boundary', '?')}"
+        )
+    return ok_rate and ok_lag and ok_p99 and res.predict.errors == 0 and res.boundary.errors == 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -698,6 +720,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--predict-rate", type=float, default=200.0, help="POST predictions/s (open loop; 0: skip)"
     )
     p.add_argument("--predict-pairs", type=int, default=10, help="pairs per predictions request")
+    p.add_argument(
+        "--boundary-rate", type=float, default=20.0, help="GET boundary/s (open loop; 0: skip)"
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="length of the GET phase")
     p.add_argument("--poll-ms", type=float, default=5.0, help="stats poll interval for the lag")
     p.add_argument(
