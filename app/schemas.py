@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from app.dyadic import DEFAULT_PASSES, SERVICE_DEFAULTS
+from app.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
 from app.triples import MAX_ID_LENGTH
 from core.dyadic import LOSSES, REDUCTIONS
 from core.hashing import DEFAULT_WORKER_SLOTS
@@ -18,6 +18,11 @@ LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MAX_CLASSES = 256
 _DEFAULTS = NominalConfig(n_classes=2)
 _DYADIC = SERVICE_DEFAULTS
+
+
+def _BY_KIND(name: str) -> str:  # noqa: N802
+    nominal, ordinal = getattr(SERVICE_DEFAULTS, name), getattr(ORDINAL_DEFAULTS, name)
+    return f"Default {nominal} ({ordinal} for ordinal labels)."
 
 
 class Strict(BaseModel):
@@ -46,14 +51,16 @@ class DyadicSettingsBody(Strict):
     """The dyadic model that predicts what a worker would answer on an item (docs/dyadic.md)."""
 
     enabled: bool = True
-    k: int = Field(_DYADIC.k, ge=0, le=16, description="Latent dimension (0: the linear model).")
+    ordinal: bool = Field(False, description="The labels are a scale, listed in order.")
+    k: int | None = Field(
+        None, ge=0, le=16, description=f"Latent dimension (0: linear). {_BY_KIND('k')}"
+    )
     loss: Literal[tuple(LOSSES)] | None = Field(  # type: ignore[valid-type]
-        None, description="Default: quantile for ordinal labels, else " + _DYADIC.loss + "."
+        None, description=_BY_KIND("loss")
     )
     reduction: Literal[REDUCTIONS] = _DYADIC.reduction  # type: ignore[valid-type]
-    ordinal: bool = Field(False, description="The labels are a scale, listed in order.")
-    eta: float = Field(_DYADIC.eta, gt=0, le=100)
-    l2: float = Field(_DYADIC.l2, ge=0, le=0.5)
+    eta: float | None = Field(None, gt=0, le=100, description=_BY_KIND("eta"))
+    l2: float | None = Field(None, ge=0, le=0.5, description=_BY_KIND("l2"))
     passes: int = Field(
         DEFAULT_PASSES, ge=1, le=100, description="Passes over each label, sweeps included."
     )

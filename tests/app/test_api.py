@@ -66,6 +66,7 @@ def test_user_loop_post_then_read(client: TestClient) -> None:
         "n_items": 20,
         "n_workers": 6,
         "n_labels": 40,
+        "dyadic_passes": 1.0,  # each label learned once: idle sweeps are off in these tests
     }
 
 
