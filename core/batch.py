@@ -72,27 +72,66 @@ class BatchEM:
         n_workers: int,
         progress: Callable[[int, float], None] | None = None,
         known: IntArray | None = None,
+        start: NominalParams | None = None,
     ) -> tuple[AggregationResult, NominalParams]:
         """Run EM from a majority-vote start to its fixed point, accelerated by SQUAREM.
 
         Converged when one EM iteration moves no parameter (logit) by more than ``tol``;
         ``max_iter`` bounds the EM iterations (E-steps). ``known[i]`` >= 0 is item i's true
         class (gold): its posterior is held at that class in every E-step, so the M-steps
-        learn the workers' confusions from it.
+        learn the workers' confusions from it. ``start`` (worker table of shape
+        (n_workers, K, K), A = scale * stored) replaces the majority-vote start: the first
+        E-step is taken at those parameters (a warm start, e.g. from the online model).
         """
+        result, params, _ = self._run(blocks, n_workers, progress, known, start)
+        return result, params
+
+    def improve(
+        self,
+        blocks: LabelBlocks,
+        n_workers: int,
+        start: NominalParams,
+        known: IntArray | None = None,
+    ) -> tuple[NominalParams, int]:
+        """At most ``max_iter`` EM iterations (E-step over every item, then the M-step),
+        combined by SQUAREM as in ``fit``, from ``start`` instead of majority vote. Returns the
+        parameters after the last accepted M-step (no E-step taken there) and the number of
+        E-steps run."""
+        result, _, mapped = self._run(blocks, n_workers, None, known, start)
+        return mapped, result.n_iter
+
+    def _run(
+        self,
+        blocks: LabelBlocks,
+        n_workers: int,
+        progress: Callable[[int, float], None] | None,
+        known: IntArray | None,
+        start: NominalParams | None,
+    ) -> tuple[AggregationResult, NominalParams, NominalParams]:
+        """fit's loop; also returns the last accepted EM map output (the parameters after
+        the last M-step, whose E-step was not taken)."""
         cfg, K = self.config, self.config.n_classes
         params = NominalParams(
             class_logits=cfg.class_prior_logits(),
             population=cfg.population_mean(),
             worker=np.zeros((n_workers, K, K)),
         )
+        if start is not None:
+            if start.worker.shape != (n_workers, K, K):
+                raise ValueError(f"start needs a worker table of shape {(n_workers, K, K)}")
+            params = NominalParams(
+                start.class_logits.copy(),
+                start.population.copy(),
+                start.scalars[0] * start.worker,
+            )
         gold = np.flatnonzero(known >= 0) if known is not None else np.zeros(0, dtype=np.int64)
         eye = np.eye(K)
         q = majority_vote(blocks, K).probas
         q[gold] = eye[known[gold]] if known is not None else q[gold]
         clarity = np.zeros(blocks.n_blocks)
         history: list[float] = []
-        self._m_step(blocks, q, clarity, params)
+        if start is None:
+            self._m_step(blocks, q, clarity, params)
         layout = _Layout(params, clarity if cfg.difficulty else None)
 
         def em(x: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, float]:
@@ -114,17 +153,18 @@ class BatchEM:
         x0 = layout.pack(params, clarity)
         # the latest accepted state whose E-step we have: (state, q, clarity, F)
         fit: tuple[FloatArray, FloatArray, FloatArray, float] = (x0, q, clarity, -np.inf)
+        mapped = x0  # the latest accepted EM map output
         max_step = 1.0
         while len(history) < self.max_iter:
             # SQUAREM (Varadhan & Roland 2008, scheme S3): two EM iterations x0 -> x1 -> x2,
             # a step along them of length -alpha >= 1, then one EM iteration from there. The
             # step is halved back toward the plain EM point x2 until F does not decrease.
             x1, q0, b0, f0 = em(x0)
-            fit = (x0, q0, b0, f0)
+            fit, mapped = (x0, q0, b0, f0), x1
             if _max_abs(x1 - x0) < self.tol or len(history) >= self.max_iter:
                 break
             x2, q1, b1, f1 = em(x1)
-            fit = (x1, q1, b1, f1)
+            fit, mapped = (x1, q1, b1, f1), x2
             if _max_abs(x2 - x1) < self.tol:
                 break
             r, v = x1 - x0, x2 - 2.0 * x1 + x0
@@ -137,7 +177,7 @@ class BatchEM:
                 x_try = x1 - r - 2.0 * alpha * r + alpha * alpha * v
                 x_next, q_try, b_try, f_try = em(x_try)
                 if np.isfinite(f_try) and f_try >= f1:
-                    x0, fit = x_next, (x_try, q_try, b_try, f_try)
+                    x0, fit, mapped = x_next, (x_try, q_try, b_try, f_try), x_next
                     break
                 alpha = min((alpha - 1.0) / 2.0, -1.0)
         params, _ = layout.unpack(fit[0], clarity)
@@ -152,7 +192,7 @@ class BatchEM:
             clarity=b_fit if cfg.difficulty else None,
             objective=history,
         )
-        return result, params
+        return result, params, layout.unpack(mapped, clarity)[0]
 
     def _e_step(
         self, blocks: LabelBlocks, params: NominalParams, clarity: FloatArray
