@@ -1196,7 +1196,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
         item: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-        candidates: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 1000,
+        candidates: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 200,
     ) -> BoundaryPage:
         """The (worker, item) pairs nearest the dyadic model's decision boundary (smallest
         h_min first). With ``worker``: among the items in the active-learning queue this worker

@@ -14,7 +14,7 @@ small asyncio HTTP/1.1 client (pre-built request bytes, kept-alive connections) 
    Latency runs from each request's *scheduled* send time (no coordinated omission);
 4. the same for ``POST /v1/projects/{p}/predictions`` of ``--predict-pairs`` random
    (worker, item) pairs at ``--predict-rate`` requests/s, and for
-   ``GET /v1/projects/{p}/boundary?worker=`` (1,000 candidate items) at ``--boundary-rate``
+   ``GET /v1/projects/{p}/boundary?worker=`` (200 candidate items) at ``--boundary-rate``
    requests/s (the dyadic model; no targets).
 
 Between 2 and 3 it waits for the engine's idle sweeps to be applied (the refinement sweep:
@@ -564,9 +564,9 @@ def get_requests(project: str, key: str, data: Dataset, n: int, seed: int) -> li
 
 
 def boundary_requests(project: str, key: str, data: Dataset, n: int, seed: int) -> list[bytes]:
-    """GET /boundary for random workers (1,000 candidate items each, the 10 nearest)."""
+    """GET /boundary for random workers (200 candidate items each, the 10 nearest)."""
     workers = np.random.default_rng(seed + 3).integers(0, data.n_workers, size=n).tolist()
-    path = f"/v1/projects/{project}/boundary?limit=10&candidates=1000&worker=worker-"
+    path = f"/v1/projects/{project}/boundary?limit=10&candidates=200&worker=worker-"
     return [build("GET", f"{path}{w:05d}", key) for w in workers]
 
 
@@ -701,7 +701,7 @@ def report(args: argparse.Namespace, res: Results) -> bool:
         )
     if res.boundary.from_due_ms:
         print(
-            f"GET boundary (a worker, 1,000 candidates, {args.boundary_rate:g}/s open loop): "
+            f"GET boundary (a worker, 200 candidates, {args.boundary_rate:g}/s open loop): "
             f"{res.boundary.line()}; CPU {res.cpu.get('boundary', '?')}"
         )
     return ok_rate and ok_lag and ok_p99 and res.predict.errors == 0 and res.boundary.errors == 0

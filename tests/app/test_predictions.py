@@ -162,7 +162,7 @@ def test_boundary_lists_the_smallest_h_min(client: TestClient, synthetic: Synthe
     assert r.status_code == 200, r.text
     page = r.json()
     labelled = {f"item-{i}" for i in synthetic.items[:1500][synthetic.workers[:1500] == 3]}
-    queue = client.get("/v1/projects/p/queue", params={"limit": 1000, "worker": "worker-3"})
+    queue = client.get("/v1/projects/p/queue", params={"limit": 200, "worker": "worker-3"})
     candidates = [q["item"] for q in queue.json()["items"]]
     assert page["candidates"] == len(candidates) > 5
     h = model.h_min(dyadic_ids(["worker-3"] * len(candidates)), dyadic_ids(candidates))

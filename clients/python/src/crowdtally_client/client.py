@@ -438,7 +438,7 @@ class Client(_Base):
         worker: str | None = None,
         item: str | None = None,
         limit: int = 10,
-        candidates: int = 1000,
+        candidates: int = 200,
     ) -> BoundaryPage:
         """The (worker, item) pairs nearest the decision boundary (smallest h_min first) for
         one worker (among the items still queued) or one item (among the workers)."""
@@ -767,7 +767,7 @@ class AsyncClient(_Base):
         worker: str | None = None,
         item: str | None = None,
         limit: int = 10,
-        candidates: int = 1000,
+        candidates: int = 200,
     ) -> BoundaryPage:
         params = _boundary_params(worker, item, limit, candidates)
         return BoundaryPage.model_validate(
