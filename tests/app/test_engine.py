@@ -39,8 +39,8 @@ def label_entries(data: Synthetic, cuts: list[int], seed: int = 0) -> list[LogEn
     return entries
 
 
-def run(entries: list[LogEntry]) -> ProjectEngine:
-    eng = ProjectEngine(RECORD)
+def run(entries: list[LogEntry], record: ProjectRecord = RECORD) -> ProjectEngine:
+    eng = ProjectEngine(record)
     for e in entries:
         eng.apply(e)
     return eng

@@ -19,7 +19,7 @@ from app.store.base import LogEntry, ProjectRecord, Store
 from bench.datasets import DEFAULT_ROOT
 from core.dyadic import DyadicModel, dyadic_ids
 from tests.app.conftest import ADMIN, service_settings
-from tests.app.test_engine import CONFIG, label_entries
+from tests.app.test_engine import CONFIG, label_entries, run
 from tests.conftest import Synthetic
 
 DYADIC = settings_for(3, k=2, l2=0.1, passes=4, rater_slots=256, task_slots=4096)
@@ -36,10 +36,7 @@ def _with_sweeps(entries: list[LogEntry], every: int) -> list[LogEntry]:
 
 
 def _engine(entries: list[LogEntry]) -> ProjectEngine:
-    eng = ProjectEngine(RECORD)
-    for e in entries:
-        eng.apply(e)
-    return eng
+    return run(entries, RECORD)
 
 
 def _same_dyadic(a: ProjectEngine, b: ProjectEngine) -> None:
