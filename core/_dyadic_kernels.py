@@ -814,53 +814,16 @@ def learn_many(
         h = weights[n]
         if h <= 0.0:
             continue
-        if reduction == BINARY:
-            update_pair(
-                A,
-                B,
-                WR,
-                WT,
-                WC,
-                G,
-                GWR,
-                GWT,
-                GC,
-                GA,
-                GB,
-                hyper,
-                0,
-                -1,
-                r,
-                t,
-                1.0 if lab == 1 else -1.0,
-                h,
-            )
-        elif reduction == ORDINAL:
-            update_pair(
-                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, 0, -1, r, t, float(lab), h
-            )
-        elif reduction == OAA:
-            for c in range(K):
-                update_pair(
-                    A,
-                    B,
-                    WR,
-                    WT,
-                    WC,
-                    G,
-                    GWR,
-                    GWT,
-                    GC,
-                    GA,
-                    GB,
-                    hyper,
-                    c,
-                    -1,
-                    r,
-                    t,
-                    1.0 if c == lab else -1.0,
-                    h,
-                )
+        if reduction != TREE:
+            # binary and ordinal: one scorer; one-against-all: scorer c learns "lab == c"
+            for c in range(K if reduction == OAA else 1):
+                if reduction == ORDINAL:
+                    y = float(lab)
+                elif reduction == BINARY:
+                    y = 1.0 if lab == 1 else -1.0
+                else:
+                    y = 1.0 if c == lab else -1.0
+                update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, c, -1, r, t, y, h)
         else:
             # scoring filter tree (seed 000, "Cost Sensitive Multi Label"): label lab meets the
             # winner of the sibling subtree at each level; the node's classifier is
