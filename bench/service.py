@@ -51,6 +51,8 @@ import numpy as np
 import orjson
 import redis
 
+from bench.synthetic import distinct_workers
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 TARGET_LABELS_PER_S = 50_000.0
@@ -70,16 +72,6 @@ class Dataset:
     classes: list[str]
 
 
-def _distinct_workers(rng: np.random.Generator, n_items: int, r: int, n_workers: int) -> Any:
-    """``n_items x r`` worker codes, distinct within a row (Floyd's sampling, vectorised)."""
-    chosen = np.empty((n_items, r), dtype=np.int64)
-    for k, j in enumerate(range(n_workers - r, n_workers)):
-        t = rng.integers(0, j + 1, size=n_items)
-        taken = (chosen[:, :k] == t[:, None]).any(axis=1)
-        chosen[:, k] = np.where(taken, j, t)
-    return chosen
-
-
 def make_dataset(
     n_labels: int, per_item: int, n_workers: int, n_classes: int, block: int, seed: int
 ) -> Dataset:
@@ -94,7 +86,7 @@ def make_dataset(
     diag[rng.random(n_workers) < 0.10] = 1.0 / K  # spammers
     conf = np.repeat(((1.0 - diag) / (K - 1))[:, None, None], K, axis=1).repeat(K, axis=2)
     conf[:, np.arange(K), np.arange(K)] = diag[:, None]
-    workers = _distinct_workers(rng, n_items, per_item, n_workers).ravel()
+    workers = distinct_workers(rng, n_items, per_item, n_workers).ravel()
     items = np.repeat(np.arange(n_items), per_item)
     cdf = np.cumsum(conf[workers, truth[items]], axis=1)
     labels = np.minimum((rng.random(items.size)[:, None] >= cdf).sum(axis=1), K - 1)

@@ -77,7 +77,7 @@ def _confusions(
     return conf, kind
 
 
-def _distinct_workers(rng: np.random.Generator, n_items: int, r: int, n_workers: int) -> I64:
+def distinct_workers(rng: np.random.Generator, n_items: int, r: int, n_workers: int) -> I64:
     """``n_items x r`` worker ids, distinct within each row, each row a uniform r-subset.
 
     Robert Floyd's sampling algorithm, vectorised over items (r passes, no rejection loop).
@@ -117,7 +117,7 @@ def dawid_skene(
     truth = rng.choice(K, size=n_items, p=prior).astype(np.int64)
     conf, kind = _confusions(rng, n_workers, K, spammer_frac, swapper_frac)
 
-    workers = _distinct_workers(rng, n_items, answers_per_item, n_workers).ravel()
+    workers = distinct_workers(rng, n_items, answers_per_item, n_workers).ravel()
     items = np.repeat(np.arange(n_items, dtype=np.int64), answers_per_item)
 
     # Inverse-CDF sampling from row conf[worker, truth[item]].
