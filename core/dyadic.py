@@ -344,13 +344,11 @@ def _i64(a: Any) -> I64:
 
 def initial_rows(config: DyadicConfig, table: str, slots: I64) -> F64:
     """``DyadicModel.rows`` of never-updated slots (initial factors, zero weights)."""
-    fresh = DyadicModel.from_rows(config, np.zeros(2 * config.n_scorers + 1), _NO_ROWS, _NO_ROWS)
-    row = fresh.rows(table, np.zeros(1, dtype=np.int64))
-    out = np.zeros((len(slots), row.shape[1]))
-    width = config.n_scorers * config.k
-    factors = initial_factors(config, table, _i64(slots)).reshape(len(slots), width)
+    shapes = _shapes(config)
+    width = sum(int(np.prod(shapes[name][1:])) for name in _ROWS[table] if shapes[name][0])
+    factors = initial_factors(config, table, _i64(slots)).reshape(
+        len(slots), config.n_scorers * config.k
+    )
+    out = np.zeros((len(slots), width))
     out[:, : factors.shape[1]] = factors  # a row starts with the slot's factors
     return out
-
-
-_NO_ROWS = np.zeros((0, 0))
