@@ -10,12 +10,7 @@ import contextlib
 import csv
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +23,7 @@ from app import importers, transfer
 from app.api import create_app
 from app.cli import app as cli_app
 from app.store.embedded import EmbeddedStore
+from app.testing import cli_command, running_service
 from app.triples import InputError, read_truth
 from tests.app.conftest import ADMIN, service_settings
 
@@ -250,50 +246,19 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
 # ---------------------------------------------------------------------- a real `crowdtally serve`
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cli() -> list[str]:
-    exe = shutil.which("crowdtally")
-    return [exe] if exe else [sys.executable, "-m", "app.cli"]
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("live")
-    port = _free_port()
-    env = {**os.environ, "CROWDTALLY_DATA_DIR": str(data), "CROWDTALLY_ADMIN_KEY": ADMIN,
-           "CROWDTALLY_STORE": "embedded", "CROWDTALLY_REFINE_PASSES": "1"}  # fmt: skip
-    log = (data / "server.log").open("wb")
-    proc = subprocess.Popen([*_cli(), "serve", "--port", str(port)], env=env, cwd=data,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (data / "server.log").read_text()
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "crowdtally serve did not start"
-            time.sleep(0.1)
+    env = {"CROWDTALLY_ADMIN_KEY": ADMIN, "CROWDTALLY_STORE": "embedded",
+           "CROWDTALLY_REFINE_PASSES": "1"}  # fmt: skip
+    with running_service(tmp_path_factory.mktemp("live"), env) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CROWDTALLY_KEY": ADMIN}
-    return subprocess.run([*_cli(), *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*cli_command(), *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_import_a_shared_dataset_and_export_posteriors(
