@@ -45,7 +45,6 @@ from app.schemas import (
     KeyCreated,
     LabelIn,
     PairIn,
-    Prediction,
     Predictions,
     Project,
     ProjectCreate,
@@ -269,30 +268,34 @@ def _dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any]
 
 
 def _predictions(
-    record: ProjectRecord, workers: list[str], items: list[str], p: PairPredictions
-) -> list[Prediction]:
+    record: ProjectRecord,
+    workers: list[str],
+    items: list[str],
+    p: PairPredictions,
+    order: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """The answer's rows (plain dicts: the response model validates them once), in ``order``."""
     classes = record.labels
-    h = [None if not np.isfinite(x) else x for x in p.h_min.tolist()]
-    columns = (workers, items, p.labels.tolist(), p.scores.tolist(), h, p.trained.tolist())
-    rows = zip(*columns, strict=True)
+    labels, scores, h, trained = p.labels.tolist(), p.scores.tolist(), p.h_min, p.trained
     return [
-        Prediction(
-            worker=w,
-            item=i,
-            label=classes[lab],
-            scores=dict(zip(classes, sc, strict=True)),
-            h_min=hm,
-            trained=t,
-        )
-        for w, i, lab, sc, hm, t in rows
+        {
+            "worker": workers[n],
+            "item": items[n],
+            "label": classes[labels[n]],
+            "scores": dict(zip(classes, scores[n], strict=True)),
+            "h_min": float(h[n]) if np.isfinite(h[n]) else None,
+            "trained": bool(trained[n]),
+        }
+        for n in (range(len(workers)) if order is None else order)
     ]
 
 
-def _nearest_boundary(preds: list[Prediction], limit: int) -> list[Prediction]:
-    """Smallest h_min first (None: cannot flip, last); ties by worker then item."""
-    inf = float("inf")
-    key = lambda x: (inf if x.h_min is None else x.h_min, x.worker, x.item)  # noqa: E731
-    return sorted(preds, key=key)[:limit]
+def _nearest_boundary(
+    workers: list[str], items: list[str], p: PairPredictions, limit: int
+) -> list[int]:
+    """The ``limit`` smallest h_min first (inf: cannot flip, last); ties by worker, item."""
+    h = p.h_min.tolist()
+    return sorted(range(len(h)), key=lambda n: (h[n], workers[n], items[n]))[:limit]
 
 
 def _parse_block(
@@ -1171,7 +1174,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         dependencies=[require("read")],
         openapi_extra=_array_body("PairIn"),
     )
-    async def predict(project: str, request: Request) -> Predictions:
+    async def predict(project: str, request: Request) -> dict[str, Any]:
         """The label each worker would give each item (the dyadic model), with per-label
         scores and h_min, for a JSON array of ``{worker, item}`` (at most 10,000)."""
         svc = _service(request)
@@ -1180,7 +1183,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         pairs: list[PairIn] = _parse_block(await request.body(), _PAIRS, MAX_PAIRS, "pair")
         workers, items = [x.worker for x in pairs], [x.item for x in pairs]
         p = await _in_thread(predict_pairs, svc.store, project, settings, workers, items)
-        return Predictions(predictions=_predictions(record, workers, items, p), position=p.position)
+        return {"predictions": _predictions(record, workers, items, p), "position": p.position}
 
     @app.get(
         "/v1/projects/{project}/boundary",
@@ -1197,7 +1200,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         item: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 10,
         candidates: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 200,
-    ) -> BoundaryPage:
+    ) -> dict[str, Any]:
         """The (worker, item) pairs nearest the dyadic model's decision boundary (smallest
         h_min first). With ``worker``: among the items in the active-learning queue this worker
         has not labelled (the first ``candidates``). With ``item``: among the project's
@@ -1215,10 +1218,12 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
             assert item is not None
             items, workers = _boundary_workers(svc, project, item, candidates)
         p = predict_pairs(svc.store, project, settings, workers, items)
-        pairs = _nearest_boundary(_predictions(record, workers, items, p), limit)
-        return BoundaryPage(
-            pairs=pairs, worker=worker, item=item, candidates=len(items), position=p.position
-        )
+        nearest = _nearest_boundary(workers, items, p, limit)
+        pairs = _predictions(record, workers, items, p, nearest)
+        return {
+            "pairs": pairs, "worker": worker, "item": item, "candidates": len(items),
+            "position": p.position,
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ dashboard
     @app.get(
