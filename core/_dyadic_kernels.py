@@ -173,6 +173,15 @@ def _ode_rhs(loss, p0, y, tau, h, sigma, sp, sm, c0, Q, eta_d, lam):
 
 
 @jit
+def _stable_dt(loss, sigma, h, sp, sm, Q, eta_d, lam):
+    """The largest step Dormand–Prince takes stably here: 2.5 / |∂σ'/∂σ| (its real stability
+    interval reaches −3.3). Near the rest point every stage's slope is the same rounding
+    residue, so the error estimate reads 0 and cannot stop the step from growing past it."""
+    curvature = 1.0 if loss == SQUARED else 0.25  # max ∂²l/∂p²
+    return 2.5 / (curvature * _dp_dsigma(sigma, h, sp, sm, Q, eta_d, lam))
+
+
+@jit
 def ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol):
     """σ(h_end) for squared / logistic loss: the one-dimensional ODE of part I (RK45).
 
@@ -187,6 +196,7 @@ def ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol):
     f0 = _ode_rhs(loss, p0, y, tau, 0.0, 0.0, sp, sm, c0, Q, eta_d, lam)
     if f0 != 0.0:
         dt = min(h_end, 0.1 / (abs(f0) * (eta_d * (sp + sm + 1.0) + Q) + 1e-300))
+    dt = min(dt, _stable_dt(loss, 0.0, 0.0, sp, sm, Q, eta_d, lam))
     k1 = f0
     for _ in range(100000):
         if h >= h_end:
@@ -284,14 +294,15 @@ def ode_sigma(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, tol):
             - 1.0 / 40.0 * k7
         )
         scale = tol * (1.0 + abs(s5))
-        if err <= scale:
+        if err <= scale and math.isfinite(s5):
             h += dt
             sigma = s5
             k1 = k7
             fac = 5.0 if err == 0.0 else min(5.0, 0.9 * (scale / err) ** 0.2)
-            dt *= fac
+            dt = min(dt * fac, _stable_dt(loss, sigma, h, sp, sm, Q, eta_d, lam))
         else:
-            dt *= max(0.1, 0.9 * (scale / err) ** 0.2)
+            ratio = scale / err if math.isfinite(err) and math.isfinite(s5) else 0.0
+            dt *= max(0.1, 0.9 * ratio**0.2)
     if loss == SQUARED:
         # safety: never past the label
         gap = y - p0
@@ -355,6 +366,7 @@ def ode_flow(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, L0, mu, tol):
     dt = h_end
     if f0 != 0.0:
         dt = min(h_end, 0.1 / (abs(f0) * (eta_d * (sp + sm + 1.0) + Q) + 1e-300))
+    dt = min(dt, _stable_dt(loss, 0.0, 0.0, sp, sm, Q, eta_d, lam))
     ks[0] = f0
     kp[0] = f0
     for _ in range(100000):
@@ -386,15 +398,17 @@ def ode_flow(loss, p0, y, tau, h_end, sp, sm, c0, Q, eta_d, lam, L0, mu, tol):
             es += _DP_E[m] * ks[m]
             ep += _DP_E[m] * kp[m]
         err = dt * max(abs(es) / (1.0 + abs(s5)), abs(ep) / (1.0 + abs(q5)))
-        if err <= tol:
+        if err <= tol and math.isfinite(s5) and math.isfinite(q5):
             h += dt
             sigma = s5
             psi = q5
             ks[0] = ks[6]
             kp[0] = kp[6]
             dt *= 5.0 if err == 0.0 else min(5.0, 0.9 * (tol / err) ** 0.2)
+            dt = min(dt, _stable_dt(loss, sigma, h, sp, sm, Q, eta_d, lam))
         else:
-            dt *= max(0.1, 0.9 * (tol / err) ** 0.2)
+            ratio = tol / err if math.isfinite(err) and math.isfinite(s5 + q5) else 0.0
+            dt *= max(0.1, 0.9 * ratio**0.2)
     return sigma, psi
 
 

@@ -372,3 +372,15 @@ def test_initial_rows_are_known_without_the_table() -> None:
     np.testing.assert_array_equal(initial_factors(cfg, RATER, slots[:2]), m.A[slots[:2]])
     assert not np.array_equal(m.A[0], m.A[1])  # symmetry broken per slot
     assert np.all(np.abs(m.B - 1.0) <= cfg.init_scale)
+
+
+@pytest.mark.parametrize("h", [0.9, 1.0, 50.0])
+def test_ode_step_near_the_label_stays_finite(h: float) -> None:
+    """Regression: p0 within 0.003 of y and a stiff flow (|∂σ'/∂σ| = 25). The first step was
+    the whole of h, overflowed to -inf and was accepted (inf error <= inf tolerance)."""
+    rng = np.random.default_rng(289)
+    a, b, wx = _state(rng)
+    y = float(rng.choice([-1.0, 1.0]))
+    p1, p0 = _after(LOSS["squared"], a, b, wx, y, 0.5, h, 2.0, 0.0)
+    assert np.isfinite(p1) and p0 < p1 <= y
+    assert y - p1 < 1e-6
