@@ -170,6 +170,35 @@ class RetryPolicy:
         return idempotent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
 
 
+class Attempts:
+    """The retries of one request under a ``RetryPolicy``: the clients send and sleep, this
+    says how long to wait before sending again (and counts the attempts)."""
+
+    def __init__(self, policy: RetryPolicy, method: str, url: str, idempotent: bool | None) -> None:
+        self.policy, self.what, self.attempt = policy, f"{method} {url}", 0
+        self.idempotent = (
+            method in ("GET", "HEAD", "DELETE", "PUT") if idempotent is None else idempotent
+        )
+
+    def after_error(self, exc: httpx.TransportError) -> float:
+        """Call in the ``except`` block: the wait, or ``TransportError`` when it is final."""
+        if not self.policy.should_retry_exc(exc, self.attempt, self.idempotent):
+            raise TransportError(f"{self.what}: {exc!r}") from exc
+        return self._next(None)
+
+    def after_answer(self, response: httpx.Response) -> float | None:
+        """The wait, or None: ``response`` is the answer (``ApiError`` if it is an error)."""
+        if self.policy.should_retry_status(response.status_code, self.attempt, self.idempotent):
+            return self._next(response)
+        raise_for(response)
+        return None
+
+    def _next(self, response: httpx.Response | None) -> float:
+        delay = self.policy.delay(self.attempt, response)
+        self.attempt += 1
+        return delay
+
+
 def raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return

@@ -1,4 +1,9 @@
-"""``Client`` (sync) and ``AsyncClient`` (asyncio) over httpx; same methods, same arguments."""
+"""``Client`` (sync) and ``AsyncClient`` (asyncio) over httpx; same methods, same arguments.
+
+What each method sends and how it reads the answer is written once, in ``_requests``; the two
+classes only carry it out: ``_call`` (one request, with retries), ``_run`` (a plan of several)
+and ``_entries`` (a paged listing), plus what is I/O by nature (streaming, concurrency).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 
 from crowdtally_client import _core
-from crowdtally_client._core import (
-    ApiError,
-    IdMode,
-    LabelLike,
-    RetryPolicy,
-    TransportError,
-)
+from crowdtally_client import _requests as _req
+from crowdtally_client._core import IdMode, LabelLike, RetryPolicy, TransportError
+from crowdtally_client._requests import By, ExportFormat, Order, Page, Req
 from crowdtally_client.models import (
     Accepted,
     BoundaryPage,
@@ -38,62 +38,8 @@ from crowdtally_client.models import (
 if TYPE_CHECKING:
     from crowdtally_client.frames import Aggregation
 
-Order = Literal["best", "worst"]
-By = Literal["informativeness", "accuracy"]
-ExportFormat = Literal["jsonl", "csv"]
-MAX_PAIRS = 10_000  # the service's limit per predictions request
-
-
-def _p(name: str) -> str:
-    return quote(name, safe="")
-
-
-def _project_body(
-    name: str,
-    labels: list[str],
-    hyperparameters: dict[str, Any] | None,
-    worker_slots: int | None,
-    dyadic: dict[str, Any] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"name": name, "labels": list(labels)}
-    if hyperparameters:
-        body["hyperparameters"] = hyperparameters
-    if worker_slots is not None:
-        body["worker_slots"] = worker_slots
-    if dyadic is not None:
-        body["dyadic"] = dyadic
-    return body
-
-
-def _pairs(pairs: Iterable[tuple[str, str] | dict[str, str]]) -> list[dict[str, str]]:
-    out = [p if isinstance(p, dict) else {"worker": p[0], "item": p[1]} for p in pairs]
-    return out
-
-
-def _boundary_params(
-    worker: str | None, item: str | None, limit: int, candidates: int
-) -> dict[str, Any]:
-    if (worker is None) == (item is None):
-        raise ValueError("give exactly one of worker and item")
-    params: dict[str, Any] = {"limit": limit, "candidates": candidates}
-    params.update({"worker": worker} if worker is not None else {"item": item})
-    return params
-
-
-def _add(total: PostResult, got: Accepted) -> None:
-    total.accepted += got.accepted
-    total.duplicates += got.duplicates
-    total.position = got.position
-    total.applied = total.applied and got.applied
-    total.blocks += 1
-
-
-def _shift(err: ApiError, start: int, sent: PostResult) -> ApiError:
-    if err.entry is not None:
-        err.entry += start
-        err.message = f"{err.message} (entry {err.entry} of the input; block at {start})"
-    err.sent = sent
-    return err
+T = TypeVar("T")
+X = TypeVar("X")
 
 
 class _Base:
@@ -113,13 +59,6 @@ class _Base:
         self.timeout = timeout
         self.retry = RetryPolicy(retries, backoff, max_backoff)
         self.batch_size = _core.check_batch(batch_size)
-
-    def _prepare(
-        self, labels: Any, ids: IdMode, namespace: str, batch_size: int | None
-    ) -> tuple[list[tuple[int, list[dict[str, Any]]]], bool]:
-        entries = _core.prepare_labels(labels, ids, namespace)
-        size = _core.check_batch(batch_size or self.batch_size)
-        return _core.blocks(entries, size), all("id" in e for e in entries)
 
 
 class Client(_Base):
@@ -174,33 +113,48 @@ class Client(_Base):
         idempotent: bool | None = None,
     ) -> httpx.Response:
         """One call with retries; raises ``ApiError`` on an error answer."""
-        if idempotent is None:
-            idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
+        tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
         content = _core.dumps(body) if body is not None else None
-        attempt = 0
         while True:
             try:
                 resp = self._http.request(method, path, params=params, content=content)
             except httpx.TransportError as exc:
-                if not self.retry.should_retry_exc(exc, attempt, idempotent):
-                    raise TransportError(f"{method} {self.url}{path}: {exc!r}") from exc
-                time.sleep(self.retry.delay(attempt, None))
-                attempt += 1
+                time.sleep(tries.after_error(exc))
                 continue
-            if self.retry.should_retry_status(resp.status_code, attempt, idempotent):
-                time.sleep(self.retry.delay(attempt, resp))
-                attempt += 1
-                continue
-            _core.raise_for(resp)
-            return resp
+            wait = tries.after_answer(resp)
+            if wait is None:
+                return resp
+            time.sleep(wait)
 
-    def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self.request(method, path, **kw)
-        return resp.json() if resp.content else None
+    def _call(self, req: Req[T]) -> T:
+        """One request (with retries), its answer parsed."""
+        resp = self.request(
+            req.method, req.path, params=req.params, body=req.body, idempotent=req.idempotent
+        )
+        return _req.result(req, resp)
+
+    def _run(self, plan: _req.Plan[T]) -> T:
+        """Carry out a plan of several calls: each result (or error) goes back into the plan."""
+        step = _req.resume(plan)
+        while isinstance(step, Req):
+            try:
+                got = self._call(step)
+            except Exception as err:
+                step = _req.resume(plan, error=err)
+            else:
+                step = _req.resume(plan, got)
+        return step.value
+
+    def _entries(self, req: Req[Page[X]] | None) -> Iterator[X]:
+        """A paged listing, one request a page as the caller iterates."""
+        while req is not None:
+            page = self._call(req)
+            yield from page.entries
+            req = page.next
 
     # ---------------------------------------------------------------- operations
     def healthz(self) -> bool:
-        return bool(self._json("GET", "/healthz").get("status") == "ok")
+        return self._call(_req.healthz())
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Poll /healthz until the service answers (e.g. right after starting it)."""
@@ -225,26 +179,19 @@ class Client(_Base):
         worker_slots: int | None = None,
         dyadic: dict[str, Any] | None = None,
     ) -> ProjectCreated:
-        body = _project_body(name, labels, hyperparameters, worker_slots, dyadic)
-        return ProjectCreated.model_validate(
-            self._json("POST", "/v1/projects", body=body, idempotent=False)
-        )
+        return self._call(_req.create_project(name, labels, hyperparameters, worker_slots, dyadic))
 
     def list_projects(self) -> list[Project]:
-        return [Project.model_validate(p) for p in self._json("GET", "/v1/projects")]
+        return self._call(_req.list_projects())
 
     def get_project(self, project: str) -> Project:
-        return Project.model_validate(self._json("GET", f"/v1/projects/{_p(project)}"))
+        return self._call(_req.get_project(project))
 
     def delete_project(self, project: str) -> None:
-        self.request("DELETE", f"/v1/projects/{_p(project)}")
+        self._call(_req.delete_project(project))
 
     def create_key(self, project: str, scope: Literal["read", "write"] = "read") -> KeyCreated:
-        return KeyCreated.model_validate(
-            self._json(
-                "POST", f"/v1/projects/{_p(project)}/keys", body={"scope": scope}, idempotent=False
-            )
-        )
+        return self._call(_req.create_key(project, scope))
 
     # ---------------------------------------------------------------- labels
     def post_labels(
@@ -263,21 +210,8 @@ class Client(_Base):
         position in ``labels`` and ``id_namespace``) and retried or re-run calls count once.
         Without ids, a block is only re-sent when the connection failed before sending it.
         """
-        chunks, idempotent = self._prepare(labels, ids, id_namespace, batch_size)
-        total = PostResult()
-        for start, block in chunks:
-            try:
-                got = self._json(
-                    "POST",
-                    f"/v1/projects/{_p(project)}/labels",
-                    params={"wait": "true"} if wait else None,
-                    body=block,
-                    idempotent=idempotent,
-                )
-            except ApiError as err:
-                raise _shift(err, start, total) from None
-            _add(total, Accepted.model_validate(got))
-        return total
+        size = batch_size or self.batch_size
+        return self._run(_req.post_labels(project, labels, ids, id_namespace, wait, size))
 
     def post_gold(
         self,
@@ -286,37 +220,14 @@ class Client(_Base):
         *,
         wait: bool = False,
     ) -> PostResult:
-        entries = _core.prepare_gold(gold)
-        total = PostResult()
-        for start, block in _core.blocks(entries, self.batch_size):
-            try:
-                got = self._json(
-                    "POST",
-                    f"/v1/projects/{_p(project)}/gold",
-                    params={"wait": "true"} if wait else None,
-                    body=block,
-                    idempotent=False,
-                )
-            except ApiError as err:
-                raise _shift(err, start, total) from None
-            _add(total, Accepted.model_validate(got))
-        return total
+        return self._run(_req.post_gold(project, gold, wait, self.batch_size))
 
     def refit(self, project: str, *, wait: bool = False) -> Accepted:
-        return Accepted.model_validate(
-            self._json(
-                "POST",
-                f"/v1/projects/{_p(project)}/refit",
-                params={"wait": "true"} if wait else None,
-                idempotent=False,
-            )
-        )
+        return self._call(_req.refit(project, wait))
 
     # ---------------------------------------------------------------- items
     def get_item(self, project: str, item: str) -> Item:
-        return Item.model_validate(
-            self._json("GET", f"/v1/projects/{_p(project)}/items/{_p(item)}")
-        )
+        return self._call(_req.get_item(project, item))
 
     def list_items(
         self,
@@ -327,16 +238,7 @@ class Client(_Base):
         min_probability: float = 0.0,
         max_probability: float = 1.0,
     ) -> ItemPage:
-        params: dict[str, Any] = {
-            "limit": limit,
-            "min_probability": min_probability,
-            "max_probability": max_probability,
-        }
-        if cursor:
-            params["cursor"] = cursor
-        return ItemPage.model_validate(
-            self._json("GET", f"/v1/projects/{_p(project)}/items", params=params)
-        )
+        return self._call(_req.list_items(project, cursor, limit, min_probability, max_probability))
 
     def iter_items(
         self,
@@ -347,26 +249,15 @@ class Client(_Base):
         max_probability: float = 1.0,
     ) -> Iterator[Item]:
         """Every stored posterior, following the cursor (filtered pages may come back empty)."""
-        cursor: str | None = None
-        while True:
-            page = self.list_items(
-                project,
-                cursor=cursor,
-                limit=page_size,
-                min_probability=min_probability,
-                max_probability=max_probability,
-            )
-            yield from page.items
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        yield from self._entries(
+            _req.item_pages(project, page_size, min_probability, max_probability)
+        )
 
     def export(self, project: str, format: ExportFormat = "jsonl") -> Iterator[str]:
         """The service's streamed export, line by line (no retries: restart it on failure)."""
+        req = _req.export(project, format)
         try:
-            with self._http.stream(
-                "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
-            ) as resp:
+            with self._http.stream(req.method, req.path, params=req.params) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     _core.raise_for(resp)
@@ -376,9 +267,7 @@ class Client(_Base):
 
     # ---------------------------------------------------------------- workers
     def get_worker(self, project: str, worker: str) -> Worker:
-        return Worker.model_validate(
-            self._json("GET", f"/v1/projects/{_p(project)}/workers/{_p(worker)}")
-        )
+        return self._call(_req.get_worker(project, worker))
 
     def list_workers(
         self,
@@ -389,10 +278,7 @@ class Client(_Base):
         limit: int = 100,
         offset: int = 0,
     ) -> WorkerPage:
-        params = {"order": order, "by": by, "limit": limit, "offset": offset}
-        return WorkerPage.model_validate(
-            self._json("GET", f"/v1/projects/{_p(project)}/workers", params=params)
-        )
+        return self._call(_req.list_workers(project, order, by, limit, offset))
 
     def iter_workers(
         self,
@@ -402,13 +288,7 @@ class Client(_Base):
         by: By = "informativeness",
         page_size: int = 1000,
     ) -> Iterator[Worker]:
-        offset = 0
-        while True:
-            page = self.list_workers(project, order=order, by=by, limit=page_size, offset=offset)
-            yield from page.workers
-            offset += len(page.workers)
-            if not page.workers or offset >= page.total:
-                return
+        yield from self._entries(_req.worker_pages(project, order, by, page_size))
 
     def worker_confusions(self, project: str, workers: Iterable[str] | None = None) -> list[Worker]:
         """Workers with their confusion matrices (one GET each: the list omits them)."""
@@ -423,13 +303,7 @@ class Client(_Base):
     ) -> list[Prediction]:
         """What each worker would answer on each item: ``pairs`` of (worker, item), sent in
         requests of at most 10,000 pairs; the answers in the same order."""
-        body, out = _pairs(pairs), []
-        for lo in range(0, len(body), MAX_PAIRS):
-            chunk = body[lo : lo + MAX_PAIRS]
-            url = f"/v1/projects/{_p(project)}/predictions"
-            got = self._json("POST", url, body=chunk, idempotent=True)  # reads only
-            out.extend(Prediction.model_validate(p) for p in got["predictions"])
-        return out
+        return self._run(_req.predict(project, pairs))
 
     def boundary(
         self,
@@ -442,17 +316,11 @@ class Client(_Base):
     ) -> BoundaryPage:
         """The (worker, item) pairs nearest the decision boundary (smallest h_min first) for
         one worker (among the items still queued) or one item (among the workers)."""
-        params = _boundary_params(worker, item, limit, candidates)
-        return BoundaryPage.model_validate(
-            self._json("GET", f"/v1/projects/{_p(project)}/boundary", params=params)
-        )
+        return self._call(_req.boundary(project, worker, item, limit, candidates))
 
     # ---------------------------------------------------------------- snapshots
     def list_snapshots(self, project: str) -> list[Snapshot]:
-        return [
-            Snapshot.model_validate(s)
-            for s in self._json("GET", f"/v1/projects/{_p(project)}/snapshots")
-        ]
+        return self._call(_req.list_snapshots(project))
 
     # ---------------------------------------------------------------- pandas
     def to_pandas(self, project: str, *, errors: bool = True) -> Aggregation:
@@ -515,32 +383,46 @@ class AsyncClient(_Base):
         body: Any = None,
         idempotent: bool | None = None,
     ) -> httpx.Response:
-        if idempotent is None:
-            idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
+        tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
         content = _core.dumps(body) if body is not None else None
-        attempt = 0
         while True:
             try:
                 resp = await self._http.request(method, path, params=params, content=content)
             except httpx.TransportError as exc:
-                if not self.retry.should_retry_exc(exc, attempt, idempotent):
-                    raise TransportError(f"{method} {self.url}{path}: {exc!r}") from exc
-                await asyncio.sleep(self.retry.delay(attempt, None))
-                attempt += 1
+                await asyncio.sleep(tries.after_error(exc))
                 continue
-            if self.retry.should_retry_status(resp.status_code, attempt, idempotent):
-                await asyncio.sleep(self.retry.delay(attempt, resp))
-                attempt += 1
-                continue
-            _core.raise_for(resp)
-            return resp
+            wait = tries.after_answer(resp)
+            if wait is None:
+                return resp
+            await asyncio.sleep(wait)
 
-    async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self.request(method, path, **kw)
-        return resp.json() if resp.content else None
+    async def _call(self, req: Req[T]) -> T:
+        resp = await self.request(
+            req.method, req.path, params=req.params, body=req.body, idempotent=req.idempotent
+        )
+        return _req.result(req, resp)
+
+    async def _run(self, plan: _req.Plan[T]) -> T:
+        """As ``Client._run``."""
+        step = _req.resume(plan)
+        while isinstance(step, Req):
+            try:
+                got = await self._call(step)
+            except Exception as err:
+                step = _req.resume(plan, error=err)
+            else:
+                step = _req.resume(plan, got)
+        return step.value
+
+    async def _entries(self, req: Req[Page[X]] | None) -> AsyncIterator[X]:
+        while req is not None:
+            page = await self._call(req)
+            for entry in page.entries:
+                yield entry
+            req = page.next
 
     async def healthz(self) -> bool:
-        return bool((await self._json("GET", "/healthz")).get("status") == "ok")
+        return await self._call(_req.healthz())
 
     async def create_project(
         self,
@@ -551,28 +433,23 @@ class AsyncClient(_Base):
         worker_slots: int | None = None,
         dyadic: dict[str, Any] | None = None,
     ) -> ProjectCreated:
-        body = _project_body(name, labels, hyperparameters, worker_slots, dyadic)
-        return ProjectCreated.model_validate(
-            await self._json("POST", "/v1/projects", body=body, idempotent=False)
+        return await self._call(
+            _req.create_project(name, labels, hyperparameters, worker_slots, dyadic)
         )
 
     async def list_projects(self) -> list[Project]:
-        return [Project.model_validate(p) for p in await self._json("GET", "/v1/projects")]
+        return await self._call(_req.list_projects())
 
     async def get_project(self, project: str) -> Project:
-        return Project.model_validate(await self._json("GET", f"/v1/projects/{_p(project)}"))
+        return await self._call(_req.get_project(project))
 
     async def delete_project(self, project: str) -> None:
-        await self.request("DELETE", f"/v1/projects/{_p(project)}")
+        await self._call(_req.delete_project(project))
 
     async def create_key(
         self, project: str, scope: Literal["read", "write"] = "read"
     ) -> KeyCreated:
-        return KeyCreated.model_validate(
-            await self._json(
-                "POST", f"/v1/projects/{_p(project)}/keys", body={"scope": scope}, idempotent=False
-            )
-        )
+        return await self._call(_req.create_key(project, scope))
 
     async def post_labels(
         self,
@@ -585,21 +462,8 @@ class AsyncClient(_Base):
         batch_size: int | None = None,
     ) -> PostResult:
         """As ``Client.post_labels``; blocks go one after another (the log keeps their order)."""
-        chunks, idempotent = self._prepare(labels, ids, id_namespace, batch_size)
-        total = PostResult()
-        for start, block in chunks:
-            try:
-                got = await self._json(
-                    "POST",
-                    f"/v1/projects/{_p(project)}/labels",
-                    params={"wait": "true"} if wait else None,
-                    body=block,
-                    idempotent=idempotent,
-                )
-            except ApiError as err:
-                raise _shift(err, start, total) from None
-            _add(total, Accepted.model_validate(got))
-        return total
+        size = batch_size or self.batch_size
+        return await self._run(_req.post_labels(project, labels, ids, id_namespace, wait, size))
 
     async def post_gold(
         self,
@@ -608,36 +472,13 @@ class AsyncClient(_Base):
         *,
         wait: bool = False,
     ) -> PostResult:
-        entries = _core.prepare_gold(gold)
-        total = PostResult()
-        for start, block in _core.blocks(entries, self.batch_size):
-            try:
-                got = await self._json(
-                    "POST",
-                    f"/v1/projects/{_p(project)}/gold",
-                    params={"wait": "true"} if wait else None,
-                    body=block,
-                    idempotent=False,
-                )
-            except ApiError as err:
-                raise _shift(err, start, total) from None
-            _add(total, Accepted.model_validate(got))
-        return total
+        return await self._run(_req.post_gold(project, gold, wait, self.batch_size))
 
     async def refit(self, project: str, *, wait: bool = False) -> Accepted:
-        return Accepted.model_validate(
-            await self._json(
-                "POST",
-                f"/v1/projects/{_p(project)}/refit",
-                params={"wait": "true"} if wait else None,
-                idempotent=False,
-            )
-        )
+        return await self._call(_req.refit(project, wait))
 
     async def get_item(self, project: str, item: str) -> Item:
-        return Item.model_validate(
-            await self._json("GET", f"/v1/projects/{_p(project)}/items/{_p(item)}")
-        )
+        return await self._call(_req.get_item(project, item))
 
     async def list_items(
         self,
@@ -648,15 +489,8 @@ class AsyncClient(_Base):
         min_probability: float = 0.0,
         max_probability: float = 1.0,
     ) -> ItemPage:
-        params: dict[str, Any] = {
-            "limit": limit,
-            "min_probability": min_probability,
-            "max_probability": max_probability,
-        }
-        if cursor:
-            params["cursor"] = cursor
-        return ItemPage.model_validate(
-            await self._json("GET", f"/v1/projects/{_p(project)}/items", params=params)
+        return await self._call(
+            _req.list_items(project, cursor, limit, min_probability, max_probability)
         )
 
     async def iter_items(
@@ -667,26 +501,14 @@ class AsyncClient(_Base):
         min_probability: float = 0.0,
         max_probability: float = 1.0,
     ) -> AsyncIterator[Item]:
-        cursor: str | None = None
-        while True:
-            page = await self.list_items(
-                project,
-                cursor=cursor,
-                limit=page_size,
-                min_probability=min_probability,
-                max_probability=max_probability,
-            )
-            for item in page.items:
-                yield item
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        pages = _req.item_pages(project, page_size, min_probability, max_probability)
+        async for item in self._entries(pages):
+            yield item
 
     async def export(self, project: str, format: ExportFormat = "jsonl") -> AsyncIterator[str]:
+        req = _req.export(project, format)
         try:
-            async with self._http.stream(
-                "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
-            ) as resp:
+            async with self._http.stream(req.method, req.path, params=req.params) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     _core.raise_for(resp)
@@ -696,9 +518,7 @@ class AsyncClient(_Base):
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
     async def get_worker(self, project: str, worker: str) -> Worker:
-        return Worker.model_validate(
-            await self._json("GET", f"/v1/projects/{_p(project)}/workers/{_p(worker)}")
-        )
+        return await self._call(_req.get_worker(project, worker))
 
     async def list_workers(
         self,
@@ -709,10 +529,7 @@ class AsyncClient(_Base):
         limit: int = 100,
         offset: int = 0,
     ) -> WorkerPage:
-        params = {"order": order, "by": by, "limit": limit, "offset": offset}
-        return WorkerPage.model_validate(
-            await self._json("GET", f"/v1/projects/{_p(project)}/workers", params=params)
-        )
+        return await self._call(_req.list_workers(project, order, by, limit, offset))
 
     async def iter_workers(
         self,
@@ -722,16 +539,8 @@ class AsyncClient(_Base):
         by: By = "informativeness",
         page_size: int = 1000,
     ) -> AsyncIterator[Worker]:
-        offset = 0
-        while True:
-            page = await self.list_workers(
-                project, order=order, by=by, limit=page_size, offset=offset
-            )
-            for w in page.workers:
-                yield w
-            offset += len(page.workers)
-            if not page.workers or offset >= page.total:
-                return
+        async for w in self._entries(_req.worker_pages(project, order, by, page_size)):
+            yield w
 
     async def worker_confusions(
         self, project: str, workers: Iterable[str] | None = None
@@ -752,13 +561,7 @@ class AsyncClient(_Base):
     async def predict(
         self, project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
     ) -> list[Prediction]:
-        body, out = _pairs(pairs), []
-        for lo in range(0, len(body), MAX_PAIRS):
-            chunk = body[lo : lo + MAX_PAIRS]
-            url = f"/v1/projects/{_p(project)}/predictions"
-            got = await self._json("POST", url, body=chunk, idempotent=True)  # reads only
-            out.extend(Prediction.model_validate(p) for p in got["predictions"])
-        return out
+        return await self._run(_req.predict(project, pairs))
 
     async def boundary(
         self,
@@ -769,16 +572,10 @@ class AsyncClient(_Base):
         limit: int = 10,
         candidates: int = 200,
     ) -> BoundaryPage:
-        params = _boundary_params(worker, item, limit, candidates)
-        return BoundaryPage.model_validate(
-            await self._json("GET", f"/v1/projects/{_p(project)}/boundary", params=params)
-        )
+        return await self._call(_req.boundary(project, worker, item, limit, candidates))
 
     async def list_snapshots(self, project: str) -> list[Snapshot]:
-        return [
-            Snapshot.model_validate(s)
-            for s in await self._json("GET", f"/v1/projects/{_p(project)}/snapshots")
-        ]
+        return await self._call(_req.list_snapshots(project))
 
     async def to_pandas(self, project: str, *, errors: bool = True) -> Aggregation:
         """As ``Client.to_pandas``."""

@@ -1,0 +1,317 @@
+"""Every operation of the client, written once, without I/O; ``Client`` and ``AsyncClient`` run them.
+
+- A one-call operation is a ``Req``: method, path, query, JSON body, whether a retry is safe,
+  and ``parse`` (the decoded JSON answer to the result). ``Client._call(req)`` and
+  ``await AsyncClient._call(req)`` send it (with retries) and parse the answer.
+- A paged listing is a ``Req`` whose result is a ``Page``: its entries and the request of the
+  next page (None after the last), so the clients' iterators only follow ``Page.next``.
+- An operation of several calls (label blocks, prediction chunks) is a ``Plan``: a generator
+  that yields each ``Req`` and gets its result back (or its error raised where it yielded).
+  ``Client._run`` and ``AsyncClient._run`` drive it, using ``resume``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from crowdtally_client import _core, models
+from crowdtally_client._core import ApiError, IdMode, LabelLike
+
+T = TypeVar("T")
+U = TypeVar("U")
+X = TypeVar("X")
+
+Order = Literal["best", "worst"]
+By = Literal["informativeness", "accuracy"]
+ExportFormat = Literal["jsonl", "csv"]
+MAX_PAIRS = 10_000  # the service's limit per predictions request
+
+
+@dataclass(frozen=True)
+class Req(Generic[T]):
+    """One call: ``parse`` turns the decoded JSON answer (None when empty, or not read with
+    ``decode=False``) into the result. ``idempotent=None``: GET, HEAD, DELETE and PUT are
+    retried as reads (``Client.request``)."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    params: dict[str, Any] | None = None
+    body: Any = None
+    idempotent: bool | None = None
+    decode: bool = True
+
+    def then(self, parse: Callable[[Any], U]) -> Req[U]:
+        """The same call, parsed otherwise."""
+        return Req(
+            self.method, self.path, parse, self.params, self.body, self.idempotent, self.decode
+        )
+
+
+def result(req: Req[T], response: httpx.Response) -> T:
+    """``req``'s result from the service's (successful) ``response``."""
+    return req.parse(response.json() if req.decode and response.content else None)
+
+
+@dataclass(frozen=True)
+class Page(Generic[X]):
+    """One page of a listing and the request of the next one (None: this was the last)."""
+
+    entries: list[X]
+    next: Req[Page[X]] | None
+
+
+@dataclass(frozen=True)
+class Done(Generic[T]):
+    """What a finished plan returned."""
+
+    value: T
+
+
+Plan = Generator[Req[Any], Any, T]
+
+
+def resume(plan: Plan[T], answer: Any = None, error: Exception | None = None) -> Req[Any] | Done[T]:
+    """Run ``plan`` on to its next request, sending it ``answer`` (the result of its last one) or
+    raising ``error`` where it waits; ``Done`` when it returns."""
+    try:
+        return plan.throw(error) if error is not None else plan.send(answer)
+    except StopIteration as stop:
+        return Done(stop.value)
+
+
+def _p(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _project(project: str) -> str:
+    return f"/v1/projects/{_p(project)}"
+
+
+def _wait(wait: bool) -> dict[str, Any] | None:
+    return {"wait": "true"} if wait else None
+
+
+def _unread(answer: Any) -> None:
+    """For calls whose answer is not read (``decode=False``, the streamed ``export``)."""
+
+
+def _each(model: Callable[[Any], T]) -> Callable[[Any], list[T]]:
+    return lambda answer: [model(x) for x in answer]
+
+
+# ---------------------------------------------------------------- projects
+def healthz() -> Req[bool]:
+    return Req("GET", "/healthz", lambda answer: bool(answer.get("status") == "ok"))
+
+
+def create_project(
+    name: str,
+    labels: list[str],
+    hyperparameters: dict[str, Any] | None,
+    worker_slots: int | None,
+    dyadic: dict[str, Any] | None,
+) -> Req[models.ProjectCreated]:
+    body: dict[str, Any] = {"name": name, "labels": list(labels)}
+    if hyperparameters:
+        body["hyperparameters"] = hyperparameters
+    if worker_slots is not None:
+        body["worker_slots"] = worker_slots
+    if dyadic is not None:
+        body["dyadic"] = dyadic
+    return Req(
+        "POST", "/v1/projects", models.ProjectCreated.model_validate, body=body, idempotent=False
+    )
+
+
+def list_projects() -> Req[list[models.Project]]:
+    return Req("GET", "/v1/projects", _each(models.Project.model_validate))
+
+
+def get_project(project: str) -> Req[models.Project]:
+    return Req("GET", _project(project), models.Project.model_validate)
+
+
+def delete_project(project: str) -> Req[None]:
+    return Req("DELETE", _project(project), _unread, decode=False)
+
+
+def create_key(project: str, scope: str) -> Req[models.KeyCreated]:
+    path = f"{_project(project)}/keys"
+    return Req(
+        "POST", path, models.KeyCreated.model_validate, body={"scope": scope}, idempotent=False
+    )
+
+
+# ---------------------------------------------------------------- labels
+def _add(total: models.PostResult, got: models.Accepted) -> None:
+    total.accepted += got.accepted
+    total.duplicates += got.duplicates
+    total.position = got.position
+    total.applied = total.applied and got.applied
+    total.blocks += 1
+
+
+def _shift(err: ApiError, start: int, sent: models.PostResult) -> ApiError:
+    if err.entry is not None:
+        err.entry += start
+        err.message = f"{err.message} (entry {err.entry} of the input; block at {start})"
+    err.sent = sent
+    return err
+
+
+def _post_blocks(
+    path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool
+) -> Plan[models.PostResult]:
+    """One POST a block, in order, summed; an error names the entry of the whole input."""
+    total, params = models.PostResult(), _wait(wait)
+    for start, block in _core.blocks(entries, size):
+        req = Req("POST", path, models.Accepted.model_validate, params, block, idempotent)
+        try:
+            got = yield req
+        except ApiError as err:
+            raise _shift(err, start, total) from None
+        _add(total, got)
+    return total
+
+
+def post_labels(
+    project: str,
+    labels: Iterable[LabelLike] | Any,
+    ids: IdMode,
+    id_namespace: str,
+    wait: bool,
+    batch_size: int,
+) -> Plan[models.PostResult]:
+    entries = _core.prepare_labels(labels, ids, id_namespace)
+    size = _core.check_batch(batch_size)
+    idempotent = all("id" in e for e in entries)
+    return (yield from _post_blocks(f"{_project(project)}/labels", entries, size, wait, idempotent))
+
+
+def post_gold(
+    project: str,
+    gold: Iterable[models.Gold | dict[str, Any] | tuple[str, str]],
+    wait: bool,
+    batch_size: int,
+) -> Plan[models.PostResult]:
+    entries = _core.prepare_gold(gold)
+    return (yield from _post_blocks(f"{_project(project)}/gold", entries, batch_size, wait, False))
+
+
+def refit(project: str, wait: bool) -> Req[models.Accepted]:
+    path = f"{_project(project)}/refit"
+    return Req("POST", path, models.Accepted.model_validate, _wait(wait), idempotent=False)
+
+
+# ---------------------------------------------------------------- items
+def get_item(project: str, item: str) -> Req[models.Item]:
+    return Req("GET", f"{_project(project)}/items/{_p(item)}", models.Item.model_validate)
+
+
+def list_items(
+    project: str,
+    cursor: str | None,
+    limit: int,
+    min_probability: float,
+    max_probability: float,
+) -> Req[models.ItemPage]:
+    params: dict[str, Any] = {
+        "limit": limit,
+        "min_probability": min_probability,
+        "max_probability": max_probability,
+    }
+    if cursor:
+        params["cursor"] = cursor
+    return Req("GET", f"{_project(project)}/items", models.ItemPage.model_validate, params)
+
+
+def item_pages(
+    project: str,
+    page_size: int,
+    min_probability: float,
+    max_probability: float,
+    cursor: str | None = None,
+) -> Req[Page[models.Item]]:
+    """``list_items`` from ``cursor`` on, following the cursor (filtered pages may be empty)."""
+
+    def parse(answer: Any) -> Page[models.Item]:
+        page = models.ItemPage.model_validate(answer)
+        after = page.next_cursor
+        if not after:
+            return Page(page.items, None)
+        return Page(
+            page.items, item_pages(project, page_size, min_probability, max_probability, after)
+        )
+
+    return list_items(project, cursor, page_size, min_probability, max_probability).then(parse)
+
+
+def export(project: str, format: ExportFormat) -> Req[None]:
+    """The streamed export (the clients read it line by line, without retries)."""
+    return Req("GET", f"{_project(project)}/export", _unread, {"format": format}, decode=False)
+
+
+# ---------------------------------------------------------------- workers
+def get_worker(project: str, worker: str) -> Req[models.Worker]:
+    return Req("GET", f"{_project(project)}/workers/{_p(worker)}", models.Worker.model_validate)
+
+
+def list_workers(
+    project: str, order: Order, by: By, limit: int, offset: int
+) -> Req[models.WorkerPage]:
+    params = {"order": order, "by": by, "limit": limit, "offset": offset}
+    return Req("GET", f"{_project(project)}/workers", models.WorkerPage.model_validate, params)
+
+
+def worker_pages(
+    project: str, order: Order, by: By, page_size: int, offset: int = 0
+) -> Req[Page[models.Worker]]:
+    """``list_workers`` from ``offset`` on, until ``total`` workers came (or an empty page)."""
+
+    def parse(answer: Any) -> Page[models.Worker]:
+        page = models.WorkerPage.model_validate(answer)
+        after = offset + len(page.workers)
+        if not page.workers or after >= page.total:
+            return Page(page.workers, None)
+        return Page(page.workers, worker_pages(project, order, by, page_size, after))
+
+    return list_workers(project, order, by, page_size, offset).then(parse)
+
+
+# ---------------------------------------------------------------- predictions
+def _predictions(answer: Any) -> list[models.Prediction]:
+    return [models.Prediction.model_validate(p) for p in answer["predictions"]]
+
+
+def predict(
+    project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+) -> Plan[list[models.Prediction]]:
+    """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order."""
+    body = [p if isinstance(p, dict) else {"worker": p[0], "item": p[1]} for p in pairs]
+    path = f"{_project(project)}/predictions"
+    out: list[models.Prediction] = []
+    for lo in range(0, len(body), MAX_PAIRS):
+        chunk = body[lo : lo + MAX_PAIRS]
+        out.extend((yield Req("POST", path, _predictions, body=chunk, idempotent=True)))
+    return out
+
+
+def boundary(
+    project: str, worker: str | None, item: str | None, limit: int, candidates: int
+) -> Req[models.BoundaryPage]:
+    if (worker is None) == (item is None):
+        raise ValueError("give exactly one of worker and item")
+    params: dict[str, Any] = {"limit": limit, "candidates": candidates}
+    params.update({"worker": worker} if worker is not None else {"item": item})
+    return Req("GET", f"{_project(project)}/boundary", models.BoundaryPage.model_validate, params)
+
+
+# ---------------------------------------------------------------- snapshots
+def list_snapshots(project: str) -> Req[list[models.Snapshot]]:
+    return Req("GET", f"{_project(project)}/snapshots", _each(models.Snapshot.model_validate))
