@@ -24,10 +24,12 @@ from core.itemlabels import ItemLabels, grow
 # training parts of dog, face, product and duck (one learning rate for all): hinge loss keeps
 # h_min in closed form (about 25x faster than logistic loss with l2, whose h_min is found on
 # the integrated flow), so the boundary listing stays interactive.
-SERVICE_DEFAULTS = DyadicConfig(k=2, loss="hinge", l2=0.2, eta=0.3)
+SERVICE_DEFAULTS = DyadicConfig(k=2, loss="hinge", l2=0.2, eta=0.3, dyadic_rate=1.0)
 # Ordinal labels (τ-quantile loss), chosen the same way on web and trec2010 (l2 = 0.2 cost
 # 0.03 in validation 0.5-quantile loss there).
-ORDINAL_DEFAULTS = DyadicConfig(k=1, loss="quantile", ordinal=True, l2=0.05, eta=0.5)
+ORDINAL_DEFAULTS = DyadicConfig(
+    k=1, loss="quantile", ordinal=True, l2=0.05, eta=0.5, dyadic_rate=1.0
+)
 DEFAULT_PASSES = 30
 
 

@@ -268,7 +268,7 @@ def hmin(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
     d = c.data
     model: DyadicModel | None = getattr(c, "_dyadic", None)
     if model is None:
-        cfg = DyadicConfig(n_classes=c.config.n_classes, k=2, l2=0.2,
+        cfg = DyadicConfig(n_classes=c.config.n_classes, k=2, l2=0.2, dyadic_rate=1.0,
                            rater_slots=max(1, d.worker_ids.size), task_slots=max(1, d.n_items))  # fmt: skip
         model = DyadicModel(cfg)
         c._dyadic = model  # type: ignore[attr-defined]

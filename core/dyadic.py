@@ -57,6 +57,8 @@ class DyadicConfig:
     ``l2`` is λ of part III (dyadic parameters only, applied along each update's flow).
     Learning rate: η_t = eta · (t0 / (t0 + t))^power, t the total importance weight seen;
     with ``adaptive`` per-coordinate AdaGrad rates η / sqrt(1 + Σ h g²) instead (seed 003).
+    The dyadic parameters move at ``dyadic_rate`` · η: a rate tuned on the linear model
+    leaves the factors barely moved at 1 (docs/dyadic.md, "Measurements").
     """
 
     n_classes: int = 2
@@ -76,7 +78,7 @@ class DyadicConfig:
     seed: int = 0
     ode_tol: float = 1e-10
     l2_linear: float = 0.0
-    dyadic_rate: float = 1.0
+    dyadic_rate: float = 3.0
 
     def __post_init__(self) -> None:
         if self.n_classes < 2:
