@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -217,7 +219,9 @@ def main() -> None:
         if args.peers and name in NOMINAL:
             from bench import dyadic_peers
 
-            peers = dyadic_peers.run(name, args.splits, args.seed)
+            fork = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(2, mp_context=fork) as ex:  # as bench.dyadic_peers does
+                peers = dyadic_peers.run(name, args.splits, args.seed, ex=ex)
             dyadic_peers.report(peers)
             verdicts[name] = check_targets(name, rows, peers.rows)
     if verdicts:
