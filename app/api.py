@@ -253,7 +253,7 @@ def _dyadic_view(settings: DyadicSettings | None) -> DyadicSettingsBody:
     c = settings.config
     return DyadicSettingsBody(
         k=c.k, loss=c.loss, reduction=c.reduction, ordinal=c.ordinal, eta=c.eta, l2=c.l2,
-        passes=settings.passes, rater_slots=c.rater_slots, task_slots=c.task_slots,
+        dyadic_rate=c.dyadic_rate, passes=settings.passes, rater_slots=c.rater_slots, task_slots=c.task_slots,
     )  # fmt: skip
 
 

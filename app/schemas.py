@@ -61,6 +61,12 @@ class DyadicSettingsBody(Strict):
     reduction: Literal[REDUCTIONS] = _DYADIC.reduction  # type: ignore[valid-type]
     eta: float | None = Field(None, gt=0, le=100, description=_BY_KIND("eta"))
     l2: float | None = Field(None, ge=0, le=0.5, description=_BY_KIND("l2"))
+    dyadic_rate: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description=f"The factors' rate relative to eta. {_BY_KIND('dyadic_rate')}",
+    )
     passes: int = Field(
         DEFAULT_PASSES, ge=1, le=100, description="Passes over each label, sweeps included."
     )

@@ -217,6 +217,15 @@ def test_dyadic_settings(client: TestClient) -> None:
         json={"name": "stars", "labels": ["1", "2", "3"], "dyadic": {"ordinal": True}},
     )
     assert r.status_code == 201 and r.json()["dyadic"]["loss"] == "quantile"
+    assert r.json()["dyadic"]["dyadic_rate"] == 1.0  # the service's default, shown
+    r = client.post(
+        "/v1/projects",
+        json={"name": "fast", "labels": ["x", "y"], "dyadic": {"dyadic_rate": 3.0, "k": 3}},
+    )
+    assert r.status_code == 201 and r.json()["dyadic"]["dyadic_rate"] == 3.0
+    assert client.get("/v1/projects/fast").json()["dyadic"]["dyadic_rate"] == 3.0
+    bad = {"name": "bad", "labels": ["x", "y"], "dyadic": {"dyadic_rate": 0.0}}
+    assert client.post("/v1/projects", json=bad).status_code == 422
     r = client.post(
         "/v1/projects",
         json={"name": "bad", "labels": ["x", "y"], "dyadic": {"loss": "quantile"}},
