@@ -14,7 +14,15 @@ import numpy.typing as npt
 
 from app.dyadic import SERVICE_DEFAULTS, DyadicSettings
 from app.store.base import Store
-from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_rows
+from core.dyadic import (
+    RATER,
+    TASK,
+    DyadicConfig,
+    DyadicModel,
+    dyadic_ids,
+    initial_rows,
+    runner_up,
+)
 
 MAX_PAIRS = 10_000
 F64 = npt.NDArray[np.float64]
@@ -46,8 +54,9 @@ def predict_pairs(
     )
     r_local, t_local = r_local.ravel(), t_local.ravel()
     labels, scores = model.predict(r_local, t_local)
+    h_min = model.h_min(r_local, t_local, target=runner_up(scores))  # the scores, not again
     trained = _present(r_rows)[r_local] & _present(t_rows)[t_local]
-    return PairPredictions(position, labels, scores, model.h_min(r_local, t_local), trained)
+    return PairPredictions(position, labels, scores, h_min, trained)
 
 
 def warm_up() -> None:

@@ -47,6 +47,11 @@ def dyadic_ids(names: Iterable[str]) -> I64:
     return np.fromiter((dyadic_id(n) for n in names), dtype=np.int64)
 
 
+def runner_up(scores: F64) -> I64:
+    """The next-best label of each row of ``predict``'s scores (h_min's default target)."""
+    return np.argsort(-scores, axis=1, kind="stable")[:, 1].astype(np.int64)
+
+
 @dataclass(frozen=True)
 class DyadicConfig:
     """Settings of a dyadic model; everything that changes learning is here.
@@ -227,8 +232,7 @@ class DyadicModel:
         """
         raters, tasks = _i64(raters), _i64(tasks)
         if target is None:
-            _, scores = self.predict(raters, tasks)
-            target = np.argsort(-scores, axis=1, kind="stable")[:, 1].astype(np.int64)
+            target = runner_up(self.predict(raters, tasks)[1])
         target = _i64(target)
         out = np.empty(raters.shape[0])
         _k.h_min_many(*self._tables(), self._hyper, self.config.reduction_code,
