@@ -17,7 +17,7 @@ population_rate, class_rate, worker_prior, population_prior, population_diagonal
 class_prior_strength) and ``n_items``, given as a multiple of each dataset's item count (the
 benchmarks use 1: the number of items in the file, as ``crowdtally extract`` does; the
 ``NominalConfig`` default 10,000 only applies where the item count is unknown).
-``--passes N`` evaluates N passes instead (later passes are revisits, as in ``bench.run``).
+``--passes N`` evaluates N passes instead (later passes as in ``bench.run``: Newton sweeps).
 ``--synthetic`` adds tests/conftest.py's synthetic set (3,000 items, 3 classes; one pass, mean
 over the same orders) as an extra column that does not enter the ranking.
 

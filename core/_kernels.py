@@ -726,3 +726,90 @@ def newton_population(population, population_mean, grad, neg_hess, lam):
         _clip_step(step)
         for k in range(K):
             population[z, k] += step[k]
+
+
+# Later passes by trust-region Newton on F (docs/model.md, eq. 17-20).
+
+
+@jit
+def estep_candidates(ptr, workers, labels, weights, known, log_pis, log_tables, q_out, data_out):
+    """One sweep over the items: the E-step (3) at each of C candidate parameter sets.
+
+    log_pis (C, K), log_tables (C, W, K, K); q_out[c, i] the posteriors, data_out[c] the data
+    term sum_i log p(D_i) (for a gold item, log p(D_i, z*), its posterior held at z*).
+    """
+    C, K = log_pis.shape[0], log_pis.shape[1]
+    logq = np.empty(K)
+    q = np.empty(K)
+    for c in range(C):
+        data_out[c] = 0.0
+    for i in range(ptr.shape[0] - 1):
+        for c in range(C):
+            for z in range(K):
+                logq[z] = log_pis[c, z]
+            for j in range(ptr[i], ptr[i + 1]):
+                w, l, h = workers[j], labels[j], weights[j]
+                for z in range(K):
+                    logq[z] += h * log_tables[c, w, z, l]
+            if known[i] >= 0:
+                data_out[c] += logq[known[i]]
+                for z in range(K):
+                    q_out[c, i, z] = 0.0
+                q_out[c, i, known[i]] = 1.0
+            else:
+                data_out[c] += _normalise(logq, q)
+                q_out[c, i, :] = q
+
+
+@jit
+def missing_information_product(
+    ptr, workers, labels, weights, q, p, pi, v_pi, v_theta, out_pi, out_theta
+):
+    """out += sum_i Cov_{q_i}[grad_x log p(D_i, z)] v (eq. 18), v = (v_pi, v_theta).
+
+    grad log p(D_i, z) is e_z - pi for gamma_pi and sum_{j: s_j = s} h_j (e_{l_j} - p_{s,z})
+    for row z of slot s; with t_z its product with v and tbar = sum_z q_z t_z, the item adds
+    sum_z q_z (t_z - tbar) grad log p(D_i, z).
+    """
+    W, K = p.shape[0], p.shape[1]
+    pv = np.empty((W, K))
+    for s in range(W):
+        for z in range(K):
+            acc = 0.0
+            for k in range(K):
+                acc += p[s, z, k] * v_theta[s, z, k]
+            pv[s, z] = acc
+    pi_v = 0.0
+    for k in range(K):
+        pi_v += pi[k] * v_pi[k]
+    mass = np.zeros((W, K))
+    class_sum = np.zeros(K)
+    t = np.empty(K)
+    c = np.empty(K)
+    for i in range(ptr.shape[0] - 1):
+        for z in range(K):
+            t[z] = v_pi[z] - pi_v
+        for j in range(ptr[i], ptr[i + 1]):
+            s, l, h = workers[j], labels[j], weights[j]
+            for z in range(K):
+                t[z] += h * (v_theta[s, z, l] - pv[s, z])
+        tbar = 0.0
+        for z in range(K):
+            tbar += q[i, z] * t[z]
+        for z in range(K):
+            c[z] = q[i, z] * (t[z] - tbar)
+            class_sum[z] += c[z]
+        for j in range(ptr[i], ptr[i + 1]):
+            s, l, h = workers[j], labels[j], weights[j]
+            for z in range(K):
+                out_theta[s, z, l] += c[z] * h
+                mass[s, z] += c[z] * h
+    total = 0.0
+    for z in range(K):
+        total += class_sum[z]
+    for z in range(K):
+        out_pi[z] += class_sum[z] - total * pi[z]
+    for s in range(W):
+        for z in range(K):
+            for k in range(K):
+                out_theta[s, z, k] -= mass[s, z] * p[s, z, k]
