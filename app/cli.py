@@ -77,6 +77,14 @@ def extract(
         typer.Option("--priorz", help="Prior class distribution, comma-separated (normalised)."),
     ] = None,
     passes: Annotated[int, typer.Option("--passes", min=1, help="Passes over the items.")] = 1,
+    later_passes: Annotated[
+        job.LaterPasses,
+        typer.Option(
+            "--later-passes",
+            help="Passes 2..N: revisit items one by one (progressive-validation table) or "
+            "sweep by trust-region Newton toward batch EM's optimum (docs/model.md eq. 17-20).",
+        ),
+    ] = job.LaterPasses.revisit,
     shuffle: Annotated[
         int | None,
         typer.Option(
@@ -119,6 +127,8 @@ def extract(
         raise InputError("--test-only", None, "needs a model to test: give --load FILE")
     if test_only and batch:
         raise InputError("--test-only", None, "cannot be combined with --batch")
+    if later_passes is job.LaterPasses.newton and (test_only or difficulty):
+        raise InputError("--later-passes", None, "newton needs learning without --difficulty")
     out = sys.stdout
     triples = read_triples(path)
     saved = load_model(load) if load is not None else None
@@ -158,6 +168,7 @@ def extract(
             gold_codes,
             test_only,
             out,
+            later_passes,
         )
         posteriors, slot_params = run.final.posteriors, run.model.params
         rate = len(triples) * passes / run.seconds if run.seconds > 0 else float("inf")

@@ -6,6 +6,7 @@ import csv
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TextIO
 
@@ -206,6 +207,13 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
         edge *= 2
 
 
+class LaterPasses(StrEnum):
+    """How passes after the first move the online model (``--later-passes``)."""
+
+    revisit = "revisit"
+    newton = "newton"
+
+
 @dataclass
 class OnlineRun:
     model: OnlineEM
@@ -223,8 +231,10 @@ def run_online(
     gold: IntArray,
     test_only: bool,
     out: TextIO,
+    later: LaterPasses = LaterPasses.revisit,
 ) -> OnlineRun:
-    """Stream items (file order, or shuffled per pass) through the online model."""
+    """Stream items (file order, or shuffled per pass) through the online model; with
+    ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items."""
     blocks = hashed_blocks(data, config)
     model = OnlineEM(config, params)
     model.predict_many(
@@ -239,7 +249,8 @@ def run_online(
         np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items)
     )
     seconds = 0.0
-    for n_pass in range(passes):
+    newton = later is LaterPasses.newton and not test_only
+    for n_pass in range(1 if newton else passes):
         order = (
             rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
         )
@@ -260,6 +271,11 @@ def run_online(
         if order.size:
             last = int(order[-1])
             table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
+    if newton and passes > 1:
+        print("Newton sweep   F (log posterior)", file=out)
+        t0 = time.perf_counter()
+        model.refine(blocks, passes - 1, progress=lambda n, f: print(f"{n:>12}   {f:.6f}", file=out))
+        seconds += time.perf_counter() - t0
     final = model.predict_many(blocks)
     return OnlineRun(model=model, final=final, seconds=seconds, table_average=table.average)
 
