@@ -154,6 +154,8 @@ def steihaug(curv: _Curvature, radii: tuple[float, ...]) -> list[FloatArray]:
     direction = y
     ry = float(r @ y)
     r0 = math.sqrt(max(ry, 0.0))
+    if r0 == 0.0:  # a stationary point: no step
+        return [d] * len(radii)
     for _ in range(_CG_MAX_ITER):
         hd = curv.neg_hessian(direction)
         kappa = float(direction @ hd)

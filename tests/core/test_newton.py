@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -87,6 +89,14 @@ def test_newton_passes_never_lower_f_and_reach_the_batch_optimum(synthetic: Synt
     assert np.array_equal(result.posteriors.argmax(1), batch_q.argmax(1))
 
 
+def test_a_stationary_point_takes_no_step(synthetic: Synthetic) -> None:
+    cfg, blocks, start = problem(synthetic)
+    layout = _Layout(3, 40)
+    _, curv = objective_and_gradient(cfg, blocks, layout, layout.pack(start))
+    curv.gradient = np.zeros_like(curv.gradient)
+    assert all(not d.any() for d in steihaug(curv, (1.0, 2.0)))
+
+
 def test_newton_passes_are_deterministic_and_hold_known_items(synthetic: Synthetic) -> None:
     cfg, blocks, start = problem(synthetic)
     known = np.full(blocks.n_blocks, -1, dtype=np.int64)
@@ -104,3 +114,31 @@ def test_newton_passes_refuse_difficulty(synthetic: Synthetic) -> None:
         newton_passes(
             NominalConfig(n_classes=3, n_worker_slots=40, difficulty=True), blocks, start, 2
         )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n_classes=st.integers(2, 4),
+    n_workers=st.integers(2, 6),
+    n_items=st.integers(5, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_sweeps_never_lower_f_on_any_data(
+    n_classes: int, n_workers: int, n_items: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    per_item = rng.integers(1, 5, size=n_items)
+    items = np.repeat(np.arange(n_items), per_item)
+    blocks = LabelBlocks.group(
+        items, rng.integers(0, n_workers, items.size), rng.integers(0, n_classes, items.size)
+    )
+    cfg = NominalConfig(n_classes=n_classes, n_worker_slots=n_workers, n_items=float(n_items))
+    K = n_classes
+    start = NominalParams(
+        rng.standard_normal(K), cfg.population_mean() + rng.standard_normal((K, K)),
+        rng.standard_normal((n_workers, K, K)),
+    )  # fmt: skip
+    result = newton_passes(cfg, blocks, start, 5)
+    assert np.all(np.diff(result.objective) >= 0)
+    np.testing.assert_allclose(result.posteriors.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(np.isfinite(result.params.worker))
