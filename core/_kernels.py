@@ -570,22 +570,34 @@ def log_confusion_table(population, worker, out):
 
 
 @jit
-def estep_table(ptr, workers, labels, weights, log_pi, log_table, q_out):
-    """Exact E-step without difficulty from a log-confusion table; returns sum_i log p(D_i)."""
-    K = log_pi.shape[0]
+def estep_tables(ptr, workers, labels, weights, known, log_pis, log_tables, q_out, data_out):
+    """One sweep over the items: the exact E-step without difficulty (3) at each of C parameter
+    sets (batch EM: C = 1; the Newton sweeps: their candidate steps).
+
+    log_pis (C, K), log_tables (C, W, K, K); q_out[c, i] the posteriors, data_out[c] the data
+    term sum_i log p(D_i) (for a gold item, log p(D_i, z*), its posterior held at z*).
+    """
+    C, K = log_pis.shape[0], log_pis.shape[1]
     logq = np.empty(K)
     q = np.empty(K)
-    total = 0.0
+    for c in range(C):
+        data_out[c] = 0.0
     for i in range(ptr.shape[0] - 1):
-        for z in range(K):
-            logq[z] = log_pi[z]
-        for j in range(ptr[i], ptr[i + 1]):
-            w, l, h = workers[j], labels[j], weights[j]
+        for c in range(C):
             for z in range(K):
-                logq[z] += h * log_table[w, z, l]
-        total += _normalise(logq, q)
-        q_out[i, :] = q
-    return total
+                logq[z] = log_pis[c, z]
+            for j in range(ptr[i], ptr[i + 1]):
+                w, l, h = workers[j], labels[j], weights[j]
+                for z in range(K):
+                    logq[z] += h * log_tables[c, w, z, l]
+            if known[i] >= 0:
+                data_out[c] += logq[known[i]]
+                for z in range(K):
+                    q_out[c, i, z] = 0.0
+                q_out[c, i, known[i]] = 1.0
+            else:
+                data_out[c] += _normalise(logq, q)
+                q_out[c, i, :] = q
 
 
 @jit
@@ -729,36 +741,6 @@ def newton_population(population, population_mean, grad, neg_hess, lam):
 
 
 # Later passes by trust-region Newton on F (docs/model.md, eq. 17-20).
-
-
-@jit
-def estep_candidates(ptr, workers, labels, weights, known, log_pis, log_tables, q_out, data_out):
-    """One sweep over the items: the E-step (3) at each of C candidate parameter sets.
-
-    log_pis (C, K), log_tables (C, W, K, K); q_out[c, i] the posteriors, data_out[c] the data
-    term sum_i log p(D_i) (for a gold item, log p(D_i, z*), its posterior held at z*).
-    """
-    C, K = log_pis.shape[0], log_pis.shape[1]
-    logq = np.empty(K)
-    q = np.empty(K)
-    for c in range(C):
-        data_out[c] = 0.0
-    for i in range(ptr.shape[0] - 1):
-        for c in range(C):
-            for z in range(K):
-                logq[z] = log_pis[c, z]
-            for j in range(ptr[i], ptr[i + 1]):
-                w, l, h = workers[j], labels[j], weights[j]
-                for z in range(K):
-                    logq[z] += h * log_tables[c, w, z, l]
-            if known[i] >= 0:
-                data_out[c] += logq[known[i]]
-                for z in range(K):
-                    q_out[c, i, z] = 0.0
-                q_out[c, i, known[i]] = 1.0
-            else:
-                data_out[c] += _normalise(logq, q)
-                q_out[c, i, :] = q
 
 
 @jit

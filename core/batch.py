@@ -215,20 +215,17 @@ class BatchEM:
             table = np.empty_like(params.worker)
             _kernels.log_confusion_table(params.population, params.worker, table)
             log_pi = params.class_logits - np.logaddexp.reduce(params.class_logits)
-            data = float(
-                _kernels.estep_table(
-                    blocks.ptr, blocks.slots, blocks.labels, blocks.weights, log_pi, table, q
-                )
-            )
-        return q, clarity, data + self._log_prior(params)
-
-    def _log_prior(self, params: NominalParams) -> float:
-        cfg = self.config
-        return -0.5 * (
-            cfg.worker_prior * float(np.sum(params.worker**2))
-            + cfg.population_prior * float(np.sum((params.population - cfg.population_mean()) ** 2))
-            + cfg.class_prior_strength
-            * float(np.sum((params.class_logits - cfg.class_prior_logits()) ** 2))
+            total = np.empty(1)
+            _kernels.estep_tables(
+                blocks.ptr, blocks.slots, blocks.labels, blocks.weights,
+                np.full(blocks.n_blocks, -1, dtype=np.int64), log_pi[None], table[None], q[None],
+                total,
+            )  # fmt: skip
+            data = float(total[0])
+        return (
+            q,
+            clarity,
+            data + cfg.log_prior(params.class_logits, params.population, params.worker),
         )
 
     def _m_step(

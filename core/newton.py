@@ -87,14 +87,16 @@ class _Curvature:
             config.class_prior_strength,
         )
         a = theta - gamma[None]
+        # each row's data gradient N - C p and information C (diag p - p p^T) (eq. 12)
+        data_grad, rows = np.empty_like(theta), np.empty((*theta.shape, layout.K))
+        _kernels.grad_hess_from_counts(counts, gamma, a, data_grad, rows)
         self.gradient = np.concatenate([
             q.sum(axis=0) - n * self.pi - lam_pi * (g_pi - config.class_prior_logits()),
             (lam_a * a.sum(axis=0) - lam_g * (gamma - config.population_mean())).ravel(),
-            (counts - self.c[..., None] * self.p - lam_a * a).ravel(),
+            (data_grad - lam_a * a).ravel(),
         ])  # fmt: skip
         self.class_block = n * (np.diag(self.pi) - np.outer(self.pi, self.pi)) + lam_pi * eye
-        outer = self.p[..., :, None] * self.p[..., None, :]
-        rows = self.c[..., None, None] * (self.p[..., :, None] * eye - outer) + lam_a * eye
+        rows += lam_a * eye
         self.rows_inv = np.linalg.inv(rows)  # (W, K, K, K): each row's block, inverted
         # Gamma couples to every Theta_s through the prior: its Schur complement per row z
         schur = (lam_a * W + lam_g) * eye - lam_a**2 * self.rows_inv.sum(axis=0)
@@ -207,17 +209,9 @@ def _evaluate(
         g_pi, gamma, theta = layout.split(x)
         log_pis[c] = g_pi - np.logaddexp.reduce(g_pi)
         tables[c] = theta - np.logaddexp.reduce(theta, axis=2, keepdims=True)
-        priors.append(
-            -0.5
-            * (
-                config.worker_prior * float(np.sum((theta - gamma[None]) ** 2))
-                + config.population_prior * float(np.sum((gamma - config.population_mean()) ** 2))
-                + config.class_prior_strength
-                * float(np.sum((g_pi - config.class_prior_logits()) ** 2))
-            )
-        )
+        priors.append(config.log_prior(g_pi, gamma, theta - gamma[None]))
     q, data = np.empty((len(xs), items.n_blocks, K)), np.empty(len(xs))
-    _kernels.estep_candidates(
+    _kernels.estep_tables(
         items.ptr, items.slots, items.labels, items.weights, known, log_pis, tables, q, data
     )
     return [float(d) + p for d, p in zip(data, priors, strict=True)], q

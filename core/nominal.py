@@ -119,6 +119,18 @@ class NominalConfig:
         """The prior mean of Gamma: c_0 on the diagonal."""
         return self.population_diagonal * np.eye(self.n_classes)
 
+    def log_prior(
+        self, class_logits: FloatArray, population: FloatArray, worker: FloatArray
+    ) -> float:
+        """log P(A, Gamma, gamma_pi) up to a constant (docs/model.md, "Parameters"); ``worker``
+        is the deviation table A itself (scale applied)."""
+        return -0.5 * (
+            self.worker_prior * float(np.sum(worker**2))
+            + self.population_prior * float(np.sum((population - self.population_mean()) ** 2))
+            + self.class_prior_strength
+            * float(np.sum((class_logits - self.class_prior_logits()) ** 2))
+        )
+
     def hyper_vector(self) -> FloatArray:
         """Hyperparameters packed for the kernels (order fixed by _kernels.H_*)."""
         return np.array(

@@ -13,6 +13,7 @@ from core.newton import _Curvature, _evaluate, _Layout, newton_passes, steihaug
 from core.nominal import NominalConfig, NominalParams
 
 from ..conftest import Synthetic
+from .test_batch import sparse_blocks
 
 
 def problem(
@@ -20,14 +21,7 @@ def problem(
 ) -> tuple[NominalConfig, LabelBlocks, NominalParams]:
     """A sparse set (few labels per item: much missing information) and a rough start."""
     cfg = NominalConfig(n_classes=3, n_worker_slots=40, n_items=3000.0)
-    keep = np.zeros(synthetic.items.size, dtype=bool)
-    seen: dict[int, int] = {}
-    for j, i in enumerate(synthetic.items):
-        seen[int(i)] = seen.get(int(i), 0) + 1
-        keep[j] = seen[int(i)] <= per_item
-    blocks = LabelBlocks.group(
-        synthetic.items[keep], synthetic.workers[keep], synthetic.labels[keep]
-    )
+    blocks = sparse_blocks(synthetic, per_item)
     rng = np.random.default_rng(1)
     start = NominalParams(
         cfg.class_prior_logits() + 0.3 * rng.standard_normal(3),

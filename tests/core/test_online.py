@@ -243,12 +243,7 @@ def map_objective(cfg: NominalConfig, blocks: LabelBlocks, params: NominalParams
     """F = sum_i log p(D_i) + log P(A, Gamma, gamma_pi): batch EM's objective (docs/model.md)."""
     data = float(OnlineEM(cfg, params.copy()).predict_many(blocks).objective.sum())
     A = params.scalars[0] * params.worker
-    return data - 0.5 * (
-        cfg.worker_prior * float(np.sum(A**2))
-        + cfg.population_prior * float(np.sum((params.population - cfg.population_mean()) ** 2))
-        + cfg.class_prior_strength
-        * float(np.sum((params.class_logits - cfg.class_prior_logits()) ** 2))
-    )
+    return data + cfg.log_prior(params.class_logits, params.population, A)
 
 
 def test_revisit_passes_approach_the_batch_optimum(synthetic: Synthetic) -> None:
