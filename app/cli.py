@@ -127,8 +127,10 @@ def extract(
         raise InputError("--test-only", None, "needs a model to test: give --load FILE")
     if test_only and batch:
         raise InputError("--test-only", None, "cannot be combined with --batch")
-    if later_passes is job.LaterPasses.newton and (test_only or difficulty):
-        raise InputError("--later-passes", None, "newton needs learning without --difficulty")
+    if later_passes is job.LaterPasses.newton and test_only:
+        raise InputError(
+            "--later-passes", None, "newton learns: it cannot be used with --test-only"
+        )
     out = sys.stdout
     triples = read_triples(path)
     saved = load_model(load) if load is not None else None
@@ -152,6 +154,8 @@ def extract(
             n_items=n_items if n_items is not None else float(encoded.n_items),
             difficulty=difficulty,
         )
+    if later_passes is job.LaterPasses.newton and config.difficulty:
+        raise InputError("--later-passes", None, "newton needs a model without difficulty")
     print(_settings_line(config, path, passes, test_only, batch), file=out)
     if batch:
         result, params, seconds = job.run_batch(encoded, config, out)

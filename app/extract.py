@@ -271,12 +271,15 @@ def run_online(
         if order.size:
             last = int(order[-1])
             table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
-    if newton and passes > 1:
+    if newton and passes > 1:  # refine answers the posteriors under its final parameters
         print("Newton sweep   F (log posterior)", file=out)
         t0 = time.perf_counter()
-        model.refine(blocks, passes - 1, progress=lambda n, f: print(f"{n:>12}   {f:.6f}", file=out))
+        final = model.refine(
+            blocks, passes - 1, progress=lambda n, f: print(f"{n:>12}   {f:.6f}", file=out)
+        )
         seconds += time.perf_counter() - t0
-    final = model.predict_many(blocks)
+    else:
+        final = model.predict_many(blocks)
     return OnlineRun(model=model, final=final, seconds=seconds, table_average=table.average)
 
 

@@ -66,13 +66,12 @@ def online_accuracy(p: Prepared, passes: int, seed: int, later: str = "newton") 
     model = OnlineEM(p.config)
     rng = np.random.default_rng(seed)
     result = model.learn_many(p.hashed, order=rng.permutation(p.hashed.n_blocks))
-    if later in ("newton", "squarem"):  # sweeps toward batch EM's optimum on the hashed slots
-        model.refine(p.hashed, passes - 1, method=later)
-    else:  # later passes revisit items already learned (eq. 14-16)
-        for _ in range(passes - 1):
-            model.revisit_many(
-                p.hashed, result, order=rng.permutation(p.hashed.n_blocks), out=result
-            )
+    if later in ("newton", "squarem") and passes > 1:
+        # sweeps toward batch EM's optimum on the hashed slots; refine returns the posteriors
+        # under its final parameters
+        return acc(model.refine(p.hashed, passes - 1, method=later).posteriors, p.gold)
+    for _ in range(passes - 1):  # later passes revisit items already learned (eq. 14-16)
+        model.revisit_many(p.hashed, result, order=rng.permutation(p.hashed.n_blocks), out=result)
     return acc(model.predict_many(p.hashed).posteriors, p.gold)
 
 

@@ -102,6 +102,18 @@ def test_newton_later_passes_reach_batch_em(dog: Path, tmp_path: Path) -> None:
     assert extract(dog / "answers.csv", "--load", tmp_path / "n.npz", "--test-only").returncode == 0
 
 
+def test_newton_refuses_a_loaded_model_with_difficulty(dog: Path, tmp_path: Path) -> None:
+    model = tmp_path / "d.npz"
+    assert extract(dog / "answers.csv", "--difficulty", "--save", model).returncode == 0
+    for extra, message in (
+        (["--passes", "2"], "newton needs a model without difficulty"),
+        (["--test-only"], "cannot be used with --test-only"),
+    ):
+        run = extract(dog / "answers.csv", "--load", model, "--later-passes", "newton", *extra)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+
+
 def test_tab_separated_with_string_labels(tmp_path: Path) -> None:
     data = tmp_path / "a.tsv"
     data.write_text("i1\tw1\tcat\ni1\tw2\tcat\ni2\tw1\tdog\ni2\tw2 \tdog\n")
@@ -153,7 +165,7 @@ def test_label_outside_declared_classes(tmp_path: Path) -> None:
         (["--eta", "-1"], "eta0 must be >= 0"),
         (["--priorz", "1,x"], "expected comma-separated numbers"),
         (["--priorz", "1,1,1"], "class_prior needs 2 positive numbers"),
-        (["--later-passes", "newton", "--difficulty"], "newton needs learning without"),
+        (["--later-passes", "newton", "--difficulty"], "newton needs a model without difficulty"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
