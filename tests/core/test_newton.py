@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core import newton
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.newton import _Curvature, _evaluate, _Layout, newton_passes, steihaug
@@ -81,6 +82,33 @@ def test_newton_passes_never_lower_f_and_reach_the_batch_optimum(synthetic: Synt
     assert result.objective[-1] == pytest.approx(f_batch, abs=1e-6 * abs(f_batch))
     batch_q = objective_and_gradient(cfg, blocks, layout, layout.pack(batch))[1].q
     assert np.array_equal(result.posteriors.argmax(1), batch_q.argmax(1))
+
+
+def test_a_step_makes_at_most_the_capped_number_of_missing_information_products(
+    synthetic: Synthetic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each M v product is a pass over the labels: a sweep's work is bounded (eq. 19-20)."""
+    cfg, blocks, start = problem(synthetic)
+    layout = _Layout(3, 40)
+    near = newton_passes(cfg, blocks, start, 3).params  # where F is concave: CG runs long
+    _, curv = objective_and_gradient(cfg, blocks, layout, layout.pack(near))
+    products = 0
+    neg_hessian = curv.neg_hessian
+
+    def counted(v: np.ndarray) -> np.ndarray:
+        nonlocal products
+        products += 1
+        return neg_hessian(v)
+
+    monkeypatch.setattr(curv, "neg_hessian", counted)
+    monkeypatch.setattr(newton, "_CG_MAX_ITER", 1000)
+    steihaug(curv, (1e6,))
+    uncapped, products = products, 0
+    assert uncapped > 8, uncapped  # this point needs more iterations than the cap allows
+    monkeypatch.setattr(newton, "_CG_MAX_ITER", 8)
+    capped = steihaug(curv, (1e6,))[0]
+    assert products == 8
+    assert curv.gradient @ capped - 0.5 * capped @ neg_hessian(capped) > 0
 
 
 def test_a_stationary_point_takes_no_step(synthetic: Synthetic) -> None:
