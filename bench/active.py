@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.extract import Encoded, load_labelled
+from app.io.extract import Encoded, load_labelled
 from bench.datasets import DEFAULT_ROOT, dataset_names
 from core import acquisition as acq
 from core.batch import BatchEM, into_slots

@@ -25,7 +25,7 @@ import orjson
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.dyadic import settings_for
+from app.engine.dyadic import settings_for
 from app.settings import Settings
 from bench.datasets import DEFAULT_ROOT
 from core.dyadic import DyadicModel, dyadic_ids

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.extract import Encoded, exact_blocks, hashed_blocks, load_labelled
-from app.extract import accuracy as accuracy_on_gold
+from app.io.extract import Encoded, exact_blocks, hashed_blocks, load_labelled
+from app.io.extract import accuracy as accuracy_on_gold
 from bench.measure import run_measured
 from bench.peers import (
     DEFAULT_ROOT,

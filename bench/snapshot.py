@@ -18,11 +18,12 @@ import uuid
 import numpy as np
 import orjson
 
-from app.db import sql_engine, upgrade
-from app.dyadic import settings_for
-from app.engine import ProjectEngine
-from app.snapshots import SnapshotDB, capture, encode, restore
+from app.engine.dyadic import settings_for
+from app.engine.project import ProjectEngine
+from app.engine.snapshots import capture, encode, restore
+from app.store.archive import SnapshotDB
 from app.store.base import LogEntry, ProjectRecord
+from app.store.sql import sql_engine, upgrade
 from bench.synthetic import dawid_skene
 from core.nominal import NominalConfig
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.extract import Encoded, accuracy, load_labelled
+from app.io.extract import Encoded, accuracy, load_labelled
 from bench.datasets import DEFAULT_ROOT, dataset_names
 from core.blocks import FloatArray, LabelBlocks, canonical_order
 from core.hashing import worker_slot

@@ -6,7 +6,7 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from app.db import Base, sql_engine
+from app.store.sql import Base, sql_engine
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.extract import load_labelled
+from app.io.extract import load_labelled
 from bench.active import Campaign, hmin
 
 

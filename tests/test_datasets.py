@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.extract import accuracy, exact_blocks, hashed_blocks, load_labelled
+from app.io.extract import accuracy, exact_blocks, hashed_blocks, load_labelled
 from core.batch import BatchEM, majority_vote
 from core.nominal import NominalConfig
 from core.online import OnlineEM

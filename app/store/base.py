@@ -12,14 +12,11 @@ part of a key name or a statement.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from core.nominal import NominalConfig
-
-if TYPE_CHECKING:
-    from app.dyadic import DyadicUpdate
 
 EntryKind = Literal[
     "labels", "gold", "refine", "refit", "snapshot", "items", "settings", "dyadic"
@@ -37,7 +34,7 @@ class ProjectRecord:
     labels: tuple[str, ...]
     config: dict[str, Any]
     """NominalConfig fields (n_classes and n_worker_slots included), and ``dyadic``: the
-    dyadic model's settings (``app.dyadic.DyadicSettings``; absent or None: no dyadic model)."""
+    dyadic model's settings (``app.engine.dyadic.DyadicSettings``; absent or None: none)."""
     created_at: float
 
     def to_json(self) -> bytes:
@@ -74,6 +71,15 @@ class LogEntry:
     """orjson-encoded body; for ``labels`` the columns ``items, workers, labels, weights``."""
     keep: bytes = b""
     """For ``labels``: one byte per label, ``1`` to apply, ``0`` for a duplicate id."""
+
+
+@dataclass
+class DyadicUpdate:
+    """The dyadic rows one engine step changed (``app.engine.dyadic``): slot -> ``DyadicModel.rows`` bytes."""
+
+    raters: dict[int, bytes]
+    tasks: dict[int, bytes]
+    shared: bytes
 
 
 @dataclass

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from app.db import upgrade
 from app.store.base import (
     AppendResult,
     EntryKind,
@@ -24,6 +23,7 @@ from app.store.base import (
     ProjectRecord,
     StateUpdate,
 )
+from app.store.sql import upgrade
 
 
 class _ProjectState:

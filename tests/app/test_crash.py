@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from app.db import sql_engine
-from app.dyadic import DEFAULT_PASSES
-from app.engine import ProjectEngine
-from app.snapshots import SnapshotDB
+from app.engine.dyadic import DEFAULT_PASSES
+from app.engine.project import ProjectEngine
+from app.store.archive import SnapshotDB
 from app.store.base import LogEntry
 from app.store.redis_store import RedisStore
+from app.store.sql import sql_engine
 from tests.app.conftest import REDIS_URL
 from tests.app.test_processes import Layout
 from tests.conftest import dawid_skene

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from app.triples import read_triples
+from app.io.triples import read_triples
 from tests.app.test_processes import Layout
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -10,7 +10,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import ProjectEngine
+from app.engine.project import ProjectEngine
 from app.store.base import LogEntry, ProjectRecord
 from core.blocks import LabelBlocks, canonical_order
 from core.hashing import worker_slot

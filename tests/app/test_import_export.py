@@ -19,12 +19,12 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from app import importers, transfer
 from app.api import create_app
 from app.cli import app as cli_app
+from app.io import importers, transfer
+from app.io.triples import InputError, read_truth
 from app.store.embedded import EmbeddedStore
 from app.testing import cli_command, running_service
-from app.triples import InputError, read_truth
 from tests.app.conftest import ADMIN, service_settings
 
 DATA = Path(__file__).parent / "data"

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.dyadic import settings_for
-from app.engine import ProjectEngine
-from app.snapshots import capture, encode, restore
+from app.engine.dyadic import settings_for
+from app.engine.project import ProjectEngine
+from app.engine.snapshots import capture, encode, restore
 from app.store.base import LogEntry, ProjectRecord, Store
 from bench.datasets import DEFAULT_ROOT
 from core.dyadic import DyadicModel, dyadic_ids

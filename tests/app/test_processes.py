@@ -128,7 +128,7 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
     assert after["n_labels"] == 10 and after["position"] == 2
     assert client.get("/readyz").json()["engine_lag"] == {"p": 0}
     # predictions come from the rows the engine process wrote: equal to a replay of the log
-    from app.engine import ProjectEngine
+    from app.engine.project import ProjectEngine
     from core.dyadic import dyadic_ids
 
     store = RedisStore(REDIS_URL, layout.prefix)

@@ -12,11 +12,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from app.db import Base, downgrade, sql_engine, upgrade
-from app.engine import EngineLoop, ProjectEngine
-from app.snapshots import SnapshotDB, Snapshotter, capture, encode, rebuild_store, restore
+from app.engine.loop import EngineLoop
+from app.engine.project import ProjectEngine
+from app.engine.snapshots import Snapshotter, capture, encode, restore
+from app.store.archive import SnapshotDB, rebuild_store
 from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
+from app.store.sql import Base, downgrade, sql_engine, upgrade
 from core.nominal import NominalConfig
 from tests.app.test_engine import RECORD, label_entries
 from tests.conftest import Synthetic

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.extract import accuracy
+from app.io.extract import accuracy
 from app.store.base import Store
 from bench.datasets import dataset_names
 from bench.stream import core_on_stream, make_stream, serve_stream

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from app.dyadic import SERVICE_DEFAULTS, DyadicSettings
+from app.engine.dyadic import SERVICE_DEFAULTS, DyadicSettings
 from app.store.base import Store
 from core.dyadic import (
     RATER,

@@ -1,8 +1,9 @@
-"""``crowdtally import`` and ``crowdtally export``: files to and from a running service, over HTTP.
+"""Import and export: files to and from a running service, over HTTP (the commands
+``crowdtally import`` and ``crowdtally export`` are in ``app.cli.transfer``).
 
-Only HTTP: these commands work against any crowdtally service (``--url``), local or remote,
+Only HTTP: they work against any crowdtally service (``--url``), local or remote,
 with a key from ``--key`` or ``CROWDTALLY_KEY``. Imports are resumable: every label carries an
-id derived from its source (``app.importers``), so a re-run after a failure, or an import of a
+id derived from its source (``app.io.importers``), so a re-run after a failure, or an import of a
 later export that repeats earlier rows, counts each answer once.
 """
 
@@ -10,22 +11,20 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
 import httpx
-import typer
 
-from app import importers
-from app.importers import Record
-from app.triples import InputError, read_truth
+from app.io import importers
+from app.io.importers import Record
+from app.io.triples import InputError, read_truth
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -366,109 +365,3 @@ def run_export(
                 n += 1
     tmp.replace(out)
     return n
-
-
-# ---------------------------------------------------------------------- commands
-
-
-def _key(key: str | None) -> str | None:
-    return key or os.environ.get("CROWDTALLY_KEY") or None
-
-
-def import_command(
-    file: Annotated[Path, typer.Argument(help="The file to import.")],
-    project: Annotated[str, typer.Option("--project", "-p", help="Project to post to.")],
-    format: Annotated[
-        str, typer.Option("--format", "-f", help=f"One of {', '.join(importers.FORMATS)}.")
-    ] = "auto",
-    map_: Annotated[
-        str | None,
-        typer.Option(
-            "--map",
-            help="Columns: item=COL,worker=COL,label=COL,id=COL,weight=COL,gold=COL "
-            "(Label Studio: item=data.FIELD, label=<from_name>).",
-        ),
-    ] = None,
-    url: Annotated[str, typer.Option("--url", help="The service.")] = DEFAULT_URL,
-    key: Annotated[
-        str | None,
-        typer.Option("--key", help="API key (write, or admin to create); else CROWDTALLY_KEY."),
-    ] = None,
-    create_with_labels: Annotated[
-        str | None,
-        typer.Option(
-            "--create-with-labels",
-            help="Create the project (admin key) with these labels, comma-separated; "
-            "'auto': the labels in the file. An existing project is used as it is.",
-        ),
-    ] = None,
-    truth: Annotated[
-        Path | None, typer.Option("--truth", help="Also post gold answers from an item,label CSV.")
-    ] = None,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, max=10000, help="Labels per POST.")
-    ] = 1000,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Progress bar.")
-    ] = True,
-    retries: Annotated[
-        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
-    ] = 5,
-) -> None:
-    """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
-    auto = create_with_labels is not None and create_with_labels.strip() == "auto"
-    create = (
-        [s.strip() for s in create_with_labels.split(",") if s.strip()]
-        if create_with_labels is not None and not auto
-        else None
-    )
-    RETRIES.set(retries)
-    with make_http(url, _key(key)) as http:
-        r = run_import(
-            http,
-            file,
-            project,
-            format=format,
-            mapping=importers.parse_map(map_),
-            create_with=create,
-            auto_labels=auto,
-            truth=truth,
-            batch_size=batch_size,
-            progress=progress,
-        )
-    skipped = f", {r.skipped} rows skipped" if r.skipped else ""
-    print(
-        f"{file}: {r.format}, {r.labels:,} labels in {r.blocks} blocks: {r.accepted:,} new, "
-        f"{r.duplicates:,} already there; {r.gold:,} gold{skipped}; {r.seconds:.2f}s"
-    )
-
-
-def export_command(
-    project: Annotated[str, typer.Option("--project", "-p", help="Project to export.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
-    what: Annotated[
-        str, typer.Option("--what", help="posteriors (every class), labels (best), or workers.")
-    ] = "posteriors",
-    format: Annotated[str, typer.Option("--format", "-f", help="csv or jsonl.")] = "csv",
-    confusion: Annotated[
-        bool,
-        typer.Option("--confusion", help="Workers: add confusion matrices (a GET per worker)."),
-    ] = False,
-    url: Annotated[str, typer.Option("--url", help="The service.")] = DEFAULT_URL,
-    key: Annotated[
-        str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
-    ] = None,
-    retries: Annotated[
-        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
-    ] = 5,
-) -> None:
-    """Write a project's posteriors, labels or workers to a CSV or JSONL file."""
-    RETRIES.set(retries)
-    with make_http(url, _key(key)) as http:
-        n = run_export(http, project, output, what=what, format=format, confusion=confusion)
-    print(f"{output}: {n:,} {what if what != 'posteriors' else 'items'}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("import")(import_command)
-    app.command("export")(export_command)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.store.base import DyadicUpdate
 from core.blocks import IntArray
 from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids
 from core.itemlabels import ItemLabels, grow
@@ -54,15 +55,6 @@ class DyadicSettings:
         """The settings stored with a project (None: the project has no dyadic model)."""
         d = project_config.get("dyadic")
         return None if d is None else cls.from_dict(d)
-
-
-@dataclass
-class DyadicUpdate:
-    """The dyadic rows one engine step changed: slot -> ``DyadicModel.rows`` bytes."""
-
-    raters: dict[int, bytes]
-    tasks: dict[int, bytes]
-    shared: bytes
 
 
 class DyadicTrainer:

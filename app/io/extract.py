@@ -13,7 +13,7 @@ from typing import TextIO
 import numpy as np
 import numpy.typing as npt
 
-from app.triples import InputError, Triples, read_triples, read_truth
+from app.io.triples import InputError, Triples, read_triples, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
 from core.hashing import collision_report, worker_slots

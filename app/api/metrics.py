@@ -1,10 +1,14 @@
-"""Prometheus metrics: request latency, labels accepted, engine lag per project."""
+"""Prometheus metrics: request latency, labels accepted, engine lag per project.
+
+The gauges read the store and the snapshot database of whatever ``bind`` is given (the API's
+``Service``, or anything with ``store`` and ``db``): this module imports nothing of the API.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from prometheus_client import (
@@ -17,8 +21,19 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from app.api import Service
+from app.store.archive import SnapshotDB
+from app.store.base import Store
+
+
+class Source(Protocol):
+    """What the gauges read: the store and the snapshot database."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def db(self) -> SnapshotDB: ...
+
 
 REGISTRY = CollectorRegistry()
 REQUESTS = Histogram(
@@ -42,7 +57,7 @@ LABELS = Counter(
 
 class _StoreCollector(Collector):
     def __init__(self) -> None:
-        self.service: Service | None = None
+        self.service: Source | None = None
 
     def collect(self) -> Iterator[Any]:
         svc = self.service
@@ -97,7 +112,7 @@ _COLLECTOR = _StoreCollector()
 REGISTRY.register(_COLLECTOR)
 
 
-def bind(service: Service) -> None:
+def bind(service: Source) -> None:
     _COLLECTOR.service = service
 
 

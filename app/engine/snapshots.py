@@ -1,11 +1,11 @@
-"""Snapshots of a project's engine state to SQL, the label archive, and restore.
+"""Snapshots of a project's engine state: capture, encode, restore, and the ``Snapshotter``.
 
 A snapshot is everything ``ProjectEngine`` holds at a log position (parameters with their
 online statistics, every label per item, posteriors, gold, worker tallies, id tables), as an
 ``.npz`` blob. Restoring one and replaying the log after its position gives bit-identical
 state, because the engine is a pure function of the log. Taking one is split in two: a
 ``capture`` (array copies, in the engine's thread: the only stall) and the encoding and SQL
-write, in a background thread.
+write (``app.store.archive.SnapshotDB``), in a background thread.
 """
 
 from __future__ import annotations
@@ -16,20 +16,17 @@ import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
-from sqlalchemy import delete, func, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
 
-from app.db import ApiKeyRow, LabelIdRow, LogRow, ProjectRow, SnapshotRow
-from app.dyadic import DyadicCapture
-from app.engine import ProjectEngine
-from app.queue import QueueSettings
-from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
+from app.engine.dyadic import DyadicCapture
+from app.engine.project import ProjectEngine
+from app.engine.queue import QueueSettings
+from app.store.archive import SnapshotDB, SnapshotInfo
+from app.store.base import LogEntry, ProjectRecord, Store
 from core.nominal import NominalParams
 
 FORMAT = 1  # a zlib-compressed .npz
@@ -152,187 +149,6 @@ def describe(blob: bytes) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class SnapshotInfo:
-    id: int
-    project: str
-    position: int
-    created_at: float
-    n_items: int
-    n_workers: int
-    n_labels: int
-    size_bytes: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def _info(row: SnapshotRow) -> SnapshotInfo:
-    return SnapshotInfo(
-        row.id, row.project, row.position, row.created_at, row.n_items, row.n_workers,
-        row.n_labels, row.size_bytes,
-    )  # fmt: skip
-
-
-class SnapshotDB:
-    """Snapshots, the label archive and the project catalogue in the SQL database."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def write(self, cap: Capture, blob: bytes, archive: list[LogEntry], keep: int) -> SnapshotInfo:
-        """Archive the log entries, write the snapshot, apply retention: one transaction."""
-        with Session(self.engine) as s, s.begin():
-            if archive:
-                have = set(
-                    s.scalars(
-                        select(LogRow.position).where(
-                            LogRow.project == cap.project,
-                            LogRow.position.between(archive[0].position, archive[-1].position),
-                        )
-                    )
-                )
-                s.add_all(
-                    LogRow(
-                        project=cap.project,
-                        position=e.position,
-                        kind=e.kind,
-                        payload=e.payload,
-                        keep=e.keep,
-                    )
-                    for e in archive
-                    if e.position not in have
-                )
-            row = SnapshotRow(
-                project=cap.project,
-                position=cap.position,
-                created_at=time.time(),
-                n_items=len(cap.item_names),
-                n_workers=len(cap.worker_names),
-                n_labels=cap.n_labels,
-                size_bytes=len(blob),
-                state=blob,
-            )
-            s.add(row)
-            s.flush()
-            info = _info(row)
-            old = s.scalars(
-                select(SnapshotRow.id)
-                .where(SnapshotRow.project == cap.project)
-                .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
-                .offset(keep)
-            ).all()
-            if old:
-                s.execute(delete(SnapshotRow).where(SnapshotRow.id.in_(old)))
-        return info
-
-    def infos(self, project: str | None = None) -> list[SnapshotInfo]:
-        cols = [c for c in SnapshotRow.__table__.c if c.name != "state"]
-        q = select(*cols).order_by(SnapshotRow.project, SnapshotRow.position)
-        if project is not None:
-            q = q.where(SnapshotRow.project == project)
-        with self.engine.connect() as c:
-            return [SnapshotInfo(**r._mapping) for r in c.execute(q)]
-
-    def latest(self, project: str) -> tuple[SnapshotInfo, bytes] | None:
-        with Session(self.engine) as s:
-            row = s.scalars(
-                select(SnapshotRow)
-                .where(SnapshotRow.project == project)
-                .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
-                .limit(1)
-            ).first()
-            return (_info(row), row.state) if row else None
-
-    def get(self, snapshot_id: int) -> tuple[SnapshotInfo, bytes] | None:
-        with Session(self.engine) as s:
-            row = s.get(SnapshotRow, snapshot_id)
-            return (_info(row), row.state) if row else None
-
-    def delete(self, snapshot_id: int) -> bool:
-        with Session(self.engine) as s, s.begin():
-            result: Any = s.execute(delete(SnapshotRow).where(SnapshotRow.id == snapshot_id))
-            return bool(result.rowcount)
-
-    def archived_position(self, project: str) -> int:
-        with self.engine.connect() as c:
-            v = c.execute(
-                select(func.max(LogRow.position)).where(LogRow.project == project)
-            ).scalar()
-            return int(v or 0)
-
-    def read_archive(self, project: str, after: int, limit: int) -> list[LogEntry]:
-        with self.engine.connect() as c:
-            rows = c.execute(
-                select(LogRow.position, LogRow.kind, LogRow.payload, LogRow.keep)
-                .where(LogRow.project == project, LogRow.position > after)
-                .order_by(LogRow.position)
-                .limit(limit)
-            )
-            return [LogEntry(p, cast(EntryKind, k), bytes(b), bytes(m)) for p, k, b, m in rows]
-
-    # the catalogue (kept here so a wiped Redis can be rebuilt) ---------------------------
-    def save_project(self, record: ProjectRecord) -> None:
-        with Session(self.engine) as s, s.begin():
-            s.merge(
-                ProjectRow(
-                    name=record.name,
-                    labels=list(record.labels),
-                    config=record.config,
-                    created_at=record.created_at,
-                )
-            )
-
-    def save_keys(self, keys: dict[str, KeyRecord]) -> None:
-        with Session(self.engine) as s, s.begin():
-            for h, k in keys.items():
-                s.merge(ApiKeyRow(key_hash=h, key_id=k.key_id, scope=k.scope, project=k.project))
-
-    def save_ids(self, project: str, ids: list[str]) -> None:
-        if not ids:
-            return
-        with Session(self.engine) as s, s.begin():
-            have = set(
-                s.scalars(
-                    select(LabelIdRow.label_id).where(
-                        LabelIdRow.project == project, LabelIdRow.label_id.in_(ids)
-                    )
-                )
-            )
-            s.add_all(
-                LabelIdRow(project=project, label_id=i) for i in dict.fromkeys(ids) if i not in have
-            )
-
-    def projects(self) -> list[ProjectRecord]:
-        with Session(self.engine) as s:
-            return [
-                ProjectRecord(r.name, tuple(r.labels), dict(r.config), r.created_at)
-                for r in s.scalars(select(ProjectRow).order_by(ProjectRow.name))
-            ]
-
-    def keys(self) -> dict[str, KeyRecord]:
-        with Session(self.engine) as s:
-            rows = s.scalars(select(ApiKeyRow))
-            return {r.key_hash: KeyRecord(r.key_id, cast(Scope, r.scope), r.project) for r in rows}
-
-    def ids(self, project: str) -> list[str]:
-        with self.engine.connect() as c:
-            return list(
-                c.execute(
-                    select(LabelIdRow.label_id).where(LabelIdRow.project == project)
-                ).scalars()
-            )
-
-    def forget_project(self, project: str) -> None:
-        with Session(self.engine) as s, s.begin():
-            for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow):
-                s.execute(delete(table).where(table.project == project))
-            s.execute(delete(ProjectRow).where(ProjectRow.name == project))
-
-
 class Snapshotter:
     """The engine's side of durability: restore on start, snapshot on a schedule, read
     entries the live log no longer has from the archive."""
@@ -438,47 +254,3 @@ class Snapshotter:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:
-    """Bring back into an emptied store (a wiped Redis) every project the SQL side knows:
-    catalogue, keys, seen label ids and the archived log after the latest snapshot. The engine
-    then restores the snapshot and replays. Returns the projects rebuilt."""
-    restore_log = getattr(store, "restore_log", None)
-    if restore_log is None:
-        return []
-    have = {r.name for r in store.list_projects()}
-    keys = db.keys()
-    rebuilt = []
-    for record in db.projects():
-        if record.name in have:
-            continue
-        latest = db.latest(record.name)
-        start = latest[0].position if latest else 0
-        ids: list[str] = []
-        entries: list[LogEntry] = []
-        after = 0
-        while True:
-            chunk = db.read_archive(record.name, after, 10_000)
-            if not chunk:
-                break
-            for e in chunk:
-                if e.kind == "labels":
-                    body_ids = orjson.loads(e.payload).get("ids") or []
-                    keep = e.keep or b"1" * len(body_ids)
-                    ids.extend(
-                        i for i, k in zip(body_ids, keep, strict=True) if i and k == ord("1")
-                    )
-                if e.position > start:
-                    entries.append(e)
-            after = chunk[-1].position
-        for h, k in keys.items():
-            if k.scope == "admin":
-                store.set_admin_key_hash(h)
-            elif k.project == record.name:
-                store.put_key(h, k)
-        store.create_project(record)
-        restore_log(record.name, entries, ids, max(after, start))
-        rebuilt.append(record.name)
-        log.warning("%s: rebuilt from SQL (snapshot at %d, log end %d)", record.name, start, after)
-    return rebuilt

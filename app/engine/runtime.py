@@ -1,19 +1,13 @@
-"""Wiring shared by ``crowdtally serve`` and ``crowdtally engine``: the SQL side and the engine."""
+"""Wiring shared by ``crowdtally serve`` and ``crowdtally engine``: the engine loop, with its
+snapshotter, from the settings."""
 
 from __future__ import annotations
 
-from app.db import sql_engine, upgrade
-from app.engine import EngineLoop
+from app.engine.loop import EngineLoop
+from app.engine.snapshots import Snapshotter
 from app.settings import Settings
-from app.snapshots import SnapshotDB, Snapshotter
+from app.store.archive import SnapshotDB
 from app.store.base import Store
-
-
-def open_snapshot_db(settings: Settings) -> SnapshotDB:
-    """The snapshot database, migrated to the current schema (``alembic upgrade head``)."""
-    url = settings.database_url_resolved()
-    upgrade(url)
-    return SnapshotDB(sql_engine(url))
 
 
 def make_engine_loop(settings: Settings, store: Store, db: SnapshotDB) -> EngineLoop:

@@ -1,0 +1,148 @@
+"""What the routes share, as FastAPI dependencies: the ``Service`` (settings, store, engine,
+snapshot database) and the authenticated key (``require(scope)``).
+
+A route loads its project record in its body (``svc.project(name)``, cached for ``CACHE_S``),
+after FastAPI has validated the request: an invalid request to an unknown project answers
+422, as it always has, not 404.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from app.api.auth import allows, key_hash
+from app.api.errors import ApiError
+from app.engine.dyadic import DyadicSettings
+from app.engine.loop import EngineLoop
+from app.settings import Settings
+from app.store.archive import SnapshotDB
+from app.store.base import KeyRecord, ProjectRecord, Scope, Store, nominal_config
+from core.nominal import NominalConfig
+
+CACHE_S = 1.0
+
+
+class Service:
+    """What the routes share: settings, the store, the in-process engine (if any)."""
+
+    def __init__(
+        self, settings: Settings, store: Store, engine: EngineLoop | None, db: SnapshotDB
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.db = db
+        self._configs: dict[tuple[str, float], NominalConfig] = {}
+        self._dyadic: dict[tuple[str, float], DyadicSettings | None] = {}
+        self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
+
+    def project(self, name: str) -> ProjectRecord:
+        record: ProjectRecord | None = self._cached(
+            ("project", name), lambda: self.store.get_project(name)
+        )
+        if record is None:
+            raise ApiError(404, "unknown_project", f"no project named {name!r}")
+        return record
+
+    def key(self, key_hash: str) -> KeyRecord | None:
+        record: KeyRecord | None = self._cached(
+            ("key", key_hash), lambda: self.store.get_key(key_hash)
+        )
+        return record
+
+    def forget(self) -> None:
+        """Drop the cache (a project deleted through this process is gone at once)."""
+        self._cache.clear()
+
+    def _cached(self, what: tuple[str, str], load: Callable[[], Any]) -> Any:
+        # Keys and project records change rarely and cost a store round trip each on every
+        # request; each API process keeps them for CACHE_S (a deletion made through another
+        # process takes effect there within that time).
+        now = time.monotonic()
+        hit = self._cache.get(what)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        value = load()
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[what] = (now, value)
+        return value
+
+    def config(self, record: ProjectRecord) -> NominalConfig:
+        key = (record.name, record.created_at)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs[key] = nominal_config(record)
+        return cfg
+
+    def dyadic(self, record: ProjectRecord) -> DyadicSettings:
+        """The project's dyadic settings; 409 when the project has no dyadic model."""
+        key = (record.name, record.created_at)
+        if key not in self._dyadic:
+            self._dyadic[key] = DyadicSettings.of(record.config)
+        settings = self._dyadic[key]
+        if settings is None:
+            raise ApiError(409, "dyadic_disabled", f"project {record.name!r} has no dyadic model")
+        return settings
+
+
+def service_of(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+async def get_service(request: Request) -> Service:
+    """The ``ServiceDep`` dependency (async: no thread hop for an attribute read)."""
+    return service_of(request)
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def key_of(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
+    key = key_of(request)
+    if not key:
+        raise ApiError(401, "missing_key", "send an API key: 'Authorization: Bearer <key>'")
+    record = service_of(request).key(key_hash(key))
+    if record is None:
+        raise ApiError(401, "invalid_key", "the API key is not known")
+    if not allows(record, scope, project):
+        what = "admin endpoints" if project is None else f"{scope} access to project {project!r}"
+        raise ApiError(403, "forbidden", f"this key (scope {record.scope}) does not allow {what}")
+    return record
+
+
+def require(scope: Scope, per_project: bool = True) -> Any:
+    async def dependency(request: Request) -> KeyRecord:
+        # async: a key look-up is one fast store read, cheaper inline than a thread hop
+        project = request.path_params.get("project") if per_project else None
+        return authorize(request, scope, project)
+
+    return Depends(dependency)
+
+
+def wait_applied(svc: Service, project: str, position: int) -> bool:
+    if svc.engine is not None:
+        svc.engine.wake()
+    deadline = time.monotonic() + svc.settings.wait_timeout_s
+    while svc.store.applied_position(project) < position:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+async def in_thread(fn: Any, *args: Any) -> Any:
+    return await run_in_threadpool(fn, *args)

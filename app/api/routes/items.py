@@ -1,0 +1,120 @@
+"""Posteriors: one item recomputed now, pages of stored ones, the whole export."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+import orjson
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ServiceDep, require
+from app.api.errors import ERRORS, ApiError
+from app.api.schemas import Item, ItemPage
+from app.api.views import item_view
+
+router = APIRouter()
+
+
+@router.get(
+    "/v1/projects/{project}/items/{item:path}",
+    operation_id="get_item",
+    tags=["items"],
+    response_model=Item,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+async def get_item(project: str, item: str, svc: ServiceDep) -> Item:
+    record = svc.project(project)
+    blob = svc.store.get_item(project, item)
+    if blob is None:
+        raise ApiError(404, "unknown_item", f"no labels for item {item!r} have been applied yet")
+    return item_view(svc, record, item, blob, with_labels=True, fresh=True)
+
+
+@router.get(
+    "/v1/projects/{project}/items",
+    operation_id="list_items",
+    tags=["items"],
+    response_model=ItemPage,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def list_items(
+    project: str,
+    svc: ServiceDep,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    max_probability: Annotated[float, Query(ge=0, le=1)] = 1.0,
+    min_probability: Annotated[float, Query(ge=0, le=1)] = 0.0,
+) -> ItemPage:
+    record = svc.project(project)
+    try:
+        pos = int(cursor) if cursor else 0
+    except ValueError:
+        raise ApiError(
+            422,
+            "invalid_cursor",
+            "cursor must be a value returned as next_cursor",
+            None,
+            "cursor",
+        ) from None
+    nxt, page = svc.store.scan_items(project, pos, limit)
+    items = [item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page]
+    items = [x for x in items if min_probability <= x.probability <= max_probability]
+    return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
+
+
+@router.get(
+    "/v1/projects/{project}/export",
+    operation_id="export_items",
+    tags=["items"],
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def export_items(
+    project: str, svc: ServiceDep, format: Literal["jsonl", "csv"] = "jsonl"
+) -> StreamingResponse:
+    record = svc.project(project)
+
+    def pages() -> Iterator[list[Item]]:
+        cursor = 0
+        while True:
+            cursor, page = svc.store.scan_items(project, cursor, 1000)
+            yield [item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page]
+            if cursor == 0:
+                return
+
+    def jsonl() -> Iterator[bytes]:
+        for page in pages():
+            yield b"".join(orjson.dumps(x.model_dump(exclude={"labels"})) + b"\n" for x in page)
+
+    def csv_rows() -> Iterator[str]:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(
+            ["item", "label", "probability", *record.labels, "n_labels", "gold", "computed_at"]
+        )
+        for page in pages():
+            for x in page:
+                w.writerow(
+                    [
+                        x.item,
+                        x.label,
+                        f"{x.probability:.6g}",
+                        *(f"{x.posterior[c]:.6g}" for c in record.labels),
+                        x.n_labels,
+                        x.gold or "",
+                        x.computed_at,
+                    ]
+                )
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+
+    if format == "csv":
+        return StreamingResponse(csv_rows(), media_type="text/csv")
+    return StreamingResponse(jsonl(), media_type="application/x-ndjson")

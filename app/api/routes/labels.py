@@ -1,0 +1,93 @@
+"""What changes the model: blocks of labels, gold answers, refits (write)."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+
+from app.api import metrics
+from app.api.bodies import GOLD, LABELS, array_body, label_codes, parse_block
+from app.api.deps import ServiceDep, in_thread, require, wait_applied
+from app.api.errors import ERRORS
+from app.api.schemas import Accepted, ErrorResponse, GoldIn, LabelIn
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/projects/{project}/labels",
+    status_code=202,
+    operation_id="post_labels",
+    tags=["labels"],
+    response_model=Accepted,
+    responses={**ERRORS, 413: {"model": ErrorResponse}},
+    dependencies=[require("write")],
+    openapi_extra=array_body("LabelIn"),
+)
+async def post_labels(
+    project: str, request: Request, svc: ServiceDep, wait: bool = False
+) -> Accepted:
+    record = svc.project(project)
+    labels: list[LabelIn] = parse_block(await request.body(), LABELS, svc.settings.max_block_labels)
+    codes = label_codes(record, [x.label for x in labels])
+    weights = [x.weight for x in labels]
+    ids = [x.id for x in labels]
+    payload = orjson.dumps(
+        {
+            "items": [x.item for x in labels],
+            "workers": [x.worker for x in labels],
+            "labels": codes,
+            "weights": None if all(w == 1.0 for w in weights) else weights,
+            "ids": ids,  # kept in the archive: a wiped Redis gets its seen ids back
+        }
+    )
+    result = await in_thread(svc.store.append, project, "labels", payload, ids)
+    metrics.LABELS.labels(project, "accepted").inc(result.accepted)
+    metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
+    applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
+    if svc.engine is not None:
+        svc.engine.wake()
+    return Accepted(
+        accepted=result.accepted,
+        duplicates=result.duplicates,
+        position=result.position,
+        applied=applied,
+    )
+
+
+@router.post(
+    "/v1/projects/{project}/gold",
+    status_code=202,
+    operation_id="post_gold",
+    tags=["labels"],
+    response_model=Accepted,
+    responses=ERRORS,
+    dependencies=[require("write")],
+    openapi_extra=array_body("GoldIn"),
+)
+async def post_gold(
+    project: str, request: Request, svc: ServiceDep, wait: bool = False
+) -> Accepted:
+    record = svc.project(project)
+    gold: list[GoldIn] = parse_block(await request.body(), GOLD, svc.settings.max_block_labels)
+    codes = label_codes(record, [x.label for x in gold])
+    payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
+    result = await in_thread(svc.store.append, project, "gold", payload, None)
+    applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
+    return Accepted(accepted=len(gold), duplicates=0, position=result.position, applied=applied)
+
+
+@router.post(
+    "/v1/projects/{project}/refit",
+    status_code=202,
+    operation_id="refit",
+    tags=["labels"],
+    response_model=Accepted,
+    responses=ERRORS,
+    dependencies=[require("write")],
+)
+def refit(project: str, svc: ServiceDep, wait: bool = False) -> Accepted:
+    svc.project(project)
+    result = svc.store.append(project, "refit", b"{}", None)
+    applied = wait_applied(svc, project, result.position) if wait else False
+    return Accepted(accepted=0, duplicates=0, position=result.position, applied=applied)

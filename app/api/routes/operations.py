@@ -1,0 +1,56 @@
+"""Liveness, readiness and Prometheus metrics (no key)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from app.api import metrics
+from app.api.deps import ServiceDep
+
+router = APIRouter()
+
+
+@router.get("/healthz", operation_id="healthz", tags=["operations"])
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", operation_id="readyz", tags=["operations"])
+def readyz(svc: ServiceDep) -> JSONResponse:
+    ok = svc.store.ping()
+    lag = (
+        {
+            r.name: svc.store.log_end(r.name) - svc.store.applied_position(r.name)
+            for r in svc.store.list_projects()
+        }
+        if ok
+        else {}
+    )
+    engine_error = svc.engine.last_error if svc.engine else None
+    snap = svc.engine.snapshotter if svc.engine else None
+    snapshot_error = snap.last_error if snap else None
+    now = time.time()
+    ages: dict[str, float] = {}
+    for info in svc.db.infos():
+        ages[info.project] = now - info.created_at
+    ready = ok and engine_error is None and snapshot_error is None
+    body = {
+        "ready": ready,
+        "store": "ok" if ok else "unreachable",
+        "engine_lag": lag,
+        "engine_error": engine_error,
+        "snapshot_age_s": ages,
+        "snapshot_error": snapshot_error,
+    }
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get(
+    "/metrics", operation_id="metrics", tags=["operations"], response_class=PlainTextResponse
+)
+def metrics_endpoint() -> Response:
+    data, content_type = metrics.exposition()
+    return Response(data, media_type=content_type)

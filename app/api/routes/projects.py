@@ -1,0 +1,121 @@
+"""Projects and their keys (admin), a project's settings and stats (read)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from app.api.auth import issue_key
+from app.api.deps import ServiceDep, require
+from app.api.errors import ERRORS, ApiError
+from app.api.schemas import (
+    DyadicSettingsBody,
+    KeyCreate,
+    KeyCreated,
+    Project,
+    ProjectCreate,
+    ProjectCreated,
+)
+from app.api.views import project_view
+from app.engine.dyadic import settings_for
+from app.store.base import ProjectExistsError, ProjectRecord
+from core.nominal import NominalConfig
+
+router = APIRouter()
+
+
+def dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any] | None:
+    if not body.enabled:
+        return None
+    fields = body.model_dump(exclude={"enabled"})
+    try:
+        return settings_for(n_classes, **fields).to_dict()
+    except ValueError as exc:
+        raise ApiError(422, "invalid_dyadic", str(exc), None, "dyadic") from None
+
+
+@router.post(
+    "/v1/projects",
+    status_code=201,
+    operation_id="create_project",
+    tags=["projects"],
+    response_model=ProjectCreated,
+    responses=ERRORS,
+    dependencies=[require("admin", per_project=False)],
+)
+def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
+    hyper = body.hyperparameters.model_dump()
+    if hyper["class_prior"] is not None:
+        hyper["class_prior"] = tuple(hyper["class_prior"])
+    try:
+        cfg = NominalConfig(n_classes=len(body.labels), n_worker_slots=body.worker_slots, **hyper)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_hyperparameters", str(exc), None, "hyperparameters") from None
+    config: dict[str, Any] = cfg.to_dict()
+    config["dyadic"] = dyadic_settings(body.dyadic, len(body.labels))
+    record = ProjectRecord(body.name, tuple(body.labels), config, time.time())
+    try:
+        svc.store.create_project(record)
+    except ProjectExistsError:
+        raise ApiError(409, "project_exists", f"a project named {body.name!r} exists") from None
+    svc.forget()  # a cached "no such project" must not outlive its creation
+    key, _ = issue_key(svc.store, "write", body.name)
+    return {**project_view(svc, record), "api_key": key}
+
+
+@router.get(
+    "/v1/projects",
+    operation_id="list_projects",
+    tags=["projects"],
+    response_model=list[Project],
+    responses=ERRORS,
+    dependencies=[require("admin", per_project=False)],
+)
+def list_projects(svc: ServiceDep) -> list[dict[str, Any]]:
+    return [project_view(svc, r) for r in svc.store.list_projects()]
+
+
+@router.get(
+    "/v1/projects/{project}",
+    operation_id="get_project",
+    tags=["projects"],
+    response_model=Project,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def get_project(project: str, svc: ServiceDep) -> dict[str, Any]:
+    return project_view(svc, svc.project(project))
+
+
+@router.delete(
+    "/v1/projects/{project}",
+    status_code=204,
+    operation_id="delete_project",
+    tags=["projects"],
+    responses=ERRORS,
+    dependencies=[require("admin")],
+)
+def delete_project(project: str, svc: ServiceDep) -> Response:
+    if not svc.store.delete_project(project):
+        raise ApiError(404, "unknown_project", f"no project named {project!r}")
+    svc.db.forget_project(project)  # snapshots and archive go too
+    svc.forget()
+    return Response(status_code=204)
+
+
+@router.post(
+    "/v1/projects/{project}/keys",
+    status_code=201,
+    operation_id="create_key",
+    tags=["projects"],
+    response_model=KeyCreated,
+    responses=ERRORS,
+    dependencies=[require("admin")],
+)
+def create_key(project: str, body: KeyCreate, svc: ServiceDep) -> KeyCreated:
+    svc.project(project)
+    key, rec = issue_key(svc.store, body.scope, project)
+    return KeyCreated(api_key=key, key_id=rec.key_id, scope=rec.scope, project=project)

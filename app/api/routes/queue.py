@@ -1,0 +1,94 @@
+"""Active learning: register items, the queue's settings, the items to label next."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+
+from app.api.bodies import ITEMS, array_body, parse_block
+from app.api.deps import ServiceDep, in_thread, require, wait_applied
+from app.api.errors import ERRORS
+from app.api.schemas import Accepted, ItemIn, QueuePage, QueueSettingsBody
+from app.api.views import queue_for, queue_settings
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/projects/{project}/items",
+    status_code=202,
+    operation_id="register_items",
+    tags=["queue"],
+    response_model=Accepted,
+    responses=ERRORS,
+    dependencies=[require("write")],
+    openapi_extra=array_body("ItemIn"),
+)
+async def register_items(
+    project: str, request: Request, svc: ServiceDep, wait: bool = False
+) -> Accepted:
+    """Items with no labels yet: they enter the queue."""
+    svc.project(project)
+    items: list[ItemIn] = parse_block(await request.body(), ITEMS, svc.settings.max_block_labels)
+    payload = orjson.dumps({"items": [x.item for x in items]})
+    result = await in_thread(svc.store.append, project, "items", payload, None)
+    applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
+    return Accepted(accepted=len(items), duplicates=0, position=result.position, applied=applied)
+
+
+@router.get(
+    "/v1/projects/{project}/queue/settings",
+    operation_id="get_queue_settings",
+    tags=["queue"],
+    response_model=QueueSettingsBody,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def get_queue_settings(project: str, svc: ServiceDep) -> dict[str, Any]:
+    svc.project(project)
+    return queue_settings(svc, project).to_dict()
+
+
+@router.put(
+    "/v1/projects/{project}/queue/settings",
+    status_code=202,
+    operation_id="set_queue_settings",
+    tags=["queue"],
+    response_model=Accepted,
+    responses=ERRORS,
+    dependencies=[require("write")],
+)
+def set_queue_settings(
+    project: str, body: QueueSettingsBody, svc: ServiceDep, wait: bool = False
+) -> Accepted:
+    svc.project(project)
+    payload = orjson.dumps({"queue": body.model_dump()})
+    result = svc.store.append(project, "settings", payload, None)
+    applied = wait_applied(svc, project, result.position) if wait else False
+    return Accepted(accepted=1, duplicates=0, position=result.position, applied=applied)
+
+
+@router.get(
+    "/v1/projects/{project}/queue",
+    operation_id="get_queue",
+    tags=["queue"],
+    response_model=QueuePage,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def get_queue(
+    project: str,
+    svc: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+) -> QueuePage:
+    """The items to label next, best first; finished items never appear. With ``worker``:
+    not the items this worker labelled, ranked by the worker's own confusion (voi)."""
+    record = svc.project(project)
+    settings = queue_settings(svc, project)
+    items = queue_for(svc, record, settings, limit, worker)
+    return QueuePage(
+        items=items, size=svc.store.queue_size(project), policy=settings.policy, worker=worker
+    )

@@ -1,0 +1,55 @@
+"""Workers: one worker's confusion matrix, all workers ranked by quality."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import ServiceDep, require
+from app.api.errors import ERRORS, ApiError
+from app.api.schemas import Worker, WorkerPage
+from app.api.views import workers_view
+
+router = APIRouter()
+
+
+@router.get(
+    "/v1/projects/{project}/workers/{worker:path}",
+    operation_id="get_worker",
+    tags=["workers"],
+    response_model=Worker,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def get_worker(project: str, worker: str, svc: ServiceDep) -> Worker:
+    record = svc.project(project)
+    blob = svc.store.get_worker(project, worker)
+    if blob is None:
+        raise ApiError(
+            404, "unknown_worker", f"no labels from worker {worker!r} have been applied yet"
+        )
+    return workers_view(svc, record, [(worker, blob)], with_confusion=True)[0]
+
+
+@router.get(
+    "/v1/projects/{project}/workers",
+    operation_id="list_workers",
+    tags=["workers"],
+    response_model=WorkerPage,
+    responses=ERRORS,
+    dependencies=[require("read")],
+)
+def list_workers(
+    project: str,
+    svc: ServiceDep,
+    order: Literal["best", "worst"] = "best",
+    by: Literal["informativeness", "accuracy"] = "informativeness",
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> WorkerPage:
+    """Workers ranked by estimated quality; ``order=worst`` puts likely spammers first."""
+    record = svc.project(project)
+    views = workers_view(svc, record, svc.store.all_workers(project), with_confusion=False)
+    views.sort(key=lambda w: (getattr(w, by), w.n_labels, w.worker), reverse=order == "best")
+    return WorkerPage(workers=views[offset : offset + limit], total=len(views))

@@ -1,0 +1,287 @@
+"""The answers' bodies, built from the served state: projects, items, workers, the queue,
+predictions, the dashboard's summary and snapshots.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.api.deps import Service
+from app.api.schemas import (
+    DyadicSettingsBody,
+    Hyperparameters,
+    Item,
+    ItemLabel,
+    ProjectStats,
+    QueueItem,
+    Worker,
+)
+from app.engine.dyadic import DyadicSettings
+from app.engine.queue import QueueSettings
+from app.serving.nominal import (
+    Globals,
+    class_priors,
+    confusions,
+    iso,
+    item_slots,
+    quality,
+    recompute_posterior,
+    slot_rows,
+)
+from app.serving.predictions import PairPredictions
+from app.store.archive import SnapshotInfo
+from app.store.base import ProjectRecord
+from core.acquisition import value_of_information
+
+
+def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
+    cfg = dict(record.config)
+    slots = cfg.pop("n_worker_slots")
+    cfg.pop("n_classes")
+    dyadic = DyadicSettings.of(record.config)
+    hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
+    g = Globals.parse(svc.store.get_params(record.name, [])[0], svc.config(record))
+    log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
+    return {
+        "name": record.name,
+        "labels": list(record.labels),
+        "hyperparameters": hyper,
+        "worker_slots": slots,
+        "dyadic": dyadic_view(dyadic),
+        "created_at": iso(record.created_at),
+        "stats": ProjectStats(
+            log_end=log_end,
+            applied=applied,
+            lag=max(log_end - applied, 0),
+            n_items=g.n_items,
+            n_workers=g.n_workers,
+            n_labels=g.n_labels,
+            dyadic_passes=g.dyadic_examples / g.n_labels if dyadic and g.n_labels else None,
+        ),
+    }
+
+
+def dyadic_view(settings: DyadicSettings | None) -> DyadicSettingsBody:
+    if settings is None:
+        return DyadicSettingsBody(enabled=False)
+    c = settings.config
+    return DyadicSettingsBody(
+        k=c.k, loss=c.loss, reduction=c.reduction, ordinal=c.ordinal, eta=c.eta, l2=c.l2,
+        dyadic_rate=c.dyadic_rate, passes=settings.passes, rater_slots=c.rater_slots, task_slots=c.task_slots,
+    )  # fmt: skip
+
+
+def item_view(
+    svc: Service, record: ProjectRecord, item: str, blob: bytes, with_labels: bool, fresh: bool
+) -> Item:
+    d = orjson.loads(blob)
+    cfg = svc.config(record)
+    if fresh:
+        slots, local = item_slots(d, cfg.n_worker_slots)
+        gblob, rows = svc.store.get_params(record.name, slots)
+        g = Globals.parse(gblob, cfg)
+        posterior = recompute_posterior(cfg, d, g, rows, local)
+        computed_at, position = time.time(), g.position
+    else:
+        posterior = np.asarray(d["posterior"])
+        computed_at, position = d["computed_at"], d["position"]
+    best = int(posterior.argmax())
+    classes = record.labels
+    return Item(
+        item=item,
+        label=classes[best],
+        probability=float(posterior[best]),
+        posterior={c: float(p) for c, p in zip(classes, posterior.tolist(), strict=True)},
+        n_labels=len(d["labels"]),
+        gold=classes[d["gold"]] if d.get("gold") is not None else None,
+        labels=[ItemLabel(worker=w, label=classes[z], weight=x) for w, z, x in d["labels"]]
+        if with_labels
+        else None,
+        computed_at=iso(computed_at),
+        position=position,
+    )
+
+
+def workers_view(
+    svc: Service, record: ProjectRecord, entries: list[tuple[str, bytes]], with_confusion: bool
+) -> list[Worker]:
+    if not entries:
+        return []
+    cfg = svc.config(record)
+    stats = [orjson.loads(b) for _, b in entries]
+    slots = [s["slot"] for s in stats]
+    uniq = sorted(set(slots))
+    gblob, rows = svc.store.get_params(record.name, uniq)
+    g = Globals.parse(gblob, cfg)
+    conf_u = confusions(g, slot_rows(rows, cfg.n_classes))
+    conf = conf_u[np.searchsorted(uniq, slots)]
+    acc, info = quality(conf, class_priors(g))
+    classes = record.labels
+    out = []
+    for n, ((name, _), s) in enumerate(zip(entries, stats, strict=True)):
+        matrix = (
+            {
+                t: dict(zip(classes, row, strict=True))
+                for t, row in zip(classes, conf[n].tolist(), strict=True)
+            }
+            if with_confusion
+            else None
+        )
+        out.append(
+            Worker(
+                worker=name,
+                accuracy=float(acc[n]),
+                informativeness=float(info[n]),
+                confusion=matrix,
+                n_labels=s["n_labels"],
+                gold_labels=s["gold_seen"],
+                gold_accuracy=s["gold_right"] / s["gold_seen"] if s["gold_seen"] else None,
+                slot=s["slot"],
+                computed_at=iso(g.computed_at),
+            )
+        )
+    return out
+
+
+def queue_settings(svc: Service, project: str) -> QueueSettings:
+    blob = svc.store.queue_settings(project)
+    return QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
+
+
+def queue_for(
+    svc: Service, record: ProjectRecord, settings: QueueSettings, limit: int, worker: str | None
+) -> list[QueueItem]:
+    classes = record.labels
+    want = limit if worker is None else max(5 * limit, 50)
+    while True:
+        top = svc.store.read_queue(record.name, want)
+        blobs = svc.store.get_items(record.name, [name for name, _ in top])
+        rows = [
+            (name, score, orjson.loads(b)) for (name, score), b in zip(top, blobs, strict=True) if b
+        ]
+        if worker is not None:
+            rows = [r for r in rows if all(w != worker for w, _, _ in r[2]["labels"])]
+        if len(rows) >= limit or len(top) < want:
+            break
+        want *= 4  # this worker labelled many of the best: look further down
+    if worker is not None and settings.policy == "voi" and rows:
+        stats = svc.store.get_worker(record.name, worker)
+        if stats is not None:  # rank by what this worker's answer would tell
+            cfg = svc.config(record)
+            slot = orjson.loads(stats)["slot"]
+            gblob, row = svc.store.get_params(record.name, [slot])
+            conf = confusions(Globals.parse(gblob, cfg), slot_rows(row, cfg.n_classes))[0]
+            q = np.array([r[2]["posterior"] for r in rows])
+            own = value_of_information(q, conf)
+            order = np.argsort(-own, kind="stable")
+            rows = [(rows[i][0], float(own[i]), rows[i][2]) for i in order.tolist()]
+    out = []
+    for name, score, d in rows[:limit]:
+        q = d["posterior"]
+        best = int(np.argmax(q))
+        out.append(
+            QueueItem(
+                item=name,
+                score=score,
+                label=classes[best],
+                probability=q[best],
+                n_labels=len(d["labels"]),
+            )
+        )
+    return out
+
+
+def boundary_workers(
+    svc: Service, project: str, item: str, candidates: int
+) -> tuple[list[str], list[str]]:
+    """(items, workers) pairs of ``item`` with the workers who have not labelled it, the
+    ``candidates`` with the most labels first."""
+    blob = svc.store.get_item(project, item)
+    done = {w for w, _, _ in orjson.loads(blob)["labels"]} if blob else set()
+    ranked = sorted(
+        ((-orjson.loads(b)["n_labels"], w) for w, b in svc.store.all_workers(project)
+         if w not in done)
+    )  # fmt: skip
+    workers = [w for _, w in ranked[:candidates]]
+    return [item] * len(workers), workers
+
+
+def prediction_rows(
+    record: ProjectRecord,
+    workers: list[str],
+    items: list[str],
+    p: PairPredictions,
+    order: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """The answer's rows (plain dicts: the response model validates them once), in ``order``."""
+    classes = record.labels
+    labels, scores, h, trained = p.labels.tolist(), p.scores.tolist(), p.h_min, p.trained
+    return [
+        {
+            "worker": workers[n],
+            "item": items[n],
+            "label": classes[labels[n]],
+            "scores": dict(zip(classes, scores[n], strict=True)),
+            "h_min": float(h[n]) if np.isfinite(h[n]) else None,
+            "trained": bool(trained[n]),
+        }
+        for n in (range(len(workers)) if order is None else order)
+    ]
+
+
+def nearest_first(
+    workers: list[str], items: list[str], p: PairPredictions, limit: int
+) -> list[int]:
+    """The ``limit`` smallest h_min first (inf: cannot flip, last); ties by worker, item."""
+    h = p.h_min.tolist()
+    return sorted(range(len(h)), key=lambda n: (h[n], workers[n], items[n]))[:limit]
+
+
+SPAMMER_INFORMATIVENESS = 0.1
+
+
+def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, Any]:
+    K = len(record.labels)
+    top = []
+    best = np.zeros(K, dtype=np.int64)
+    cursor = 0
+    while True:  # stored posteriors, page by page
+        cursor, page = svc.store.scan_items(record.name, cursor, 2000)
+        if page:
+            q = np.array([orjson.loads(b)["posterior"] for _, b in page])
+            top.append(q.max(axis=1))
+            best += np.bincount(q.argmax(axis=1), minlength=K)
+        if cursor == 0:
+            break
+    edges = np.linspace(0.0, 1.0, 21)
+    counts = np.histogram(np.concatenate(top) if top else np.zeros(0), bins=edges)[0]
+    views = workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
+    views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
+    view = project_view(svc, record)
+    settings = queue_settings(svc, record.name)
+    return {
+        "queue": queue_for(svc, record, settings, 10, None),
+        "queue_size": svc.store.queue_size(record.name),
+        "project": record.name,
+        "labels": list(record.labels),
+        "stats": view["stats"],
+        "confidence_histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+        "label_counts": dict(zip(record.labels, best.tolist(), strict=True)),
+        "workers": [
+            {**w.model_dump(), "likely_spammer": w.informativeness < SPAMMER_INFORMATIVENESS}
+            for w in views[:n_workers]
+        ],
+        "computed_at": iso(time.time()),
+    }
+
+
+def snapshot_view(info: SnapshotInfo) -> dict[str, Any]:
+    return {
+        **info.as_dict(),
+        "created_at": iso(info.created_at),
+        "age_s": time.time() - info.created_at,
+    }

@@ -1,0 +1,62 @@
+"""The ``crowdtally`` command line (typer): one module per command group.
+
+``extract`` (the seed's job on a file; imports neither the web stack nor SQL), ``service``
+(``serve``, ``engine``), ``snapshots`` (``snapshots list|inspect|delete``, ``restore``) and
+``transfer`` (``import``, ``export`` over HTTP). Commands import what they run when they run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from app.cli import extract, service, snapshots, transfer
+from app.io.model_file import ModelFileError
+from app.io.triples import InputError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Online label aggregation for crowdsourcing."
+)
+app.command()(extract.extract)
+app.command()(service.serve)
+app.command("engine")(service.engine_command)
+app.add_typer(snapshots.snapshots_app, name="snapshots")
+app.command()(snapshots.restore)
+app.command("import")(transfer.import_command)
+app.command("export")(transfer.export_command)
+
+
+@app.callback()
+def _root() -> None:
+    """crowdtally: online label aggregation for crowdsourcing."""
+
+
+_CLICKS = [
+    click.exceptions,
+    getattr(getattr(typer, "_click", None), "exceptions", click.exceptions),
+]
+_CLICK_ERRORS = tuple({m.ClickException for m in _CLICKS})
+_CLICK_ABORTS = tuple({getattr(m, "Abort", click.exceptions.Abort) for m in _CLICKS})
+
+
+def main() -> None:
+    """Entry point: expected problems print one line and exit 2, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except (InputError, ModelFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as err:  # invalid hyperparameters from NominalConfig
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except typer.Exit as err:
+        raise SystemExit(err.exit_code) from None
+    except _CLICK_ERRORS as err:
+        err.show()
+        raise SystemExit(err.exit_code) from None
+    except _CLICK_ABORTS:
+        print("aborted", file=sys.stderr)
+        raise SystemExit(130) from None
+

@@ -1,0 +1,27 @@
+"""What the commands share: the settings (a bad one is an ``InputError``), the snapshot database."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from app.io.triples import InputError
+from app.settings import Settings
+
+if TYPE_CHECKING:  # (sqlalchemy is imported when a command needs it: extract stays light)
+    from app.store.archive import SnapshotDB
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError("CROWDTALLY_" + str(err["loc"][0]).upper(), None, err["msg"]) from None
+
+
+def snapshot_db() -> SnapshotDB:
+    from app.store.archive import open_snapshot_db  # imported here: extract stays light
+
+    return open_snapshot_db(load_settings())

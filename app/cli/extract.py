@@ -1,0 +1,193 @@
+"""``crowdtally extract``: the seed's nominalonlineextract on a file (no service, no web stack)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from app.io import extract as job
+from app.io.model_file import SavedModel, load_model, save_model
+from app.io.triples import InputError, read_triples, read_truth
+from core.nominal import NominalConfig
+
+DEFAULTS = NominalConfig(n_classes=2)
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise InputError(option, None, f"expected comma-separated numbers, got {text!r}") from None
+
+
+def extract(
+    data: Annotated[
+        Path | None,
+        typer.Argument(help="Answers file: item,worker,label CSV, or tab/space separated."),
+    ] = None,
+    data_opt: Annotated[
+        Path | None, typer.Option("--data", help="Same as the DATA argument (the seed's flag).")
+    ] = None,
+    labels: Annotated[
+        str | None, typer.Option("--labels", help="Class names in order, comma-separated.")
+    ] = None,
+    n_labels: Annotated[
+        int | None, typer.Option("--n-labels", "--n_labels", help="K: the labels are 0..K-1.")
+    ] = None,
+    n_worker_slots: Annotated[
+        int,
+        typer.Option(
+            "--n-worker-slots", "--n_worker_slots", "--n_workers", help="Hashed worker slots."
+        ),
+    ] = DEFAULTS.n_worker_slots,
+    eta: Annotated[
+        float, typer.Option("--eta", help="eta_0 of eta_t = eta_0 (tau_0 + t)^-rho.")
+    ] = DEFAULTS.eta0,
+    rho: Annotated[float, typer.Option("--rho", help="Decay exponent rho.")] = DEFAULTS.rho,
+    initial_t: Annotated[
+        float, typer.Option("--initial-t", "--initial_t", help="tau_0.")
+    ] = DEFAULTS.tau0,
+    n_items: Annotated[
+        float | None,
+        typer.Option(
+            "--n-items",
+            "--n_items",
+            help="|I|, the prior's weight is 1/|I| per item [default: items in the file].",
+        ),
+    ] = None,
+    priorz: Annotated[
+        str | None,
+        typer.Option("--priorz", help="Prior class distribution, comma-separated (normalised)."),
+    ] = None,
+    passes: Annotated[int, typer.Option("--passes", min=1, help="Passes over the items.")] = 1,
+    later_passes: Annotated[
+        job.LaterPasses,
+        typer.Option(
+            "--later-passes",
+            help="Passes 2..N: revisit items one by one (progressive-validation table) or "
+            "sweep by trust-region Newton toward batch EM's optimum (docs/model.md eq. 17-20).",
+        ),
+    ] = job.LaterPasses.revisit,
+    shuffle: Annotated[
+        int | None,
+        typer.Option(
+            "--shuffle",
+            help="Process items in a random order drawn from this seed, anew each pass [default: file order].",
+        ),
+    ] = None,
+    difficulty: Annotated[
+        bool, typer.Option("--difficulty/--no-difficulty", help="Model a per-item clarity.")
+    ] = DEFAULTS.difficulty,
+    model: Annotated[
+        Path | None, typer.Option("--model", "--save", help="Write the final model to this file.")
+    ] = None,
+    load: Annotated[
+        Path | None,
+        typer.Option("--load", help="Start from this saved model (its configuration wins)."),
+    ] = None,
+    test_only: Annotated[
+        bool,
+        typer.Option(
+            "--test-only", "--test_only", help="Do not learn: posteriors under the loaded model."
+        ),
+    ] = False,
+    predictions: Annotated[
+        Path | None,
+        typer.Option("--predictions", help="Write item,label,probability,<one column per class>."),
+    ] = None,
+    truth: Annotated[
+        Path | None, typer.Option("--truth", help="Gold labels (item,label) to report accuracy.")
+    ] = None,
+    batch: Annotated[
+        bool, typer.Option("--batch", help="Batch EM to convergence instead of online EM.")
+    ] = False,
+) -> None:
+    """Aggregate labels: posteriors per item and worker confusion matrices (nominalonlineextract)."""
+    path = data or data_opt
+    if path is None or (data is not None and data_opt is not None):
+        raise InputError("DATA", None, "give the answers file once, as an argument or with --data")
+    if test_only and load is None:
+        raise InputError("--test-only", None, "needs a model to test: give --load FILE")
+    if test_only and batch:
+        raise InputError("--test-only", None, "cannot be combined with --batch")
+    if later_passes is job.LaterPasses.newton and test_only:
+        raise InputError(
+            "--later-passes", None, "newton learns: it cannot be used with --test-only"
+        )
+    out = sys.stdout
+    triples = read_triples(path)
+    saved = load_model(load) if load is not None else None
+    names = [s.strip() for s in labels.split(",")] if labels else None
+    if saved is not None:
+        names = list(saved.classes)
+    classes = job.resolve_classes(triples, names, n_labels, str(path))
+    encoded = job.encode(triples, classes, str(path))
+    gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
+    gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
+    if saved is not None:
+        config = saved.config
+    else:
+        config = NominalConfig(
+            n_classes=len(classes),
+            n_worker_slots=n_worker_slots,
+            class_prior=_floats(priorz, "--priorz") if priorz else None,
+            eta0=eta,
+            tau0=initial_t,
+            rho=rho,
+            n_items=n_items if n_items is not None else float(encoded.n_items),
+            difficulty=difficulty,
+        )
+    if later_passes is job.LaterPasses.newton and config.difficulty:
+        raise InputError("--later-passes", None, "newton needs a model without difficulty")
+    print(_settings_line(config, path, passes, test_only, batch), file=out)
+    if batch:
+        result, params, seconds = job.run_batch(encoded, config, out)
+        posteriors = result.probas
+        slot_params = job.slot_params_from_batch(params, encoded, config)
+        speed = f"batch EM: {result.n_iter} iterations in {seconds:.2f}s"
+    else:
+        run = job.run_online(
+            encoded,
+            config,
+            saved.params if saved else None,
+            passes,
+            shuffle,
+            gold_codes,
+            test_only,
+            out,
+            later_passes,
+        )
+        posteriors, slot_params = run.final.posteriors, run.model.params
+        rate = len(triples) * passes / run.seconds if run.seconds > 0 else float("inf")
+        speed = f"online EM: {len(triples) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
+    print(
+        f"{encoded.n_items} items, {len(triples)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
+        file=out,
+    )
+    print(speed, file=out)
+    if gold is not None:
+        acc, n = job.accuracy(posteriors.argmax(axis=1), gold)
+        print(f"accuracy {acc:.4f} on {n} items with gold", file=out)
+    if predictions is not None:
+        job.write_predictions(predictions, encoded, posteriors)
+        print(f"predictions written to {predictions}", file=out)
+    if model is not None:
+        save_model(model, SavedModel(config=config, params=slot_params, classes=classes))
+        print(f"model written to {model}", file=out)
+
+
+def _settings_line(
+    config: NominalConfig, path: Path, passes: int, test_only: bool, batch: bool
+) -> str:
+    prior = ",".join(f"{p:.6f}" for p in np.exp(config.class_prior_logits()))
+    mode = "batch EM" if batch else f"online EM, {passes} pass(es)"
+    return (
+        f"data = {path}  mode = {mode}  initial_t = {config.tau0:g}  eta = {config.eta0:g}  "
+        f"rho = {config.rho:g}  n_items = {config.n_items:g}  n_labels = {config.n_classes}  "
+        f"n_worker_slots = {config.n_worker_slots}  difficulty = {config.difficulty}  "
+        f"test_only = {test_only}  priorz = {prior}"
+    )

@@ -1,0 +1,88 @@
+"""``crowdtally serve`` (the API, by default with the engine in process) and ``crowdtally engine``."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.cli.common import load_settings
+from app.io.triples import InputError
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    store: Annotated[
+        str | None, typer.Option(help="embedded (default) or redis; else CROWDTALLY_STORE.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded store folder; else CROWDTALLY_DATA_DIR.")
+    ] = None,
+    engine: Annotated[
+        bool | None,
+        typer.Option(
+            "--engine/--no-engine",
+            help="Run the engine in this process (default: yes; production runs "
+            "'crowdtally engine' beside the API and passes --no-engine).",
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="API processes (redis store only).")] = 1,
+) -> None:
+    """Start the HTTP API (and, by default, the engine in the same process)."""
+    import os
+
+    import uvicorn
+
+    for name, value in (("STORE", store), ("DATA_DIR", data_dir)):
+        if value is not None:
+            os.environ[f"CROWDTALLY_{name}"] = str(value)
+    if engine is not None:
+        os.environ["CROWDTALLY_ENGINE_IN_PROCESS"] = "true" if engine else "false"
+    settings = load_settings()
+    from app import logs
+
+    logs.configure(settings.log_format, settings.log_level)
+    if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
+        raise InputError("--workers", None, "several API processes need --store redis --no-engine")
+    print(
+        f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        "app.api:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=None,  # uvicorn's loggers go through ours (JSON by default)
+        log_level="warning",
+        access_log=False,
+    )
+
+
+def engine_command(
+    store: Annotated[str | None, typer.Option(help="redis (default here) or embedded.")] = None,
+) -> None:
+    """Run the engine on its own: apply every project's label log and write served state."""
+    import os
+
+    from app.engine.runtime import make_engine_loop
+    from app.store import open_store
+    from app.store.archive import open_snapshot_db, rebuild_store
+
+    os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
+    settings = load_settings()
+    from app import logs
+
+    logs.configure(settings.log_format, settings.log_level)
+    st = open_store(settings)
+    db = open_snapshot_db(settings)
+    rebuild_store(st, db)
+    loop = make_engine_loop(settings, st, db)
+    print(f"crowdtally engine: {settings.store} store", file=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt):
+        loop.run_forever()

@@ -1,0 +1,111 @@
+"""``crowdtally import`` and ``crowdtally export``: files to and from a running service."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.io import importers, transfer
+
+
+def _key(key: str | None) -> str | None:
+    return key or os.environ.get("CROWDTALLY_KEY") or None
+
+
+def import_command(
+    file: Annotated[Path, typer.Argument(help="The file to import.")],
+    project: Annotated[str, typer.Option("--project", "-p", help="Project to post to.")],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help=f"One of {', '.join(importers.FORMATS)}.")
+    ] = "auto",
+    map_: Annotated[
+        str | None,
+        typer.Option(
+            "--map",
+            help="Columns: item=COL,worker=COL,label=COL,id=COL,weight=COL,gold=COL "
+            "(Label Studio: item=data.FIELD, label=<from_name>).",
+        ),
+    ] = None,
+    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="API key (write, or admin to create); else CROWDTALLY_KEY."),
+    ] = None,
+    create_with_labels: Annotated[
+        str | None,
+        typer.Option(
+            "--create-with-labels",
+            help="Create the project (admin key) with these labels, comma-separated; "
+            "'auto': the labels in the file. An existing project is used as it is.",
+        ),
+    ] = None,
+    truth: Annotated[
+        Path | None, typer.Option("--truth", help="Also post gold answers from an item,label CSV.")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=10000, help="Labels per POST.")
+    ] = 1000,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = True,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+    ] = 5,
+) -> None:
+    """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
+    auto = create_with_labels is not None and create_with_labels.strip() == "auto"
+    create = (
+        [s.strip() for s in create_with_labels.split(",") if s.strip()]
+        if create_with_labels is not None and not auto
+        else None
+    )
+    transfer.RETRIES.set(retries)
+    with transfer.make_http(url, _key(key)) as http:
+        r = transfer.run_import(
+            http,
+            file,
+            project,
+            format=format,
+            mapping=importers.parse_map(map_),
+            create_with=create,
+            auto_labels=auto,
+            truth=truth,
+            batch_size=batch_size,
+            progress=progress,
+        )
+    skipped = f", {r.skipped} rows skipped" if r.skipped else ""
+    print(
+        f"{file}: {r.format}, {r.labels:,} labels in {r.blocks} blocks: {r.accepted:,} new, "
+        f"{r.duplicates:,} already there; {r.gold:,} gold{skipped}; {r.seconds:.2f}s"
+    )
+
+
+def export_command(
+    project: Annotated[str, typer.Option("--project", "-p", help="Project to export.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    what: Annotated[
+        str, typer.Option("--what", help="posteriors (every class), labels (best), or workers.")
+    ] = "posteriors",
+    format: Annotated[str, typer.Option("--format", "-f", help="csv or jsonl.")] = "csv",
+    confusion: Annotated[
+        bool,
+        typer.Option("--confusion", help="Workers: add confusion matrices (a GET per worker)."),
+    ] = False,
+    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    key: Annotated[
+        str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
+    ] = None,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+    ] = 5,
+) -> None:
+    """Write a project's posteriors, labels or workers to a CSV or JSONL file."""
+    transfer.RETRIES.set(retries)
+    with transfer.make_http(url, _key(key)) as http:
+        n = transfer.run_export(
+            http, project, output, what=what, format=format, confusion=confusion
+        )
+    print(f"{output}: {n:,} {what if what != 'posteriors' else 'items'}")

@@ -1,0 +1,161 @@
+"""The engine loop: every project's ``ProjectEngine`` against a store, and the served state.
+
+``EngineLoop`` runs in a thread of the API process (embedded) or as ``crowdtally engine``
+beside the API processes (Redis). With a ``Snapshotter`` it restores each project from its
+latest snapshot, reads entries the live log no longer has from the archive, and snapshots on
+a schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import orjson
+
+from app.engine.project import ProjectEngine
+from app.engine.snapshots import Snapshotter
+from app.store.base import ProjectRecord, Store
+
+log = logging.getLogger("crowdtally.engine")
+
+
+class EngineLoop:
+    """Applies every project's log to its ``ProjectEngine`` and writes the served state."""
+
+    def __init__(
+        self,
+        store: Store,
+        batch_entries: int = 256,
+        refine_passes: int = 3,
+        refine_idle_s: float = 1.0,
+        poll_s: float = 0.002,
+        snapshotter: Snapshotter | None = None,
+    ) -> None:
+        self.store = store
+        self.snapshotter = snapshotter
+        self.batch_entries = batch_entries
+        self.refine_passes = refine_passes
+        self.refine_idle_s = refine_idle_s
+        self.poll_s = poll_s
+        self.engines: dict[str, ProjectEngine] = {}
+        self._catch_up: dict[str, int] = {}
+        self._last_label: dict[str, float] = {}
+        self._refine_due: dict[str, bool] = {}
+        self._sweep_pending: dict[str, bool] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> int:
+        """Apply what is waiting in every project's log; return how many entries."""
+        projects = {r.name: r for r in self.store.list_projects()}
+        for gone in set(self.engines) - set(projects):
+            del self.engines[gone]
+        done = 0
+        for name, record in projects.items():
+            done += self._step_project(name, record)
+        return done
+
+    def _step_project(self, name: str, record: ProjectRecord) -> int:
+        eng = self.engines.get(name)
+        snap = self.snapshotter
+        if eng is None or eng.record.created_at != record.created_at:
+            eng = snap.load(record) if snap is not None else ProjectEngine(record)
+            self.engines[name] = eng
+            # State already served (another engine, before a restart): replay silently up to it.
+            self._catch_up[name] = served = self.store.applied_position(name)
+            if served < eng.position:  # a restored snapshot the store has not seen: serve it all
+                eng.mark_all_dirty()
+                self.store.write_state(name, eng.state_update())
+        read = snap.read_log if snap is not None else self.store.read_log
+        entries = read(name, eng.position, self.batch_entries)
+        now = time.monotonic()
+        if not entries:
+            if snap is not None and eng.position >= self._catch_up.get(name, 0):
+                snap.maybe_snapshot(eng)  # the last entries before a quiet spell too
+            if now - self._last_label.get(name, now) >= self.refine_idle_s:
+                self._idle_sweeps(name, eng)
+            return 0
+        force_snapshot = False
+        for entry in entries:
+            eng.apply(entry)
+            force_snapshot |= entry.kind == "snapshot"
+            if entry.kind == "dyadic":
+                self._sweep_pending[name] = False
+            if entry.kind in ("labels", "gold"):
+                self._last_label[name] = now
+                self._refine_due[name] = self.refine_passes > 0
+        update = eng.state_update()
+        if eng.position >= self._catch_up.get(name, 0):
+            self.store.write_state(name, update)
+            if snap is not None:
+                snap.maybe_snapshot(eng, force=force_snapshot)
+        return len(entries)
+
+    def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
+        """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic
+        pass while its labels have had fewer passes than configured (one entry at a time)."""
+        if self.refine_passes <= 0:
+            return
+        if self._refine_due.get(name):
+            self._refine_due[name] = False
+            self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
+        elif not self._sweep_pending.get(name) and eng.wants_dyadic_sweep():
+            self._sweep_pending[name] = True
+            self.store.append(name, "dyadic", b"{}")
+
+    def sweeps_pending(self) -> bool:
+        """Idle sweeps still to come (what ``run_until_idle`` waits for)."""
+        if self.refine_passes <= 0:
+            return False
+        return any(self._refine_due.values()) or any(
+            self._sweep_pending.get(n) or e.wants_dyadic_sweep() for n, e in self.engines.items()
+        )
+
+    # ------------------------------------------------------------------ running
+    def run_until_idle(self, timeout_s: float = 120.0) -> None:
+        """Apply entries, refinement sweeps included, until nothing is left (tests, CLI)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.step() == 0:
+                if not self.sweeps_pending():
+                    return
+                time.sleep(self.poll_s)
+        raise TimeoutError("the engine did not become idle")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run_forever(self) -> None:
+        idle_wait = self.poll_s
+        while not self._stop.is_set():
+            try:
+                done = self.step()
+                self.last_error = None
+            except Exception as exc:  # keep serving; report in /readyz and the log
+                log.exception("engine step failed")
+                self.last_error = repr(exc)
+                done = 0
+                self._stop.wait(1.0)
+            if done == 0:  # back off while idle (up to 20 ms); a wake() cuts the wait short
+                self._wake.wait(idle_wait)
+                self._wake.clear()
+                idle_wait = min(2 * idle_wait, 0.02)
+            else:
+                idle_wait = self.poll_s
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run_forever, name="crowdtally-engine", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
