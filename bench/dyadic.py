@@ -25,37 +25,16 @@ stream.
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from bench.datasets import DEFAULT_ROOT
+from bench.dyadic_splits import NOMINAL, ORDINAL, REFERENCE, constant_loss, load, splits
 from core.dyadic import DyadicConfig, DyadicModel
 
-ROOT = DEFAULT_ROOT
-NOMINAL = ("dog", "face", "product", "duck")
-ORDINAL = ("web", "trec2010")
 KS = (0, 1, 2, 3)
-
-
-def load(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(worker codes, item codes, label codes, n_classes); labels coded in sorted order."""
-    items: dict[str, int] = {}
-    workers: dict[str, int] = {}
-    with open(ROOT / name / "answers.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    it = np.array([items.setdefault(r["item"], len(items)) for r in rows], dtype=np.int64)
-    wk = np.array([workers.setdefault(r["worker"], len(workers)) for r in rows], dtype=np.int64)
-    raw = [r["label"] for r in rows]
-    try:
-        distinct: list[str] = sorted(set(raw), key=float)
-    except ValueError:
-        distinct = sorted(set(raw))
-    code = {v: j for j, v in enumerate(distinct)}
-    return wk, it, np.array([code[v] for v in raw], dtype=np.int64), len(distinct)
 
 
 def _config(K: int, k: int, eta: float, ordinal: bool, args: argparse.Namespace) -> DyadicConfig:
@@ -80,23 +59,6 @@ def fit_eval(w, i, y, tr, te, cfg: DyadicConfig, passes: int, arrival: bool = Fa
         return float(np.mean(0.5 * np.abs(y[te] - p)))
     lab, _ = m.predict(w[te], i[te])
     return float(np.mean(lab != y[te]))
-
-
-def constant_loss(y: np.ndarray, tr: np.ndarray, te: np.ndarray, ordinal: bool) -> float:
-    if ordinal:
-        med = float(np.median(y[tr]))
-        return float(np.mean(0.5 * np.abs(y[te] - med)))
-    best = np.bincount(y[tr]).argmax()
-    return float(np.mean(y[te] != best))
-
-
-def splits(n: int, n_splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
-    for s in range(n_splits):
-        perm = np.random.default_rng(seed + s).permutation(n)
-        n_tr = n * 15 // 16
-        out.append((perm[:n_tr], perm[n_tr:]))
-    return out
 
 
 def run(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -156,8 +118,6 @@ def run(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
 def check_targets(name: str, ours: dict[str, list[float]], peers: dict[str, list[float]]) -> bool:
     """Issue 5's criteria on one nominal set, against the peers measured on the same splits
     (and, for reference, the issue's own figures, measured on other random splits)."""
-    from bench.dyadic_peers import REFERENCE
-
     mine = float(np.mean(ours["dyadic (val. k)"]))
     vw = min(float(np.mean(peers["VW linear"])), float(np.mean(peers["VW lrq"])))
     fm = float(np.mean(peers["myfm best"]))
