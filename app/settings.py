@@ -46,10 +46,11 @@ class Settings(BaseSettings):
     refine_idle_s: float = 1.0
     """Idle time after the last label before the engine starts refinement sweeps."""
     engine_batch_entries: int = 256
+    """Log entries the engine applies before writing state."""
     log_format: str = Field("json", pattern="^(json|text)$")
     """``json``: one JSON object per line with the request id; ``text`` for people."""
     log_level: str = "INFO"
-    """Log entries the engine applies before writing state."""
+    """Level of the service's logs on stderr (``DEBUG``, ``INFO``, ``WARNING``, ...)."""
 
     def database_url_resolved(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'crowdtally.sqlite3'}"
