@@ -18,8 +18,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# Editable install: app/db.py finds alembic.ini and migrations/ beside app/ (the service runs
-# "alembic upgrade head" on start), and a wheel install would not carry them.
+# Editable install: app/store/sql.py finds alembic.ini and migrations/ beside app/ (the service
+# runs "alembic upgrade head" on start), and a wheel install would not carry them.
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY core ./core
@@ -39,7 +39,7 @@ RUN printf 'item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n' > /tmp/warm.csv
     && crowdtally extract /tmp/warm.csv > /dev/null \
     && crowdtally extract /tmp/warm.csv --batch > /dev/null \
     && python -c "import numpy as np; from core.itemlabels import ItemLabels; t = ItemLabels(); t.add_items(2); a = np.arange(2); t.append(a, a, a, np.ones(2), a); t.gather(a)" \
-    && python -c "import app.api, app.runtime, psycopg" \
+    && python -c "import app.api, app.engine.runtime, psycopg" \
     && rm /tmp/warm.csv
 
 EXPOSE 8000

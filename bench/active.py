@@ -10,7 +10,7 @@ answer orders (common random numbers).
 
 Posteriors that drive the policies come from the project's own models, as the service would
 have them: ``OnlineEM.learn_many`` on each arrival (``previous``/``n_previous`` as in
-``app/engine.py``), a ``revisit_many`` pass over every item every ``--refresh`` steps, and a
+``app/engine/project.py``), a ``revisit_many`` pass over every item every ``--refresh`` steps, and a
 batch EM refit at every checkpoint (``--checkpoint`` of the answers), mapped into the hashed
 slots like the engine's ``refit`` entry. Accuracy at a checkpoint is that refit's (batch EM on
 the revealed answers, exact workers) on the gold items. The yardstick is batch EM on *all*

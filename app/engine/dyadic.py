@@ -5,7 +5,7 @@ stream, inside ``ProjectEngine``: each label once as it arrives (in log order), 
 over every stored label at refinement sweeps while labels have had fewer than ``passes``
 passes on average. Both are functions of the log, so replay is deterministic. The rows of the
 slots an entry touched are published with the engine's state; the API predicts from the rows
-of the pairs it is asked about (app/predictions.py), never from whole tables.
+of the pairs it is asked about (app/serving/predictions.py), never from whole tables.
 """
 
 from __future__ import annotations
