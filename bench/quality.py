@@ -532,14 +532,15 @@ class Check:
 
 
 def checks(
-    shared: list[CrowdResult], syn: list[CrowdResult], methods: list[str], with_gold: bool
+    shared: list[CrowdResult], syn: list[CrowdResult], methods: list[str], gold_fraction: float
 ) -> list[Check]:
     """The quality targets, for every crowdtally method."""
     out: list[Check] = []
     ours = [m for m in methods if METHODS[m].kind == "crowdtally"]
     peers = [m for m in methods if METHODS[m].kind != "crowdtally"]
     ck = [m for m in methods if METHODS[m].kind == "crowdkit"]
-    mode = "5% gold" if with_gold else "no gold"
+    with_gold = gold_fraction > 0
+    mode = f"{gold_fraction:.0%} gold" if with_gold else "no gold"
     for m in ours if shared else []:
         eces = np.array([r.outcomes[m].mean("ece") for r in shared])
         worst = shared[int(eces.argmax())].crowd.name
@@ -751,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_matrix("accuracy %", syn, [*methods, "oracle"], "acc") + "\n")
         print(_matrix("ECE (points)", syn, [*methods, "oracle"], "ece") + "\n")
         print(oracle_gap_table(syn, methods) + "\n")
-    found = checks(shared, syn, methods, with_gold)
+    found = checks(shared, syn, methods, args.gold_fraction)
     print(f"# checks ({sum(c.ok for c in found)} of {len(found)} pass)")
     for c in found:
         print(c)

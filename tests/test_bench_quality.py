@@ -1,0 +1,158 @@
+"""bench.quality's metrics, bench.crowds' generators, and a quick end-to-end run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import quality
+from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
+from bench.datasets import DEFAULT_ROOT
+
+_crowd = functools.cache(synthetic)  # seed 0, built once for the whole module
+
+# Four items, two classes. Top-label confidences 0.9, 0.6, 0.8, 0.55 (bins 9, 6, 8, 5), the
+# last two top labels wrong.
+P = np.array([[0.9, 0.1], [0.4, 0.6], [0.2, 0.8], [0.55, 0.45]])
+G = np.array([0, 1, 0, 1])
+
+
+def test_accuracy_and_skipped_items() -> None:
+    assert quality.accuracy(P, G) == 0.5
+    # an item with gold -1 is not scored
+    assert quality.accuracy(P, np.array([0, 1, -1, -1])) == 1.0
+    assert math.isnan(quality.accuracy(P, np.full(4, -1)))
+
+
+def test_ece_hand_computed() -> None:
+    # each item alone in its bin: ECE = mean |correct - conf| = (0.1 + 0.4 + 0.8 + 0.55) / 4
+    assert quality.ece(P, G) == pytest.approx(100 * 1.85 / 4)
+    # two items in one bin (conf 0.7 and 0.75, one right): |0.5 - 0.725| = 0.225
+    two = np.array([[0.7, 0.3], [0.25, 0.75]])
+    assert quality.ece(two, np.array([0, 0])) == pytest.approx(22.5)
+    # confidence 1 goes to the last bin
+    sure = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert quality.ece(sure, np.array([0, 1])) == pytest.approx(0.0)
+    b = quality.reliability(sure, np.array([0, 0]))
+    assert b.count[-1] == 2 and b.correct[-1] == 1
+    assert b.ece() == pytest.approx(50.0)
+
+
+def test_reliability_bins_pool_by_addition() -> None:
+    b = quality.reliability(P, G)
+    assert b.count.tolist() == [0, 0, 0, 0, 0, 1, 1, 0, 1, 1]
+    pooled = b + quality.reliability(P[:2], G[:2])
+    assert pooled.count.sum() == 6
+    assert pooled.observed_accuracy()[9] == 1.0
+    assert pooled.mean_confidence()[6] == pytest.approx(0.6)
+
+
+def test_nll_and_brier_hand_computed() -> None:
+    expected = -np.mean(np.log([0.9, 0.6, 0.2, 0.45]))
+    assert quality.nll(P, G) == pytest.approx(expected)
+    # Brier: 2 * (1 - p_gold)^2 for two classes
+    assert quality.brier(P, G) == pytest.approx(np.mean([0.02, 0.32, 1.28, 0.605]))
+    # clipped at 1e-12: a zero probability on the gold class costs -log(1e-12)
+    assert quality.nll(np.array([[1.0, 0.0]]), np.array([1])) == pytest.approx(12 * np.log(10))
+
+
+def test_vote_shares_ties_and_empty_items() -> None:
+    crowd = _crowd("one_coin")
+    shares = quality.vote_shares(crowd)
+    assert np.allclose(shares.sum(axis=1), 1.0)
+    counts = np.bincount(crowd.item, minlength=crowd.n_items)
+    assert np.all(np.isclose(shares * counts[:, None], np.round(shares * counts[:, None])))
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC))
+def test_generators_are_seeded_and_oracle_beats_majority_vote(name: str) -> None:
+    a, b, c = synthetic(name, seed=0), _crowd(name), synthetic(name, seed=1)
+    assert np.array_equal(a.item, b.item) and np.array_equal(a.label, b.label)
+    assert np.array_equal(a.oracle, b.oracle)
+    assert not np.array_equal(a.label, c.label)
+    assert a.oracle is not None and a.oracle.shape == (a.n_items, a.n_classes)
+    assert np.allclose(a.oracle.sum(axis=1), 1.0)
+    assert np.all(a.gold >= 0) and a.gold.max() < a.n_classes
+    assert a.label.min() >= 0 and a.label.max() < a.n_classes
+    assert 2000 <= a.n_items <= 5000
+    oracle_acc = quality.accuracy(a.oracle, a.gold)
+    assert oracle_acc > quality.accuracy(quality.vote_shares(a), a.gold)
+    # the oracle is calibrated: its ECE is small
+    assert quality.ece(a.oracle, a.gold) < 2.0
+
+
+def test_regimes() -> None:
+    assert _crowd("sparse").mostly_sparse and not _crowd("sparse").dense
+    assert all(_crowd(n).dense for n in SYNTHETIC if n != "sparse")
+    assert _crowd("many_classes").n_classes >= 10
+    imb = _crowd("imbalance")
+    assert np.bincount(imb.gold).argmax() == 0 and np.mean(imb.gold == 0) > 0.6
+
+
+@pytest.mark.skipif(not (DEFAULT_ROOT / "duck").exists(), reason="shared datasets absent")
+def test_load_shared_duck() -> None:
+    duck = load_shared("duck")
+    assert (duck.n_items, duck.n_workers, duck.n_answers, duck.n_classes) == (108, 39, 4212, 2)
+    assert duck.classes == ("0", "1")
+    assert np.all(duck.gold >= 0)
+
+
+def test_gold_choice() -> None:
+    crowd: Crowd = _crowd("ds")
+    given = quality.choose_gold(crowd, 0.05, 50)
+    assert np.sum(given >= 0) == 50
+    assert np.array_equal(given[given >= 0], crowd.gold[given >= 0])
+    assert np.array_equal(given, quality.choose_gold(crowd, 0.05, 50))
+    assert np.all(quality.choose_gold(crowd, 0.0, 50) == -1)
+
+
+def test_register_a_variant() -> None:
+    try:
+        quality.register("batch-x", lambda c, g, s: quality.run_batch(c, g))
+        assert quality.METHODS["batch-x"].kind == "crowdtally"
+        crowd = _crowd("one_coin")
+        given = quality.choose_gold(crowd, 0.05, 50)
+        post = quality.METHODS["batch-x"].fit(crowd, given, 0)
+        assert post.shape == (crowd.n_items, 3)
+        # known gold is held at its class
+        assert np.all(post[given >= 0].argmax(axis=1) == given[given >= 0]) and np.allclose(
+            post.sum(axis=1), 1.0
+        )
+    finally:
+        quality.METHODS.pop("batch-x", None)
+
+
+@pytest.mark.skipif(not (DEFAULT_ROOT / "duck").exists(), reason="shared datasets absent")
+def test_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "q.json"
+    figure = tmp_path / "q.png"
+    argv = ["--datasets", "duck", "--synthetic", "one_coin", "--no-peers", "--orders", "2"]
+    assert quality.main([*argv, "--json", str(out_json), "--figure", str(figure)]) == 0
+    text = capsys.readouterr().out
+    assert "## duck (" in text and "## syn_one_coin (synthetic, dense" in text
+    rows = [line.split()[0] for line in text.splitlines() if line.strip()]
+    for name in ("online", "batch", "MV", "oracle"):
+        assert name in rows
+    assert "DawidSkene" not in text
+    assert "±" in text  # online over 2 orders
+    assert "PASS" in text or "FAIL" in text
+    assert "acc - oracle" in text
+    assert figure.exists() and figure.stat().st_size > 1000
+    data = json.loads(out_json.read_text())
+    duck = data["crowds"]["duck"]["methods"]
+    assert len(duck["online"]["runs"]) == 2 and len(duck["batch"]["runs"]) == 1
+    assert 70 < duck["batch"]["runs"][0]["acc"] <= 100
+
+
+@pytest.mark.skipif(not (DEFAULT_ROOT / "duck").exists(), reason="shared datasets absent")
+def test_gold_mode_scores_only_the_others(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--datasets", "duck", "--synthetic", "none", "--no-peers", "--orders", "1"]
+    quality.main([*argv, "--gold-fraction", "0.05", "--gold-max", "50"])
+    text = capsys.readouterr().out
+    assert "5 given as gold, scored on 103" in text
+    assert "[5% gold]" in text
