@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from core._numba import jit
+from core._numba import jit, jit_inline
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
 (
@@ -55,9 +55,13 @@ def _theta(population, worker, scale, s, z, theta):
         theta[k] = population[z, k] + scale * worker[s, z, k]
 
 
-@jit
+@jit_inline
 def _softmax_scaled(theta, d, p):
-    """p = softmax(d * theta); returns logsumexp(d * theta)."""
+    """p = softmax(d * theta); returns (m, log sum_k exp(d theta_k - m)) with m = max_k d theta_k.
+
+    Their sum is logsumexp(d * theta); they are returned apart so that a caller taking one
+    log probability, d theta_l - m - log(...), rounds as it always has.
+    """
     m = -np.inf
     for k in range(theta.shape[0]):
         m = max(m, d * theta[k])
@@ -68,16 +72,18 @@ def _softmax_scaled(theta, d, p):
         acc += e
     for k in range(theta.shape[0]):
         p[k] /= acc
-    return m + math.log(acc)
+    return m, math.log(acc)
 
 
 @jit
 def _log_joint(
-    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta, probs
-):
+    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta, p,
+    probs,
+):  # fmt: skip
     """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3).
 
-    Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse.
+    Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse
+    (``p`` is scratch).
     """
     K = logq.shape[0]
     lse_pi = _logsumexp(class_logits)
@@ -88,17 +94,10 @@ def _log_joint(
         s, l, h = slots[j], labels[j], weights[j]
         for z in range(K):
             _theta(population, worker, scale, s, z, theta)
-            m = -np.inf
+            m, log_acc = _softmax_scaled(theta, d, p)
             for k in range(K):
-                m = max(m, d * theta[k])
-            acc = 0.0
-            for k in range(K):
-                e = math.exp(d * theta[k] - m)
-                probs[r, z, k] = e
-                acc += e
-            for k in range(K):
-                probs[r, z, k] /= acc
-            logq[z] += h * (d * theta[l] - m - math.log(acc))
+                probs[r, z, k] = p[k]
+            logq[z] += h * (d * theta[l] - m - log_acc)
 
 
 @jit
@@ -172,6 +171,7 @@ def _item_em(
             1.0,
             logq,
             theta,
+            p,
             probs,
         )
         return 0.0, _normalise(logq, q)
@@ -181,7 +181,7 @@ def _item_em(
         d = math.exp(b)
         _log_joint(
             lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
-            probs,
+            p, probs,
         )  # fmt: skip
         _normalise(logq, q)
         g, hess = _clarity_derivatives(
@@ -198,7 +198,7 @@ def _item_em(
     d = math.exp(b)
     _log_joint(
         lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
-        probs,
+        p, probs,
     )  # fmt: skip
     return b, _normalise(logq, q) - 0.5 * lam_b * b * b
 
@@ -564,7 +564,8 @@ def log_confusion_table(population, worker, out):
     for w in range(W):
         for z in range(K):
             _theta(population, worker, 1.0, w, z, theta)
-            lse = _softmax_scaled(theta, 1.0, p)
+            m, log_acc = _softmax_scaled(theta, 1.0, p)
+            lse = m + log_acc
             for k in range(K):
                 out[w, z, k] = theta[k] - lse
 

@@ -20,3 +20,12 @@ def jit(func: Callable[..., Any]) -> Any:
     ``fastmath`` stays off: replays must be bit-identical and NaN/inf checks must hold.
     """
     return numba.njit(cache=True, nogil=True, error_model="numpy")(func)
+
+
+def jit_inline(func: Callable[..., Any]) -> Any:
+    """``jit``, and inlined into the kernels that call it (numba IR inlining, ``inline="always"``).
+
+    For small helpers called once per label and class in the hot loops, where a call costs
+    as much as the work; the operations, and so the results, are those of ``jit``.
+    """
+    return numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")(func)
