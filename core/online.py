@@ -121,11 +121,7 @@ class OnlineEM:
         """
         nb, K = blocks.n_blocks, self.config.n_classes
         self._check_codes(blocks)
-        known_a = (
-            np.full(nb, -1, dtype=np.int64) if known is None else np.asarray(known, dtype=np.int64)
-        )
-        if known_a.shape != (nb,) or known_a.max(initial=-1) >= K:
-            raise ValueError(f"known needs one class code (or -1) per block, below {K}")
+        known_a = _known_codes(known, nb, K)
         if self.config.difficulty:
             raise ValueError("refine needs a model without difficulty; use revisit_many")
         p = self.params
@@ -198,11 +194,7 @@ class OnlineEM:
             or out.objective.shape != (nb,)
         ):
             raise ValueError("out does not have one row per block")
-        known_a = (
-            np.full(nb, -1, dtype=np.int64) if known is None else np.asarray(known, dtype=np.int64)
-        )
-        if known_a.shape != (nb,) or known_a.max(initial=-1) >= K:
-            raise ValueError(f"known needs one class code (or -1) per block, below {K}")
+        known_a = _known_codes(known, nb, K)
         p = self.params
         if p.counts is None or p.sums is None:
             p.counts, p.sums = statistics_for(p)
@@ -224,6 +216,18 @@ class OnlineEM:
             raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
         if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
             raise ValueError("weights must be finite and >= 0")
+
+
+def _known_codes(known: npt.ArrayLike | None, n_blocks: int, n_classes: int) -> IntArray:
+    """``known`` as one class code (or -1: not gold) per block, checked; all -1 when None."""
+    known_a: IntArray = (
+        np.full(n_blocks, -1, dtype=np.int64)
+        if known is None
+        else np.asarray(known, dtype=np.int64)
+    )
+    if known_a.shape != (n_blocks,) or known_a.max(initial=-1) >= n_classes:
+        raise ValueError(f"known needs one class code (or -1) per block, below {n_classes}")
+    return known_a
 
 
 def statistics_for(params: NominalParams) -> tuple[FloatArray, FloatArray]:
