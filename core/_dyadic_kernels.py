@@ -706,6 +706,23 @@ def _stats(A, B, s, r, t):
 
 
 @jit
+def _pair_stats(A, B, si, sj, r, t):
+    """(S₊, S₋, c0) of p = f_si − f_sj at (r, t) (sj < 0: p = f_si); all 0 when k = 0.
+
+    f_sj's factors move with −u, so its S₊ and S₋ trade places in the sum.
+    """
+    if A.shape[2] == 0:
+        return 0.0, 0.0, 0.0
+    sp, sm, c0 = _stats(A, B, si, r, t)
+    if sj >= 0:
+        sp2, sm2, c2 = _stats(A, B, sj, r, t)
+        sp += sm2
+        sm += sp2
+        c0 -= c2
+    return sp, sm, c0
+
+
+@jit
 def _predict1(A, B, WR, WT, WC, s, r, t):
     p = WR[r, s] + WT[t, s] + WC[s]
     for d in range(A.shape[2]):
@@ -751,13 +768,9 @@ def update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, si, sj, r, t, 
     loss = int(hyper[H_LOSS])
     tau = hyper[H_TAU]
     lam = hyper[H_L2]
-    sp, sm, c0 = _stats(A, B, si, r, t)
+    sp, sm, c0 = _pair_stats(A, B, si, sj, r, t)
     p0 = _predict1(A, B, WR, WT, WC, si, r, t)
     if sj >= 0:
-        sp2, sm2, c2 = _stats(A, B, sj, r, t)
-        sp += sm2
-        sm += sp2
-        c0 -= c2
         p0 -= _predict1(A, B, WR, WT, WC, sj, r, t)
     g = _neg_dloss(loss, p0, y, tau)
     if g == 0.0:
@@ -777,8 +790,6 @@ def update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, si, sj, r, t, 
         Q += er2 + et2 + ec2
     else:
         er2 = et2 = ec2 = 0.0
-    if A.shape[2] == 0:
-        sp = sm = c0 = 0.0
     mu = hyper[H_L2_LIN] * er  # linear decay rate (one linear rate: adaptive needs λ_w = 0)
     L0 = 0.0
     if mu != 0.0:
@@ -878,9 +889,7 @@ def predict_many(A, B, WR, WT, WC, raters, tasks, out):
 def _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, s, r, t, y, h):
     """f_s after an update of scorer s alone with label y and weight h (no state change)."""
     loss = int(hyper[H_LOSS])
-    sp, sm, c0 = _stats(A, B, s, r, t)
-    if A.shape[2] == 0:
-        sp = sm = c0 = 0.0
+    sp, sm, c0 = _pair_stats(A, B, s, -1, r, t)
     p0 = _predict1(A, B, WR, WT, WC, s, r, t)
     ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, 0.0, 0.0, 0.0, 0.0, False)
     Q = er + et + ec
@@ -930,9 +939,7 @@ def h_min_many(
                     continue
                 y = float(tg)
                 x = 0.5 * (pred + tg)
-            sp, sm, c0 = _stats(A, B, 0, r, t)
-            if A.shape[2] == 0:
-                sp = sm = c0 = 0.0
+            sp, sm, c0 = _pair_stats(A, B, 0, -1, r, t)
             ed, er, et, ec = _rates(
                 hyper, G, GWR, GWT, GC, GA, GB, 0, r, t, 0.0, 0.0, 0.0, 0.0, False
             )
@@ -945,13 +952,7 @@ def h_min_many(
             out[n] = 0.0
             continue
         if reduction == TREE:
-            sp, sm, c0 = _stats(A, B, tg, r, t)
-            sp2, sm2, c2 = _stats(A, B, best, r, t)
-            sp += sm2
-            sm += sp2
-            c0 -= c2
-            if A.shape[2] == 0:
-                sp = sm = c0 = 0.0
+            sp, sm, c0 = _pair_stats(A, B, tg, best, r, t)
             p0 = _predict1(A, B, WR, WT, WC, tg, r, t) - _predict1(A, B, WR, WT, WC, best, r, t)
             ed, er, et, ec = _rates(
                 hyper, G, GWR, GWT, GC, GA, GB, tg, r, t, 0.0, 0.0, 0.0, 0.0, False
