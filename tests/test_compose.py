@@ -204,7 +204,7 @@ def test_dockerfile() -> None:
     assert re.search(r"^RUN pip install (--no-deps )?(-e )?\.(\s|$)", text, re.M), (
         "installs the package"
     )
-    for what in ("core", "app", "migrations", "alembic.ini"):  # app/store/sql.py: REPO / "alembic.ini"
+    for what in ("core", "app", "migrations", "alembic.ini"):  # store/sql.py: REPO/"alembic.ini"
         assert re.search(rf"^COPY {re.escape(what)} ", text, re.M), what
     assert re.search(r"^USER (?!root)", text, re.M), "the processes do not run as root"
     cmd = re.search(r"^CMD (\[.*\])$", text, re.M)

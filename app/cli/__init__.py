@@ -59,4 +59,3 @@ def main() -> None:
     except _CLICK_ABORTS:
         print("aborted", file=sys.stderr)
         raise SystemExit(130) from None
-

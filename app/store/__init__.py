@@ -1,4 +1,6 @@
-"""State stores: ``EmbeddedStore`` (in-process + SQLite) and ``RedisStore``."""
+"""State and durability: the store contract (``base``) and its backends, ``EmbeddedStore``
+(in-process + SQLite) and ``RedisStore``; the SQL side: its schema and migrations (``sql``) and
+the snapshots, label archive and catalogue (``archive``)."""
 
 from __future__ import annotations
 
