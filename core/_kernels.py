@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from core._calibration_kernels import prequential_block
 from core._numba import jit, jit_inline
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
@@ -442,8 +443,13 @@ def learn_blocks(
     q_out,
     b_out,
     f_out,
+    grid,
+    evidence,
 ):
     """Process blocks in ``order``: per-item EM, then (if ``update``) the global step.
+
+    When learning, each new label is first scored against the labels of its item before it,
+    for every tempering rho of ``grid``, into ``evidence`` (eq. 22; an empty ``grid`` skips it).
 
     ``n_old[b]`` labels at the head of block b were applied in an earlier arrival whose
     posterior and clarity were ``q_old[b]``, ``b_old[b]``. ``known[b]`` >= 0 is block b's
@@ -464,9 +470,18 @@ def learn_blocks(
     a_mat = np.empty((K, K))
     rhs = np.empty(K)
     step = np.empty(K)
+    log_prior = np.empty(K)
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
         scale = scalars[SCALE]
+        if update and grid.shape[0] > 0 and n_old[b] < hi - lo:
+            norm = _logsumexp(class_logits)
+            for z in range(K):
+                log_prior[z] = class_logits[z] - norm
+            prequential_block(
+                lo, hi, n_old[b], slots, labels, weights, log_prior,
+                population, worker, scale, grid, evidence,
+            )  # fmt: skip
         b_new, f = _item_em(
             lo,
             hi,

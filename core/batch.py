@@ -208,6 +208,7 @@ class BatchEM:
                 params.class_logits, cfg.class_prior_logits(), params.population,
                 cfg.population_mean(), params.worker, np.zeros((1, K, K)), np.zeros(K * K + K + 3), params.scalars, hyper,
                 np.full(blocks.n_blocks, -1, dtype=np.int64), q, new_clarity, objective,
+                np.zeros(0), np.zeros(1),
             )  # fmt: skip
             data = float(objective.sum())
             clarity = new_clarity

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from core.calibration import evidence_size
 from core.hashing import DEFAULT_WORKER_SLOTS
 
 FloatArray = npt.NDArray[np.float64]
@@ -173,6 +174,9 @@ class NominalParams:
     """Summary statistics (online only), layout ``sums_layout(K)``: the sum of the stored
     worker table over slots (K*K), the class totals sum_i q_i (K), the number of items, the
     total label weight, and the number of slots with labels."""
+    evidence: FloatArray | None = None
+    """Prequential evidence for the calibration's tempering (online only; docs/model.md eq. 22,
+    ``core.calibration``): one log-score sum per rho of RHO_GRID, then the weight scored."""
 
     @classmethod
     def initial(cls, config: NominalConfig) -> NominalParams:
@@ -185,6 +189,7 @@ class NominalParams:
             scalars=np.array([1.0, 0.0]),
             counts=np.zeros((S, K, K)),
             sums=np.zeros(sums_size(K)),
+            evidence=np.zeros(evidence_size()),
         )
 
     @property
@@ -215,6 +220,7 @@ class NominalParams:
             self.scalars.copy(),
             None if self.counts is None else self.counts.copy(),
             None if self.sums is None else self.sums.copy(),
+            None if self.evidence is None else self.evidence.copy(),
         )
 
     def arrays(self) -> dict[str, FloatArray]:
@@ -229,6 +235,8 @@ class NominalParams:
             out["counts"] = self.counts
         if self.sums is not None:
             out["sums"] = self.sums
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
         return out
 
     @classmethod
@@ -240,6 +248,9 @@ class NominalParams:
             scalars=np.array(arrays["scalars"], dtype=np.float64),
             counts=np.array(arrays["counts"], dtype=np.float64) if "counts" in arrays else None,
             sums=np.array(arrays["sums"], dtype=np.float64) if "sums" in arrays else None,
+            evidence=(
+                np.array(arrays["evidence"], dtype=np.float64) if "evidence" in arrays else None
+            ),
         )
 
     def equals(self, other: NominalParams) -> bool:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from core import _kernels
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.calibration import RHO_GRID, evidence_size
 from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
 
@@ -198,12 +199,14 @@ class OnlineEM:
         p = self.params
         if p.counts is None or p.sums is None:
             p.counts, p.sums = statistics_for(p)
+        if p.evidence is None:
+            p.evidence = np.zeros(evidence_size())
         _kernels.learn_blocks(
             blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
             n_old, q_old, b_old, update,
             p.class_logits, self._class_mean, p.population, self._population_mean,
             p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
-            out.posteriors, out.clarity, out.objective,
+            out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
         )  # fmt: skip
         return out
 

@@ -1,0 +1,100 @@
+"""Numba kernels of the calibration layer (docs/model.md, "Calibrated posteriors", eq. 21-24).
+
+Plain loops over int-coded label blocks, as in ``core._kernels``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core._numba import jit
+
+
+@jit
+def _log_probs(population, worker, scale, s, l, out):
+    """out[z] = log p(l | z, s) = log softmax(Gamma_z + scale A_{s,z})_l for every class z."""
+    K = population.shape[0]
+    for z in range(K):
+        m = -np.inf
+        for k in range(K):
+            m = max(m, population[z, k] + scale * worker[s, z, k])
+        acc = 0.0
+        for k in range(K):
+            acc += math.exp(population[z, k] + scale * worker[s, z, k] - m)
+        out[z] = population[z, l] + scale * worker[s, z, l] - m - math.log(acc)
+
+
+@jit
+def prequential_block(
+    lo, hi, n_prev, slots, labels, weights, log_prior, population, worker, scale, grid, evidence
+):
+    """Score each new label of one block against the labels before it (eq. 22).
+
+    Labels ``lo .. lo + n_prev`` arrived earlier; each later label k is predicted from the
+    item's tempered posterior over the labels before it (eq. 21), for every rho of ``grid``:
+    evidence[g] += h_k log sum_z q_rho(z) p(l_k | z, s_k), and evidence[G] += h_k (the weight
+    scored). Nothing is scored for an item's first label (its prediction does not depend on
+    rho). Read-only on the parameters: call it before the item's update.
+    """
+    K = population.shape[0]
+    G = grid.shape[0]
+    ell = np.zeros(K)  # sum over earlier labels of h_j log p(l_j | z, s_j)
+    lp = np.empty(K)
+    lq = np.empty(K)
+    seen = 0.0
+    for j in range(lo, hi):
+        h = weights[j]
+        if h <= 0.0:
+            continue
+        _log_probs(population, worker, scale, slots[j], labels[j], lp)
+        if j >= lo + n_prev and seen > 0.0:
+            for g in range(G):
+                t = 1.0 + grid[g] * max(seen - 1.0, 0.0)
+                m = -np.inf
+                for z in range(K):
+                    lq[z] = (log_prior[z] + ell[z]) / t
+                    m = max(m, lq[z])
+                norm = 0.0
+                pred = 0.0
+                for z in range(K):
+                    e = math.exp(lq[z] - m)
+                    norm += e
+                    pred += e * math.exp(lp[z])
+                evidence[g] += h * (math.log(pred) - math.log(norm))
+            evidence[G] += h
+        for z in range(K):
+            ell[z] += h * lp[z]
+        seen += h
+
+
+@jit
+def prequential_blocks(
+    ptr, order, n_old, slots, labels, weights, log_prior, population, worker, scale, grid, evidence
+):
+    """``prequential_block`` for each block of ``order`` at fixed parameters."""
+    for b in order:
+        prequential_block(
+            ptr[b], ptr[b + 1], n_old[b], slots, labels, weights, log_prior,
+            population, worker, scale, grid, evidence,
+        )  # fmt: skip
+
+
+@jit
+def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale, ell, n):
+    """ell[b, z] = sum_j h_j log p(l_j | z, s_j) and n[b] = sum_j h_j over block b's labels."""
+    K = population.shape[0]
+    lp = np.empty(K)
+    for b in range(ptr.shape[0] - 1):
+        for z in range(K):
+            ell[b, z] = 0.0
+        n[b] = 0.0
+        for j in range(ptr[b], ptr[b + 1]):
+            h = weights[j]
+            if h <= 0.0:
+                continue
+            _log_probs(population, worker, scale, slots[j], labels[j], lp)
+            for z in range(K):
+                ell[b, z] += h * lp[z]
+            n[b] += h

@@ -1,0 +1,216 @@
+"""Calibrated posteriors: what an item's posterior is served as (docs/model.md, eq. 21-24).
+
+The model's posterior q_i = softmax(log pi + l_i), with l_i(z) = sum_j h_j log p(l_j | z, s_j),
+treats an item's answers as independent given its class. Real crowds answer the same item in
+correlated ways (a hard item misleads many workers alike), so q_i is overconfident, the more
+so the more answers the item has. The served posterior corrects for that with two numbers
+per project:
+
+* rho, the intra-item correlation of answers: n correlated answers carry the information of
+  n / (1 + rho (n - 1)) independent ones (Kish's design effect), so the item's log posterior
+  is tempered by T_i = 1 + rho max(n_i - 1, 0) (eq. 21): q_i^rho is proportional to
+  q_i^(1/T_i), which keeps every item's most probable class. rho is learned without gold, by how
+  well each new answer is predicted from the answers before it on the same item
+  (prequential evidence, eq. 22), online at constant work per label;
+* eps, the chance that the crowd's consensus class is not the true one even when the
+  answers agree (eq. 23). It cannot be learned from answers alone (any such error looks
+  like a class to the answers): it is 0 until gold items show it, through a Beta prior
+  (mode 0, mean 0.04). Without gold, the tempering alone bounds the confidence that many
+  agreeing answers can give: n answers count as at most 1/rho independent ones.
+
+Learning (the E-steps that move the parameters) keeps the untempered q_i: tempering inside
+EM lets it drift to degenerate fits. Only what is served, and what decisions read (the
+queue's stopping rule, exports, the dashboard), is calibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from core import _calibration_kernels
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+RHO_GRID: FloatArray = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0])
+"""The tempering values whose prequential evidence the online model keeps (eq. 22)."""
+EPS_GRID: FloatArray = np.array(
+    [0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3]
+)
+"""The consensus-error values searched with gold (eq. 24)."""
+EPS_PRIOR = (1.0, 25.0)
+"""Beta(a, b) prior of eps: mode 0 (answers alone never argue for it), mean 0.04, worth
+about 25 gold items."""
+GOLD_WEIGHT_LABELS = 50.0
+"""Eq. 24 weighs the prequential evidence (a mean per scored answer) like this many gold
+items: with fewer gold items rho follows the answers; with more, the gold decides."""
+
+
+def evidence_size() -> int:
+    """Length of the evidence vector: one sum per rho of RHO_GRID, then the weight scored."""
+    return int(RHO_GRID.size) + 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The two numbers of eq. 21: served = (1 - eps) q^rho + eps (1 - q^rho) / (K - 1), with
+    q^rho proportional to q^(1/T)."""
+
+    rho: float = 0.0
+    eps: float = 0.0
+
+    def temperatures(self, n_labels: npt.ArrayLike) -> FloatArray:
+        """T_i = 1 + rho max(n_i - 1, 0) (eq. 21)."""
+        n = np.asarray(n_labels, dtype=np.float64)
+        out: FloatArray = 1.0 + self.rho * np.maximum(n - 1.0, 0.0)
+        return out
+
+    def from_log_likelihood(
+        self, log_likelihood: FloatArray, n_labels: npt.ArrayLike, log_prior: FloatArray
+    ) -> FloatArray:
+        """Served posteriors from l_i (rows) and the items' label weights n_i."""
+        t = self.temperatures(n_labels)
+        logits = (log_prior + np.asarray(log_likelihood)) / t[..., None]
+        return self._mix(_softmax(logits))
+
+    def from_posteriors(
+        self, posteriors: FloatArray, n_labels: npt.ArrayLike, log_prior: FloatArray
+    ) -> FloatArray:
+        """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
+        constant, which the softmax removes). Exact while no q_i(z) underflows to 0."""
+        q = np.asarray(posteriors, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            log_q = np.log(q)
+        log_q = np.where(np.isfinite(log_q), log_q, -1e300)
+        return self.from_log_likelihood(log_q, n_labels, np.zeros(q.shape[-1]))
+
+    def _mix(self, q: FloatArray) -> FloatArray:
+        K = q.shape[-1]
+        if self.eps == 0.0:
+            return q
+        out: FloatArray = (1.0 - self.eps) * q + self.eps * (1.0 - q) / (K - 1)
+        return out
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rho": self.rho, "eps": self.eps}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Calibration:
+        if not data:
+            return cls()
+        return cls(rho=float(data.get("rho", 0.0)), eps=float(data.get("eps", 0.0)))
+
+
+def prior_eps() -> float:
+    """The mode of eps's Beta prior with no gold (eq. 23)."""
+    a, b = EPS_PRIOR
+    return float(EPS_GRID[int(np.argmax(_log_beta(EPS_GRID, a, b)))])
+
+
+def gold_evidence(
+    log_likelihood: FloatArray, n_labels: npt.ArrayLike, log_prior: FloatArray, gold: IntArray
+) -> FloatArray:
+    """sum over gold items of log served_i(gold_i), for every (rho, eps) of the grids (eq. 24).
+
+    ``log_likelihood`` rows are the gold items' l_i computed from their answers alone."""
+    g = np.asarray(gold, dtype=np.int64)
+    out = np.zeros((RHO_GRID.size, EPS_GRID.size))
+    if g.size == 0:
+        return out
+    rows = np.arange(g.size)
+    K = log_prior.shape[0]
+    for r, rho in enumerate(RHO_GRID):
+        q = Calibration(float(rho), 0.0).from_log_likelihood(log_likelihood, n_labels, log_prior)
+        right = q[rows, g]
+        for e, eps in enumerate(EPS_GRID):
+            p = (1.0 - eps) * right + eps * (1.0 - right) / (K - 1)
+            out[r, e] = float(np.sum(np.log(np.maximum(p, 1e-300))))
+    return out
+
+
+def choose(
+    evidence: FloatArray | None, gold: FloatArray | None = None, n_gold: int = 0
+) -> Calibration:
+    """The (rho, eps) of the grids that maximise eq. 24: the prequential evidence (per
+    scored answer, weighed like GOLD_WEIGHT_LABELS gold items), the gold items' likelihood
+    and eps's Beta prior. Without evidence yet, rho = 0; without gold, eps is the prior's."""
+    G = RHO_GRID.size
+    score = np.zeros((G, EPS_GRID.size))
+    if evidence is not None and evidence[G] > 0:
+        score += GOLD_WEIGHT_LABELS * (evidence[:G] / evidence[G])[:, None]
+    a, b = EPS_PRIOR
+    score += _log_beta(EPS_GRID, a, b)[None, :]
+    if gold is not None and n_gold > 0:
+        score += gold
+    r, e = np.unravel_index(int(np.argmax(score)), score.shape)
+    return Calibration(float(RHO_GRID[r]), float(EPS_GRID[e]))
+
+
+def item_log_likelihoods(
+    ptr: IntArray,
+    slots: IntArray,
+    labels: IntArray,
+    weights: FloatArray,
+    population: FloatArray,
+    worker: FloatArray,
+    scale: float = 1.0,
+) -> tuple[FloatArray, FloatArray]:
+    """(l_i, n_i) per block: the log-likelihood of each class and the label weight."""
+    nb, K = ptr.size - 1, population.shape[0]
+    ell, n = np.empty((nb, K)), np.empty(nb)
+    _calibration_kernels.item_log_likelihoods(
+        ptr, slots, labels, weights, population, worker, scale, ell, n
+    )
+    return ell, n
+
+
+def prequential_evidence(
+    ptr: IntArray,
+    order: IntArray,
+    n_old: IntArray,
+    slots: IntArray,
+    labels: IntArray,
+    weights: FloatArray,
+    class_logits: FloatArray,
+    population: FloatArray,
+    worker: FloatArray,
+    scale: float = 1.0,
+) -> FloatArray:
+    """Eq. 22 for the blocks of ``order`` at fixed parameters (the online model accumulates
+    the same sums as it learns, each block under the parameters before its update)."""
+    evidence = np.zeros(evidence_size())
+    log_prior = class_logits - _logsumexp(class_logits)
+    _calibration_kernels.prequential_blocks(
+        ptr, order, n_old, slots, labels, weights, log_prior, population, worker, scale,
+        RHO_GRID, evidence,
+    )  # fmt: skip
+    return evidence
+
+
+def _log_beta(x: FloatArray, a: float, b: float) -> FloatArray:
+    """log of the Beta(a, b) density up to a constant (a power of 1 contributes nothing)."""
+
+    def term(power: float, base: FloatArray) -> FloatArray:
+        if power == 0.0:
+            return np.zeros_like(base)
+        with np.errstate(divide="ignore"):
+            out: FloatArray = power * np.log(base)
+        return out
+
+    total: FloatArray = term(a - 1.0, x) + term(b - 1.0, 1.0 - x)
+    return total
+
+
+def _softmax(x: FloatArray) -> FloatArray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    out: FloatArray = e / e.sum(axis=-1, keepdims=True)
+    return out
+
+
+def _logsumexp(x: FloatArray) -> float:
+    m = float(np.max(x))
+    return m + float(np.log(np.sum(np.exp(x - m))))

@@ -1,0 +1,190 @@
+"""Calibrated posteriors (docs/model.md eq. 21-24): the transform, the prequential evidence
+the online model gathers, and calibration measured on synthetic crowds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.batch import BatchEM
+from core.blocks import LabelBlocks
+from core.calibration import (
+    RHO_GRID,
+    Calibration,
+    choose,
+    evidence_size,
+    prequential_evidence,
+    prior_eps,
+)
+from core.nominal import SCALE, NominalConfig
+from core.online import OnlineEM
+from core.served import batch_calibration, online_calibration, served_posteriors
+
+
+def _ece(q: np.ndarray, truth: np.ndarray) -> float:
+    conf, right = q.max(axis=1), q.argmax(axis=1) == truth
+    bins = np.minimum((conf * 10).astype(int), 9)
+    return 100 * sum(
+        (bins == b).mean() * abs(right[bins == b].mean() - conf[bins == b].mean())
+        for b in range(10)
+        if np.any(bins == b)
+    )
+
+
+def _crowd(
+    seed: int, n_items: int = 3000, n_workers: int = 60, per_item: int = 7, hard: float = 0.0
+) -> tuple[LabelBlocks, np.ndarray, int]:
+    """Workers of accuracy 0.6-0.9 over 3 classes, errors uniform. With ``hard`` > 0, that
+    share of items is ambiguous: every worker is right less often there, and most errors go
+    to the same decoy class (answers correlated within an item: the regime where
+    independent-answer posteriors are overconfident)."""
+    rng = np.random.default_rng(seed)
+    K = 3
+    truth = rng.integers(0, K, n_items)
+    decoy = (truth + rng.integers(1, K, n_items)) % K
+    ambiguous = rng.random(n_items) < hard
+    acc = rng.uniform(0.6, 0.9, n_workers)
+    item = np.repeat(np.arange(n_items), per_item)
+    worker = np.concatenate([rng.choice(n_workers, per_item, replace=False) for _ in truth])
+    right = rng.random(item.size) < np.where(ambiguous[item], 0.6, 1.0) * acc[worker]
+    to_decoy = ambiguous[item] & (rng.random(item.size) < 0.8)
+    wrong = np.where(to_decoy, decoy[item], (truth[item] + rng.integers(1, K, item.size)) % K)
+    label = np.where(right, truth[item], wrong)
+    return LabelBlocks.group(item, worker, label, n_blocks=n_items), truth, n_workers
+
+
+def _fit(blocks: LabelBlocks, n_workers: int, gold: np.ndarray | None = None) -> OnlineEM:
+    config = NominalConfig(n_classes=3, n_worker_slots=n_workers, n_items=blocks.n_blocks)
+    model = OnlineEM(config)
+    model.learn_many(
+        blocks, order=np.random.default_rng(0).permutation(blocks.n_blocks), known=gold
+    )
+    return model
+
+
+def test_no_correction_serves_the_model_posterior() -> None:
+    q = np.random.default_rng(1).dirichlet(np.ones(4), 50)
+    out = Calibration().from_posteriors(q, np.full(50, 5.0), np.log(np.full(4, 0.25)))
+    np.testing.assert_allclose(out, q, rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rho=st.sampled_from(RHO_GRID.tolist()),
+    eps=st.floats(0.0, 0.3),
+    seed=st.integers(0, 10_000),
+    K=st.integers(2, 8),
+)
+def test_calibration_keeps_the_most_probable_class_and_sums_to_one(
+    rho: float, eps: float, seed: int, K: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    ell = rng.normal(0, 5, (40, K))
+    n = rng.integers(0, 30, 40).astype(float)
+    log_prior = np.log(rng.dirichlet(np.ones(K)))
+    raw = Calibration().from_log_likelihood(ell, n, log_prior)
+    out = Calibration(rho, eps).from_log_likelihood(ell, n, log_prior)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(out >= 0)
+    assert np.array_equal(out.argmax(axis=1), raw.argmax(axis=1))
+    # tempering and mixing only ever lower the top probability
+    assert np.all(out.max(axis=1) <= raw.max(axis=1) + 1e-12)
+
+
+def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None:
+    blocks, _, W = _crowd(3, n_items=300)
+    config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=300)
+    model, expected = OnlineEM(config), np.zeros(evidence_size())
+    for b in range(blocks.n_blocks):  # one block at a time, scored at the parameters before it
+        p = model.params
+        expected += prequential_evidence(
+            blocks.ptr, np.array([b]), np.zeros(blocks.n_blocks, dtype=np.int64),
+            blocks.slots, blocks.labels, blocks.weights,
+            p.class_logits, p.population, p.worker, float(p.scalars[SCALE]),
+        )  # fmt: skip
+        model.learn_many(blocks, order=np.array([b]))
+    assert model.params.evidence is not None
+    np.testing.assert_allclose(model.params.evidence, expected, rtol=1e-12)
+    assert model.params.evidence[-1] == blocks.n_labels - blocks.n_blocks  # first answers unscored
+
+
+def test_predictions_and_revisits_gather_no_evidence() -> None:
+    blocks, _, W = _crowd(4, n_items=200)
+    model = _fit(blocks, W)
+    assert model.params.evidence is not None
+    before = model.params.evidence.copy()
+    result = model.predict_many(blocks)
+    model.revisit_many(blocks, result)
+    assert np.array_equal(model.params.evidence, before)
+
+
+def test_replay_is_bit_identical_with_the_evidence() -> None:
+    blocks, _, W = _crowd(5, n_items=300)
+    assert _fit(blocks, W).params.equals(_fit(blocks, W).params)
+
+
+def test_independent_answers_are_barely_tempered_and_stay_calibrated() -> None:
+    blocks, truth, W = _crowd(6)
+    model = _fit(blocks, W)
+    cal = online_calibration(model, blocks)
+    assert cal.rho <= 0.1
+    assert cal.eps == prior_eps()
+    served = served_posteriors(model.params, blocks, cal)
+    assert _ece(served, truth) <= 3.0
+
+
+def test_correlated_answers_are_tempered_into_calibration() -> None:
+    blocks, truth, W = _crowd(7, hard=0.2)
+    model = _fit(blocks, W)
+    raw = model.predict_many(blocks).posteriors
+    cal = online_calibration(model, blocks)
+    served = served_posteriors(model.params, blocks, cal)
+    assert cal.rho >= 0.1
+    assert _ece(raw, truth) > 6.0  # the independent-answer posterior is overconfident here
+    assert _ece(served, truth) < 0.6 * _ece(raw, truth)
+
+
+def test_gold_items_correct_what_the_answers_cannot_show() -> None:
+    blocks, truth, W = _crowd(8, hard=0.4)
+    gold = np.full(blocks.n_blocks, -1)
+    pick = np.random.default_rng(0).choice(blocks.n_blocks, 300, replace=False)
+    gold[pick] = truth[pick]
+    model = _fit(blocks, W, gold)
+    rest = np.setdiff1d(np.arange(blocks.n_blocks), pick)
+    without = served_posteriors(model.params, blocks, online_calibration(model, blocks))
+    cal = online_calibration(model, blocks, gold)
+    served = served_posteriors(model.params, blocks, cal, gold)
+    assert np.array_equal(served[pick].argmax(axis=1), truth[pick])
+    assert _ece(served[rest], truth[rest]) <= 4.0
+    assert _ece(served[rest], truth[rest]) < _ece(without[rest], truth[rest]) - 2.0
+
+
+def test_batch_fit_is_served_through_the_same_calibration() -> None:
+    blocks, truth, W = _crowd(9, hard=0.2)
+    config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
+    result, params = BatchEM(config).fit(blocks, W)
+    cal = batch_calibration(config, params, blocks, W)
+    served = served_posteriors(params, blocks, cal)
+    assert cal.rho >= 0.1
+    assert np.array_equal(served.argmax(axis=1), result.probas.argmax(axis=1))
+    assert _ece(served, truth) < 0.6 * _ece(result.probas, truth)
+
+
+def test_choose_without_evidence_is_no_tempering() -> None:
+    assert choose(None) == Calibration(0.0, prior_eps())
+    assert choose(np.zeros(evidence_size())).rho == 0.0
+
+
+@pytest.mark.parametrize("K", [2, 5])
+def test_zero_weight_answers_score_nothing(K: int) -> None:
+    def evidence(slots: list[int], labels: list[int], weights: list[float]) -> np.ndarray:
+        return prequential_evidence(
+            np.array([0, len(slots)]), np.array([0]), np.zeros(1, dtype=np.int64),
+            np.array(slots), np.array(labels) % K, np.array(weights),
+            np.zeros(K), 2 * np.eye(K), np.zeros((3, K, K)),
+        )  # fmt: skip
+
+    with_zero = evidence([0, 1, 2], [0, 1, 0], [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(with_zero, evidence([0, 2], [0, 0], [1.0, 1.0]))
