@@ -46,6 +46,7 @@ from core.blocks import LabelBlocks
 from core.hashing import worker_slots
 from core.nominal import NominalConfig
 from core.online import OnlineEM
+from core.served import batch_calibration, online_calibration, served_posteriors
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -180,22 +181,35 @@ def run_online(
     seed: int,
     config: NominalConfig | None = None,
     model: Callable[[NominalConfig], OnlineEM] = OnlineEM,
+    served: bool = True,
 ) -> F64:
     """One online pass over the items in a random order (``seed``), then the posteriors of
-    every item under the final parameters; ``gold`` (-1 = unknown) is passed as ``known``."""
+    every item under the final parameters, as the service serves them (calibrated,
+    docs/model.md eq. 21-24), or the model's own with ``served=False``; ``gold`` (-1 =
+    unknown) is passed as ``known``."""
     config = config or nominal_config(crowd)
     blocks = hashed_blocks(crowd, config)
     em = model(config)
     order = np.random.default_rng(seed).permutation(blocks.n_blocks)
     em.learn_many(blocks, order=order, known=gold)
+    if served:
+        return served_posteriors(em.params, blocks, online_calibration(em, blocks, gold), gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     return out
 
 
-def run_batch(crowd: Crowd, gold: I64, config: NominalConfig | None = None) -> F64:
-    """Batch EM to its fixed point with exact worker ids; ``gold`` passed as ``known``."""
+def run_batch(
+    crowd: Crowd, gold: I64, config: NominalConfig | None = None, served: bool = True
+) -> F64:
+    """Batch EM to its fixed point with exact worker ids; ``gold`` passed as ``known``;
+    calibrated as served unless ``served=False``."""
     config = config or nominal_config(crowd)
-    out: F64 = BatchEM(config).fit(exact_blocks(crowd), crowd.n_workers, known=gold)[0].probas
+    blocks = exact_blocks(crowd)
+    result, params = BatchEM(config).fit(blocks, crowd.n_workers, known=gold)
+    if served:
+        cal = batch_calibration(config, params, blocks, crowd.n_workers, gold)
+        return served_posteriors(params, blocks, cal, gold)
+    out: F64 = result.probas
     return out
 
 
@@ -288,7 +302,7 @@ def _peer_job(method: str, crowd: Crowd) -> tuple[F64, float]:
 
 Fit = Callable[[Crowd, I64, int], F64]
 """(crowd, gold given: class code per item or -1, seed) -> posteriors (n_items, K)."""
-Kind = Literal["crowdtally", "baseline", "crowdkit"]
+Kind = Literal["crowdtally", "reference", "baseline", "crowdkit"]
 
 
 @dataclass(frozen=True)
@@ -318,6 +332,11 @@ def _crowdkit_fit(method: str) -> Fit:
 
 register("online", lambda c, g, s: run_online(c, g, s), seeded=True)
 register("batch", lambda c, g, s: run_batch(c, g))
+# the model's own posteriors, before calibration: shown beside the served ones, not checked
+register(
+    "online-raw", lambda c, g, s: run_online(c, g, s, served=False), seeded=True, kind="reference"
+)
+register("batch-raw", lambda c, g, s: run_batch(c, g, served=False), kind="reference")
 register("MV", lambda c, g, s: vote_shares(c), kind="baseline")
 for _m in CROWDKIT:
     register(_m, _crowdkit_fit(_m), kind="crowdkit")
@@ -408,7 +427,11 @@ def run(
                 if (id(r), m) in in_pool:
                     continue
                 method = METHODS[m]
-                given = r.given if method.kind == "crowdtally" else np.full_like(r.given, -1)
+                given = (
+                    r.given
+                    if method.kind in ("crowdtally", "reference")
+                    else np.full_like(r.given, -1)
+                )
                 out = Outcome()
                 was_cached = method.kind == "crowdkit" and cache_path(r.crowd, m).exists()
                 t0 = time.perf_counter()
@@ -537,7 +560,7 @@ def checks(
     """The quality targets, for every crowdtally method."""
     out: list[Check] = []
     ours = [m for m in methods if METHODS[m].kind == "crowdtally"]
-    peers = [m for m in methods if METHODS[m].kind != "crowdtally"]
+    peers = [m for m in methods if METHODS[m].kind in ("baseline", "crowdkit")]
     ck = [m for m in methods if METHODS[m].kind == "crowdkit"]
     with_gold = gold_fraction > 0
     mode = f"{gold_fraction:.0%} gold" if with_gold else "no gold"
