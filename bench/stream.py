@@ -24,6 +24,7 @@ import orjson
 from app.io.extract import Encoded, accuracy, load_labelled
 from bench.datasets import DEFAULT_ROOT, dataset_names
 from core.blocks import FloatArray, LabelBlocks, canonical_order
+from core.calibration import choose
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
@@ -69,7 +70,7 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     """Posteriors (by item code) from core.OnlineEM fed the same arrivals as the service:
     per block, each item's new labels (canonical order) after its earlier ones; then
     ``passes`` refinement passes over all items (first-seen order), each label counted once;
-    then posteriors under the final parameters."""
+    then posteriors under the final parameters, calibrated as served (docs/model.md eq. 21)."""
     d, K = stream.data, config.n_classes
     model = OnlineEM(config)
     slot_of = np.array([worker_slot(w, config.n_worker_slots) for w in d.worker_ids.tolist()])
@@ -91,8 +92,10 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
         for item, (s_l, z_l) in labels.items():
             last[item] = _learn(model, s_l, z_l, len(s_l), last[item], K)
     out = np.full((d.n_items, K), 1.0 / K)
+    served = choose(model.params.evidence)
     for item, (s_l, z_l) in labels.items():
-        out[item] = model.predict_many(_block(s_l, z_l)).posteriors[0]
+        raw = model.predict_many(_block(s_l, z_l)).posteriors
+        out[item] = served.from_posteriors(raw, [float(len(s_l))])[0]
     return out
 
 

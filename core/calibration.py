@@ -77,9 +77,7 @@ class Calibration:
         logits = (log_prior + np.asarray(log_likelihood)) / t[..., None]
         return self._mix(_softmax(logits))
 
-    def from_posteriors(
-        self, posteriors: FloatArray, n_labels: npt.ArrayLike, log_prior: FloatArray
-    ) -> FloatArray:
+    def from_posteriors(self, posteriors: FloatArray, n_labels: npt.ArrayLike) -> FloatArray:
         """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
         constant, which the softmax removes). Exact while no q_i(z) underflows to 0."""
         q = np.asarray(posteriors, dtype=np.float64)

@@ -31,6 +31,7 @@ from app.serving.nominal import (
     quality,
     recompute_posterior,
     slot_rows,
+    stored_posterior,
 )
 from app.serving.predictions import PairPredictions
 from app.store.archive import SnapshotInfo
@@ -44,7 +45,7 @@ def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
     cfg.pop("n_classes")
     dyadic = DyadicSettings.of(record.config)
     hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
-    g = Globals.parse(svc.store.get_params(record.name, [])[0], svc.config(record))
+    g = globals_of(svc, record)
     log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
     return {
         "name": record.name,
@@ -75,9 +76,22 @@ def dyadic_view(settings: DyadicSettings | None) -> DyadicSettingsBody:
     )  # fmt: skip
 
 
+def globals_of(svc: Service, record: ProjectRecord) -> Globals:
+    """The project's shared parameters and calibration, as last written by the engine."""
+    return Globals.parse(svc.store.get_params(record.name, [])[0], svc.config(record))
+
+
 def item_view(
-    svc: Service, record: ProjectRecord, item: str, blob: bytes, with_labels: bool, fresh: bool
+    svc: Service,
+    record: ProjectRecord,
+    item: str,
+    blob: bytes,
+    with_labels: bool,
+    fresh: bool,
+    g: Globals | None = None,
 ) -> Item:
+    """An item as served: recomputed under the current parameters (``fresh``), or its stored
+    posterior calibrated with ``g``'s calibration (read when not given)."""
     d = orjson.loads(blob)
     cfg = svc.config(record)
     if fresh:
@@ -87,7 +101,7 @@ def item_view(
         posterior = recompute_posterior(cfg, d, g, rows, local)
         computed_at, position = time.time(), g.position
     else:
-        posterior = np.asarray(d["posterior"])
+        posterior = stored_posterior(d, g if g is not None else globals_of(svc, record))
         computed_at, position = d["computed_at"], d["position"]
     best = int(posterior.argmax())
     classes = record.labels
@@ -168,6 +182,11 @@ def queue_for(
         if len(rows) >= limit or len(top) < want:
             break
         want *= 4  # this worker labelled many of the best: look further down
+    g = globals_of(svc, record)
+    rows = [
+        (name, score, {**d, "posterior": stored_posterior(d, g).tolist()})
+        for name, score, d in rows
+    ]
     if worker is not None and settings.policy == "voi" and rows:
         stats = svc.store.get_worker(record.name, worker)
         if stats is not None:  # rank by what this worker's answer would tell
@@ -249,10 +268,11 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     top = []
     best = np.zeros(K, dtype=np.int64)
     cursor = 0
-    while True:  # stored posteriors, page by page
+    g = globals_of(svc, record)
+    while True:  # stored posteriors as served, page by page
         cursor, page = svc.store.scan_items(record.name, cursor, 2000)
         if page:
-            q = np.array([orjson.loads(b)["posterior"] for _, b in page])
+            q = np.array([stored_posterior(orjson.loads(b), g) for _, b in page])
             top.append(q.max(axis=1))
             best += np.bincount(q.argmax(axis=1), minlength=K)
         if cursor == 0:

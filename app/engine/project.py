@@ -22,9 +22,18 @@ from app.engine.queue import scores as queue_scores
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
+from core.calibration import Calibration
 from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
 from core.online import BlockResult, OnlineEM, statistics_from
+from core.served import calibration
+
+_NO_BLOCKS = LabelBlocks(
+    np.zeros(1, dtype=np.int64),
+    np.zeros(0, dtype=np.int64),
+    np.zeros(0, dtype=np.int64),
+    np.zeros(0),
+)
 
 
 class _Codes:
@@ -71,6 +80,8 @@ class ProjectEngine:
         self.q = np.empty((0, self.K))
         self.b = np.empty(0)
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
+        self.weight = np.empty(0)  # label weight per item (n_i of the calibration, eq. 21)
+        self.calibration = Calibration()
         self.gold = np.empty(0, dtype=np.int64)  # gold class per item, -1 if none
         self.worker_slot = np.empty(0, dtype=np.int64)
         self.worker_labels = np.empty(0, dtype=np.int64)
@@ -150,6 +161,7 @@ class ProjectEngine:
             item_codes[order], slots[order], labels[order], weights[order], worker_codes[order]
         )
         np.add.at(self.worker_labels, worker_codes, 1)
+        np.add.at(self.weight, item_codes[order], weights[order])  # in the stored order
         gold = self.gold[item_codes]
         has_gold = gold >= 0
         np.add.at(self.worker_gold_seen, worker_codes[has_gold], 1)
@@ -239,6 +251,7 @@ class ProjectEngine:
         step = float(self.model.params.scalars[1])
         mapped = into_slots(params, self.worker_slot[:nw], counts, self.config.n_worker_slots, step)
         statistics_from(mapped, blocks, fitted.probas)  # later revisits continue from them
+        mapped.evidence = self.model.params.evidence  # the stream's evidence (eq. 22) stays
         self.model.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
@@ -265,6 +278,7 @@ class ProjectEngine:
             self.q = grow(self.q, cap, 1.0 / self.K)
             self.b = grow(self.b, cap, 0.0)
             self.learned = grow(self.learned, cap, 0)
+            self.weight = grow(self.weight, cap, 0.0)
             self.gold = grow(self.gold, cap, -1)
 
     def _grow_workers(self, new: list[str]) -> None:
@@ -301,6 +315,9 @@ class ProjectEngine:
             slots = sorted(self._dirty_slots)
         rows = {s: p.worker[s].tobytes() for s in slots}
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
+        calibration = self._calibrate()
+        if calibration != self.calibration:  # every queued item's served posterior moved
+            self.calibration, self._queue_all = calibration, True
         items = self.items_json(dirty)
         queue, queue_remove = self._queue_update(dirty)
         workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
@@ -331,7 +348,7 @@ class ProjectEngine:
         confusion /= confusion.sum(axis=1, keepdims=True)
         s = queue_scores(
             self.queue_settings,
-            self.q[codes],
+            self.calibration.from_posteriors(self.q[codes], self.weight[codes]),
             self.labels.count[codes],
             self.gold[codes],
             used,
@@ -341,6 +358,18 @@ class ProjectEngine:
         keep = np.isfinite(s)
         queue = {names[i]: v for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)}
         return queue, [names[i] for i in codes[~keep].tolist()]
+
+    def _calibrate(self) -> Calibration:
+        """The served posteriors' calibration (docs/model.md eq. 24), a function of the
+        parameters, their prequential evidence and the gold items' answers."""
+        n = self.items_count
+        gold_items = np.flatnonzero(self.gold[:n] >= 0)
+        if not gold_items.size:
+            return calibration(self.model.params, _NO_BLOCKS, self.model.params.evidence)
+        blocks, _ = self.labels.gather(gold_items)
+        return calibration(
+            self.model.params, blocks, self.model.params.evidence, self.gold[gold_items]
+        )
 
     def globals_json(self) -> bytes:
         p = self.model.params
@@ -355,6 +384,7 @@ class ProjectEngine:
                 "n_workers": len(self.workers.names),
                 "n_labels": self.labels.n_labels,
                 "em_iterations": self.em_iterations,
+                "calibration": self.calibration.to_dict(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
             }
         )

@@ -27,6 +27,7 @@ from app.engine.project import ProjectEngine
 from app.engine.queue import QueueSettings
 from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
+from core.calibration import evidence_size
 from core.nominal import NominalParams
 
 FORMAT = 1  # a zlib-compressed .npz
@@ -75,6 +76,7 @@ def capture(eng: ProjectEngine) -> Capture:
         "population": p.population.copy(),
         "scalars": p.scalars.copy(),
         "sums": p.sums.copy(),
+        "evidence": (p.evidence if p.evidence is not None else np.zeros(evidence_size())).copy(),
         "used_slots": used,
         "worker_rows": p.worker[used],
         "count_rows": p.counts[used],
@@ -110,8 +112,15 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     worker, counts = np.zeros((S, K, K)), np.zeros((S, K, K))
     worker[z["used_slots"]] = z["worker_rows"]
     counts[z["used_slots"]] = z["count_rows"]
+    evidence = z["evidence"].copy() if "evidence" in z.files else np.zeros(evidence_size())
     eng.model.params = NominalParams(
-        z["class_logits"], z["population"], worker, z["scalars"].copy(), counts, z["sums"].copy()
+        z["class_logits"],
+        z["population"],
+        worker,
+        z["scalars"].copy(),
+        counts,
+        z["sums"].copy(),
+        evidence,
     )
     for name in names["items"]:
         eng.items.code[name] = len(eng.items.names)
@@ -131,6 +140,7 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     eng.labels.append(
         z["label_item"], z["label_slot"], z["label_label"], z["label_weight"], z["label_worker"]
     )
+    eng.weight[:n] = np.bincount(z["label_item"], z["label_weight"], minlength=n)
     if eng.dyadic is not None and "dyadic_shared" in z.files:  # (older snapshots: none)
         eng.dyadic.restore(z)
     eng.position, eng.computed_at = int(position), float(computed_at)

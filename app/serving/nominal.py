@@ -8,7 +8,7 @@ each with the time it was computed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from core.blocks import FloatArray, LabelBlocks
+from core.calibration import Calibration
 from core.hashing import worker_slot
 from core.nominal import NominalConfig, NominalParams
 from core.online import OnlineEM
@@ -36,6 +37,7 @@ class Globals:
     n_workers: int
     n_labels: int
     dyadic_examples: int = 0
+    calibration: Calibration = field(default_factory=Calibration)
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -53,6 +55,7 @@ class Globals:
             d["n_workers"],
             d["n_labels"],
             d.get("dyadic_examples", 0),
+            Calibration.from_dict(d.get("calibration")),
         )
 
 
@@ -85,7 +88,8 @@ def recompute_posterior(
     rows: list[bytes | None],
     local: list[int],
 ) -> FloatArray:
-    """The item's posterior under the current parameters (gold items are certain)."""
+    """The item's posterior under the current parameters, calibrated as served
+    (docs/model.md eq. 21; gold items are certain)."""
     K = config.n_classes
     if item.get("gold") is not None:
         out: FloatArray = np.eye(K)[item["gold"]]
@@ -105,8 +109,20 @@ def recompute_posterior(
         np.fromiter((z for _, z, _ in labels), dtype=np.int64, count=n),
         np.fromiter((x for _, _, x in labels), dtype=np.float64, count=n),
     )
-    posterior: FloatArray = OnlineEM(cfg, params).predict_many(blocks).posteriors[0]
+    raw = OnlineEM(cfg, params).predict_many(blocks).posteriors
+    posterior: FloatArray = g.calibration.from_posteriors(raw, [blocks.weights.sum()])[0]
     return posterior
+
+
+def stored_posterior(item: dict[str, Any], g: Globals) -> FloatArray:
+    """A stored item's posterior (the engine's latest, under the parameters it was computed
+    with) as served: calibrated with the project's current calibration (eq. 21)."""
+    q = np.asarray(item["posterior"], dtype=np.float64)
+    if item.get("gold") is not None:
+        return q
+    n = sum(x for _, _, x in item["labels"])
+    out: FloatArray = g.calibration.from_posteriors(q[None], [n])[0]
+    return out
 
 
 def confusions(g: Globals, rows: FloatArray) -> FloatArray:

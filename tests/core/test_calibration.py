@@ -66,7 +66,7 @@ def _fit(blocks: LabelBlocks, n_workers: int, gold: np.ndarray | None = None) ->
 
 def test_no_correction_serves_the_model_posterior() -> None:
     q = np.random.default_rng(1).dirichlet(np.ones(4), 50)
-    out = Calibration().from_posteriors(q, np.full(50, 5.0), np.log(np.full(4, 0.25)))
+    out = Calibration().from_posteriors(q, np.full(50, 5.0))
     np.testing.assert_allclose(out, q, rtol=1e-12)
 
 
@@ -91,6 +91,8 @@ def test_calibration_keeps_the_most_probable_class_and_sums_to_one(
     assert np.array_equal(out.argmax(axis=1), raw.argmax(axis=1))
     # tempering and mixing only ever lower the top probability
     assert np.all(out.max(axis=1) <= raw.max(axis=1) + 1e-12)
+    # the service calibrates stored posteriors: the same numbers
+    np.testing.assert_allclose(Calibration(rho, eps).from_posteriors(raw, n), out, atol=1e-9)
 
 
 def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None:

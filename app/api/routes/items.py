@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
 from app.api.schemas import Item, ItemPage
-from app.api.views import item_view
+from app.api.views import globals_of, item_view
 
 router = APIRouter()
 
@@ -63,7 +63,8 @@ def list_items(
             "cursor",
         ) from None
     nxt, page = svc.store.scan_items(project, pos, limit)
-    items = [item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page]
+    g = globals_of(svc, record)
+    items = [item_view(svc, record, k, b, False, False, g) for k, b in page]
     items = [x for x in items if min_probability <= x.probability <= max_probability]
     return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
 
@@ -84,7 +85,8 @@ def export_items(
         cursor = 0
         while True:
             cursor, page = svc.store.scan_items(project, cursor, 1000)
-            yield [item_view(svc, record, k, b, with_labels=False, fresh=False) for k, b in page]
+            g = globals_of(svc, record)
+            yield [item_view(svc, record, k, b, False, False, g) for k, b in page]
             if cursor == 0:
                 return
 
