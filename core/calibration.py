@@ -148,6 +148,76 @@ def choose(
     return Calibration(float(RHO_GRID[r]), float(EPS_GRID[e]))
 
 
+@dataclass(frozen=True)
+class Reliability:
+    """How well posteriors match known answers: the top label's accuracy, its expected
+    calibration error (points; equal-width confidence bins), the mean negative log-likelihood
+    of the known class and the Brier score, with the bins themselves."""
+
+    n: int
+    accuracy: float
+    ece: float
+    nll: float
+    brier: float
+    bin_edges: FloatArray
+    bin_counts: IntArray
+    bin_confidence: FloatArray
+    """Mean top-label confidence per bin (NaN where empty)."""
+    bin_accuracy: FloatArray
+    """Share of items whose top label is the known one, per bin (NaN where empty)."""
+
+
+def reliability(posteriors: FloatArray, truth: IntArray, n_bins: int = 10) -> Reliability:
+    """``Reliability`` of ``posteriors`` (n, K) against ``truth`` (n,)."""
+    q = np.asarray(posteriors, dtype=np.float64)
+    t = np.asarray(truth, dtype=np.int64)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    if t.size == 0:
+        nan = np.full(n_bins, np.nan)
+        return Reliability(0, np.nan, np.nan, np.nan, np.nan, edges,
+                           np.zeros(n_bins, dtype=np.int64), nan, nan.copy())  # fmt: skip
+    conf, right = q.max(axis=1), (q.argmax(axis=1) == t).astype(np.float64)
+    b = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)
+    counts = np.bincount(b, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(b, conf, n_bins) / counts
+        mean_right = np.bincount(b, right, n_bins) / counts
+    has = counts > 0
+    ece = 100.0 * float(np.sum(counts[has] / t.size * np.abs(mean_right[has] - mean_conf[has])))
+    rows = np.arange(t.size)
+    nll = float(-np.mean(np.log(np.clip(q[rows, t], 1e-12, 1.0))))
+    onehot = np.zeros_like(q)
+    onehot[rows, t] = 1.0
+    brier = float(np.mean(np.sum((q - onehot) ** 2, axis=1)))
+    return Reliability(
+        int(t.size), float(right.mean()), ece, nll, brier, edges, counts, mean_conf, mean_right
+    )
+
+
+def cross_fitted(
+    log_likelihood: FloatArray,
+    n_labels: FloatArray,
+    log_prior: FloatArray,
+    gold: IntArray,
+    evidence: FloatArray | None,
+    folds: int = 5,
+) -> FloatArray:
+    """Served posteriors of gold items, each calibrated without its own gold (eq. 24 on the
+    other folds; item k is in fold k mod ``folds``), from its answers alone: an honest score
+    of the calibration on the project's own gold."""
+    n = gold.size
+    out = np.empty((n, log_prior.shape[0]))
+    fold = np.arange(n) % max(folds, 1)
+    for f in range(max(folds, 1)):
+        held, rest = fold == f, fold != f
+        if not held.any():
+            continue
+        g = gold_evidence(log_likelihood[rest], n_labels[rest], log_prior, gold[rest])
+        cal = choose(evidence, g, int(rest.sum()))
+        out[held] = cal.from_log_likelihood(log_likelihood[held], n_labels[held], log_prior)
+    return out
+
+
 def item_log_likelihoods(
     ptr: IntArray,
     slots: IntArray,

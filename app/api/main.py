@@ -16,6 +16,7 @@ from app.api.deps import Service
 from app.api.errors import add_handlers
 from app.api.middleware import ObserveRequests, TimedStore
 from app.api.routes import (
+    calibration,
     dashboard,
     items,
     labels,
@@ -106,4 +107,5 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
     app.include_router(dashboard.router)
     dashboard.mount_page(app)
     app.include_router(workers.router)
+    app.include_router(calibration.router)
     return app

@@ -293,3 +293,27 @@ class BoundaryPage(BaseModel):
     item: str | None
     candidates: int = Field(description="Pairs scored to find these.")
     position: int
+
+
+class ReliabilityBin(BaseModel):
+    lower: float
+    upper: float
+    n: int = Field(description="Gold items whose top probability falls in [lower, upper).")
+    confidence: float | None = Field(None, description="Their mean top probability.")
+    accuracy: float | None = Field(None, description="The share of them whose top label is right.")
+
+
+class CalibrationReportBody(BaseModel):
+    """How the served posteriors score on the project's gold items. Each gold item is scored
+    from its answers alone, calibrated without its own gold (5-fold cross-fitting)."""
+
+    rho: float = Field(description="The tempering in force: answers' intra-item correlation.")
+    eps: float = Field(description="The consensus error in force (learned from gold).")
+    n_gold: int = Field(description="Gold items with answers, scored.")
+    accuracy: float | None
+    ece: float | None = Field(None, description="Expected calibration error, points (10 bins).")
+    nll: float | None = Field(None, description="Mean negative log-likelihood of the gold label.")
+    brier: float | None
+    bins: list[ReliabilityBin]
+    position: int
+    computed_at: str

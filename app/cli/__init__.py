@@ -2,7 +2,7 @@
 
 ``extract`` (the seed's job on a file; imports neither the web stack nor SQL), ``service``
 (``serve``, ``engine``), ``snapshots`` (``snapshots list|inspect|delete``, ``restore``) and
-``transfer`` (``import``, ``export`` over HTTP). Commands import what they run when they run.
+``transfer`` (``import``, ``export``, ``calibration`` over HTTP). Commands import what they run when they run.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ app.add_typer(snapshots.snapshots_app, name="snapshots")
 app.command()(snapshots.restore)
 app.command("import")(transfer.import_command)
 app.command("export")(transfer.export_command)
+app.command("calibration")(transfer.calibration_command)
 
 
 @app.callback()

@@ -109,3 +109,16 @@ def export_command(
             http, project, output, what=what, format=format, confusion=confusion
         )
     print(f"{output}: {n:,} {what if what != 'posteriors' else 'items'}")
+
+
+def calibration_command(
+    project: Annotated[str, typer.Option("--project", "-p", help="The project.")],
+    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    key: Annotated[
+        str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
+    ] = None,
+) -> None:
+    """How a project's posteriors score on its gold items: accuracy, calibration error (ECE),
+    NLL and the reliability bins, each item calibrated without its own gold."""
+    with transfer.make_http(url, _key(key)) as http:
+        print(transfer.calibration_text(transfer.fetch_calibration(http, project)))

@@ -385,6 +385,7 @@ class ProjectEngine:
                 "n_labels": self.labels.n_labels,
                 "em_iterations": self.em_iterations,
                 "calibration": self.calibration.to_dict(),
+                "evidence": (p.evidence if p.evidence is not None else np.zeros(0)).tolist(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
             }
         )

@@ -365,3 +365,36 @@ def run_export(
                 n += 1
     tmp.replace(out)
     return n
+
+
+# ---------------------------------------------------------------------- calibration
+
+
+def fetch_calibration(http: httpx.Client, project: str) -> dict[str, Any]:
+    """The project's calibration report (``GET /v1/projects/{p}/calibration``)."""
+    resp = call(http, "GET", f"/v1/projects/{_p(project)}/calibration")
+    _check(resp, f"calibration of {project!r}")
+    report: dict[str, Any] = resp.json()
+    return report
+
+
+def calibration_text(report: dict[str, Any]) -> str:
+    """The report as a reader wants it: the figures, then the reliability bins."""
+    head = f"calibration in force: rho {report['rho']:g}, eps {report['eps']:g}"
+    if not report["n_gold"]:
+        return head + "\nno gold items with answers: post gold answers to score the posteriors"
+    lines = [
+        head,
+        f"{report['n_gold']} gold items, each scored from its answers, calibrated without its "
+        "own gold (5 folds)",
+        f"accuracy {100 * report['accuracy']:.2f}%  ECE {report['ece']:.2f} points  "
+        f"NLL {report['nll']:.4f}  Brier {report['brier']:.4f}",
+        f"{'confidence':>12} {'items':>7} {'mean conf.':>11} {'accuracy':>9}",
+    ]
+    for b in report["bins"]:
+        if b["n"]:
+            lines.append(
+                f"{b['lower']:5.2f}-{b['upper']:4.2f} {b['n']:>9} {b['confidence']:>11.3f} "
+                f"{b['accuracy']:>9.3f}"
+            )
+    return "\n".join(lines)

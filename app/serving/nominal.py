@@ -38,6 +38,8 @@ class Globals:
     n_labels: int
     dyadic_examples: int = 0
     calibration: Calibration = field(default_factory=Calibration)
+    evidence: FloatArray | None = None
+    """The prequential evidence of the calibration's tempering (docs/model.md eq. 22)."""
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -56,6 +58,7 @@ class Globals:
             d["n_labels"],
             d.get("dyadic_examples", 0),
             Calibration.from_dict(d.get("calibration")),
+            np.asarray(d["evidence"]) if d.get("evidence") else None,
         )
 
 

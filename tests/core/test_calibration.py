@@ -33,7 +33,7 @@ def _ece(q: np.ndarray, truth: np.ndarray) -> float:
     )
 
 
-def _crowd(
+def ambiguous_crowd(
     seed: int, n_items: int = 3000, n_workers: int = 60, per_item: int = 7, hard: float = 0.0
 ) -> tuple[LabelBlocks, np.ndarray, int]:
     """Workers of accuracy 0.6-0.9 over 3 classes, errors uniform. With ``hard`` > 0, that
@@ -96,7 +96,7 @@ def test_calibration_keeps_the_most_probable_class_and_sums_to_one(
 
 
 def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None:
-    blocks, _, W = _crowd(3, n_items=300)
+    blocks, _, W = ambiguous_crowd(3, n_items=300)
     config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=300)
     model, expected = OnlineEM(config), np.zeros(evidence_size())
     for b in range(blocks.n_blocks):  # one block at a time, scored at the parameters before it
@@ -113,7 +113,7 @@ def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None
 
 
 def test_predictions_and_revisits_gather_no_evidence() -> None:
-    blocks, _, W = _crowd(4, n_items=200)
+    blocks, _, W = ambiguous_crowd(4, n_items=200)
     model = _fit(blocks, W)
     assert model.params.evidence is not None
     before = model.params.evidence.copy()
@@ -123,12 +123,12 @@ def test_predictions_and_revisits_gather_no_evidence() -> None:
 
 
 def test_replay_is_bit_identical_with_the_evidence() -> None:
-    blocks, _, W = _crowd(5, n_items=300)
+    blocks, _, W = ambiguous_crowd(5, n_items=300)
     assert _fit(blocks, W).params.equals(_fit(blocks, W).params)
 
 
 def test_independent_answers_are_barely_tempered_and_stay_calibrated() -> None:
-    blocks, truth, W = _crowd(6)
+    blocks, truth, W = ambiguous_crowd(6)
     model = _fit(blocks, W)
     cal = online_calibration(model, blocks)
     assert cal.rho <= 0.1
@@ -138,7 +138,7 @@ def test_independent_answers_are_barely_tempered_and_stay_calibrated() -> None:
 
 
 def test_correlated_answers_are_tempered_into_calibration() -> None:
-    blocks, truth, W = _crowd(7, hard=0.2)
+    blocks, truth, W = ambiguous_crowd(7, hard=0.2)
     model = _fit(blocks, W)
     raw = model.predict_many(blocks).posteriors
     cal = online_calibration(model, blocks)
@@ -149,7 +149,7 @@ def test_correlated_answers_are_tempered_into_calibration() -> None:
 
 
 def test_gold_items_correct_what_the_answers_cannot_show() -> None:
-    blocks, truth, W = _crowd(8, hard=0.4)
+    blocks, truth, W = ambiguous_crowd(8, hard=0.4)
     gold = np.full(blocks.n_blocks, -1)
     pick = np.random.default_rng(0).choice(blocks.n_blocks, 300, replace=False)
     gold[pick] = truth[pick]
@@ -164,7 +164,7 @@ def test_gold_items_correct_what_the_answers_cannot_show() -> None:
 
 
 def test_batch_fit_is_served_through_the_same_calibration() -> None:
-    blocks, truth, W = _crowd(9, hard=0.2)
+    blocks, truth, W = ambiguous_crowd(9, hard=0.2)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
     cal = batch_calibration(config, params, blocks, W)

@@ -1,0 +1,100 @@
+"""Calibrated posteriors through the service: served everywhere a posterior is read, and the
+calibration report on a project's gold items (docs/model.md eq. 21-24)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from app.api import create_app
+from app.cli import app as cli_app
+from app.io import transfer
+from app.store.base import Store
+from core.calibration import reliability
+from tests.app.conftest import ADMIN, service_settings
+from tests.core.test_calibration import ambiguous_crowd
+
+CLASSES = ["a", "b", "c"]
+
+
+@pytest.fixture
+def api(store: Store, tmp_path: Path) -> Iterator[TestClient]:
+    settings = service_settings(tmp_path, refine_idle_s=60.0)  # no idle sweeps in between
+    with TestClient(
+        create_app(settings, store=store), headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as c:
+        yield c
+
+
+def _project(api: TestClient, name: str, n_items: int, n_gold: int) -> np.ndarray:
+    """A crowd with ambiguous items posted as ``name``; the first ``n_gold`` items as gold."""
+    blocks, truth, _ = ambiguous_crowd(11, n_items=n_items, hard=0.3)
+    assert api.post("/v1/projects", json={"name": name, "labels": CLASSES}).status_code == 201
+    item = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
+    body = [
+        {"item": f"i{i}", "worker": f"w{w}", "label": CLASSES[z]}
+        for i, w, z in zip(
+            item.tolist(), blocks.slots.tolist(), blocks.labels.tolist(), strict=True
+        )
+    ]
+    for lo in range(0, len(body), 5000):
+        r = api.post(f"/v1/projects/{name}/labels", json=body[lo : lo + 5000])
+        assert r.status_code == 202
+    gold = [{"item": f"i{i}", "label": CLASSES[truth[i]]} for i in range(n_gold)]
+    if gold:
+        assert api.post(f"/v1/projects/{name}/gold", json=gold).status_code == 202
+    # a refit leaves every stored posterior under the final parameters (lists and exports
+    # serve stored posteriors); a snapshot entry applied means everything before it is
+    assert api.post(f"/v1/projects/{name}/refit").status_code == 202
+    assert api.post(f"/v1/projects/{name}/snapshots", params={"wait": True}).json()["applied"]
+    return truth
+
+
+def _exported(api: TestClient, name: str) -> dict[str, list[float]]:
+    rows = api.get(f"/v1/projects/{name}/export", params={"format": "jsonl"}).text.splitlines()
+    return {d["item"]: [d["posterior"][c] for c in CLASSES] for d in map(orjson.loads, rows)}
+
+
+def test_served_posteriors_are_calibrated_and_the_report_is_cross_fitted(api: TestClient) -> None:
+    truth = _project(api, "amb", 1500, 200)
+    report = api.get("/v1/projects/amb/calibration").json()
+    assert report["n_gold"] == 200
+    assert sum(b["n"] for b in report["bins"]) == 200
+    assert report["rho"] >= 0.1  # ambiguous items: answers correlated within an item
+    assert 0.0 <= report["ece"] <= 10.0 and report["nll"] < 1.0
+    # what the service serves, on the items it was not told: calibrated
+    served = _exported(api, "amb")
+    rest = list(range(200, 1500))
+    q = np.array([served[f"i{i}"] for i in rest])
+    assert reliability(q, truth[rest]).ece <= 5.0
+    # one item read fresh is the same number as the export (same parameters, same calibration)
+    one = api.get("/v1/projects/amb/items/i700").json()
+    np.testing.assert_allclose([one["posterior"][c] for c in CLASSES], served["i700"], atol=1e-9)
+    out = _cli(api, "calibration", "-p", "amb")
+    assert "200 gold items" in out and f"ECE {report['ece']:.2f} points" in out
+    assert f"rho {report['rho']:g}" in out
+
+
+def test_a_project_without_gold_reports_nothing_to_score(api: TestClient) -> None:
+    _project(api, "nogold", 300, 0)
+    report = api.get("/v1/projects/nogold/calibration").json()
+    assert report["n_gold"] == 0 and report["ece"] is None and report["accuracy"] is None
+    assert report["eps"] == 0.0  # the consensus error needs gold
+    assert all(b["n"] == 0 for b in report["bins"])
+    assert "no gold items" in _cli(api, "calibration", "-p", "nogold")
+
+
+def _cli(api: TestClient, *args: str) -> str:
+    """``crowdtally`` with its HTTP calls sent to the in-process service."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(api))
+        result = CliRunner().invoke(cli_app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
