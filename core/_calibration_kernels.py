@@ -35,37 +35,51 @@ def prequential_block(
     Labels ``lo .. lo + n_prev`` arrived earlier; each later label k is predicted from the
     item's tempered posterior over the labels before it (eq. 21), for every rho of ``grid``:
     evidence[g] += h_k log sum_z q_rho(z) p(l_k | z, s_k), and evidence[G] += h_k (the weight
-    scored). Nothing is scored for an item's first label (its prediction does not depend on
-    rho). Read-only on the parameters: call it before the item's update.
+    scored). Nothing is scored while an item has at most one answer before it (its
+    prediction does not depend on rho then). Read-only on the parameters: call it before the item's update.
     """
     K = population.shape[0]
+    probs = np.zeros((max(hi - lo, 1), K, K))
+    lp = np.empty(K)
+    for j in range(lo, hi):
+        _log_probs(population, worker, scale, slots[j], labels[j], lp)
+        for z in range(K):
+            probs[j - lo, z, labels[j]] = math.exp(lp[z])
+    prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence)
+
+
+@jit
+def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence):
+    """``prequential_block`` given probs[j - lo, z, l] = p(l | z, s_j) for the block's labels
+    (the online E-step leaves them there: no second pass over the parameters)."""
+    K = log_prior.shape[0]
     G = grid.shape[0]
     ell = np.zeros(K)  # sum over earlier labels of h_j log p(l_j | z, s_j)
-    lp = np.empty(K)
     lq = np.empty(K)
     seen = 0.0
     for j in range(lo, hi):
         h = weights[j]
         if h <= 0.0:
             continue
-        _log_probs(population, worker, scale, slots[j], labels[j], lp)
-        if j >= lo + n_prev and seen > 0.0:
+        r, lab = j - lo, labels[j]
+        # with one answer before it (seen <= 1) every rho predicts alike: nothing to score
+        if j >= lo + n_prev and seen > 1.0:
+            m = -np.inf
+            for z in range(K):
+                lq[z] = log_prior[z] + ell[z]
+                m = max(m, lq[z])
             for g in range(G):
-                t = 1.0 + grid[g] * max(seen - 1.0, 0.0)
-                m = -np.inf
-                for z in range(K):
-                    lq[z] = (log_prior[z] + ell[z]) / t
-                    m = max(m, lq[z])
+                inv_t = 1.0 / (1.0 + grid[g] * (seen - 1.0))
                 norm = 0.0
                 pred = 0.0
                 for z in range(K):
-                    e = math.exp(lq[z] - m)
+                    e = math.exp((lq[z] - m) * inv_t)
                     norm += e
-                    pred += e * math.exp(lp[z])
-                evidence[g] += h * (math.log(pred) - math.log(norm))
+                    pred += e * probs[r, z, lab]
+                evidence[g] += h * math.log(pred / norm)
             evidence[G] += h
         for z in range(K):
-            ell[z] += h * lp[z]
+            ell[z] += h * math.log(max(probs[r, z, lab], 1e-300))
         seen += h
 
 

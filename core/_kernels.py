@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from core._calibration_kernels import prequential_block
+from core._calibration_kernels import prequential_scores
 from core._numba import jit, jit_inline
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
@@ -474,14 +474,6 @@ def learn_blocks(
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
         scale = scalars[SCALE]
-        if update and grid.shape[0] > 0 and n_old[b] < hi - lo:
-            norm = _logsumexp(class_logits)
-            for z in range(K):
-                log_prior[z] = class_logits[z] - norm
-            prequential_block(
-                lo, hi, n_old[b], slots, labels, weights, log_prior,
-                population, worker, scale, grid, evidence,
-            )  # fmt: skip
         b_new, f = _item_em(
             lo,
             hi,
@@ -500,6 +492,12 @@ def learn_blocks(
             p,
             probs,
         )
+        if update and grid.shape[0] > 0 and n_old[b] < hi - lo:
+            # eq. 22 from the E-step's p(l_j | z, s_j), before the parameters move
+            norm = _logsumexp(class_logits)
+            for z in range(K):
+                log_prior[z] = class_logits[z] - norm
+            prequential_scores(lo, hi, n_old[b], labels, weights, log_prior, probs, grid, evidence)
         if known[b] >= 0:
             for z in range(K):
                 q[z] = 1.0 if z == known[b] else 0.0

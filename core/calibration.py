@@ -36,7 +36,7 @@ from core import _calibration_kernels
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-RHO_GRID: FloatArray = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0])
+RHO_GRID: FloatArray = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0])
 """The tempering values whose prequential evidence the online model keeps (eq. 22)."""
 EPS_GRID: FloatArray = np.array(
     [0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3]
@@ -171,7 +171,7 @@ def reliability(posteriors: FloatArray, truth: IntArray, n_bins: int = 10) -> Re
     """``Reliability`` of ``posteriors`` (n, K) against ``truth`` (n,)."""
     q = np.asarray(posteriors, dtype=np.float64)
     t = np.asarray(truth, dtype=np.int64)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges = np.round(np.linspace(0.0, 1.0, n_bins + 1), 12)
     if t.size == 0:
         nan = np.full(n_bins, np.nan)
         return Reliability(0, np.nan, np.nan, np.nan, np.nan, edges,

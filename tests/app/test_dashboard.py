@@ -46,6 +46,11 @@ def served_dog(tmp_path: Path, datasets_root: Path) -> Iterator[tuple[str, str]]
         for lo in range(0, len(rows), 1000):
             lay.client.post("/v1/projects/dog/labels", params={"wait": True}, content=orjson.dumps(rows[lo : lo + 1000]),
                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        truth = (datasets_root / "dog" / "truth.csv").read_text().splitlines()[1:41]
+        gold = [{"item": i, "label": z} for i, z in (row.split(",") for row in truth)]
+        r = lay.client.post("/v1/projects/dog/gold", params={"wait": True}, json=gold,
+                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        assert r.status_code == 202, r.text
         yield str(lay.client.base_url), key
     finally:
         lay.close()
@@ -94,6 +99,8 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             assert "project dog" in page.locator("#status").inner_text()
             assert page.locator("#queue tbody tr").count() == 10  # the first of the queue
             assert "items still need labels" in page.locator("#queue-size").inner_text()
+            page.wait_for_selector("#reliability circle")  # the calibration on the 40 gold items
+            assert "40 gold items: ECE" in page.locator("#calibration-text").inner_text()
             page.screenshot(path=str(ARTIFACTS / "dashboard-dog.png"), full_page=True)
             # a wrong key is reported, not a blank page
             page.goto(f"{base}/dashboard/?project=dog&key=wrong")

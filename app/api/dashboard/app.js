@@ -61,6 +61,35 @@ function heatmap(matrix, classes) {
   return svg;
 }
 
+function reliability(svg, report) {
+  // observed accuracy (y) against mean confidence (x) per bin, on the gold items; the
+  // diagonal is perfect calibration
+  svg.replaceChildren();
+  const w = +svg.getAttribute("width"), h = +svg.getAttribute("height");
+  const pad = 28, size = Math.min(w, h) - pad - 6;
+  const x = (v) => pad + size * v, y = (v) => 6 + size * (1 - v);
+  svg.appendChild(el("rect", { x: pad, y: 6, width: size, height: size, fill: "none", stroke: "#bbb" }));
+  svg.appendChild(el("path", { d: `M${x(0)},${y(0)} L${x(1)},${y(1)}`, stroke: "#999", "stroke-dasharray": "4 3" }));
+  svg.appendChild(el("text", { x: pad, y: h - 4 }, "confidence →"));
+  svg.appendChild(el("text", { x: 2, y: 16 }, "acc."));
+  if (!report.n_gold) {
+    svg.appendChild(el("text", { x: pad + 8, y: 40 }, "no gold items yet"));
+    return;
+  }
+  for (const b of report.bins.filter((b) => b.n > 0)) {
+    const c = el("circle", { cx: x(b.confidence), cy: y(b.accuracy), r: 3 + Math.min(6, Math.sqrt(b.n) / 2), fill: "#3b6fd8", "fill-opacity": 0.7 });
+    c.appendChild(el("title", {}, `${b.n} items at ${b.lower.toFixed(1)}–${b.upper.toFixed(1)}: confidence ${b.confidence.toFixed(3)}, accuracy ${b.accuracy.toFixed(3)}`));
+    svg.appendChild(c);
+  }
+}
+
+function renderCalibration(report) {
+  $("calibration-text").textContent = report.n_gold
+    ? `(${report.n_gold} gold items: ECE ${report.ece.toFixed(1)} points, accuracy ${(100 * report.accuracy).toFixed(1)}%)`
+    : "(post gold answers to see it)";
+  reliability($("reliability"), report);
+}
+
 function render(s) {
   const st = s.stats;
   $("n-labels").textContent = st.n_labels.toLocaleString();
@@ -109,9 +138,12 @@ function render(s) {
   $("overview").hidden = false;
 }
 
+let refreshes = 0;
 async function refresh() {
   try {
-    render(await api(`/v1/projects/${encodeURIComponent($("project").value)}/summary`));
+    const project = encodeURIComponent($("project").value);
+    render(await api(`/v1/projects/${project}/summary`));
+    if (refreshes++ % 5 === 0) renderCalibration(await api(`/v1/projects/${project}/calibration`));
   } catch (e) {
     $("status").textContent = "error: " + e.message;
     $("status").className = "error";
@@ -130,6 +162,7 @@ $("connect").addEventListener("submit", (ev) => {
   localStorage.setItem("crowdtally-key", $("key").value);
   localStorage.setItem("crowdtally-project", $("project").value);
   samples.length = 0;
+  refreshes = 0;
   clearInterval(timer);
   refresh();
   timer = setInterval(refresh, 2000);

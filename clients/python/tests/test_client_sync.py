@@ -90,6 +90,9 @@ def test_workers_gold_and_models(live_server: LiveServer, project: tuple[str, st
         got = c.post_gold(name, [("i3", "bird")], wait=True)
         assert got.accepted == 1 and got.applied
         assert c.get_item(name, "i3").gold == "bird"
+        report = c.calibration(name)  # the one gold item, scored from its answers
+        assert report.n_gold == 1 and sum(b.n for b in report.bins) == 1
+        assert report.accuracy in (0.0, 1.0) and report.eps >= 0.0
         refit = c.refit(name, wait=True)
         assert refit.applied
 

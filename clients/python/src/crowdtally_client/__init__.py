@@ -16,6 +16,7 @@ from crowdtally_client.client import AsyncClient, Client, parse_jsonl
 from crowdtally_client.models import (
     Accepted,
     BoundaryPage,
+    CalibrationReport,
     Gold,
     Item,
     ItemLabel,
@@ -38,6 +39,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "BoundaryPage",
+    "CalibrationReport",
     "Client",
     "CrowdtallyError",
     "Gold",

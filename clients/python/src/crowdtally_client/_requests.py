@@ -214,6 +214,10 @@ def get_item(project: str, item: str) -> Req[models.Item]:
     return Req("GET", f"{_project(project)}/items/{_p(item)}", models.Item.model_validate)
 
 
+def calibration(project: str) -> Req[models.CalibrationReport]:
+    return Req("GET", f"{_project(project)}/calibration", models.CalibrationReport.model_validate)
+
+
 def list_items(
     project: str,
     cursor: str | None,

@@ -22,6 +22,7 @@ from crowdtally_client._requests import By, ExportFormat, Order, Page, Req
 from crowdtally_client.models import (
     Accepted,
     BoundaryPage,
+    CalibrationReport,
     Gold,
     Item,
     ItemPage,
@@ -228,6 +229,10 @@ class Client(_Base):
     # ---------------------------------------------------------------- items
     def get_item(self, project: str, item: str) -> Item:
         return self._call(_req.get_item(project, item))
+
+    def calibration(self, project: str) -> CalibrationReport:
+        """The served posteriors scored on the project's gold items (cross-fitted)."""
+        return self._call(_req.calibration(project))
 
     def list_items(
         self,
@@ -476,6 +481,10 @@ class AsyncClient(_Base):
 
     async def refit(self, project: str, *, wait: bool = False) -> Accepted:
         return await self._call(_req.refit(project, wait))
+
+    async def calibration(self, project: str) -> CalibrationReport:
+        """The served posteriors scored on the project's gold items (cross-fitted)."""
+        return await self._call(_req.calibration(project))
 
     async def get_item(self, project: str, item: str) -> Item:
         return await self._call(_req.get_item(project, item))

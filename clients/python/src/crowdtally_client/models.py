@@ -118,6 +118,30 @@ class Worker(_Answer):
     computed_at: str
 
 
+class ReliabilityBin(_Answer):
+    lower: float
+    upper: float
+    n: int
+    confidence: float | None = None
+    accuracy: float | None = None
+
+
+class CalibrationReport(_Answer):
+    """How the served posteriors score on the project's gold items, each calibrated without
+    its own gold; ``rho`` and ``eps`` are the calibration in force."""
+
+    rho: float
+    eps: float
+    n_gold: int
+    accuracy: float | None = None
+    ece: float | None = None
+    nll: float | None = None
+    brier: float | None = None
+    bins: list[ReliabilityBin]
+    position: int
+    computed_at: str
+
+
 class WorkerPage(_Answer):
     workers: list[Worker]
     total: int
