@@ -156,3 +156,22 @@ def test_gold_mode_scores_only_the_others(capsys: pytest.CaptureFixture[str]) ->
     text = capsys.readouterr().out
     assert "5 given as gold, scored on 103" in text
     assert "[5% gold]" in text
+
+
+def test_stopping_replay_reveals_answers_until_the_target(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import stopping
+
+    crowd = load_shared("duck")
+    none = np.full(crowd.n_items, -1, dtype=np.int64)
+    strict, loose = (stopping.replay(crowd, t, 0, True, none) for t in (0.99, 0.6))
+    assert strict.n_items == loose.n_items == crowd.n_items  # duck: gold for every item
+    assert loose.n_stopped >= strict.n_stopped and loose.answers_used < strict.answers_used
+    assert loose.confidence >= 0.6 and strict.confidence >= 0.99
+    gold = stopping.gold_given(crowd, 0.05, 50, 0)
+    assert (gold >= 0).sum() == 5
+    assert stopping.replay(crowd, 0.9, 0, True, gold).n_items == crowd.n_items - 5
+    assert stopping.main(["--datasets", "duck", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "duck" in out and "served" in out and "raw" in out and "stopped items right" in out
