@@ -9,8 +9,9 @@ how often the stopped items are right (the promise is: at least the target), the
 confidence, and the share of the campaign's answers bought. Once with the posteriors the
 service serves (calibrated, docs/model.md eq. 21-24), once with the model's own.
 
-``--gold-fraction 0.05``: that share of items (at most ``--gold-max``) are gold from the
-start (honeypots): known to the model, never queued, not scored.
+``--gold-fraction 0.05``: that share of items (at most ``--gold-max``) are honeypots: all
+their answers come first, with their gold known to the model; they are never queued and not
+scored, and they calibrate the others (docs/model.md eq. 24).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from core.blocks import LabelBlocks
 from core.hashing import worker_slots
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
-from core.served import online_calibration
+from core.served import calibration
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -62,7 +63,10 @@ def replay(crowd: Crowd, target: float, seed: int, served: bool, gold: I64) -> S
     rank[by_item] = np.arange(crowd.n_answers) - np.repeat(start, sizes)
     model, K = OnlineEM(config), crowd.n_classes
     q, b = np.full((crowd.n_items, K), 1.0 / K), np.zeros(crowd.n_items)
-    done = gold >= 0  # gold items are never queued
+    done = gold >= 0  # honeypots are never queued: all their answers come first
+    honeypots = np.flatnonzero(done)
+    pots = _first_answers(crowd, slots, rank, honeypots, int(sizes.max(initial=0)))
+    model.learn_many(pots, known=gold[honeypots])
     stop_q = np.full((crowd.n_items, K), np.nan)
     revealed = np.zeros(crowd.n_items, dtype=np.int64)
     for r in range(int(sizes.max(initial=0))):
@@ -77,9 +81,9 @@ def replay(crowd: Crowd, target: float, seed: int, served: bool, gold: I64) -> S
         q[active], b[active], revealed[active] = res.posteriors, res.clarity, r + 1
         shown = res.posteriors
         if served:
-            shown = online_calibration(model, blocks, gold[active]).from_posteriors(
-                res.posteriors, np.full(active.size, float(r + 1))
-            )
+            shown = calibration(
+                model.params, pots, model.params.evidence, gold[honeypots]
+            ).from_posteriors(res.posteriors, np.full(active.size, float(r + 1)))
         now = shown.max(axis=1) >= target
         stop_q[active[now]] = shown[now]
         done[active[now]] = True
