@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 MAX_ID_LENGTH = 512
-_HEADER = ("item", "worker", "label")
+_HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
+_TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _WHITESPACE = re.compile(r"[\t ]+")
 
 
@@ -76,14 +77,15 @@ def _check_id(path: Path, line: int, kind: str, value: str) -> str:
 
 
 def read_triples(path: str | Path) -> Triples:
-    """Read ``item,worker,label[,weight]`` rows; a header row naming those columns is skipped."""
+    """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
+    crowd-kit's ``task,worker,label``) is skipped."""
     path = Path(path)
     rows = _rows(path)
     if not rows:
         raise InputError(path, None, "no answers in the file")
     has_weight = False
     head = [f.strip().lower() for f in rows[0][1]]
-    if tuple(head[:3]) == _HEADER:
+    if tuple(head[:3]) in _HEADERS:
         has_weight = head[3:] == ["weight"]
         if head[3:] and not has_weight:
             raise InputError(
@@ -130,10 +132,11 @@ def _parse_weight(path: Path, line: int, text: str) -> float:
 
 
 def read_truth(path: str | Path) -> dict[str, str]:
-    """Gold labels: ``item,label`` rows (header optional). An item given twice is an error."""
+    """Gold labels: ``item,label`` rows (header optional; crowd-kit's ``task,label`` or
+    ``task,true_label`` too). An item given twice is an error."""
     path = Path(path)
     rows = _rows(path)
-    if rows and [f.strip().lower() for f in rows[0][1]] == ["item", "label"]:
+    if rows and [f.strip().lower() for f in rows[0][1]] in _TRUTH_HEADERS:
         rows = rows[1:]
     truth: dict[str, str] = {}
     for line, fields in rows:

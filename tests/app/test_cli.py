@@ -122,6 +122,16 @@ def test_tab_separated_with_string_labels(tmp_path: Path) -> None:
     assert "2 items, 4 labels, 2 classes" in run.stdout
 
 
+def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
+    data, truth = tmp_path / "answers.csv", tmp_path / "gt.csv"
+    data.write_text("task,worker,label\ni1,w1,cat\ni1,w2,cat\ni2,w1,dog\ni2,w2,dog\n")
+    truth.write_text("task,true_label\ni1,cat\ni2,dog\n")
+    run = extract(data, "--truth", truth)
+    assert run.returncode == 0, run.stderr
+    assert "2 items, 4 labels, 2 classes" in run.stdout  # the header is not an answer
+    assert "accuracy 1.0000 on 2 items with gold" in run.stdout
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
