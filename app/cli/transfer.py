@@ -29,7 +29,9 @@ def import_command(
             "(Label Studio: item=data.FIELD, label=<from_name>).",
         ),
     ] = None,
-    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    url: Annotated[
+        str, typer.Option("--url", envvar="CROWDTALLY_URL", help="The service (or CROWDTALLY_URL).")
+    ] = transfer.DEFAULT_URL,
     key: Annotated[
         str | None,
         typer.Option("--key", help="API key (write, or admin to create); else CROWDTALLY_KEY."),
@@ -94,7 +96,9 @@ def export_command(
         bool,
         typer.Option("--confusion", help="Workers: add confusion matrices (a GET per worker)."),
     ] = False,
-    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    url: Annotated[
+        str, typer.Option("--url", envvar="CROWDTALLY_URL", help="The service (or CROWDTALLY_URL).")
+    ] = transfer.DEFAULT_URL,
     key: Annotated[
         str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
     ] = None,
@@ -113,7 +117,9 @@ def export_command(
 
 def calibration_command(
     project: Annotated[str, typer.Option("--project", "-p", help="The project.")],
-    url: Annotated[str, typer.Option("--url", help="The service.")] = transfer.DEFAULT_URL,
+    url: Annotated[
+        str, typer.Option("--url", envvar="CROWDTALLY_URL", help="The service (or CROWDTALLY_URL).")
+    ] = transfer.DEFAULT_URL,
     key: Annotated[
         str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
     ] = None,

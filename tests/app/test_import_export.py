@@ -234,6 +234,9 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
     result = runner.invoke(cli_app, [*args[:-1], "--progress", "--key", "k2"])
     assert result.exit_code == 0 and "0 new, 9 already there" in result.output
     assert urls[-1][1] == "k2"
+    monkeypatch.setenv("CROWDTALLY_URL", "http://from-env:8001")
+    result = runner.invoke(cli_app, [*args[:-3], "--no-progress"])  # no --url: the variable
+    assert result.exit_code == 0 and urls[-1] == ("http://from-env:8001", "from-env")
     out = tmp_path / "p.jsonl"
     result = runner.invoke(
         cli_app, ["export", "--project", "cli", "--format", "jsonl", "-o", str(out)]
