@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,14 @@ def test_mkdocs_builds_strict(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert "crowdtally serve" in home and "Quickstart" in home  # the README, included
+    assert 'href="model/"' in home and 'href="docs/' not in home  # its links lead to the pages
+
+
+def test_docs_speak_of_the_product() -> None:
+    """No page title or sentence points at the tracker ("issue 5", "the issue's target")."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"\bissue\s+\d|\bthe issue'?s?\b|\(another issue\)", text), page.name
 
 
 def test_every_doc_page_is_in_the_nav() -> None:
