@@ -28,13 +28,11 @@ from app.api.routes import (
     workers,
 )
 from app.engine.runtime import make_engine_loop
-from app.serving.nominal import Globals, recompute_posterior
-from app.serving.predictions import warm_up as warm_up_predictions
+from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
 from app.store import open_store
 from app.store.archive import open_snapshot_db, rebuild_store
 from app.store.base import Store
-from core.nominal import NominalConfig
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -45,14 +43,6 @@ def _announce_admin_key(st: Store, settings: Settings) -> None:
     if made:
         where = f" (saved in {key_file})" if key_file else ""
         print(f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True)
-
-
-def _warm_up() -> None:
-    """Load the compiled kernels now, not on the first GET (a ~0.2 s stall under load)."""
-    cfg = NominalConfig(n_classes=2, n_worker_slots=1)
-    item = {"labels": [["w", 0, 1.0]], "gold": None}
-    recompute_posterior(cfg, item, Globals.parse(None, cfg), [None], [0])
-    warm_up_predictions()
 
 
 def lifespan(settings: Settings, store: Store | None) -> Lifespan:
@@ -68,12 +58,14 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
         if rebuilt:
             print(f"crowdtally: rebuilt {rebuilt} from the SQL snapshots", file=sys.stderr)
         _announce_admin_key(st, settings)
+        took = warm_up_kernels()  # before the engine's first step and the first request
+        if took > 5:
+            print(f"crowdtally: compiled the kernels in {took:.0f} s (once)", file=sys.stderr)
         engine = None
         if settings.engine_in_process:
             engine = make_engine_loop(settings, st, db)
             engine.start()
         app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db)
-        _warm_up()
         # numba and llvmlite bring ~10^6 long-lived objects; a full GC pass over them stalls
         # requests for ~0.1 s. Freeze them out of the collector's sight.
         gc.collect()

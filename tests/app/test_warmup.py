@@ -1,0 +1,66 @@
+"""The start-up warm-up reaches every kernel the service calls, with the argument types it
+calls them with: after it, a whole session of requests adds no compiled signature."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+SESSION = textwrap.dedent(
+    """
+    import os, random, sys, tempfile, time
+    import numba
+    from fastapi.testclient import TestClient
+    from app.api.main import create_app
+    from app.serving.warmup import warm_up
+    from app.settings import Settings
+    import core._calibration_kernels, core._dyadic_kernels, core._kernels, core.acquisition
+    import core.itemlabels
+
+    MODULES = (core._kernels, core._dyadic_kernels, core._calibration_kernels,
+               core.acquisition, core.itemlabels)
+
+    def signatures():
+        return {(m.__name__, n, str(s)) for m in MODULES for n, d in vars(m).items()
+                if isinstance(d, numba.core.registry.CPUDispatcher) for s in d.signatures}
+
+    warm_up()
+    before = signatures()
+    os.environ.update(CROWDTALLY_DATA_DIR=tempfile.mkdtemp(), CROWDTALLY_REFINE_IDLE_S="0.2")
+    with TestClient(create_app(Settings())) as c:
+        admin = {"Authorization": "Bearer " + open(os.environ["CROWDTALLY_DATA_DIR"] + "/admin.key").read().strip()}
+        for name, extra in (("n", {}), ("o", {"dyadic": {"ordinal": True}})):
+            key = c.post("/v1/projects", json={"name": name, "labels": ["a", "b", "c"], **extra},
+                         headers=admin).json()["api_key"]
+            h = {"Authorization": "Bearer " + key}
+            rng = random.Random(0)
+            labels = [{"item": f"i{rng.randrange(30)}", "worker": f"w{rng.randrange(8)}",
+                       "label": rng.choice("abc")} for _ in range(200)]
+            for post, body in ((f"/v1/projects/{name}/labels?wait=true", labels),
+                               (f"/v1/projects/{name}/gold?wait=true", [{"item": "i1", "label": "a"}]),
+                               (f"/v1/projects/{name}/items?wait=true", [{"item": "new"}]),
+                               (f"/v1/projects/{name}/predictions", [{"worker": "w1", "item": "i2"}]),
+                               (f"/v1/projects/{name}/refit?wait=true", None)):
+                assert c.post(post, json=body, headers=h).status_code < 300, post
+            for get in ("items/i2", "items", "queue?limit=3", "queue?limit=3&worker=w1",
+                        "workers/w1", "workers", "calibration", "summary",
+                        "boundary?worker=w1", "boundary?item=i2", "export?format=csv"):
+                assert c.get(f"/v1/projects/{name}/{get}", headers=h).status_code == 200, get
+            deadline = time.monotonic() + 30  # the idle sweeps: refinement, dyadic passes
+            while c.get(f"/v1/projects/{name}", headers=h).json()["stats"]["dyadic_passes"] < 30:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    added = sorted(signatures() - before)
+    print(len(before), added)
+    sys.exit(1 if added else 0)
+    """
+)
+
+
+def test_warm_up_reaches_every_kernel_the_service_calls() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert int(out.stdout.split()[0]) > 10  # the kernels were there to count
