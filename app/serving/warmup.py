@@ -1,20 +1,21 @@
-"""Every numba kernel the service calls, compiled (first start) or loaded (later starts) before
-the service answers, so that no request or engine step waits for the compiler.
+"""Every numba kernel the service calls, compiled (first start) or loaded (later starts)
+before the service answers, so that requests and engine steps do not wait for the compiler.
 
-On a fresh install nothing is cached: compiling the nominal model's kernels and the dyadic
-model's takes about as long each, and the compiler holds the GIL, so the dyadic ones compile in
-a second process while this one compiles the nominal ones (numba's cache is per source file;
-both land next to the sources). This process then loads the dyadic ones from that cache.
-Later starts load everything from the cache in about a second.
+On a fresh install nothing is cached, and compiling everything takes about 20 s of CPU, with
+the GIL held. So the first start compiles in two processes at once, the critical path first
+(``warm_up``); numba's cache is per source file and both processes write next to the sources.
+Later starts load everything from the cache in about half a second.
 
 The kernels are reached by running a tiny project through the same calls the engine and the
-API make, with the same argument types, so the cached signatures are the ones used.
+API make, with the same argument types, so the cached signatures are the ones used
+(tests/app/test_warmup.py checks that a whole session adds none).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ from app.engine.project import ProjectEngine
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
-from core import _dyadic_kernels
+from core import _dyadic_kernels, _kernels
 from core.itemlabels import ItemLabels
 from core.nominal import NominalConfig
 
@@ -36,9 +37,9 @@ _WORKERS = ["w0", "w1", "w2", "w0", "w1", "w1", "w2", "w3", "w0"]
 _ANSWERS = [0, 0, 1, 2, 2, 1, 1, 0, 2]
 
 
-def nominal() -> None:
-    """The engine's entries (labels, gold, items, refinement sweeps, refit) and the API's
-    reads of a posterior, on a project without a dyadic model."""
+def nominal(refit: bool = True) -> None:
+    """The engine's entries (labels, gold, items, refinement sweeps, and a refit unless told
+    not) and the API's reads of a posterior, on a project without a dyadic model."""
     config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
     eng = ProjectEngine(ProjectRecord("warm-up", _LABELS, config.to_dict(), 0.0))
     entries: list[tuple[EntryKind, dict[str, Any]]] = [
@@ -46,8 +47,9 @@ def nominal() -> None:
         ("gold", {"items": ["i3"], "labels": [2]}),
         ("items", {"items": ["i4"]}),
         ("refine", {"passes": 2}),
-        ("refit", {}),
     ]
+    if refit:
+        entries.append(("refit", {}))
     for position, (kind, body) in enumerate(entries, start=1):
         eng.apply(LogEntry(position, kind, orjson.dumps(body), b""))
     update = eng.state_update()
@@ -58,9 +60,8 @@ def nominal() -> None:
     stored_posterior(item, g)
 
 
-def dyadic() -> None:
-    """The dyadic model's learning (per label and idle sweeps), predictions and h_min, for
-    nominal and ordinal labels."""
+def dyadic_learning() -> None:
+    """The dyadic model's learning, per label and in idle sweeps, nominal and ordinal."""
     for ordinal in (False, True):
         trainer = DyadicTrainer(settings_for(len(_LABELS), ordinal=ordinal))
         trainer.add_workers(sorted(set(_WORKERS)))
@@ -74,24 +75,49 @@ def dyadic() -> None:
         stored.append(items, workers, labels, np.ones(labels.size), workers)
         trainer.sweep(stored)
         trainer.update()
-    warm_up_predictions()
+
+
+def everything() -> None:
+    nominal()
+    dyadic_learning()
+    warm_up_predictions()  # predictions and h_min
+
+
+# The second process: what the first label needs from the dyadic model, a line to say so, then
+# what only predictions, h_min and refits need (the nominal learning is cached by then).
+_SECOND = (
+    "from app.serving import warmup as w; w.dyadic_learning(); print('learning', flush=True); "
+    "w.warm_up_predictions(); w.nominal()"
+)
 
 
 def warm_up() -> float:
-    """Compile or load every kernel (the dyadic model's in a second process at the same time
-    when they are not cached yet); the seconds it took."""
+    """Compile or load the kernels; the seconds until the service may answer.
+
+    Cached: everything loads here, in about half a second. Not cached (the first start): this
+    process compiles what a label's first posterior needs of the nominal model while a second
+    process compiles the dyadic model's learning, then predictions, h_min and refit; the
+    service answers once the first part is there, and a thread loads the rest when the second
+    process is done (a prediction asked before that compiles what it needs itself)."""
     start = time.perf_counter()
-    child = None
-    if not _cached(_dyadic_kernels.learn_many, _dyadic_kernels.h_min_many):
-        child = subprocess.Popen(
-            [sys.executable, "-c", "from app.serving.warmup import dyadic; dyadic()"],
-            stdout=subprocess.DEVNULL,
-        )
-    nominal()
-    if child is not None:
-        child.wait()  # had it failed, the same kernels compile below and fail here
-    dyadic()
-    return time.perf_counter() - start
+    kernels = (_kernels.learn_blocks, _kernels.estep_tables, _dyadic_kernels.learn_many,
+               _dyadic_kernels.h_min_many)  # fmt: skip
+    if _cached(*kernels):
+        everything()
+        return time.perf_counter() - start
+    second = subprocess.Popen([sys.executable, "-c", _SECOND], stdout=subprocess.PIPE)
+    nominal(refit=False)
+    assert second.stdout is not None
+    second.stdout.readline()  # empty if it failed: then the kernels compile here below
+    dyadic_learning()
+    took = time.perf_counter() - start
+    threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()
+    return took
+
+
+def _load_the_rest(second: subprocess.Popen[bytes]) -> None:
+    second.wait()
+    everything()
 
 
 def _cached(*kernels: Any) -> bool:

@@ -13,7 +13,7 @@ SESSION = textwrap.dedent(
     import numba
     from fastapi.testclient import TestClient
     from app.api.main import create_app
-    from app.serving.warmup import warm_up
+    from app.serving.warmup import everything
     from app.settings import Settings
     import core._calibration_kernels, core._dyadic_kernels, core._kernels, core.acquisition
     import core.itemlabels
@@ -25,7 +25,7 @@ SESSION = textwrap.dedent(
         return {(m.__name__, n, str(s)) for m in MODULES for n, d in vars(m).items()
                 if isinstance(d, numba.core.registry.CPUDispatcher) for s in d.signatures}
 
-    warm_up()
+    everything()
     before = signatures()
     os.environ.update(CROWDTALLY_DATA_DIR=tempfile.mkdtemp(), CROWDTALLY_REFINE_IDLE_S="0.2")
     with TestClient(create_app(Settings())) as c:
