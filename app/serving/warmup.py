@@ -27,9 +27,10 @@ from app.engine.project import ProjectEngine
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
-from core import _dyadic_kernels, _kernels
+from core import _dyadic_kernels, _kernels, acquisition, served
+from core.blocks import LabelBlocks
 from core.itemlabels import ItemLabels
-from core.nominal import NominalConfig
+from core.nominal import NominalConfig, NominalParams
 
 _LABELS = ("a", "b", "c")
 _ITEMS = ["i0", "i0", "i0", "i1", "i1", "i2", "i2", "i2", "i3"]
@@ -77,6 +78,19 @@ def dyadic_learning() -> None:
         trainer.update()
 
 
+def nominal_scores() -> None:
+    """The queue's value of information and the calibration's gold likelihoods: kernels of the
+    nominal model outside its learning, which the second process compiles while this one
+    compiles the learning."""
+    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
+    q = np.full((2, config.n_classes), 1.0 / config.n_classes)
+    acquisition.value_of_information(q, np.eye(config.n_classes))
+    blocks = LabelBlocks.group(
+        np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([0, 1, 1]), np.ones(3)
+    )
+    served.log_likelihoods(NominalParams.initial(config), blocks)
+
+
 def everything() -> None:
     nominal()
     dyadic_learning()
@@ -86,7 +100,8 @@ def everything() -> None:
 # The second process: what the first label needs from the dyadic model, a line to say so, then
 # what only predictions, h_min and refits need (the nominal learning is cached by then).
 _SECOND = (
-    "from app.serving import warmup as w; w.dyadic_learning(); print('learning', flush=True); "
+    "from app.serving import warmup as w; w.dyadic_learning(); w.nominal_scores(); "
+    "print('learning', flush=True); "
     "w.warm_up_predictions(); w.nominal()"
 )
 
