@@ -34,8 +34,15 @@ def serve(
 ) -> None:
     """Start the HTTP API (and, by default, the engine in the same process)."""
     import os
+    import subprocess
 
+    # the kernels' warm-up (app.serving.warmup) starts its second process before our imports
+    second = subprocess.Popen([sys.executable, "-m", "app.serving.warmup"], stdout=subprocess.PIPE)
     import uvicorn
+
+    from app.serving import warmup
+
+    warmup.adopt(second)
 
     for name, value in (("STORE", store), ("DATA_DIR", data_dir)):
         if value is not None:

@@ -27,10 +27,9 @@ from app.engine.project import ProjectEngine
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
-from core import _dyadic_kernels, _kernels, acquisition, served
-from core.blocks import LabelBlocks
+from core import _dyadic_kernels, _kernels
 from core.itemlabels import ItemLabels
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig
 
 _LABELS = ("a", "b", "c")
 _ITEMS = ["i0", "i0", "i0", "i1", "i1", "i2", "i2", "i2", "i3"]
@@ -78,53 +77,59 @@ def dyadic_learning() -> None:
         trainer.update()
 
 
-def nominal_scores() -> None:
-    """The queue's value of information and the calibration's gold likelihoods: kernels of the
-    nominal model outside its learning, which the second process compiles while this one
-    compiles the learning."""
-    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
-    q = np.full((2, config.n_classes), 1.0 / config.n_classes)
-    acquisition.value_of_information(q, np.eye(config.n_classes))
-    blocks = LabelBlocks.group(
-        np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([0, 1, 1]), np.ones(3)
-    )
-    served.log_likelihoods(NominalParams.initial(config), blocks)
-
-
 def everything() -> None:
     nominal()
     dyadic_learning()
     warm_up_predictions()  # predictions and h_min
 
 
-# The second process: what the first label needs from the dyadic model, a line to say so, then
-# what only predictions, h_min and refits need (the nominal learning is cached by then).
-_SECOND = (
-    "from app.serving import warmup as w; w.dyadic_learning(); w.nominal_scores(); "
-    "print('learning', flush=True); "
-    "w.warm_up_predictions(); w.nominal()"
-)
+SECOND_PROCESS = [sys.executable, "-m", "app.serving.warmup"]
+"""The command of the second process: ``crowdtally serve`` starts it before its own imports."""
+
+_second: subprocess.Popen[bytes] | None = None
+
+
+def adopt(second: subprocess.Popen[bytes] | None) -> None:
+    """Use this already started ``SECOND_PROCESS`` at the next ``warm_up`` (None: none)."""
+    global _second
+    _second = second
+
+
+def second_process() -> None:
+    """Compile the nominal model's learning, print a line, then what only
+    predictions, h_min and refits need. With everything cached, the line and nothing else."""
+    cached = _cached(*_KERNELS)
+    if not cached:
+        nominal(refit=False)
+    print("learning", flush=True)
+    if not cached:
+        warm_up_predictions()
+        nominal()
+
+
+_KERNELS = ("learn_blocks", "estep_tables", "learn_many", "h_min_many")
 
 
 def warm_up() -> float:
     """Compile or load the kernels; the seconds until the service may answer.
 
-    Cached: everything loads here, in about half a second. Not cached (the first start): this
-    process compiles what a label's first posterior needs of the nominal model while a second
-    process compiles the dyadic model's learning, then predictions, h_min and refit; the
-    service answers once the first part is there, and a thread loads the rest when the second
+    Cached: everything loads here, in about half a second. Not cached (the first start): a
+    second process (started by ``crowdtally serve`` before its imports, else here) compiles the
+    nominal model's learning while this one compiles the dyadic model's; the service answers
+    once both are there, and a thread loads the rest (predictions, h_min, refit) when the second
     process is done (a prediction asked before that compiles what it needs itself)."""
     start = time.perf_counter()
-    kernels = (_kernels.learn_blocks, _kernels.estep_tables, _dyadic_kernels.learn_many,
-               _dyadic_kernels.h_min_many)  # fmt: skip
-    if _cached(*kernels):
+    second, first_start = _second, not _cached(*_KERNELS)
+    adopt(None)
+    if second is None and not first_start:
         everything()
         return time.perf_counter() - start
-    second = subprocess.Popen([sys.executable, "-c", _SECOND], stdout=subprocess.PIPE)
-    nominal(refit=False)
+    if second is None:
+        second = subprocess.Popen(SECOND_PROCESS, stdout=subprocess.PIPE)
+    dyadic_learning()
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
-    dyadic_learning()
+    nominal(refit=False)
     took = time.perf_counter() - start
     threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()
     return took
@@ -135,10 +140,15 @@ def _load_the_rest(second: subprocess.Popen[bytes]) -> None:
     everything()
 
 
-def _cached(*kernels: Any) -> bool:
+def _cached(*names: str) -> bool:
     """Whether numba's on-disk cache holds compiled code for these kernels (numba keeps no
     public API for this: any surprise reads as "not cached", which only costs a process)."""
+    kernels = [getattr(_kernels, n, None) or getattr(_dyadic_kernels, n) for n in names]
     try:
         return all(bool(k._cache._cache_file._load_index()) for k in kernels)
     except Exception:
         return False
+
+
+if __name__ == "__main__":
+    second_process()
