@@ -89,6 +89,9 @@ def engine_command(
     st = open_store(settings)
     db = open_snapshot_db(settings)
     rebuild_store(st, db)
+    from app.serving.warmup import warm_up
+
+    warm_up()  # the kernels, compiled in two processes on a first start
     loop = make_engine_loop(settings, st, db)
     print(f"crowdtally engine: {settings.store} store", file=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
