@@ -54,16 +54,28 @@ class EngineLoop:
         """Apply what is waiting in every project's log; return how many entries."""
         projects = {r.name: r for r in self.store.list_projects()}
         for gone in set(self.engines) - set(projects):
-            del self.engines[gone]
+            self._drop(gone)  # deleted: its snapshots and archive go too
         done = 0
         for name, record in projects.items():
             done += self._step_project(name, record)
         return done
 
+    def _drop(self, name: str) -> None:
+        """Forget a project this loop held (deleted, or deleted and created again): its
+        engine, its schedule, and the snapshots and archive of that project."""
+        self.engines.pop(name, None)
+        for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
+            held.pop(name, None)
+        if self.snapshotter is not None:
+            self.snapshotter.forget(name)
+
     def _step_project(self, name: str, record: ProjectRecord) -> int:
         eng = self.engines.get(name)
         snap = self.snapshotter
-        if eng is None or eng.record.created_at != record.created_at:
+        if eng is not None and eng.record.created_at != record.created_at:
+            self._drop(name)  # another project under the same name: nothing of the old one
+            eng = None
+        if eng is None:
             eng = snap.load(record) if snap is not None else ProjectEngine(record)
             self.engines[name] = eng
             # State already served (another engine, before a restart): replay silently up to it.

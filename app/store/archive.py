@@ -208,6 +208,14 @@ class SnapshotDB:
                 for r in s.scalars(select(ProjectRow).order_by(ProjectRow.name))
             ]
 
+    def project(self, name: str) -> ProjectRecord | None:
+        """The catalogue's record of a project (as of its latest snapshot)."""
+        with Session(self.engine) as s:
+            r = s.get(ProjectRow, name)
+            return (
+                ProjectRecord(r.name, tuple(r.labels), dict(r.config), r.created_at) if r else None
+            )
+
     def keys(self) -> dict[str, KeyRecord]:
         with Session(self.engine) as s:
             rows = s.scalars(select(ApiKeyRow))
@@ -220,6 +228,10 @@ class SnapshotDB:
                     select(LabelIdRow.label_id).where(LabelIdRow.project == project)
                 ).scalars()
             )
+
+    def forget_snapshots(self, project: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.execute(delete(SnapshotRow).where(SnapshotRow.project == project))
 
     def forget_project(self, project: str) -> None:
         with Session(self.engine) as s, s.begin():

@@ -1,0 +1,128 @@
+"""A project deleted and created again under the same name is a new project: it is
+snapshotted and archived from scratch, and a wiped Redis brings back its labels (and none of
+the deleted project's)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+from fastapi.testclient import TestClient
+
+from app.api import create_app
+from app.engine.loop import EngineLoop
+from app.engine.snapshots import Snapshotter
+from app.store.archive import SnapshotDB, rebuild_store
+from app.store.base import ProjectRecord
+from app.store.redis_store import RedisStore
+from app.store.sql import sql_engine, upgrade
+from core.nominal import NominalConfig
+from tests.app.conftest import ADMIN, make_store, service_settings
+
+
+def block(prefix: str, n: int, start: int = 0) -> bytes:
+    return orjson.dumps(
+        [
+            {
+                "item": f"{prefix}-{k}",
+                "worker": f"w{k % 5}",
+                "label": "ab"[k % 2],
+                "id": f"{prefix}-{k}",
+            }
+            for k in range(start, start + n)
+        ]
+    )
+
+
+def settle(c: TestClient, project: str, timeout_s: float = 60.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats: dict[str, int] = c.get(f"/v1/projects/{project}").json()["stats"]
+        if stats["lag"] == 0 and stats["applied"] == stats["log_end"] > 0:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+
+
+def test_recreated_project_survives_a_redis_wipe(tmp_path: Path) -> None:
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, snapshot_interval_s=0.0, wait_timeout_s=5.0)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    new = {"name": "p", "labels": ["a", "b"], "worker_slots": 64}
+    try:
+        with TestClient(create_app(settings, store=store), headers=head) as c:
+            assert c.post("/v1/projects", json=new).status_code == 201
+            for n in range(4):  # the first project reaches log position 5
+                r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10, 10 * n))
+                assert r.json()["applied"]
+            assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
+            assert c.delete("/v1/projects/p").status_code == 204
+            assert c.post("/v1/projects", json=new).status_code == 201
+            r = c.post("/v1/projects/p/labels?wait=true", content=block("new", 12))
+            assert r.json() == {"accepted": 12, "duplicates": 0, "position": 1, "applied": True}
+            # acknowledged, and covered by a snapshot: durable in SQL from here on
+            assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
+        store.flush_prefix()  # Redis loses everything
+        assert store.list_projects() == []
+        with TestClient(create_app(settings, store=store), headers=head) as c:
+            stats = settle(c, "p")
+            assert stats["n_items"] == 12 and stats["n_labels"] == 12
+            for k in range(12):
+                item = c.get(f"/v1/projects/p/items/new-{k}").json()
+                assert [lab["worker"] for lab in item["labels"]] == [f"w{k % 5}"]
+            assert c.get("/v1/projects/p/items/old-0").status_code == 404
+            # the ids came back: posting the same labels again is all duplicates
+            r = c.post("/v1/projects/p/labels?wait=true", content=block("new", 12))
+            assert r.json()["duplicates"] == 12
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_engine_forgets_a_project_recreated_between_two_steps(tmp_path: Path) -> None:
+    """The engine (its own process) may see a project deleted and created again only as a
+    new creation time: it drops what it held and the SQL side starts from scratch."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    url = f"sqlite:///{tmp_path / 'snap.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+
+    def post(prefix: str, n: int) -> None:
+        for k in range(n):
+            body = {"items": [f"{prefix}-{k}"], "workers": ["w"], "labels": [k % 2],
+                    "weights": None, "ids": [f"{prefix}-{k}"]}  # fmt: skip
+            store.append("p", "labels", orjson.dumps(body), body["ids"])
+
+    try:
+        snap = Snapshotter(db, store, interval_s=0.0, every_labels=10**9, keep=2)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
+        store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
+        post("old", 6)
+        loop.step()
+        snap.wait()
+        assert db.archived_position("p") == 6
+        store.delete_project("p")  # no engine step in between: nobody told the SQL side
+        store.create_project(ProjectRecord("p", ("a", "b"), cfg, 2.0))
+        post("new", 3)
+        loop.step()
+        snap.wait()
+        assert snap.last_error is None
+        assert [e.position for e in db.read_archive("p", 0, 100)] == [1, 2, 3]
+        archived = [orjson.loads(e.payload)["items"][0] for e in db.read_archive("p", 0, 100)]
+        assert archived == ["new-0", "new-1", "new-2"]
+        assert [p.created_at for p in db.projects()] == [2.0]
+        store.flush_prefix()
+        assert rebuild_store(store, db) == ["p"]
+        fresh = EngineLoop(store, refine_passes=0, snapshotter=Snapshotter(db, store))
+        while fresh.step():
+            pass
+        assert fresh.engines["p"].items.names == ["new-0", "new-1", "new-2"]
+        snap.close()
+    finally:
+        store.flush_prefix()
+        store.close()
+        db.close()
