@@ -271,7 +271,7 @@ class Snapshotter:
                     archive.extend(chunk)
                     after = chunk[-1].position
                 self.db.save_project(record)
-                self.db.save_keys(self.store.keys_for(cap.project))
+                self.db.save_keys(cap.project, self.store.keys_for(cap.project))
             info = self.db.write(cap, blob, archive, self.keep)
             self.store.trim(cap.project, cap.position)  # only once SQL holds the entries
             self.write_s = time.perf_counter() - t0

@@ -181,10 +181,30 @@ class SnapshotDB:
                 )
             )
 
-    def save_keys(self, keys: dict[str, KeyRecord]) -> None:
+    def save_keys(self, project: str, keys: dict[str, KeyRecord]) -> None:
+        """Make the archived keys of ``project`` and the admin keys exactly ``keys`` (a key
+        revoked since the last snapshot goes: a rebuilt store must not bring it back)."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                delete(ApiKeyRow).where(
+                    (ApiKeyRow.project == project) | ApiKeyRow.project.is_(None),
+                    ApiKeyRow.key_hash.not_in(list(keys)),
+                )
+            )
+            for h, k in keys.items():
+                s.merge(_key_row(h, k))
+
+    def put_keys(self, keys: dict[str, KeyRecord]) -> None:
+        """Archive keys at once (a rotated admin key: not only at the next snapshot)."""
         with Session(self.engine) as s, s.begin():
             for h, k in keys.items():
-                s.merge(ApiKeyRow(key_hash=h, key_id=k.key_id, scope=k.scope, project=k.project))
+                s.merge(_key_row(h, k))
+
+    def delete_keys(self, key_hashes: list[str]) -> None:
+        """Revoked keys leave the archive at once (not only at the next snapshot)."""
+        if key_hashes:
+            with Session(self.engine) as s, s.begin():
+                s.execute(delete(ApiKeyRow).where(ApiKeyRow.key_hash.in_(key_hashes)))
 
     def save_ids(self, project: str, ids: list[str]) -> None:
         if not ids:
@@ -219,7 +239,10 @@ class SnapshotDB:
     def keys(self) -> dict[str, KeyRecord]:
         with Session(self.engine) as s:
             rows = s.scalars(select(ApiKeyRow))
-            return {r.key_hash: KeyRecord(r.key_id, cast(Scope, r.scope), r.project) for r in rows}
+            return {
+                r.key_hash: KeyRecord(r.key_id, cast(Scope, r.scope), r.project, r.created_at)
+                for r in rows
+            }
 
     def ids(self, project: str) -> list[str]:
         with self.engine.connect() as c:
@@ -238,6 +261,16 @@ class SnapshotDB:
             for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow):
                 s.execute(delete(table).where(table.project == project))
             s.execute(delete(ProjectRow).where(ProjectRow.name == project))
+
+
+def _key_row(key_hash: str, k: KeyRecord) -> ApiKeyRow:
+    return ApiKeyRow(
+        key_hash=key_hash,
+        key_id=k.key_id,
+        scope=k.scope,
+        project=k.project,
+        created_at=k.created_at,
+    )
 
 
 def open_snapshot_db(settings: Settings) -> SnapshotDB:
@@ -281,7 +314,8 @@ def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:
             after = chunk[-1].position
         for h, k in keys.items():
             if k.scope == "admin":
-                store.set_admin_key_hash(h)
+                store.set_admin_key_hash(h)  # (the first becomes the store's admin key)
+                store.put_key(h, k)  # every archived admin key, as recorded
             elif k.project == record.name:
                 store.put_key(h, k)
         store.create_project(record)

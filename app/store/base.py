@@ -53,6 +53,8 @@ class KeyRecord:
     scope: Scope
     project: str | None
     """None for the admin key."""
+    created_at: float | None = field(default=None, compare=False)
+    """When the key was issued (None: issued before keys recorded it)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,18 @@ class Store(Protocol):
     def admin_key_hash(self) -> str | None: ...
     def set_admin_key_hash(self, key_hash: str) -> bool:
         """Set it unless one is set already; True when this call set it."""
+        ...
+
+    def list_keys(self, project: str | None) -> dict[str, KeyRecord]:
+        """A project's keys by hash (None: the admin keys)."""
+        ...
+
+    def delete_key(self, key_hash: str) -> bool:
+        """Revoke a key; False when no key has that hash."""
+        ...
+
+    def replace_admin_key(self, key_hash: str, record: KeyRecord) -> list[str]:
+        """Make this key the only admin key; returns the hashes of the admin keys revoked."""
         ...
 
     # the label log

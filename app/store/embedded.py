@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -68,10 +69,10 @@ class EmbeddedStore:
                 name, tuple(orjson.loads(labels)), orjson.loads(config), created
             )
             self._state[name] = _ProjectState()
-        for key_hash, key_id, scope, project in self._db.execute(
-            "SELECT key_hash, key_id, scope, project FROM api_keys"
+        for key_hash, key_id, scope, project, created in self._db.execute(
+            "SELECT key_hash, key_id, scope, project, created_at FROM api_keys"
         ):
-            self._keys[key_hash] = KeyRecord(key_id, scope, project)
+            self._keys[key_hash] = KeyRecord(key_id, scope, project, created)
         for project, end in self._db.execute(
             "SELECT project, MAX(position) FROM label_log GROUP BY project"
         ):
@@ -124,12 +125,45 @@ class EmbeddedStore:
 
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO api_keys (key_hash, key_id, scope, project) "
-                "VALUES (?, ?, ?, ?)",
-                (key_hash, record.key_id, record.scope, record.project),
-            )
+            self._insert_key(key_hash, record)
             self._keys[key_hash] = record
+
+    def _insert_key(self, key_hash: str, record: KeyRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO api_keys (key_hash, key_id, scope, project, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (key_hash, record.key_id, record.scope, record.project, record.created_at),
+        )
+
+    def list_keys(self, project: str | None) -> dict[str, KeyRecord]:
+        with self._lock:
+            return {h: k for h, k in self._keys.items() if k.project == project}
+
+    def delete_key(self, key_hash: str) -> bool:
+        with self._lock:
+            if key_hash not in self._keys:
+                return False
+            self._db.execute("DELETE FROM api_keys WHERE key_hash = ?", (key_hash,))
+            del self._keys[key_hash]
+            return True
+
+    def replace_admin_key(self, key_hash: str, record: KeyRecord) -> list[str]:
+        with self._lock:
+            doomed = [h for h, k in self._keys.items() if k.project is None and h != key_hash]
+            self._db.execute("BEGIN")
+            try:
+                self._insert_key(key_hash, record)
+                self._db.executemany(
+                    "DELETE FROM api_keys WHERE key_hash = ?", [(h,) for h in doomed]
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            for h in doomed:
+                del self._keys[h]
+            self._keys[key_hash] = record
+            return doomed
 
     def get_key(self, key_hash: str) -> KeyRecord | None:
         return self._keys.get(key_hash)
@@ -141,7 +175,7 @@ class EmbeddedStore:
         with self._lock:
             if self.admin_key_hash() is not None:
                 return False
-            self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None))
+            self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None, time.time()))
             return True
 
     # the log ---------------------------------------------------------------------------

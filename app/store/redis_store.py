@@ -7,6 +7,7 @@ transactions stay in one Redis Cluster slot. Project names are checked by the AP
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -103,6 +104,38 @@ class RedisStore:
         blob = self.r.hget(self._keys_key, key_hash)
         return KeyRecord(**orjson.loads(blob)) if blob else None
 
+    def list_keys(self, project: str | None) -> dict[str, KeyRecord]:
+        out = {}
+        for h, b in self.r.hgetall(self._keys_key).items():
+            k = KeyRecord(**orjson.loads(b))
+            if k.project == project:
+                out[h.decode()] = k
+        return out
+
+    def delete_key(self, key_hash: str) -> bool:
+        pipe = self.r.pipeline()
+        pipe.hdel(self._keys_key, key_hash)
+        # (the admin pointer only names the first admin key; it may name a revoked one)
+        pipe.get(f"{self.prefix}:admin")
+        gone, admin = pipe.execute()
+        if admin is not None and admin.decode() == key_hash:
+            others = self.list_keys(None)
+            if others:
+                self.r.set(f"{self.prefix}:admin", next(iter(others)))
+            else:
+                self.r.delete(f"{self.prefix}:admin")
+        return bool(gone)
+
+    def replace_admin_key(self, key_hash: str, record: KeyRecord) -> list[str]:
+        doomed = [h for h in self.list_keys(None) if h != key_hash]
+        pipe = self.r.pipeline()
+        pipe.hset(self._keys_key, key_hash, orjson.dumps(record.__dict__))
+        pipe.set(f"{self.prefix}:admin", key_hash)
+        if doomed:
+            pipe.hdel(self._keys_key, *doomed)
+        pipe.execute()
+        return doomed
+
     def admin_key_hash(self) -> str | None:
         h = self.r.get(f"{self.prefix}:admin")
         return h.decode() if h else None
@@ -110,7 +143,7 @@ class RedisStore:
     def set_admin_key_hash(self, key_hash: str) -> bool:
         if not self.r.set(f"{self.prefix}:admin", key_hash, nx=True):
             return False
-        self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None))
+        self.put_key(key_hash, KeyRecord(key_hash[:12], "admin", None, time.time()))
         return True
 
     # the log ---------------------------------------------------------------------------

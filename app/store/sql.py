@@ -45,6 +45,7 @@ class ApiKeyRow(Base):
     key_id: Mapped[str] = mapped_column(String(16))
     scope: Mapped[str] = mapped_column(String(8))
     project: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class LogRow(Base):

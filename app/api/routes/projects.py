@@ -1,4 +1,5 @@
-"""Projects and their keys (admin), a project's settings and stats (read)."""
+"""Projects and their keys (admin: create, list, revoke; the admin key's rotation), a
+project's settings and stats (read)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from app.api.auth import issue_key
+from app.api.auth import issue_key, key_hash, revoke_key, rotate_admin_key
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
+from app.api.key_schemas import AdminKeyRotated, KeyInfo
 from app.api.schemas import (
     DyadicSettingsBody,
     KeyCreate,
@@ -21,6 +23,7 @@ from app.api.schemas import (
 )
 from app.api.views import project_view
 from app.engine.dyadic import settings_for
+from app.serving.nominal import iso
 from app.store.base import ProjectExistsError, ProjectRecord
 from core.nominal import NominalConfig
 
@@ -119,3 +122,81 @@ def create_key(project: str, body: KeyCreate, svc: ServiceDep) -> KeyCreated:
     svc.project(project)
     key, rec = issue_key(svc.store, body.scope, project)
     return KeyCreated(api_key=key, key_id=rec.key_id, scope=rec.scope, project=project)
+
+
+@router.get(
+    "/v1/projects/{project}/keys",
+    operation_id="list_keys",
+    tags=["projects"],
+    response_model=list[KeyInfo],
+    responses=ERRORS,
+    dependencies=[require("admin")],
+)
+def list_keys(project: str, svc: ServiceDep) -> list[KeyInfo]:
+    """The project's keys: ids, scopes and when they were issued (never the keys)."""
+    svc.project(project)
+    keys = sorted(
+        svc.store.list_keys(project).values(), key=lambda k: (k.created_at or 0, k.key_id)
+    )
+    return [
+        KeyInfo(
+            key_id=k.key_id,
+            scope=k.scope,
+            project=k.project,
+            created_at=iso(k.created_at) if k.created_at is not None else None,
+        )
+        for k in keys
+    ]
+
+
+@router.delete(
+    "/v1/projects/{project}/keys/{key_id}",
+    status_code=204,
+    operation_id="revoke_key",
+    tags=["projects"],
+    responses=ERRORS,
+    dependencies=[require("admin")],
+)
+def revoke_project_key(project: str, key_id: str, svc: ServiceDep) -> Response:
+    """Revoke a key of the project. Every API process stops accepting it within a second
+    (each caches key records for that long); this one at once."""
+    svc.project(project)
+    h = revoke_key(svc.store, project, key_id)
+    if h is None:
+        raise ApiError(404, "unknown_key", f"project {project!r} has no key {key_id!r}")
+    if not svc.store.log_in_sql:  # (embedded: the store's own table, done)
+        svc.db.delete_keys([h])  # a store rebuilt from SQL must not bring it back
+    svc.forget()
+    return Response(status_code=204)
+
+
+@router.post(
+    "/v1/admin/key/rotate",
+    operation_id="rotate_admin_key",
+    tags=["projects"],
+    response_model=AdminKeyRotated,
+    responses=ERRORS,
+    dependencies=[require("admin", per_project=False)],
+)
+def rotate_admin(svc: ServiceDep) -> AdminKeyRotated:
+    """A new admin key; every other admin key (the one that asked included) is revoked.
+    With ``CROWDTALLY_ADMIN_KEY`` set, rotate by changing the setting and restarting."""
+    settings = svc.settings
+    if settings.admin_key:
+        raise ApiError(
+            409,
+            "admin_key_configured",
+            "the admin key is set by CROWDTALLY_ADMIN_KEY: change it and restart to rotate",
+        )
+    key_file = settings.data_dir / "admin.key" if settings.store == "embedded" else None
+    all_keys = svc.store.list_keys(None)
+    key, record, revoked = rotate_admin_key(svc.store, key_file)
+    if not svc.store.log_in_sql:  # what a store rebuilt from SQL gets back: the new key only
+        svc.db.put_keys({key_hash(key): record})
+        svc.db.delete_keys(revoked)
+    svc.forget()
+    return AdminKeyRotated(
+        api_key=key,
+        key_id=record.key_id,
+        revoked=[all_keys[h].key_id for h in revoked if h in all_keys],
+    )
