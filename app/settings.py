@@ -52,5 +52,11 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     """Level of the service's logs on stderr (``DEBUG``, ``INFO``, ``WARNING``, ...)."""
 
+    # Engine memory (reliability) -------------------------------------------------------------
+    project_memory_limit_mb: int = Field(1024, ge=1)
+    """Most memory one project's models may need (MiB): a project whose configuration could
+    need more (``worker_slots`` x K^2 x 16 bytes, plus the dyadic model's tables) is refused at
+    creation (422 ``project_too_large``)."""
+
     def database_url_resolved(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'crowdtally.sqlite3'}"
