@@ -71,13 +71,20 @@ class _StoreCollector(Collector):
         steps = CounterMetricFamily(
             "crowdtally_online_steps", "Item updates of the online EM", labels=["project"]
         )
+        failed = GaugeMetricFamily(
+            "crowdtally_project_failed",
+            "1 while the engine cannot apply the project's log (see /readyz)",
+            labels=["project"],
+        )
         em = CounterMetricFamily(
             "crowdtally_batch_em_iterations",
             "Batch EM iterations run by refits",
             labels=["project"],
         )
         if svc is not None and svc.store.ping():
+            errors = svc.store.failed_projects()
             for r in svc.store.list_projects():
+                failed.add_metric([r.name], 1.0 if r.name in errors else 0.0)
                 e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
                 lag.add_metric([r.name], max(e - a, 0))
                 end.add_metric([r.name], e)
@@ -104,6 +111,7 @@ class _StoreCollector(Collector):
         yield queue
         yield steps
         yield em
+        yield failed
         yield age
         yield size
 

@@ -4,6 +4,11 @@
 beside the API processes (Redis). With a ``Snapshotter`` it restores each project from its
 latest snapshot, reads entries the live log no longer has from the archive, and snapshots on
 a schedule.
+
+One project's failure (an exception while applying its entries, MemoryError included) does not
+stall the others: that project is marked failed in the store (``/readyz`` and ``/metrics`` name
+it), its engine is dropped, and it is tried again from its snapshot after a back-off, while the
+loop goes on with the rest.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import orjson
 
@@ -19,6 +25,16 @@ from app.engine.snapshots import Snapshotter
 from app.store.base import ProjectRecord, Store
 
 log = logging.getLogger("crowdtally.engine")
+
+RETRY_S, RETRY_MAX_S = 1.0, 60.0  # a failed project is tried again after this (doubling)
+
+
+@dataclass
+class Failure:
+    error: str
+    retry_at: float
+    wait_s: float
+    created_at: float
 
 
 class EngineLoop:
@@ -44,6 +60,7 @@ class EngineLoop:
         self._last_label: dict[str, float] = {}
         self._refine_due: dict[str, bool] = {}
         self._sweep_pending: dict[str, bool] = {}
+        self.failed: dict[str, Failure] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -55,10 +72,39 @@ class EngineLoop:
         projects = {r.name: r for r in self.store.list_projects()}
         for gone in set(self.engines) - set(projects):
             self._drop(gone)  # deleted: its snapshots and archive go too
+        for gone in set(self.failed) - set(projects):
+            del self.failed[gone]
+            self.store.set_project_failed(gone, None)
         done = 0
+        now = time.monotonic()
         for name, record in projects.items():
-            done += self._step_project(name, record)
+            failure = self.failed.get(name)
+            recreated = failure is not None and failure.created_at != record.created_at
+            if failure is not None and not recreated and now < failure.retry_at:
+                continue  # failed: tried again after its back-off
+            try:
+                done += self._step_project(name, record)
+            except Exception as exc:
+                if not self.store.ping():
+                    raise  # the store, not the project: the whole step failed
+                self._fail(name, record, exc)
+                continue
+            if failure is not None:
+                self.failed.pop(name, None)
+                self.store.set_project_failed(name, None)
+                log.warning("%s: applies its log again", name)
         return done
+
+    def _fail(self, name: str, record: ProjectRecord, exc: Exception) -> None:
+        """Mark the project failed, drop its (partly updated) engine, retry later."""
+        log.error("%s: applying its log failed", name, exc_info=exc)
+        before = self.failed.get(name)
+        wait_s = RETRY_S if before is None else min(2 * before.wait_s, RETRY_MAX_S)
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
+        self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
+        self._catch_up.pop(name, None)
+        self.store.set_project_failed(name, error)
 
     def _drop(self, name: str) -> None:
         """Forget a project this loop held (deleted, or deleted and created again): its
@@ -66,6 +112,7 @@ class EngineLoop:
         self.engines.pop(name, None)
         for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
             held.pop(name, None)
+        self.failed.pop(name, None)
         if self.snapshotter is not None:
             self.snapshotter.forget(name)
 

@@ -5,13 +5,21 @@ item's last posterior) and turns log entries into a ``StateUpdate`` for the stor
 function of the log: replaying the same entries gives bit-identical state (refinement sweeps
 and refits are log entries too, so a replay runs them at the same place).
 
+Memory: the hashed model has ``n_worker_slots`` (S) rows of K x K parameters and as many of
+statistics, S x K x K floats each (65,536 slots x 256 classes: 34 GB). The engine holds only
+the rows of the slots its workers use, in the order they first appear ("rows"); the stored
+labels carry their row. Every row is computed exactly as in the S-slot model (the kernels
+touch the rows of a block's slots, and the one sum over rows is taken in slot order), so
+``model`` (the S-slot view, for tests and tools) is bit-identical to ``core.online.OnlineEM``
+fed the same stream.
+
 ``app.engine.loop.EngineLoop`` runs every project's engine against a store.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import orjson
@@ -23,8 +31,10 @@ from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.calibration import Calibration
+from core.dyadic import DyadicModel
 from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
+from core.nominal import NominalParams, sums_size
 from core.online import BlockResult, OnlineEM, statistics_from
 from core.served import calibration
 
@@ -73,7 +83,11 @@ class ProjectEngine:
         self.classes = record.labels
         self.config = nominal_config(record)
         self.K = self.config.n_classes
-        self.model = OnlineEM(self.config)
+        # the hashed model over the rows of the slots in use (see the module's docstring)
+        self.online = OnlineEM(self.config.with_(n_worker_slots=1))
+        self.slot_of_row = np.full(1, -1, dtype=np.int64)  # hashed slot of each row
+        self.n_rows = 0
+        self._row_of_slot: dict[int, int] = {}
         self.items = _Codes()
         self.workers = _Codes()
         self.labels = ItemLabels()
@@ -84,6 +98,7 @@ class ProjectEngine:
         self.calibration = Calibration()
         self.gold = np.empty(0, dtype=np.int64)  # gold class per item, -1 if none
         self.worker_slot = np.empty(0, dtype=np.int64)
+        self.worker_row = np.empty(0, dtype=np.int64)  # the row of each worker's slot
         self.worker_labels = np.empty(0, dtype=np.int64)
         self.worker_gold_seen = np.empty(0, dtype=np.int64)
         self.worker_gold_right = np.empty(0, dtype=np.int64)
@@ -95,7 +110,7 @@ class ProjectEngine:
         self._budget_spent = False
         self._dirty_items: set[int] = set()
         self._dirty_workers: set[int] = set()
-        self._dirty_slots: set[int] = set()
+        self._dirty_rows: set[int] = set()
         self._all_rows = False
         dyadic = DyadicSettings.of(record.config)
         self.dyadic = DyadicTrainer(dyadic) if dyadic is not None else None
@@ -148,17 +163,18 @@ class ProjectEngine:
         self._grow_items(len(new_items))
         self._grow_workers(new_workers)
         slots = self.worker_slot[worker_codes]
+        rows = self.worker_row[worker_codes]
         # One block per distinct item, in first-appearance order within the entry.
         touched, first, local = np.unique(item_codes, return_index=True, return_inverse=True)
         arrival = np.argsort(first, kind="stable")
         rank = np.empty_like(arrival)
         rank[arrival] = np.arange(arrival.size)
         touched = touched[arrival]
-        # Each arrival is appended in canonical order, so replays and re-orderings of a
-        # block's labels give bit-identical sums.
+        # Each arrival is appended in canonical order (by slot, not by row), so replays and
+        # re-orderings of a block's labels give bit-identical sums.
         order = canonical_order(rank[local.ravel()], slots, labels, weights)
         self.labels.append(
-            item_codes[order], slots[order], labels[order], weights[order], worker_codes[order]
+            item_codes[order], rows[order], labels[order], weights[order], worker_codes[order]
         )
         np.add.at(self.worker_labels, worker_codes, 1)
         np.add.at(self.weight, item_codes[order], weights[order])  # in the stored order
@@ -175,16 +191,16 @@ class ProjectEngine:
         blocks, _ = self.labels.gather(touched)
         previous = BlockResult(self.q[touched], self.b[touched], np.zeros(touched.size))
         n_prev = self.learned[touched]
-        scale_before = self.model.params.scalars[0]
-        result = self.model.learn_many(
+        scale_before = self.online.params.scalars[0]
+        result = self.online.learn_many(
             blocks, previous=previous, n_previous=n_prev, known=self.gold[touched]
         )
         self.q[touched] = result.posteriors
         self.b[touched] = result.clarity
         self.learned[touched] = blocks.sizes()
         self._dirty_items.update(touched.tolist())
-        self._dirty_slots.update(np.unique(blocks.slots).tolist())
-        if self.model.params.scalars[0] > scale_before:  # rescaled: every row changed
+        self._dirty_rows.update(np.unique(blocks.slots).tolist())
+        if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
             self._all_rows = True
 
     def _apply_gold(self, body: dict[str, list[object]]) -> None:
@@ -209,10 +225,10 @@ class ProjectEngine:
         if learned.size:
             blocks, _ = self.labels.gather(learned)
             previous = BlockResult(self.q[learned], self.b[learned], np.zeros(learned.size))
-            result = self.model.revisit_many(blocks, previous, known=self.gold[learned])
+            result = self.online.revisit_many(blocks, previous, known=self.gold[learned])
             self.q[learned] = result.posteriors
             self.b[learned] = result.clarity
-            self._dirty_slots.update(np.unique(blocks.slots).tolist())
+            self._dirty_rows.update(np.unique(blocks.slots).tolist())
 
     def _refine_pass(self) -> None:
         """One more pass over every item, each label already counted (docs/model.md)."""
@@ -222,7 +238,7 @@ class ProjectEngine:
         everything = np.arange(n, dtype=np.int64)
         blocks, _ = self.labels.gather(everything)
         previous = BlockResult(self.q[:n].copy(), self.b[:n].copy(), np.zeros(n))
-        result = self.model.revisit_many(blocks, previous, known=self.gold[:n])
+        result = self.online.revisit_many(blocks, previous, known=self.gold[:n])
         self.q[:n] = result.posteriors
         self.b[:n] = result.clarity
         self.learned[:n] = blocks.sizes()
@@ -233,7 +249,7 @@ class ProjectEngine:
         if n == 0:
             return
         blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
-        result = self.model.predict_many(blocks, known=self.gold[:n])
+        result = self.online.predict_many(blocks, known=self.gold[:n])
         self.q[:n] = result.posteriors
         self.b[:n] = result.clarity
         self._dirty_items.update(range(n))
@@ -248,11 +264,16 @@ class ProjectEngine:
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
         counts = self.worker_labels[:nw].astype(np.float64)
-        step = float(self.model.params.scalars[1])
-        mapped = into_slots(params, self.worker_slot[:nw], counts, self.config.n_worker_slots, step)
+        step = float(self.online.params.scalars[1])
+        capacity = self.slot_of_row.size
+        mapped = into_slots(params, self.worker_row[:nw], counts, capacity, step)
         statistics_from(mapped, blocks, fitted.probas)  # later revisits continue from them
-        mapped.evidence = self.model.params.evidence  # the stream's evidence (eq. 22) stays
-        self.model.params = mapped
+        # the worker table's sum over the rows in slot order, as over the S slots
+        by_slot = np.argsort(self.slot_of_row[: self.n_rows], kind="stable")
+        assert mapped.sums is not None
+        mapped.sums[: self.K * self.K] = mapped.worker[by_slot].sum(axis=0).ravel()
+        mapped.evidence = self.online.params.evidence  # the stream's evidence (eq. 22) stays
+        self.online.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
         self._all_rows = True
@@ -291,10 +312,79 @@ class ProjectEngine:
             self.worker_labels = grow(self.worker_labels, cap, 0)
             self.worker_gold_seen = grow(self.worker_gold_seen, cap, 0)
             self.worker_gold_right = grow(self.worker_gold_right, cap, 0)
+        if n > self.worker_row.size:
+            self.worker_row = grow(self.worker_row, self.worker_slot.size, 0)
         S = self.config.n_worker_slots
-        self.worker_slot[n - len(new) : n] = [worker_slot(w, S) for w in new]
+        slots = [worker_slot(w, S) for w in new]
+        self.worker_slot[n - len(new) : n] = slots
+        self.worker_row[n - len(new) : n] = self._rows_for(slots)
         if self.dyadic is not None:
             self.dyadic.add_workers(new)
+
+    # ---------------------------------------------------------------- the rows in use
+    def _rows_for(self, slots: list[int]) -> list[int]:
+        """The rows of these slots; a slot seen for the first time gets the next row."""
+        out = []
+        for s in slots:
+            r = self._row_of_slot.get(s)
+            if r is None:
+                r = self._row_of_slot[s] = self.n_rows
+                self.n_rows += 1
+                self._fit_rows()
+                self.slot_of_row[r] = s
+            out.append(r)
+        return out
+
+    def _fit_rows(self) -> None:
+        """Room in the parameter tables for every row (doubling: amortised copies)."""
+        capacity = self.slot_of_row.size
+        if self.n_rows <= capacity:
+            return
+        capacity = min(max(self.n_rows, 2 * capacity), self.config.n_worker_slots)
+        p = self.online.params
+        assert p.counts is not None
+        p.worker, p.counts = _grow_rows(p.worker, capacity), _grow_rows(p.counts, capacity)
+        self.slot_of_row = grow(self.slot_of_row, capacity, -1)
+        self.online.config = self.config.with_(n_worker_slots=capacity)
+
+    def rows_of(self, slots: IntArray) -> IntArray:
+        """The rows of slots already held (vectorised; e.g. a snapshot's labels)."""
+        held = self.slot_of_row[: self.n_rows]
+        by_slot = np.argsort(held, kind="stable")
+        found: IntArray = by_slot[np.searchsorted(held[by_slot], slots)]
+        return found
+
+    def load_rows(self, slots: IntArray, params: NominalParams) -> None:
+        """Take ``params`` whose worker and count tables hold the rows of ``slots`` (in that
+        order; a snapshot's), before any worker is known."""
+        assert self.n_rows == 0, "rows are loaded into a fresh engine"
+        self._row_of_slot = {int(s): r for r, s in enumerate(slots.tolist())}
+        self.n_rows = len(self._row_of_slot)
+        capacity = max(self.n_rows, 1)
+        assert params.counts is not None
+        params.worker = _grow_rows(params.worker, capacity)
+        params.counts = _grow_rows(params.counts, capacity)
+        self.slot_of_row = np.full(capacity, -1, dtype=np.int64)
+        self.slot_of_row[: self.n_rows] = slots
+        self.online.config = self.config.with_(n_worker_slots=capacity)
+        self.online.params = params
+
+    @property
+    def model(self) -> OnlineEM:
+        """The hashed model over all S slots, as ``core.online.OnlineEM`` holds it: a copy that
+        allocates 2 S K^2 floats (tests and tools; the engine itself uses ``online``)."""
+        p, n = self.online.params, self.n_rows
+        assert p.counts is not None
+        S, K = self.config.n_worker_slots, self.K
+        worker, counts = np.zeros((S, K, K)), np.zeros((S, K, K))
+        held = self.slot_of_row[:n]
+        worker[held], counts[held] = p.worker[:n], p.counts[:n]
+        full = NominalParams(
+            p.class_logits.copy(), p.population.copy(), worker, p.scalars.copy(), counts,
+            None if p.sums is None else p.sums.copy(),
+            None if p.evidence is None else p.evidence.copy(),
+        )  # fmt: skip
+        return OnlineEM(self.config, full)
 
     # ---------------------------------------------------------------- serving
     def mark_all_dirty(self) -> None:
@@ -307,13 +397,11 @@ class ProjectEngine:
 
     def state_update(self) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``."""
-        p = self.model.params
-        nw = len(self.workers.names)
-        if self._all_rows:
-            slots = np.unique(self.worker_slot[:nw]).tolist()
-        else:
-            slots = sorted(self._dirty_slots)
-        rows = {s: p.worker[s].tobytes() for s in slots}
+        p = self.online.params
+        changed = range(self.n_rows) if self._all_rows else self._dirty_rows
+        slot_of = self.slot_of_row
+        rows = {int(slot_of[r]): p.worker[r].tobytes() for r in changed}
+        rows = dict(sorted(rows.items()))  # by slot
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
         calibration = self._calibrate()
         if calibration != self.calibration:  # every queued item's served posterior moved
@@ -323,7 +411,7 @@ class ProjectEngine:
         workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
         self._dirty_items.clear()
         self._dirty_workers.clear()
-        self._dirty_slots.clear()
+        self._dirty_rows.clear()
         self._all_rows = False
         settings = orjson.dumps(self.queue_settings.to_dict())
         dyadic = self.dyadic.update() if self.dyadic is not None else None
@@ -343,7 +431,7 @@ class ProjectEngine:
         self._queue_all = False
         if not codes.size:
             return {}, []
-        pop = self.model.params.population
+        pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
         s = queue_scores(
@@ -365,14 +453,14 @@ class ProjectEngine:
         n = self.items_count
         gold_items = np.flatnonzero(self.gold[:n] >= 0)
         if not gold_items.size:
-            return calibration(self.model.params, _NO_BLOCKS, self.model.params.evidence)
+            return calibration(self.online.params, _NO_BLOCKS, self.online.params.evidence)
         blocks, _ = self.labels.gather(gold_items)
         return calibration(
-            self.model.params, blocks, self.model.params.evidence, self.gold[gold_items]
+            self.online.params, blocks, self.online.params.evidence, self.gold[gold_items]
         )
 
     def globals_json(self) -> bytes:
-        p = self.model.params
+        p = self.online.params
         return orjson.dumps(
             {
                 "class_logits": p.class_logits.tolist(),
@@ -436,3 +524,29 @@ class ProjectEngine:
                 "gold_right": int(self.worker_gold_right[w]),
             }
         )
+
+
+def _grow_rows(table: FloatArray, rows: int) -> FloatArray:
+    """``table`` (rows, K, K) with zero rows added up to ``rows``."""
+    if table.shape[0] >= rows:
+        return table
+    out: FloatArray = np.zeros((rows, *table.shape[1:]))
+    out[: table.shape[0]] = table
+    return out
+
+
+def model_bytes(record: ProjectRecord) -> int:
+    """The most memory a project's models may hold: the nominal model's worker and count
+    tables once every slot is in use (2 S K^2 floats), and the dyadic model's hashed tables
+    (allocated whole at the start). Labels, items and workers come on top, as they arrive."""
+    nominal = nominal_config(record)
+    K = nominal.n_classes
+    total = (2 * nominal.n_worker_slots * K * K + sums_size(K)) * 8
+    dyadic = DyadicSettings.of(record.config)
+    if dyadic is not None:
+        c = dyadic.config
+        one = DyadicModel(replace(c, rater_slots=1, task_slots=1))  # one row of each table
+        rater = sum(a.nbytes for a in (one.A, one.WR, one.GWR, one.GA))
+        task = sum(a.nbytes for a in (one.B, one.WT, one.GWT, one.GB))
+        total += c.rater_slots * (rater + 1) + c.task_slots * (task + 1)  # (+ touched flags)
+    return total

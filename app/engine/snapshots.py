@@ -56,9 +56,11 @@ class Capture:
 
 def capture(eng: ProjectEngine) -> Capture:
     n, nw, nl = eng.items_count, len(eng.workers.names), eng.labels.n_labels
-    p = eng.model.params
+    p = eng.online.params
     assert p.counts is not None and p.sums is not None
-    used = np.flatnonzero(np.any(p.worker != 0, axis=(1, 2)) | np.any(p.counts != 0, axis=(1, 2)))
+    # The rows the engine holds, in its row order, under their slots (labels name their slot
+    # too: the format is the S-slot model's).
+    rows = eng.n_rows
     L = eng.labels
     arrays = {
         "q": eng.q[:n].copy(),
@@ -70,7 +72,7 @@ def capture(eng: ProjectEngine) -> Capture:
         "worker_gold_seen": eng.worker_gold_seen[:nw].copy(),
         "worker_gold_right": eng.worker_gold_right[:nw].copy(),
         "label_item": L.item[:nl].copy(),
-        "label_slot": L.slot[:nl].copy(),
+        "label_slot": eng.slot_of_row[L.slot[:nl]],
         "label_label": L.label[:nl].copy(),
         "label_weight": L.weight[:nl].copy(),
         "label_worker": L.worker[:nl].copy(),
@@ -79,9 +81,9 @@ def capture(eng: ProjectEngine) -> Capture:
         "scalars": p.scalars.copy(),
         "sums": p.sums.copy(),
         "evidence": (p.evidence if p.evidence is not None else np.zeros(evidence_size())).copy(),
-        "used_slots": used,
-        "worker_rows": p.worker[used],
-        "count_rows": p.counts[used],
+        "used_slots": eng.slot_of_row[:rows].copy(),
+        "worker_rows": p.worker[:rows].copy(),
+        "count_rows": p.counts[:rows].copy(),
         "meta": np.array([FORMAT, eng.position, eng.computed_at]),
     }
     return Capture(
@@ -126,20 +128,17 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
             f"{created}, this one at {record.created_at})"
         )
     eng = ProjectEngine(record)
-    S, K = eng.config.n_worker_slots, eng.K
-    worker, counts = np.zeros((S, K, K)), np.zeros((S, K, K))
-    worker[z["used_slots"]] = z["worker_rows"]
-    counts[z["used_slots"]] = z["count_rows"]
     evidence = z["evidence"].copy() if "evidence" in z.files else np.zeros(evidence_size())
-    eng.model.params = NominalParams(
+    params = NominalParams(
         z["class_logits"],
         z["population"],
-        worker,
+        z["worker_rows"],
         z["scalars"].copy(),
-        counts,
+        z["count_rows"],
         z["sums"].copy(),
         evidence,
     )
+    eng.load_rows(z["used_slots"].astype(np.int64), params)  # only the rows in use
     for name in names["items"]:
         eng.items.code[name] = len(eng.items.names)
         eng.items.names.append(name)
@@ -155,8 +154,12 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     eng.worker_labels[:nw] = z["worker_labels"]
     eng.worker_gold_seen[:nw] = z["worker_gold_seen"]
     eng.worker_gold_right[:nw] = z["worker_gold_right"]
-    eng.labels.append(
-        z["label_item"], z["label_slot"], z["label_label"], z["label_weight"], z["label_worker"]
+    eng.labels.append(  # (every label's slot is a worker's: held since _grow_workers)
+        z["label_item"],
+        eng.rows_of(z["label_slot"]),
+        z["label_label"],
+        z["label_weight"],
+        z["label_worker"],
     )
     eng.weight[:n] = np.bincount(z["label_item"], z["label_weight"], minlength=n)
     if eng.dyadic is not None and "dyadic_shared" in z.files:  # (older snapshots: none)

@@ -59,6 +59,7 @@ class EmbeddedStore:
         self._projects: dict[str, ProjectRecord] = {}
         self._state: dict[str, _ProjectState] = {}
         self._keys: dict[str, KeyRecord] = {}
+        self._failed: dict[str, str] = {}  # the engine's: in process, like the served state
         self._load()
 
     def _load(self) -> None:
@@ -121,6 +122,7 @@ class EmbeddedStore:
                 del self._keys[h]
             del self._projects[name]
             del self._state[name]
+            self._failed.pop(name, None)
             return True
 
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
@@ -321,6 +323,17 @@ class EmbeddedStore:
         with self._lock:
             st = self._state.get(project)
             return list(st.workers.items()) if st else []
+
+    def set_project_failed(self, project: str, error: str | None) -> None:
+        with self._lock:
+            if error is None:
+                self._failed.pop(project, None)
+            elif project in self._projects:
+                self._failed[project] = error
+
+    def failed_projects(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._failed)
 
     def ping(self) -> bool:
         with self._lock:

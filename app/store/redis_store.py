@@ -68,6 +68,10 @@ class RedisStore:
         return f"{self.prefix}:projects"
 
     @property
+    def _failed_key(self) -> str:
+        return f"{self.prefix}:failed"
+
+    @property
     def _keys_key(self) -> str:
         return f"{self.prefix}:keys"
 
@@ -92,6 +96,7 @@ class RedisStore:
         pipe = self.r.pipeline()
         if doomed:
             pipe.hdel(self._keys_key, *doomed)
+        pipe.hdel(self._failed_key, name)
         for what in _STATE_KEYS:
             pipe.delete(self._k(name, what))
         pipe.execute()
@@ -287,6 +292,16 @@ class RedisStore:
     def all_workers(self, project: str) -> list[tuple[str, bytes]]:
         d: dict[bytes, bytes] = self.r.hgetall(self._k(project, "workers"))
         return [(k.decode(), v) for k, v in d.items()]
+
+    def set_project_failed(self, project: str, error: str | None) -> None:
+        if error is None:
+            self.r.hdel(self._failed_key, project)
+        elif self.r.hexists(self._projects_key, project):
+            self.r.hset(self._failed_key, project, error)
+
+    def failed_projects(self) -> dict[str, str]:
+        d: dict[bytes, bytes] = self.r.hgetall(self._failed_key)
+        return {k.decode(): v.decode() for k, v in d.items()}
 
     def ping(self) -> bool:
         try:

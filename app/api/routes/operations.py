@@ -29,6 +29,7 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         if ok
         else {}
     )
+    failed = svc.store.failed_projects() if ok else {}
     engine_error = svc.engine.last_error if svc.engine else None
     snap = svc.engine.snapshotter if svc.engine else None
     snapshot_error = snap.last_error if snap else None
@@ -42,6 +43,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         "store": "ok" if ok else "unreachable",
         "engine_lag": lag,
         "engine_error": engine_error,
+        # projects the engine could not apply (retried after a back-off); the others are served
+        "failed_projects": failed,
         "snapshot_age_s": ages,
         "snapshot_error": snapshot_error,
     }

@@ -23,6 +23,7 @@ from app.api.schemas import (
 )
 from app.api.views import project_view
 from app.engine.dyadic import settings_for
+from app.engine.project import model_bytes
 from app.serving.nominal import iso
 from app.store.base import ProjectExistsError, ProjectRecord
 from core.nominal import NominalConfig
@@ -38,6 +39,35 @@ def dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any] 
         return settings_for(n_classes, **fields).to_dict()
     except ValueError as exc:
         raise ApiError(422, "invalid_dyadic", str(exc), None, "dyadic") from None
+
+
+def check_memory(record: ProjectRecord, limit_mb: int) -> None:
+    """422 when the project's models could need more than the per-project limit."""
+    need, limit = model_bytes(record), limit_mb * 2**20
+    if need <= limit:
+        return
+    K, slots = len(record.labels), int(record.config["n_worker_slots"])
+    dyadic = need - model_bytes(
+        ProjectRecord(record.name, record.labels, {**record.config, "dyadic": None}, 0.0)
+    )
+    per_slot = 16 * K * K
+    fit = (limit - (need - slots * per_slot)) // per_slot  # what is not per slot stays
+    plus = f", plus {dyadic / 2**20:,.0f} MiB for the dyadic model" if dyadic else ""
+    if fit >= 1:
+        field, advice = "worker_slots", f"ask for fewer worker_slots (at most {fit:,} fit)"
+        if dyadic:
+            advice += ", fewer dyadic slots or no dyadic model"
+    else:
+        field, advice = "dyadic", "ask for fewer dyadic slots or no dyadic model"
+    raise ApiError(
+        422,
+        "project_too_large",
+        f"this project could need {need / 2**20:,.0f} MiB ({slots:,} worker slots x {K}^2 x 16 "
+        f"bytes{plus}), over the per-project limit of {limit_mb:,} MiB "
+        f"(CROWDTALLY_PROJECT_MEMORY_LIMIT_MB): {advice}",
+        None,
+        field,
+    )
 
 
 @router.post(
@@ -60,6 +90,7 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
     config: dict[str, Any] = cfg.to_dict()
     config["dyadic"] = dyadic_settings(body.dyadic, len(body.labels))
     record = ProjectRecord(body.name, tuple(body.labels), config, time.time())
+    check_memory(record, svc.settings.project_memory_limit_mb)
     try:
         svc.store.create_project(record)
     except ProjectExistsError:
