@@ -9,9 +9,14 @@ import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
 MAX_ID_LENGTH = 512
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
@@ -78,8 +83,109 @@ def _check_id(path: Path, line: int, kind: str, value: str) -> str:
 
 def read_triples(path: str | Path) -> Triples:
     """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
-    crowd-kit's ``task,worker,label``) is skipped."""
+    crowd-kit's ``task,worker,label``) is skipped. Parquet files (``.parquet``) hold those
+    columns by name.
+
+    A CSV file is read by pyarrow's CSV reader and checked in vectorised code; a file that
+    reader refuses, or that fails a check, is read again line by line, which names the line
+    and the reason (the same errors either way)."""
     path = Path(path)
+    if path.suffix.lower() == ".parquet":
+        return _read_parquet(path)
+    fast = _read_csv_columns(path)
+    if fast is not None:
+        return fast
+    return _read_rows(path)
+
+
+def _read_csv_columns(path: Path) -> Triples | None:
+    """The columns of a clean comma-separated file, or None (read it line by line)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    first = raw.lstrip(b"\r\n").split(b"\n", 1)[0]
+    if b"," not in first or b'"' in raw or raw.count(b"\r") != raw.count(b"\r\n"):
+        return None  # not CSV, quoted fields, lone CRs: the careful reader
+    try:
+        table = pa_csv.read_csv(
+            pa.py_buffer(raw),
+            read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
+            convert_options=pa_csv.ConvertOptions(
+                column_types={f"f{k}": pa.string() for k in range(4)}, strings_can_be_null=False
+            ),
+        )
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        return None
+    columns: list[Any] = list(table.columns)
+    if not columns or len(columns) > 4 or table.num_rows == 0:
+        return None
+    head = [str(c[0].as_py()).strip().lower() for c in columns]
+    header = tuple(head[:3]) in _HEADERS
+    if header:
+        columns = [c.slice(1) for c in columns]
+    if (len(columns) == 4 and header and head[3] != "weight") or len(columns) < 3:
+        return None
+    lines = _nonblank_line_numbers(raw)[int(header) :]
+    return _checked(columns, lines)
+
+
+def _nonblank_line_numbers(raw: bytes) -> npt.NDArray[np.int64]:
+    """1-based numbers of the lines that are not empty (pyarrow's rows, in order)."""
+    data = np.frombuffer(raw, dtype=np.uint8)
+    ends = np.flatnonzero(data == ord("\n"))
+    starts = np.concatenate(([0], ends + 1))
+    ends = np.concatenate((ends, [data.size]))
+    crlf = (ends > starts) & (data[np.maximum(ends - 1, 0)] == ord("\r"))
+    out: npt.NDArray[np.int64] = np.flatnonzero(ends - crlf > starts).astype(np.int64) + 1
+    return out
+
+
+def _read_parquet(path: Path) -> Triples:
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except pa.ArrowException as err:
+        raise InputError(path, None, f"not a Parquet file ({err})") from None
+    names = [n.lower() for n in table.column_names]
+    want = next((h for h in _HEADERS if set(h) <= set(names)), None)
+    if want is None:
+        raise InputError(path, None, f"columns {names}: expected item,worker,label[,weight]")
+    picked = [*want, "weight"] if "weight" in names else list(want)
+    columns = [table.column(names.index(n)) for n in picked]
+    out = _checked(columns, np.arange(1, table.num_rows + 1, dtype=np.int64))
+    if out is None:  # the same checks, one row at a time, for the message ("line" = row)
+        rows = zip(*(c.to_pylist() for c in columns), strict=True)
+        numbered = [(n, [str(x) for x in row]) for n, row in enumerate(rows, start=1)]
+        return _from_rows(path, numbered, has_weight=len(columns) == 4)
+    return out
+
+
+def _checked(columns: list[Any], lines: npt.NDArray[np.int64]) -> Triples | None:
+    """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights finite numbers >= 0; None
+    when any check fails (the caller then reads row by row to name the line)."""
+    ids = []
+    for column in columns[:3]:
+        c = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
+        lengths = pc.min_max(pc.utf8_length(c))
+        if len(c) != lines.size or c.null_count or lengths["min"].as_py() in (0, None):
+            return None
+        if lengths["max"].as_py() > MAX_ID_LENGTH:
+            return None
+        ids.append(c.to_numpy(zero_copy_only=False).astype(np.str_))
+    weights = None
+    if len(columns) == 4:
+        try:
+            weights = np.asarray(pc.cast(columns[3], pa.float64()).to_numpy(zero_copy_only=False))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if not np.all(np.isfinite(weights) & (weights >= 0)):
+            return None
+    return Triples(ids[0], ids[1], ids[2], weights, lines)
+
+
+def _read_rows(path: Path) -> Triples:
     rows = _rows(path)
     if not rows:
         raise InputError(path, None, "no answers in the file")
@@ -92,6 +198,10 @@ def read_triples(path: str | Path) -> Triples:
                 path, rows[0][0], f"unknown columns {head[3:]}: expected item,worker,label[,weight]"
             )
         rows = rows[1:]
+    return _from_rows(path, rows, has_weight)
+
+
+def _from_rows(path: Path, rows: list[tuple[int, list[str]]], has_weight: bool) -> Triples:
     n_fields = 4 if has_weight else 3
     items: list[str] = []
     workers: list[str] = []

@@ -1,0 +1,117 @@
+"""Reading answers files: the columnar reader (pyarrow, vectorised checks) gives what the
+line-by-line reader gives, values and errors alike, on CSV and on Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.io import triples
+from app.io.triples import InputError, Triples, read_triples
+
+
+def outcome(read: object, path: Path) -> Triples | str:
+    try:
+        return read(path)  # type: ignore[operator,no-any-return]
+    except InputError as err:
+        return str(err)
+
+
+def same(a: Triples | str, b: Triples | str) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    columns = ("items", "workers", "labels", "lines")
+    weights = (a.weights is None and b.weights is None) or (
+        a.weights is not None and b.weights is not None and np.array_equal(a.weights, b.weights)
+    )
+    return weights and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in columns)
+
+
+def test_shared_datasets_read_columnar(datasets_root: Path) -> None:
+    for path in sorted(datasets_root.glob("*/answers.csv")):
+        fast = triples._read_csv_columns(path)
+        assert fast is not None, path  # clean files take the columnar path
+        assert same(fast, triples._read_rows(path)), path
+
+
+CASES = {
+    "header": "item,worker,label\na,w1,x\nb,w2,y\n",
+    "crowd-kit header, CRLF": "task,worker,label\r\na,w1,x\r\nb,w2,y\r\n",
+    "no header, weights": "a,w1,x,0.5\nb,w2,y,2\n",
+    "blank lines": "item,worker,label\n\na,w1,x\n\n\nb,w2,y\n",
+    "spaces around ids": "item,worker,label\n a , w1 ,x\n",
+    "empty item": "item,worker,label\na,w1,x\n,w2,y\n",
+    "too long": "item,worker,label\n" + "a" * 513 + ",w1,x\n",
+    "bad weight": "item,worker,label,weight\na,w1,x,heavy\n",
+    "negative weight": "item,worker,label,weight\na,w1,x,-1\n",
+    "field count": "item,worker,label\na,w1,x\nb,w2\n",
+    "unknown column": "item,worker,label,colour\na,w1,x,red\n",
+    "quoted comma": 'item,worker,label\n"a,1",w1,x\n',
+    "whitespace line": "item,worker,label\na,w1,x\n   \nb,w2,y\n",
+    "only a header": "item,worker,label\n",
+    "tabs": "a\tw1\tx\nb\tw2\ty\n",
+    "numbers": "1,2,3\n4,5,6\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_columnar_and_line_readers_agree(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "answers.csv"
+    path.write_text(CASES[name], encoding="utf-8", newline="")
+    assert same(outcome(read_triples, path), outcome(triples._read_rows, path))
+
+
+FIELDS = ["a", "b", " c", "", "0.5", "-1", "x" * 600, "w"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.sampled_from(FIELDS), min_size=2, max_size=5), max_size=6),
+    header=st.booleans(),
+    blank=st.booleans(),
+)
+def test_readers_agree_on_any_rows(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[list[str]], header: bool, blank: bool
+) -> None:
+    lines = [",".join(r) for r in rows]
+    if blank and lines:
+        lines.insert(len(lines) // 2, "")
+    text = "\n".join((["item,worker,label"] if header else []) + lines) + "\n"
+    path = tmp_path_factory.mktemp("rows") / "answers.csv"
+    path.write_text(text, encoding="utf-8")
+    assert same(outcome(read_triples, path), outcome(triples._read_rows, path))
+
+
+def test_parquet_gives_the_csv_answers(tmp_path: Path, datasets_root: Path) -> None:
+    csv_path = datasets_root / "dog" / "answers.csv"
+    from_csv = read_triples(csv_path)
+    table = pa.table({
+        "task": pa.array(from_csv.items.astype(np.int64)),  # integer ids, as pandas writes them
+        "worker": pa.array(from_csv.workers),
+        "label": pa.array(from_csv.labels.astype(np.int64)),
+    })  # fmt: skip
+    path = tmp_path / "answers.parquet"
+    pq.write_table(table, path)
+    from_parquet = read_triples(path)
+    for k in ("items", "workers", "labels"):
+        assert np.array_equal(getattr(from_parquet, k), getattr(from_csv, k))
+    assert from_parquet.lines.tolist() == list(range(1, len(from_csv) + 1))  # rows
+
+
+def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "answers.parquet"
+    pq.write_table(pa.table({"item": ["a", ""], "worker": ["w", "w"], "label": ["x", "y"]}), path)
+    with pytest.raises(InputError, match=r"answers.parquet:2: empty item"):
+        read_triples(path)
+    pq.write_table(pa.table({"item": ["a"], "who": ["w"], "label": ["x"]}), path)
+    with pytest.raises(InputError, match="expected item,worker,label"):
+        read_triples(path)
+    path.write_text("not parquet")
+    with pytest.raises(InputError, match="not a Parquet file"):
+        read_triples(path)
