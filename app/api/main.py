@@ -6,9 +6,17 @@ import gc
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib.resources import files
 from typing import cast
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import (
+    get_redoc_html,
+    get_swagger_ui_html,
+    get_swagger_ui_oauth2_redirect_html,
+)
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from app.api import metrics
 from app.api.auth import ensure_admin_key
@@ -84,6 +92,48 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
     return run
 
 
+DOCS_ASSETS = "/docs/assets"
+"""Swagger UI's and ReDoc's JavaScript and CSS, served from the installed ``fastapi-offline``
+package (no CDN: the docs work without internet)."""
+
+
+def mount_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc, their assets served by this process (FastAPI's
+    "self-hosting JavaScript and CSS for docs")."""
+    assets = files("fastapi_offline") / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(assets)), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+    oauth2_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=root + oauth2_url,
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge from validator.swagger.io
+        )
+
+    @app.get(oauth2_url, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+
 def create_app(settings: Settings | None = None, store: Store | None = None) -> FastAPI:
     settings = settings or Settings()
     app = FastAPI(
@@ -91,7 +141,10 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         version="0.1.0",
         summary="Live label aggregation for crowdsourcing: posteriors, worker quality, queues.",
         lifespan=lifespan(settings, store),
+        docs_url=None,  # mount_docs: served without a CDN
+        redoc_url=None,
     )
+    mount_docs(app)
     add_handlers(app)
     app.add_middleware(ObserveRequests)
     for domain in (operations, projects, labels, snapshots, items, queue, predictions):
