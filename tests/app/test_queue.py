@@ -115,3 +115,25 @@ def test_queue_needs_read_key_and_valid_limit(client: TestClient) -> None:
     assert client.get("/v1/projects/census/queue", headers={"Authorization": ""}).status_code == 401
     r = client.get("/v1/projects/census/queue", params={"limit": 0})
     assert r.status_code == 422 and r.json()["error"]["field"] == "limit"
+
+
+def test_put_settings_answers_the_settings_in_force(client: TestClient) -> None:
+    key = make_project(client)
+    path = "/v1/projects/census/queue/settings"
+    default = client.get(path, headers=key).json()
+    assert default == {
+        "policy": "voi",
+        "target_confidence": 0.95,
+        "max_labels_per_item": None,
+        "budget": None,
+    }
+    # a PUT replaces the settings: what it leaves out takes its default
+    for wait in (True, False):
+        body = {"policy": "margin", "budget": 10 if wait else 11}
+        r = client.put(path, params={"wait": wait}, json=body, headers=key)
+        assert r.status_code == 202, r.text
+        assert r.json() == {**default, **body}
+        client.post("/v1/projects/census/refit", params={"wait": True}, headers=key)
+        assert client.get(path, headers=key).json() == r.json()
+    r = client.put(path, params={"wait": True}, json={"target_confidence": 0.5}, headers=key)
+    assert r.json() == {**default, "target_confidence": 0.5}

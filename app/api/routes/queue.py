@@ -12,6 +12,7 @@ from app.api.deps import ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ERRORS
 from app.api.schemas import Accepted, ItemIn, QueuePage, QueueSettingsBody
 from app.api.views import queue_for, queue_settings
+from app.engine.queue import QueueSettings
 
 router = APIRouter()
 
@@ -56,18 +57,23 @@ def get_queue_settings(project: str, svc: ServiceDep) -> dict[str, Any]:
     status_code=202,
     operation_id="set_queue_settings",
     tags=["queue"],
-    response_model=Accepted,
+    response_model=QueueSettingsBody,
     responses=ERRORS,
     dependencies=[require("write")],
 )
 def set_queue_settings(
     project: str, body: QueueSettingsBody, svc: ServiceDep, wait: bool = False
-) -> Accepted:
+) -> dict[str, Any]:
+    """Replace the queue's settings (a field left out takes its default). Answers the
+    settings in force once the engine has applied the change, as ``GET`` answers them; with
+    ``wait=true``, read back after the engine applied it."""
     svc.project(project)
-    payload = orjson.dumps({"queue": body.model_dump()})
+    settings = QueueSettings(**body.model_dump())
+    payload = orjson.dumps({"queue": settings.to_dict()})
     result = svc.store.append(project, "settings", payload, None)
-    applied = wait_applied(svc, project, result.position) if wait else False
-    return Accepted(accepted=1, duplicates=0, position=result.position, applied=applied)
+    if wait and wait_applied(svc, project, result.position):
+        return queue_settings(svc, project).to_dict()
+    return settings.to_dict()
 
 
 @router.get(
