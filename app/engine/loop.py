@@ -71,7 +71,9 @@ class EngineLoop:
         """Apply what is waiting in every project's log; return how many entries."""
         projects = {r.name: r for r in self.store.list_projects()}
         for gone in set(self.engines) - set(projects):
-            self._drop(gone)  # deleted: its snapshots and archive go too
+            # Deleted (the API drops its SQL side), or a wiped Redis, which SQL must rebuild:
+            # only what this loop holds goes.
+            self._drop(gone, forget_sql=False)
         for gone in set(self.failed) - set(projects):
             del self.failed[gone]
             self.store.set_project_failed(gone, None)
@@ -106,15 +108,18 @@ class EngineLoop:
         self._catch_up.pop(name, None)
         self.store.set_project_failed(name, error)
 
-    def _drop(self, name: str) -> None:
-        """Forget a project this loop held (deleted, or deleted and created again): its
-        engine, its schedule, and the snapshots and archive of that project."""
+    def _drop(self, name: str, forget_sql: bool = True) -> None:
+        """Forget a project this loop held: its engine and schedule; with ``forget_sql`` (it
+        was deleted and created again) also what SQL holds of it, snapshots and archive."""
         self.engines.pop(name, None)
         for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
             held.pop(name, None)
         self.failed.pop(name, None)
         if self.snapshotter is not None:
-            self.snapshotter.forget(name)
+            if forget_sql:
+                self.snapshotter.forget(name)
+            else:
+                self.snapshotter.unload(name)
 
     def _step_project(self, name: str, record: ProjectRecord) -> int:
         eng = self.engines.get(name)

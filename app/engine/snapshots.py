@@ -276,6 +276,10 @@ class Snapshotter:
                 self.db.save_project(record)
                 self.db.save_keys(cap.project, self.store.keys_for(cap.project))
             info = self.db.write(cap, blob, archive, self.keep)
+            now = self.store.get_project(record.name)
+            if now is not None and now.created_at != record.created_at:
+                self._drop_sql(record.name)  # replaced while being written: not the new one's
+                return None
             self.store.trim(cap.project, cap.position)  # only once SQL holds the entries
             self.write_s = time.perf_counter() - t0
             self.last_error = None
@@ -295,11 +299,16 @@ class Snapshotter:
         if self._pending is not None:
             self._pending.result()
 
-    def forget(self, project: str) -> None:
-        """The project was deleted (or deleted and created again): drop its schedule and what
-        SQL holds of it, once the snapshot being written (perhaps of it) is written."""
+    def unload(self, project: str) -> None:
+        """The project left the store (deleted, or the store was wiped: its SQL side is what
+        rebuilds it, and stays): drop its schedule once the snapshot being written is."""
         self.wait()
         self._last.pop(project, None)
+
+    def forget(self, project: str) -> None:
+        """Another project now has this name: drop the schedule and what SQL holds of the
+        earlier one, once the snapshot being written (perhaps of it) is written."""
+        self.unload(project)
         self._drop_sql(project)
 
     def _drop_sql(self, project: str) -> None:

@@ -48,7 +48,7 @@ def settle(c: TestClient, project: str, timeout_s: float = 60.0) -> dict[str, in
 def test_recreated_project_survives_a_redis_wipe(tmp_path: Path) -> None:
     store = make_store("redis", tmp_path)
     assert isinstance(store, RedisStore)
-    settings = service_settings(tmp_path, snapshot_interval_s=0.0, wait_timeout_s=5.0)
+    settings = service_settings(tmp_path, snapshot_interval_s=0.0, wait_timeout_s=20.0)
     head = {"Authorization": f"Bearer {ADMIN}"}
     new = {"name": "p", "labels": ["a", "b"], "worker_slots": 64}
     try:
@@ -121,6 +121,39 @@ def test_engine_forgets_a_project_recreated_between_two_steps(tmp_path: Path) ->
         while fresh.step():
             pass
         assert fresh.engines["p"].items.names == ["new-0", "new-1", "new-2"]
+        snap.close()
+    finally:
+        store.flush_prefix()
+        store.close()
+        db.close()
+
+
+def test_engine_keeps_the_sql_side_of_a_project_the_store_lost(tmp_path: Path) -> None:
+    """A project gone from the store may be deleted or wiped with Redis: the engine drops
+    only what it holds, SQL keeps what rebuilds it (the API forgets a deleted project)."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    url = f"sqlite:///{tmp_path / 'snap.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    try:
+        snap = Snapshotter(db, store, interval_s=0.0, every_labels=10**9, keep=2)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
+        store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
+        for k in range(4):
+            body = {"items": [f"i{k}"], "workers": ["w"], "labels": [k % 2], "weights": None,
+                    "ids": [f"id{k}"]}  # fmt: skip
+            store.append("p", "labels", orjson.dumps(body), body["ids"])
+        loop.step()
+        snap.wait()
+        store.flush_prefix()  # Redis wiped under a running engine
+        loop.step()
+        snap.wait()
+        assert loop.engines == {}
+        assert db.archived_position("p") == 4 and db.latest("p") is not None
+        assert rebuild_store(store, db) == ["p"]
+        assert store.log_end("p") == 4
         snap.close()
     finally:
         store.flush_prefix()
