@@ -37,6 +37,9 @@ def test_list_and_revoke_project_keys(client: TestClient, store: Store) -> None:
     assert writer not in listed.text and reader not in listed.text  # ids only, never a key
     for secret in (writer, reader):  # stored as SHA-256: looked up by hash, never in clear
         assert store.get_key(key_hash(secret)) is not None
+        if isinstance(store, RedisStore):
+            raw = store.r.hgetall(f"{store.prefix}:keys")
+            assert not any(secret.encode() in k + v for k, v in raw.items())
     assert client.get("/v1/projects/p", headers=bearer(reader)).status_code == 200
     assert client.get("/v1/projects/p/keys", headers=bearer(writer)).status_code == 403
     assert client.delete(f"/v1/projects/q/keys/{reader_id}").status_code == 404  # not q's
