@@ -154,9 +154,15 @@ class ItemLabel(BaseModel):
 
 class Item(BaseModel):
     item: str
-    label: str = Field(description="The most probable label.")
-    probability: float
-    posterior: dict[str, float]
+    label: str | None = Field(
+        description="The most probable label; null while the item has no labels (nor gold)."
+    )
+    probability: float | None = Field(
+        description="The label's probability; null while the item has no labels (nor gold)."
+    )
+    posterior: dict[str, float] = Field(
+        description="P(true label); an item without labels (nor gold) has the class prior."
+    )
     n_labels: int
     gold: str | None
     labels: list[ItemLabel] | None = None
@@ -204,8 +210,8 @@ class ItemIn(Strict):
 class QueueItem(BaseModel):
     item: str
     score: float = Field(description="Higher = label sooner (the policy's score).")
-    label: str
-    probability: float
+    label: str | None = Field(description="The most probable label; null: no labels yet.")
+    probability: float | None
     n_labels: int
 
 

@@ -26,6 +26,7 @@ from app.serving.nominal import (
     Globals,
     class_priors,
     confusions,
+    has_evidence,
     iso,
     item_slots,
     quality,
@@ -105,10 +106,11 @@ def item_view(
         computed_at, position = d["computed_at"], d["position"]
     best = int(posterior.argmax())
     classes = record.labels
+    known = has_evidence(d)  # else no best label: the posterior is the prior
     return Item(
         item=item,
-        label=classes[best],
-        probability=float(posterior[best]),
+        label=classes[best] if known else None,
+        probability=float(posterior[best]) if known else None,
         posterior={c: float(p) for c, p in zip(classes, posterior.tolist(), strict=True)},
         n_labels=len(d["labels"]),
         gold=classes[d["gold"]] if d.get("gold") is not None else None,
@@ -118,6 +120,14 @@ def item_view(
         computed_at=iso(computed_at),
         position=position,
     )
+
+
+def within(item: Item, lo: float, hi: float) -> bool:
+    """The item's probability is in [lo, hi]; an item without labels has none and is kept
+    only when there is no lower bound (lo = 0)."""
+    if item.probability is None:
+        return lo <= 0
+    return lo <= item.probability <= hi
 
 
 def workers_view(
@@ -202,12 +212,13 @@ def queue_for(
     for name, score, d in rows[:limit]:
         q = d["posterior"]
         best = int(np.argmax(q))
+        known = has_evidence(d)  # registered, not labelled yet: no best label
         out.append(
             QueueItem(
                 item=name,
                 score=score,
-                label=classes[best],
-                probability=q[best],
+                label=classes[best] if known else None,
+                probability=q[best] if known else None,
                 n_labels=len(d["labels"]),
             )
         )
@@ -271,8 +282,9 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     g = globals_of(svc, record)
     while True:  # stored posteriors as served, page by page
         cursor, page = svc.store.scan_items(record.name, cursor, 2000)
-        if page:
-            q = np.array([stored_posterior(orjson.loads(b), g) for _, b in page])
+        items = [d for d in (orjson.loads(b) for _, b in page) if has_evidence(d)]
+        if items:  # items without labels have no most likely label: not counted
+            q = np.array([stored_posterior(d, g) for d in items])
             top.append(q.max(axis=1))
             best += np.bincount(q.argmax(axis=1), minlength=K)
         if cursor == 0:

@@ -117,6 +117,12 @@ def recompute_posterior(
     return posterior
 
 
+def has_evidence(item: dict[str, Any]) -> bool:
+    """The item has labels or a gold answer, so a most probable label to serve. An item
+    registered for the queue and not labelled yet has none: its posterior is the prior."""
+    return bool(item["labels"]) or item.get("gold") is not None
+
+
 def stored_posterior(item: dict[str, Any], g: Globals) -> FloatArray:
     """A stored item's posterior (the engine's latest, under the parameters it was computed
     with) as served: calibrated with the project's current calibration (eq. 21)."""

@@ -4,14 +4,19 @@ down, unknown routes, the OpenAPI document's references)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
 from tests.app.conftest import service_settings
+from tests.app.test_api import LABELS, make_project
 
 
 @pytest.fixture
@@ -47,3 +52,63 @@ def test_docs_pages_load_their_assets_from_this_service(
         if url.endswith(".css"):
             assert b"{" in got.content and len(got.content) > 10_000, url
     assert assets <= seen, seen
+
+
+def _post(client: TestClient, key: dict[str, str], what: str, block: Any) -> None:
+    r = client.post(
+        f"/v1/projects/census/{what}",
+        params={"wait": True},
+        content=orjson.dumps(block),
+        headers=key,
+    )
+    assert r.status_code == 202 and r.json()["applied"], r.text
+
+
+def test_an_item_without_labels_has_no_label(client: TestClient) -> None:
+    key = make_project(client)
+    _post(client, key, "items", [{"item": "fresh"}, {"item": "seen"}])
+    _post(
+        client,
+        key,
+        "labels",
+        [{"item": "seen", "worker": f"w{j}", "label": "white"} for j in range(3)],
+    )
+    _post(client, key, "gold", [{"item": "known", "label": "black"}])
+    fresh = client.get("/v1/projects/census/items/fresh", headers=key).json()
+    assert fresh["label"] is None and fresh["probability"] is None, fresh
+    assert fresh["n_labels"] == 0 and fresh["labels"] == [] and fresh["gold"] is None
+    assert set(fresh["posterior"]) == set(LABELS)  # the class prior
+    assert sum(fresh["posterior"].values()) == pytest.approx(1.0)
+    seen = client.get("/v1/projects/census/items/seen", headers=key).json()
+    assert seen["label"] == "white" and seen["probability"] > 0.5
+    known = client.get("/v1/projects/census/items/known", headers=key).json()
+    assert (known["label"], known["probability"], known["n_labels"]) == ("black", 1.0, 0)
+    r = client.get("/v1/projects/census/items/never", headers=key)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_item"
+
+    def listed(**params: Any) -> dict[str, Any]:
+        r = client.get("/v1/projects/census/items", params=params, headers=key)
+        assert r.status_code == 200, r.text
+        return {x["item"]: x for x in r.json()["items"]}
+
+    items = listed()
+    assert set(items) == {"fresh", "seen", "known"}
+    assert items["fresh"]["label"] is None and items["fresh"]["probability"] is None
+    assert items["seen"]["label"] == "white" and items["known"]["label"] == "black"
+    # no probability: kept while there is no lower bound
+    assert "fresh" in listed(max_probability=0.5) and "fresh" not in listed(min_probability=0.01)
+    lines = client.get("/v1/projects/census/export", headers=key).text.splitlines()
+    exported = {x["item"]: x for x in map(orjson.loads, lines)}
+    assert exported["fresh"]["label"] is None and exported["fresh"]["probability"] is None
+    assert exported["seen"]["label"] == "white"
+    text = client.get("/v1/projects/census/export", params={"format": "csv"}, headers=key).text
+    rows = {r["item"]: r for r in csv.DictReader(io.StringIO(text))}
+    assert rows["fresh"]["label"] == "" and rows["fresh"]["probability"] == ""
+    assert rows["seen"]["label"] == "white" and float(rows["seen"]["probability"]) > 0.5
+    queue = client.get("/v1/projects/census/queue", headers=key).json()["items"]
+    queued = {x["item"]: x for x in queue}
+    assert queued["fresh"]["label"] is None and queued["fresh"]["probability"] is None
+    summary = client.get("/v1/projects/census/summary", headers=key).json()
+    assert sum(summary["label_counts"].values()) == 2  # seen and known: fresh has no label
+    assert summary["label_counts"]["asian"] == 0
+    assert sum(summary["confidence_histogram"]["counts"]) == 2

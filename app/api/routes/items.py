@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
 from app.api.schemas import Item, ItemPage
-from app.api.views import globals_of, item_view
+from app.api.views import globals_of, item_view, within
 
 router = APIRouter()
 
@@ -28,10 +28,17 @@ router = APIRouter()
     dependencies=[require("read")],
 )
 async def get_item(project: str, item: str, svc: ServiceDep) -> Item:
+    """The item's posterior, recomputed under the current parameters. An item registered
+    (``POST .../items``) and not labelled yet has no best label: ``label`` and
+    ``probability`` are null, ``n_labels`` is 0 and ``posterior`` is the class prior."""
     record = svc.project(project)
     blob = svc.store.get_item(project, item)
     if blob is None:
-        raise ApiError(404, "unknown_item", f"no labels for item {item!r} have been applied yet")
+        raise ApiError(
+            404,
+            "unknown_item",
+            f"no item {item!r}: neither labelled nor registered (or not applied yet)",
+        )
     return item_view(svc, record, item, blob, with_labels=True, fresh=True)
 
 
@@ -65,7 +72,7 @@ def list_items(
     nxt, page = svc.store.scan_items(project, pos, limit)
     g = globals_of(svc, record)
     items = [item_view(svc, record, k, b, False, False, g) for k, b in page]
-    items = [x for x in items if min_probability <= x.probability <= max_probability]
+    items = [x for x in items if within(x, min_probability, max_probability)]
     return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
 
 
@@ -105,8 +112,8 @@ def export_items(
                 w.writerow(
                     [
                         x.item,
-                        x.label,
-                        f"{x.probability:.6g}",
+                        x.label or "",
+                        "" if x.probability is None else f"{x.probability:.6g}",
                         *(f"{x.posterior[c]:.6g}" for c in record.labels),
                         x.n_labels,
                         x.gold or "",
