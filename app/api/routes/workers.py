@@ -47,9 +47,17 @@ def list_workers(
     by: Literal["informativeness", "accuracy"] = "informativeness",
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
+    confusion: Annotated[
+        bool, Query(description="Add each listed worker's confusion matrix (dashboard pages).")
+    ] = False,
 ) -> WorkerPage:
     """Workers ranked by estimated quality; ``order=worst`` puts likely spammers first."""
     record = svc.project(project)
-    views = workers_view(svc, record, svc.store.all_workers(project), with_confusion=False)
+    entries = svc.store.all_workers(project)
+    views = workers_view(svc, record, entries, with_confusion=False)
     views.sort(key=lambda w: (getattr(w, by), w.n_labels, w.worker), reverse=order == "best")
-    return WorkerPage(workers=views[offset : offset + limit], total=len(views))
+    page = views[offset : offset + limit]
+    if confusion and page:
+        blobs = dict(entries)
+        page = workers_view(svc, record, [(w.worker, blobs[w.worker]) for w in page], True)
+    return WorkerPage(workers=page, total=len(views))
