@@ -13,20 +13,29 @@ import click
 import typer
 
 from app.cli import extract, service, snapshots, transfer
+from app.cli.common import HELP_MAX_WIDTH, ArgvCommand, HelpCommand, HelpGroup
 from app.io.model_file import ModelFileError
 from app.io.triples import InputError
 
+# Plain (click) help, not rich panels: it wraps to the terminal's width (HelpGroup; 120 columns
+# when not a terminal) instead of cutting option names and help with "…", shows boolean flags
+# as --flag/--no-flag (rich panels added a <bool> column) and prints "[default: ...]" as written.
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Online label aggregation for crowdsourcing."
+    cls=HelpGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_MAX_WIDTH},
+    help="Online label aggregation for crowdsourcing.",
 )
-app.command()(extract.extract)
-app.command()(service.serve)
-app.command("engine")(service.engine_command)
+app.command(cls=ArgvCommand)(extract.extract)
+app.command(cls=HelpCommand)(service.serve)
+app.command("engine", cls=HelpCommand)(service.engine_command)
 app.add_typer(snapshots.snapshots_app, name="snapshots")
-app.command()(snapshots.restore)
-app.command("import")(transfer.import_command)
-app.command("export")(transfer.export_command)
-app.command("calibration")(transfer.calibration_command)
+app.command(cls=HelpCommand)(snapshots.restore)
+app.command("import", cls=HelpCommand)(transfer.import_command)
+app.command("export", cls=HelpCommand)(transfer.export_command)
+app.command("calibration", cls=HelpCommand)(transfer.calibration_command)
 
 
 @app.callback()

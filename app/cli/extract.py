@@ -9,6 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from app.cli.common import as_typed
 from app.io import extract as job
 from app.io.model_file import SavedModel, load_model, save_model
 from app.io.triples import InputError, read_triples, read_truth
@@ -16,52 +17,82 @@ from core.nominal import NominalConfig
 
 DEFAULTS = NominalConfig(n_classes=2)
 
+# Every spelling of the options whose values are checked here (errors name the one typed).
+N_LABELS = ("--n-labels", "--n_labels")
+N_WORKER_SLOTS = ("--n-worker-slots", "--n_worker_slots", "--n_workers")
+INITIAL_T = ("--initial-t", "--initial_t")
+N_ITEMS = ("--n-items", "--n_items")
+TEST_ONLY = ("--test-only", "--test_only")
 
-def _floats(text: str, option: str) -> tuple[float, ...]:
+
+def _priorz(text: str, flag: str, n_classes: int) -> tuple[float, ...]:
+    """``--priorz``: one positive weight per class (normalised by the model)."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        weights = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise InputError(option, None, f"expected comma-separated numbers, got {text!r}") from None
+        raise InputError(flag, None, f"expected comma-separated numbers, got {text!r}") from None
+    if len(weights) != n_classes or not all(np.isfinite(w) and w > 0 for w in weights):
+        raise InputError(
+            flag, None, f"needs {n_classes} positive numbers, one per class, got {text!r}"
+        )
+    return weights
+
+
+def _check(value: float, flag: str, minimum: float, strict: bool = False) -> None:
+    """A hyperparameter flag's value: finite and >= minimum (> when ``strict``)."""
+    if not np.isfinite(value) or value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise InputError(flag, None, f"must be a finite number {bound}, got {value:g}")
 
 
 def extract(
+    ctx: typer.Context,
     data: Annotated[
         Path | None,
-        typer.Argument(help="Answers file: item,worker,label CSV, or tab/space separated."),
+        typer.Argument(
+            metavar="DATA", help="Answers file: item,worker,label CSV, or tab/space separated."
+        ),
     ] = None,
     data_opt: Annotated[
-        Path | None, typer.Option("--data", help="Same as the DATA argument (the seed's flag).")
+        Path | None,
+        typer.Option("--data", metavar="FILE", help="Same as the DATA argument (the seed's flag)."),
     ] = None,
     labels: Annotated[
-        str | None, typer.Option("--labels", help="Class names in order, comma-separated.")
+        str | None,
+        typer.Option("--labels", metavar="A,B,...", help="Class names in order, comma-separated."),
     ] = None,
     n_labels: Annotated[
-        int | None, typer.Option("--n-labels", "--n_labels", help="K: the labels are 0..K-1.")
+        int | None,
+        typer.Option(
+            *N_LABELS,
+            metavar="K",
+            help="K classes: labels 0..K-1 are class indices; other labels (e.g. G,P,R,X) "
+            "must be K distinct values, taken in sorted order (numbers numerically).",
+        ),
     ] = None,
     n_worker_slots: Annotated[
-        int,
-        typer.Option(
-            "--n-worker-slots", "--n_worker_slots", "--n_workers", help="Hashed worker slots."
-        ),
+        int, typer.Option(*N_WORKER_SLOTS, metavar="N", help="Hashed worker slots.")
     ] = DEFAULTS.n_worker_slots,
     eta: Annotated[
         float, typer.Option("--eta", help="eta_0 of eta_t = eta_0 (tau_0 + t)^-rho.")
     ] = DEFAULTS.eta0,
     rho: Annotated[float, typer.Option("--rho", help="Decay exponent rho.")] = DEFAULTS.rho,
-    initial_t: Annotated[
-        float, typer.Option("--initial-t", "--initial_t", help="tau_0.")
-    ] = DEFAULTS.tau0,
+    initial_t: Annotated[float, typer.Option(*INITIAL_T, help="tau_0.")] = DEFAULTS.tau0,
     n_items: Annotated[
         float | None,
         typer.Option(
-            "--n-items",
-            "--n_items",
+            *N_ITEMS,
             help="|I|, the prior's weight is 1/|I| per item [default: items in the file].",
         ),
     ] = None,
     priorz: Annotated[
         str | None,
-        typer.Option("--priorz", help="Prior class distribution, comma-separated (normalised)."),
+        typer.Option(
+            "--priorz",
+            metavar="P1,P2,...",
+            help="Prior class distribution, one positive weight per class in the classes' "
+            "order, comma-separated (normalised).",
+        ),
     ] = None,
     passes: Annotated[int, typer.Option("--passes", min=1, help="Passes over the items.")] = 1,
     later_passes: Annotated[
@@ -76,31 +107,43 @@ def extract(
         int | None,
         typer.Option(
             "--shuffle",
-            help="Process items in a random order drawn from this seed, anew each pass [default: file order].",
+            metavar="SEED",
+            help="Process items in a random order drawn from this seed, anew each pass "
+            "[default: file order].",
         ),
     ] = None,
     difficulty: Annotated[
         bool, typer.Option("--difficulty/--no-difficulty", help="Model a per-item clarity.")
     ] = DEFAULTS.difficulty,
     model: Annotated[
-        Path | None, typer.Option("--model", "--save", help="Write the final model to this file.")
+        Path | None,
+        typer.Option(
+            "--model", "--save", metavar="FILE", help="Write the final model to this file."
+        ),
     ] = None,
     load: Annotated[
         Path | None,
-        typer.Option("--load", help="Start from this saved model (its configuration wins)."),
+        typer.Option(
+            "--load", metavar="FILE", help="Start from this saved model (its configuration wins)."
+        ),
     ] = None,
     test_only: Annotated[
         bool,
-        typer.Option(
-            "--test-only", "--test_only", help="Do not learn: posteriors under the loaded model."
-        ),
+        typer.Option(*TEST_ONLY, help="Do not learn: posteriors under the loaded model."),
     ] = False,
     predictions: Annotated[
         Path | None,
-        typer.Option("--predictions", help="Write item,label,probability,<one column per class>."),
+        typer.Option(
+            "--predictions",
+            metavar="FILE",
+            help="Write item,label,probability,<one column per class>.",
+        ),
     ] = None,
     truth: Annotated[
-        Path | None, typer.Option("--truth", help="Gold labels (item,label) to report accuracy.")
+        Path | None,
+        typer.Option(
+            "--truth", metavar="FILE", help="Gold labels (item,label) to report accuracy."
+        ),
     ] = None,
     batch: Annotated[
         bool, typer.Option("--batch", help="Batch EM to convergence instead of online EM.")
@@ -110,21 +153,37 @@ def extract(
     path = data or data_opt
     if path is None or (data is not None and data_opt is not None):
         raise InputError("DATA", None, "give the answers file once, as an argument or with --data")
+    test_only_flag, n_labels_flag = as_typed(ctx, *TEST_ONLY), as_typed(ctx, *N_LABELS)
     if test_only and load is None:
-        raise InputError("--test-only", None, "needs a model to test: give --load FILE")
+        raise InputError(test_only_flag, None, "needs a model to test: give --load FILE")
     if test_only and batch:
-        raise InputError("--test-only", None, "cannot be combined with --batch")
+        raise InputError(test_only_flag, None, "cannot be combined with --batch")
     if later_passes is job.LaterPasses.newton and test_only:
         raise InputError(
-            "--later-passes", None, "newton learns: it cannot be used with --test-only"
+            "--later-passes", None, f"newton learns: it cannot be used with {test_only_flag}"
         )
+    _check(eta, "--eta", 0.0)
+    _check(rho, "--rho", 0.0)
+    _check(initial_t, as_typed(ctx, *INITIAL_T), 0.0)
+    if n_items is not None:
+        _check(n_items, as_typed(ctx, *N_ITEMS), 0.0, strict=True)
+    if n_worker_slots < 1:
+        raise InputError(
+            as_typed(ctx, *N_WORKER_SLOTS), None, f"must be at least 1, got {n_worker_slots}"
+        )
+    if shuffle is not None and shuffle < 0:
+        raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
     out = sys.stdout
     triples = read_triples(path)
     saved = load_model(load) if load is not None else None
     names = [s.strip() for s in labels.split(",")] if labels else None
     if saved is not None:
-        names = list(saved.classes)
-    classes = job.resolve_classes(triples, names, n_labels, str(path))
+        if n_labels is not None and n_labels != len(saved.classes):
+            raise InputError(
+                n_labels_flag, None, f"{n_labels}, but {load} has {len(saved.classes)} classes"
+            )
+        names, n_labels = list(saved.classes), None
+    classes = job.resolve_classes(triples, names, n_labels, str(path), n_labels_flag=n_labels_flag)
     encoded = job.encode(triples, classes, str(path))
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
     gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
@@ -134,7 +193,7 @@ def extract(
         config = NominalConfig(
             n_classes=len(classes),
             n_worker_slots=n_worker_slots,
-            class_prior=_floats(priorz, "--priorz") if priorz else None,
+            class_prior=_priorz(priorz, "--priorz", len(classes)) if priorz else None,
             eta0=eta,
             tau0=initial_t,
             rho=rho,
@@ -143,7 +202,7 @@ def extract(
         )
     if later_passes is job.LaterPasses.newton and config.difficulty:
         raise InputError("--later-passes", None, "newton needs a model without difficulty")
-    print(_settings_line(config, path, passes, test_only, batch), file=out)
+    print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
     if batch:
         result, params, seconds = job.run_batch(encoded, config, out)
         posteriors = result.probas
@@ -181,7 +240,12 @@ def extract(
 
 
 def _settings_line(
-    config: NominalConfig, path: Path, passes: int, test_only: bool, batch: bool
+    config: NominalConfig,
+    path: Path,
+    passes: int,
+    test_only: bool,
+    batch: bool,
+    classes: tuple[str, ...],
 ) -> str:
     prior = ",".join(f"{p:.6f}" for p in np.exp(config.class_prior_logits()))
     mode = "batch EM" if batch else f"online EM, {passes} pass(es)"
@@ -189,5 +253,5 @@ def _settings_line(
         f"data = {path}  mode = {mode}  initial_t = {config.tau0:g}  eta = {config.eta0:g}  "
         f"rho = {config.rho:g}  n_items = {config.n_items:g}  n_labels = {config.n_classes}  "
         f"n_worker_slots = {config.n_worker_slots}  difficulty = {config.difficulty}  "
-        f"test_only = {test_only}  priorz = {prior}"
+        f"test_only = {test_only}  priorz = {prior}  labels = {','.join(classes)}"
     )

@@ -8,13 +8,18 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import load_settings, snapshot_db
+from app.cli.common import HelpCommand, HelpGroup, load_settings, snapshot_db
 from app.io.triples import InputError
 
-snapshots_app = typer.Typer(no_args_is_help=True, help="List, inspect and delete snapshots.")
+snapshots_app = typer.Typer(
+    cls=HelpGroup,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="List, inspect and delete snapshots.",
+)
 
 
-@snapshots_app.command("list")
+@snapshots_app.command("list", cls=HelpCommand)
 def snapshots_list(
     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
 ) -> None:
@@ -30,8 +35,10 @@ def snapshots_list(
     Console().print(table)
 
 
-@snapshots_app.command("inspect")
-def snapshots_inspect(snapshot_id: int) -> None:
+@snapshots_app.command("inspect", cls=HelpCommand)
+def snapshots_inspect(
+    snapshot_id: Annotated[int, typer.Argument(metavar="SNAPSHOT_ID", help="From snapshots list.")],
+) -> None:
     """One snapshot's metadata and the shape of its state."""
     found = snapshot_db().get(snapshot_id)
     if found is None:
@@ -42,8 +49,10 @@ def snapshots_inspect(snapshot_id: int) -> None:
     print(json.dumps({**info.as_dict(), "state": describe(blob)}, indent=2))
 
 
-@snapshots_app.command("delete")
-def snapshots_delete(snapshot_id: int) -> None:
+@snapshots_app.command("delete", cls=HelpCommand)
+def snapshots_delete(
+    snapshot_id: Annotated[int, typer.Argument(metavar="SNAPSHOT_ID", help="From snapshots list.")],
+) -> None:
     """Delete one snapshot (the label archive stays)."""
     if not snapshot_db().delete(snapshot_id):
         raise InputError("snapshot", None, f"no snapshot {snapshot_id}")

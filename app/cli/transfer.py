@@ -16,7 +16,7 @@ def _key(key: str | None) -> str | None:
 
 
 def import_command(
-    file: Annotated[Path, typer.Argument(help="The file to import.")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="The file to import.")],
     project: Annotated[str, typer.Option("--project", "-p", help="Project to post to.")],
     format: Annotated[
         str, typer.Option("--format", "-f", help=f"One of {', '.join(importers.FORMATS)}.")

@@ -47,26 +47,44 @@ def _natural_order(names: list[str]) -> list[str]:
 
 
 def resolve_classes(
-    triples: Triples, names: list[str] | None, n_labels: int | None, path: str
+    triples: Triples,
+    names: list[str] | None,
+    n_labels: int | None,
+    path: str,
+    *,
+    n_labels_flag: str = "--n-labels",
 ) -> tuple[str, ...]:
-    """The class names, in order: given (--labels), 0..K-1 (--n-labels), or as seen in the data."""
+    """The class names, in order: given (``--labels``), K of them (``--n-labels K``), or as
+    seen in the data (integers sorted numerically, anything else as text).
+
+    ``--n-labels K`` (the seed's ``--n_labels``) says how many classes there are. Labels that
+    are all class indices 0..K-1 keep their index (a class nobody answered still counts);
+    otherwise the file must hold exactly K distinct labels, numbered in sorted order as
+    without the flag (adult2's G, P, R, X are classes 0..3), which is also the order of
+    ``--priorz``. ``n_labels_flag`` is the flag as the user typed it, for the errors."""
     seen = _natural_order([str(x) for x in np.unique(triples.labels)])
     if names is not None:
         if len(set(names)) != len(names):
             raise InputError("--labels", None, "a label name is given twice")
+        if len(names) < 2:
+            raise InputError("--labels", None, f"needs at least 2 class names, got {names}")
         if n_labels is not None and n_labels != len(names):
-            raise InputError("--labels", None, f"{len(names)} names but --n-labels {n_labels}")
+            raise InputError("--labels", None, f"{len(names)} names but {n_labels_flag} {n_labels}")
         return tuple(names)
     if n_labels is not None:
-        classes = tuple(str(k) for k in range(n_labels))
-        unknown = sorted(set(seen) - set(classes))
-        if unknown:
-            raise InputError(
-                path, None,
-                f"--n-labels {n_labels} means labels 0..{n_labels - 1}, but the file has {unknown[:5]}; "
-                "name the classes with --labels",
-            )  # fmt: skip
-        return classes
+        if n_labels < 2:
+            raise InputError(n_labels_flag, None, f"needs at least 2 classes, got {n_labels}")
+        indices = tuple(str(k) for k in range(n_labels))
+        if set(seen) <= set(indices):
+            return indices
+        if len(seen) == n_labels:
+            return tuple(seen)
+        shown = ", ".join(seen[:10]) + (", ..." if len(seen) > 10 else "")
+        raise InputError(
+            n_labels_flag, None,
+            f"{n_labels} classes, but {path} has {len(seen)} distinct labels ({shown}), not all "
+            f"class indices 0..{n_labels - 1}; name the classes with --labels",
+        )  # fmt: skip
     if len(seen) < 2:
         raise InputError(
             path, None, f"only one distinct label ({seen}); give --labels or --n-labels"

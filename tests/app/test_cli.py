@@ -163,8 +163,11 @@ def test_label_outside_declared_classes(tmp_path: Path) -> None:
     data.write_text("item,worker,label\na,w,yes\nb,w,no\nc,w,maybe\n")
     run = extract(data, "--labels", "yes,no")
     assert run.returncode == 2 and ":4: label 'maybe' is not one of ['yes', 'no']" in run.stderr
-    run = extract(data, "--n-labels", "3")
+    run = extract(data, "--n-labels", "2")
     assert run.returncode == 2 and "name the classes with --labels" in run.stderr
+    assert run.stderr.startswith("error: --n-labels: 2 classes, but")
+    run = extract(data, "--n_labels", "3")  # three distinct labels: classes in sorted order
+    assert run.returncode == 0 and "labels = maybe,no,yes" in run.stdout, run.stderr
 
 
 @pytest.mark.parametrize(
@@ -172,9 +175,9 @@ def test_label_outside_declared_classes(tmp_path: Path) -> None:
     [
         (["--test-only"], "needs a model to test"),
         (["--load", "missing.npz"], "missing.npz: no such file"),
-        (["--eta", "-1"], "eta0 must be >= 0"),
+        (["--eta", "-1"], "--eta: must be a finite number >= 0"),
         (["--priorz", "1,x"], "expected comma-separated numbers"),
-        (["--priorz", "1,1,1"], "class_prior needs 2 positive numbers"),
+        (["--priorz", "1,1,1"], "--priorz: needs 2 positive numbers, one per class"),
         (["--later-passes", "newton", "--difficulty"], "newton needs a model without difficulty"),
     ],
 )
@@ -202,3 +205,175 @@ def test_unknown_option_is_a_usage_error_not_a_traceback() -> None:
     )
     assert out.returncode == 2
     assert "No such option" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------------- the seed's flags on adult2
+
+
+def test_seed_example_on_adult2_with_letter_labels(datasets_root: Path, tmp_path: Path) -> None:
+    # The seed's example command line as written (process substitution and all), on adult2,
+    # whose labels are G, P, R, X: --n_labels 4 counts them, in sorted order (priorz's order).
+    adult2 = datasets_root / "adult2"
+    model, pred = tmp_path / "flass", tmp_path / "pred.csv"
+    command = (
+        f"crowdtally extract --initial_t 10000 --n_items 11040 --n_labels 4 --priorz 1,1,1,1 "
+        f"--model {model} --data <(cat {adult2 / 'answers.csv'}) --eta 1 --rho 0.5 "
+        f"--truth {adult2 / 'truth.csv'} --predictions {pred}"
+    )
+    run = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "n_items = 11040  n_labels = 4" in lines[0]
+    assert lines[0].endswith("priorz = 0.250000,0.250000,0.250000,0.250000  labels = G,P,R,X")
+    assert [ln for ln in lines if ln[:1] == "-"][-1].split()[2] == "11040"
+    assert "11040 items, 92721 labels, 4 classes" in run.stdout
+    accuracy = float(next(ln for ln in lines if ln.startswith("accuracy")).split()[1])
+    assert accuracy > 0.7  # 333 gold items
+    with pred.open() as fh:
+        header = next(csv.reader(fh))
+    assert header == ["item", "label", "probability", "G", "P", "R", "X"]
+    # the model keeps the class names: test-only with the seed's spelling reproduces them
+    again = extract(adult2 / "answers.csv", "--load", model, "--test_only", "--n_labels", "4")
+    assert again.returncode == 0 and "labels = G,P,R,X" in again.stdout, again.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "classes"),
+    [
+        ("a,w,1\nb,w,2\nc,w,3\n", ["--n_labels", "3"], "1,2,3"),  # not indices: sorted
+        ("a,w,10\nb,w,9\nc,w,-2\n", ["--n-labels", "3"], "-2,9,10"),  # numerically
+        ("a,w,0\nb,w,2\n", ["--n_labels", "4"], "0,1,2,3"),  # indices: unseen classes kept
+        ("a,w,b\nb,w,a\n", ["--n_labels", "2", "--priorz", "3,1"], "a,b"),
+    ],
+)
+def test_n_labels_maps_the_labels(
+    tmp_path: Path, content: str, args: list[str], classes: str
+) -> None:
+    data = tmp_path / "a.csv"
+    data.write_text("item,worker,label\n" + content)
+    run = extract(data, *args)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0].endswith(f"labels = {classes}")
+    if "--priorz" in args:
+        assert "priorz = 0.750000,0.250000" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n_labels", "5"], "error: --n_labels: 5 classes, but"),
+        (["--n-labels", "3"], "error: --n-labels: 3 classes, but"),
+        (["--n_labels", "1"], "error: --n_labels: needs at least 2 classes, got 1"),
+        (["--n_labels", "4", "--priorz", "1,1,1"], "error: --priorz: needs 4 positive numbers"),
+        (["--priorz", "1,1,1,0"], "error: --priorz: needs 4 positive numbers, one per class"),
+        (["--priorz", "1,1,1,inf"], "error: --priorz: needs 4 positive numbers"),
+        (["--initial_t", "-1"], "error: --initial_t: must be a finite number >= 0, got -1"),
+        (["--initial-t", "nan"], "error: --initial-t: must be a finite number >= 0, got nan"),
+        (["--rho", "-0.5"], "error: --rho: must be a finite number >= 0"),
+        (["--n_items", "0"], "error: --n_items: must be a finite number > 0, got 0"),
+        (["--n_workers", "0"], "error: --n_workers: must be at least 1, got 0"),
+        (["--n_worker_slots", "0"], "error: --n_worker_slots: must be at least 1"),
+        (["--test_only"], "error: --test_only: needs a model to test"),
+        (["--shuffle", "-1"], "error: --shuffle: the seed must be >= 0"),
+        (["--labels", "G"], "error: --labels: needs at least 2 class names"),
+        (["--n_items", "abc"], "Invalid value for '--n_items':"),
+        (["--n-items=abc"], "Invalid value for '--n-items':"),
+    ],
+)
+def test_bad_flag_values_name_the_flag_as_typed(
+    datasets_root: Path, args: list[str], message: str
+) -> None:
+    run = extract(datasets_root / "adult2" / "answers.csv", *args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    for internal in (
+        "class_prior",
+        "eta0",
+        "tau0",
+        "n_items must",
+        "n_classes",
+        "n_worker_slots must",
+    ):
+        assert internal not in run.stderr
+
+
+# ---------------------------------------------------------------------- --help
+
+
+def _commands() -> list[tuple[list[str], object]]:
+    """Every command and group of ``crowdtally``, with its path of names."""
+    import typer
+
+    from app.cli import app
+
+    found: list[tuple[list[str], object]] = []
+
+    def walk(path: list[str], cmd: object) -> None:
+        found.append((path, cmd))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk([*path, name], sub)
+
+    walk([], typer.main.get_command(app))
+    return found
+
+
+@pytest.mark.parametrize("columns", ["40", "60", "80", "200", None])
+def test_help_is_whole_at_any_width(columns: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal: 120 columns
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    width = int(columns) if columns else 120
+    commands = _commands()
+    assert {" ".join(p) for p, _ in commands} >= {
+        "", "extract", "serve", "engine", "restore", "import", "export", "calibration",
+        "snapshots", "snapshots list", "snapshots inspect", "snapshots delete",
+    }  # fmt: skip
+    longest = 0
+    for path, cmd in commands:
+        result = CliRunner().invoke(app, [*path, "--help"], prog_name="crowdtally")
+        assert result.exit_code == 0, (path, result.output)
+        out = result.output
+        assert "<bool>" not in out and "…" not in out, (path, out)
+        lines = out.splitlines()
+        body = lines[lines.index("") :]  # after the usage (whose "[ARGS]..." is no cut)
+        names_only = [ln.lstrip().startswith("-") and "  " not in ln.strip() for ln in lines]
+        for ln, names in zip(lines, names_only, strict=True):
+            if ln in body and not names:  # (a metavar like "A,B,..." is no cut either)
+                assert not ln.rstrip().endswith("..."), (path, out)
+            # only an option's names, on a line of their own, may be wider than the terminal
+            assert len(ln) <= width or names, (path, ln)
+        longest = max(longest, *(len(ln) for ln in lines))
+        flat = "".join(out.split())
+        for param in getattr(cmd, "params", []):
+            for opt in [*param.opts, *param.secondary_opts]:
+                assert opt in out or param.param_type_name == "argument", (path, opt)
+            if getattr(param, "is_flag", False) and param.secondary_opts:
+                shown = f"{param.opts[0]} / {param.secondary_opts[0]}"  # --flag / --no-flag
+                assert shown in out, (path, shown)
+            help_text = getattr(param, "help", None)
+            if help_text:  # every word of every option's help, in order
+                assert "".join(help_text.split()) in flat, (path, param.name)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            first = sub.get_short_help_str(limit=10_000)  # the whole first sentence
+            assert "".join(first.split()) in flat and name in out, (path, name)
+    if columns is None or int(columns) >= 100:
+        assert 80 < longest <= width  # the width is used, not 80
+
+
+def test_boolean_flags_have_no_value_in_help() -> None:
+    run = subprocess.run(
+        ["crowdtally", "extract", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0
+    lines = run.stdout.splitlines()
+    assert any(ln.strip().startswith("--difficulty / --no-difficulty  Model") for ln in lines)
+    assert any(ln.strip().startswith("--batch  ") for ln in lines)
+    assert "[default: items in the file]" in run.stdout  # printed as written, not as markup
+    assert max(len(ln) for ln in lines) > 80  # a pipe gets 120 columns
