@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     ``crowdtally engine`` as its own process and sets this to false."""
     max_block_labels: int = 10_000
     """Largest block of labels one POST may carry."""
+    max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    """Largest request body (bytes), refused with 413 before it is parsed or its key checked:
+    10,000 labels of up to 2 KiB each."""
     wait_timeout_s: float = 30.0
     """How long ``wait=true`` waits for the engine before answering 504."""
     refine_passes: int = 3

@@ -1,7 +1,8 @@
 """Bodies read by hand: JSON arrays of labels, gold answers, items or pairs, validated whole.
 
 A block is parsed in one pass when it is valid; when it is not, the first bad entry and
-field are named in the error. ``array_body`` gives such a route its OpenAPI request body.
+field are named in the error. ``array_body`` gives such a route its OpenAPI request body and
+``add_body_schemas`` the schemas it refers to.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.api.errors import ApiError
 from app.api.schemas import GoldIn, ItemIn, LabelIn, PairIn
@@ -19,6 +20,8 @@ LABELS = TypeAdapter(list[LabelIn])
 GOLD = TypeAdapter(list[GoldIn])
 ITEMS = TypeAdapter(list[ItemIn])
 PAIRS = TypeAdapter(list[PairIn])
+BODIES: dict[str, type[BaseModel]] = {m.__name__: m for m in (LabelIn, GoldIn, ItemIn, PairIn)}
+"""The entries of the bodies read by hand, by their schema's name."""
 
 
 def parse_block(
@@ -53,12 +56,15 @@ def parse_block(
         loc = [x for x in err["loc"] if not isinstance(x, str) or x != "body"]
         entry = loc[0] if loc and isinstance(loc[0], int) else None
         field = ".".join(str(x) for x in loc[1:]) or None
+        msg = err["msg"]
+        if err["type"] == "string_pattern_mismatch":  # ids: schemas.NO_CONTROL
+            msg = "ids hold no control characters (U+0000 to U+001F, U+007F to U+009F)"
         n_bad = exc.error_count()
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(
             422,
             f"invalid_{what}",
-            f"entry {entry}, field {field!r}: {err['msg']}{more}",
+            f"entry {entry}, field {field!r}: {msg}{more}",
             entry,
             field,
         ) from None
@@ -66,10 +72,24 @@ def parse_block(
 
 
 def array_body(schema: str) -> dict[str, Any]:
-    """OpenAPI for a body read by hand (``parse_block``): a JSON array of ``schema``."""
+    """OpenAPI for a body read by hand (``parse_block``): a JSON array of ``schema``, one of
+    ``BODIES``."""
+    if schema not in BODIES:
+        raise KeyError(f"{schema} is not one of {sorted(BODIES)}")
     items = {"$ref": f"#/components/schemas/{schema}"}
     content = {"application/json": {"schema": {"type": "array", "items": items}}}
     return {"requestBody": {"required": True, "content": content}}
+
+
+def add_body_schemas(document: dict[str, Any]) -> None:
+    """Put the schemas ``array_body`` refers to in the OpenAPI document's components (FastAPI
+    lists only the models routes declare, and these bodies are read by hand)."""
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name, model in BODIES.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for sub, body in schema.pop("$defs", {}).items():
+            schemas.setdefault(sub, body)
+        schemas.setdefault(name, schema)
 
 
 def label_codes(record: ProjectRecord, names: list[str]) -> list[int]:

@@ -1,20 +1,33 @@
 """Errors in one shape: ``{"error": {code, message, entry, field}}``, and the handlers that
-give it to request-validation errors too. ``ERRORS`` is every route's ``responses=``.
+give it to every error the app answers: request validation and unparsable bodies, unknown
+routes and methods, a store that cannot be reached (503, ``Retry-After``) and anything
+unexpected (500). ``ERRORS`` is every route's ``responses=``.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException
 
 from app.api.schemas import ErrorResponse
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422)
+    s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
 }
+RETRY_AFTER_S = 2
+"""What a 503 asks the client to wait (``Retry-After``) while the store is unreachable."""
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Characters no id may hold (Unicode's control characters, Cc)."""
+
+log = logging.getLogger("crowdtally.api")
 
 
 class ApiError(Exception):
@@ -25,6 +38,7 @@ class ApiError(Exception):
         message: str,
         entry: int | None = None,
         field: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.entry, self.field = (
@@ -34,15 +48,20 @@ class ApiError(Exception):
             entry,
             field,
         )
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "entry": self.entry,
+                "field": self.field,
+            }
+        }
 
     def response(self) -> JSONResponse:
-        body = {
-            "code": self.code,
-            "message": self.message,
-            "entry": self.entry,
-            "field": self.field,
-        }
-        return JSONResponse({"error": body}, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
@@ -53,11 +72,68 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
 async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     err = exc.errors()[0]
-    field = ".".join(str(x) for x in err["loc"][1:]) or None
-    return ApiError(422, "invalid_request", f"{field}: {err['msg']}", None, field).response()
+    if err["type"] == "json_invalid":  # as the routes that read their body by hand answer
+        why = err.get("ctx", {}).get("error", "not JSON")
+        at = err["loc"][-1]
+        return ApiError(
+            400, "invalid_json", f"the body is not JSON: {why} (character {at})"
+        ).response()
+    loc = [str(x) for x in err["loc"]]
+    field = ".".join(loc[1:]) or None
+    where = field or loc[0]
+    return ApiError(422, "invalid_request", f"{where}: {err['msg']}", None, field).response()
+
+
+def _shown(path: str) -> str:
+    return repr(path if len(path) <= 200 else path[:200] + "...")
+
+
+def not_found(method: str, path: str, headers: dict[str, str] | None = None) -> ApiError:
+    message = f"no route for {method} {_shown(path)}"
+    if CONTROL.search(path):
+        message += ": ids never hold control characters"
+    return ApiError(404, "not_found", message, headers=headers)
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's and FastAPI's own errors: unknown routes, methods, unparsable bodies."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers) if exc.headers else None
+    path = request.scope["path"]  # request.url drops newlines and tabs
+    if exc.status_code == 404:
+        return not_found(request.method, path, headers).response()
+    if exc.status_code == 405:
+        message = f"{request.method} is not allowed on {_shown(path)}"
+        return ApiError(405, "method_not_allowed", message, headers=headers).response()
+    if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read the body
+        why = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
+        return ApiError(400, "invalid_json", f"the body is not JSON: {why}").response()
+    if exc.status_code == 413:
+        return ApiError(413, "body_too_large", str(exc.detail), headers=headers).response()
+    code = re.sub(r"\W+", "_", str(exc.detail)).strip("_").lower() or f"http_{exc.status_code}"
+    return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
+
+
+async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("store unreachable: %s", exc)
+    return ApiError(
+        503,
+        "store_unavailable",
+        f"the store cannot be reached ({type(exc).__name__}); retry later",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    ).response()
+
+
+async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    # ServerErrorMiddleware re-raises the exception after this answer: the server logs it
+    return ApiError(500, "internal_error", "an unexpected error; see the service's log").response()
 
 
 def add_handlers(app: FastAPI) -> None:
-    """Answer ``ApiError`` and invalid requests in the one error shape."""
+    """Answer every error in the one error shape."""
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(RedisConnectionError, _store_down)
+    app.add_exception_handler(RedisTimeoutError, _store_down)
+    app.add_exception_handler(Exception, _internal)

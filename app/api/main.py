@@ -7,7 +7,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.resources import files
-from typing import cast
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import (
@@ -20,9 +20,10 @@ from fastapi.staticfiles import StaticFiles
 
 from app.api import metrics
 from app.api.auth import ensure_admin_key
+from app.api.bodies import add_body_schemas
 from app.api.deps import Service
 from app.api.errors import add_handlers
-from app.api.middleware import ObserveRequests, TimedStore
+from app.api.middleware import LimitBody, ObserveRequests, PlainPath, TimedStore
 from app.api.routes import (
     calibration,
     dashboard,
@@ -134,6 +135,19 @@ def mount_docs(app: FastAPI) -> None:
         )
 
 
+def document_bodies(app: FastAPI) -> None:
+    """The OpenAPI document with the schemas of the bodies read by hand (every ``$ref`` in it
+    resolves)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        document = generate()  # made once, then FastAPI's cached copy
+        add_body_schemas(document)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None, store: Store | None = None) -> FastAPI:
     settings = settings or Settings()
     app = FastAPI(
@@ -145,8 +159,11 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
         redoc_url=None,
     )
     mount_docs(app)
+    document_bodies(app)
     add_handlers(app)
-    app.add_middleware(ObserveRequests)
+    app.add_middleware(LimitBody, limit=settings.max_body_bytes)
+    app.add_middleware(PlainPath)
+    app.add_middleware(ObserveRequests)  # outermost: it sees (and times) every answer
     for domain in (operations, projects, labels, snapshots, items, queue, predictions):
         app.include_router(domain.router)
     app.include_router(dashboard.router)

@@ -1,5 +1,6 @@
 """Around every request: its id (``X-Request-ID``, in the logs and the answer), its latency in
-Prometheus and the access log; ``TimedStore`` times each store call the API makes.
+Prometheus and the access log, the limit on its body's size (``LimitBody``), no control
+characters in its path (``PlainPath``); ``TimedStore`` times each store call the API makes.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ import time
 import uuid
 from typing import Any
 
+from starlette.exceptions import HTTPException
+
 from app import logs
 from app.api import metrics
+from app.api.errors import CONTROL, ApiError, not_found
 from app.store.base import Store
 
 access = logging.getLogger("crowdtally.access")
@@ -79,3 +83,118 @@ class ObserveRequests:
                        "status": status[0], "ms": round(1000 * seconds, 3)},
             )  # fmt: skip
             logs.request_id.reset(token)
+
+
+class BodyTooLarge(HTTPException):
+    """A body grew past the limit while the app was reading it (a 413, whoever reads it)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the body has more than {limit:,} bytes, the limit")
+
+
+class LimitBody:
+    """Bodies of at most ``limit`` bytes, checked before any route parses a body or checks a
+    key: a declared ``Content-Length`` above it is answered 413 at once; a body without one
+    (chunked) is read here first, up to the limit, and handed on whole."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    def too_large(self, size: str) -> Any:
+        return ApiError(
+            413,
+            "body_too_large",
+            f"the body has {size} bytes; the limit is {self.limit:,} (CROWDTALLY_MAX_BODY_BYTES)",
+            headers={"Connection": "close"},
+        ).response()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length: int | None = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    length = None
+            elif name == b"transfer-encoding":
+                chunked = True
+        if length is not None and length > self.limit:
+            await self.too_large(f"{length:,}")(scope, receive, send)
+            return
+        if length is None and chunked:
+            body, first = await self._read(receive)
+            if body is None:
+                await self.too_large(f"more than {self.limit:,}")(scope, receive, send)
+                return
+            receive = self._replay(body, first, receive)
+        seen = [0, False]  # bytes counted; an answer started
+
+        async def counted() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > self.limit:  # a body longer than it said
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        async def started(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                seen[1] = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, started)
+        except BodyTooLarge:
+            if seen[1]:
+                raise
+            await self.too_large(f"more than {self.limit:,}")(scope, receive, send)
+
+    async def _read(self, receive: Any) -> tuple[bytes | None, Any]:
+        """The whole body (None: past the limit), and a message that ended it early."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: the app sees it
+                return b"".join(parts), message
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return None, None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts), None
+
+    @staticmethod
+    def _replay(body: bytes, first: Any, receive: Any) -> Any:
+        pending = (
+            [first]
+            if first is not None
+            else [{"type": "http.request", "body": body, "more_body": False}]
+        )
+
+        async def replay() -> Any:
+            if pending:
+                return pending.pop()
+            return await receive()
+
+        return replay
+
+
+class PlainPath:
+    """A path with a control character is a 404 at once: no id holds one, and a trailing
+    newline would otherwise match a route as if it were not there."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and CONTROL.search(scope["path"]):
+            await not_found(scope["method"], scope["path"]).response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

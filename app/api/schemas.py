@@ -13,9 +13,16 @@ from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig
 
 ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")]
-ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH)]
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+"""Ids hold no control characters (Unicode Cc): a NUL or a newline would make two ids one in
+some stores and paths, or an id that cannot be routed."""
+ExternalId = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)
+]
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MAX_CLASSES = 256
+MAX_COUNT = 2**53 - 1
+"""The largest count a setting takes (the largest integer a JSON number holds exactly)."""
 _DEFAULTS = NominalConfig(n_classes=2)
 _DYADIC = SERVICE_DEFAULTS
 
@@ -26,7 +33,7 @@ def _BY_KIND(name: str) -> str:  # noqa: N802
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Hyperparameters(Strict):
@@ -199,8 +206,10 @@ class QueueSettingsBody(Strict):
 
     policy: Literal["voi", "uncertainty", "entropy", "margin", "uniform"] = "voi"
     target_confidence: float = Field(0.95, gt=0, le=1)
-    max_labels_per_item: int | None = Field(None, ge=1)
-    budget: int | None = Field(None, ge=0, description="Labels to spend on the project in all.")
+    max_labels_per_item: int | None = Field(None, ge=1, le=MAX_COUNT)
+    budget: int | None = Field(
+        None, ge=0, le=MAX_COUNT, description="Labels to spend on the project in all."
+    )
 
 
 class ItemIn(Strict):

@@ -4,9 +4,15 @@ down, unknown routes, the OpenAPI document's references)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import csv
 import io
 import re
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from tests.app.conftest import service_settings
+from app.store.redis_store import RedisStore
+from tests.app.conftest import ADMIN, REDIS_URL, make_store, service_settings
 from tests.app.test_api import LABELS, make_project
 
 
@@ -112,3 +119,262 @@ def test_an_item_without_labels_has_no_label(client: TestClient) -> None:
     assert sum(summary["label_counts"].values()) == 2  # seen and known: fresh has no label
     assert summary["label_counts"]["asian"] == 0
     assert sum(summary["confidence_histogram"]["counts"]) == 2
+
+
+# --- hardening ---------------------------------------------------------------------------
+
+
+def _error(r: Any, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json", r.headers
+    body = r.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code, body
+    assert set(body["error"]) == {"code", "message", "entry", "field"}, body
+    return dict(body["error"])
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Iterator[TestClient]:
+    """A service (embedded store) whose bodies hold at most 4096 bytes."""
+    store = make_store("embedded", tmp_path)
+    app = create_app(service_settings(tmp_path, max_body_bytes=4096), store=store)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        yield c
+    store.close()
+
+
+def _labels(n: int) -> bytes:
+    return orjson.dumps([{"item": f"i{n}", "worker": f"w{n}", "label": "white"} for n in range(n)])
+
+
+def test_body_limit_comes_before_parsing_and_the_key(small: TestClient) -> None:
+    key = make_project(small)
+    big, fits = _labels(100), _labels(20)
+    assert len(big) > 4096 > len(fits)
+    path = "/v1/projects/census/labels"
+    nobody = {"Authorization": ""}
+    # on its Content-Length, before the key is checked: no key, a wrong key, a good one
+    for headers in (nobody, {"Authorization": "Bearer nope"}, key):
+        err = _error(small.post(path, content=big, headers=headers), 413, "body_too_large")
+        assert "4,096" in err["message"]
+    # chunked (no Content-Length): read up to the limit, then refused, before the key too
+    for headers in (nobody, key):
+        r = small.post(path, content=iter([big[:3000], big[3000:]]), headers=headers)
+        assert "content-length" not in r.request.headers
+        _error(r, 413, "body_too_large")
+    # FastAPI-parsed bodies alike, and a body that fits is served whole, chunked or not
+    r = small.post("/v1/projects", content=iter([b'{"name": "x", "labels": [', b"1" * 5000]))
+    _error(r, 413, "body_too_large")
+    _error(small.post(path, content=fits, headers=nobody), 401, "missing_key")
+    r = small.post(path, params={"wait": True}, content=iter([fits[:100], fits[100:]]), headers=key)
+    assert r.status_code == 202 and r.json()["accepted"] == 20, r.text
+    r = small.put(
+        "/v1/projects/census/queue/settings",
+        content=iter([b'{"policy": ', b'"margin"}']),
+        headers={**key, "content-type": "application/json"},
+    )
+    assert r.status_code == 202 and r.json()["policy"] == "margin", r.text
+
+
+def test_a_chunked_body_is_refused_as_it_arrives(tmp_path: Path) -> None:
+    """Driven as the server would: the chunks past the limit are never read."""
+    app = create_app(service_settings(tmp_path, max_body_bytes=4096))
+    chunks = [b"x" * 1000 for _ in range(100)]
+    read: list[bytes] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        read.append(chunks[len(read)])
+        return {"type": "http.request", "body": read[-1], "more_body": len(read) < len(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/projects/census/labels", "raw_path": b"", "root_path": "",
+        "query_string": b"", "headers": [(b"transfer-encoding", b"chunked")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {},
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413 and len(read) == 5
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "body_too_large"
+
+
+def test_out_of_range_numbers_in_queue_settings_are_422(client: TestClient) -> None:
+    key = make_project(client)
+    path = "/v1/projects/census/queue/settings"
+    for body in (
+        b'{"max_labels_per_item": 18446744073709551616}',
+        b'{"max_labels_per_item": 9223372036854775808}',
+        b'{"budget": 1000000000000000000000000000000}',
+        b'{"target_confidence": 1e400}',
+        b'{"target_confidence": NaN}',
+        b'{"budget": -1}',
+    ):
+        field = orjson.loads(body.replace(b"NaN", b"0").replace(b"1e400", b"0")).popitem()[0]
+        r = client.put(path, content=body, headers={**key, "content-type": "application/json"})
+        assert _error(r, 422, "invalid_request")["field"] == field
+    # nothing of it was applied
+    assert client.get(path, headers=key).json()["policy"] == "voi"
+    r = client.put(path, params={"wait": True}, json={"budget": 2**53 - 1}, headers=key)
+    assert r.status_code == 202 and r.json()["budget"] == 2**53 - 1
+
+
+def test_malformed_bodies_answer_in_the_error_format(client: TestClient) -> None:
+    key = make_project(client)
+    json_ = {**key, "content-type": "application/json"}
+    for path, method in (
+        ("/v1/projects", "POST"),
+        ("/v1/projects/census/queue/settings", "PUT"),
+        ("/v1/projects/census/labels", "POST"),
+    ):
+        for body in (b"{bad", b'{"policy": "\xff"}', b"[" * 100_000, b"\xff\xfe"):
+            r = client.request(method, path, content=body, headers=json_)
+            assert "not JSON" in _error(r, 400, "invalid_json")["message"], (path, body[:10])
+    for body in (b"", b"[1, 2]", b'"text"'):
+        r = client.put("/v1/projects/census/queue/settings", content=body, headers=json_)
+        _error(r, 422, "invalid_request")
+    r = client.post("/v1/projects", json={"name": "x", "labels": ["a", "b"], "nope": 1})
+    assert _error(r, 422, "invalid_request")["field"] == "nope"
+
+
+def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClient) -> None:
+    key = make_project(client)
+    _error(client.get("/nope"), 404, "not_found")
+    _error(client.get("/v1/projects/census/nope", headers=key), 404, "not_found")
+    r = client.delete("/v1/projects/census/queue", headers=key)
+    assert _error(r, 405, "method_not_allowed") and r.headers["allow"] == "GET"
+    _post(client, key, "labels", [{"item": "a", "worker": "w", "label": "white"}])
+    assert client.get("/v1/projects/census/items/a", headers=key).json()["label"] == "white"
+    # a newline or NUL in an id: no item holds one (a trailing newline is not dropped)
+    for item in ("a%0Ab", "a%0A", "a%00", "%0A"):
+        r = client.get(f"/v1/projects/census/items/{item}", headers=key)
+        assert "control characters" in _error(r, 404, "not_found")["message"], item
+    _error(client.get("/v1/projects/census/workers/w%0A", headers=key), 404, "not_found")
+
+
+@pytest.mark.parametrize("bad", ["a\x00", "a\n", "\ta", "a\x7f", "a\x85"])
+def test_ids_with_control_characters_are_refused(client: TestClient, bad: str) -> None:
+    key = make_project(client)
+    path = "/v1/projects/census"
+    ok = {"item": "a", "worker": "w", "label": "white", "id": "L1"}
+    for what, block, field in (
+        ("labels", [ok, {**ok, "item": bad}], "item"),
+        ("labels", [ok, {**ok, "worker": bad}], "worker"),
+        ("labels", [ok, {**ok, "id": bad}], "id"),
+        ("gold", [{"item": "a", "label": "white"}, {"item": bad, "label": "white"}], "item"),
+        ("items", [{"item": "a"}, {"item": bad}], "item"),
+    ):
+        r = client.post(f"{path}/{what}", content=orjson.dumps(block), headers=key)
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert (err["entry"], err["field"]) == (1, field), err
+        assert "control characters" in err["message"]
+    assert client.get(path, headers=key).json()["stats"]["log_end"] == 0  # nothing applied
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "$ref":
+                yield v
+            else:
+                yield from _refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _refs(v)
+
+
+def test_every_openapi_ref_resolves(bare: TestClient) -> None:
+    doc = bare.get("/openapi.json").json()
+    refs = set(_refs(doc))
+    assert {f"#/components/schemas/{m}" for m in ("LabelIn", "GoldIn", "ItemIn", "PairIn")} <= refs
+    for ref in refs:
+        assert ref.startswith("#/"), ref
+        node = doc
+        for part in ref[2:].split("/"):
+            assert isinstance(node, dict) and part in node, f"{ref} does not resolve"
+            node = node[part]
+    label = doc["components"]["schemas"]["LabelIn"]
+    assert set(label["required"]) == {"item", "worker", "label"}
+    assert label["properties"]["item"]["maxLength"] == 512
+
+
+class Proxy:
+    """A TCP relay to Redis that can be cut: then nothing listens on its port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                t = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                self.threads.append(t)
+                t.start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept: the port stops listening
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        for t in self.threads:
+            t.join(5)
+
+
+def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+    host, port = REDIS_URL.split("//")[1].split("/")[0].split(":")
+    proxy = Proxy(host, int(port))
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+    settings = service_settings(tmp_path, engine_in_process=False)
+    try:
+        with TestClient(
+            create_app(settings, store=store), headers={"Authorization": f"Bearer {ADMIN}"}
+        ) as c:
+            key = make_project(c)
+            other = c.post("/v1/projects/census/keys", json={"scope": "read"}).json()["api_key"]
+            assert c.get("/v1/projects/census", headers=key).status_code == 200
+            proxy.cut()  # Redis is gone: nothing listens on the store's port
+            with socket.socket() as probe:
+                assert probe.connect_ex(("127.0.0.1", proxy.port)) != 0
+            for r in (
+                c.get("/v1/projects/census", headers=key),
+                c.get("/v1/projects/census", headers={"Authorization": f"Bearer {other}"}),
+                c.post("/v1/projects/census/labels", content=_labels(3), headers=key),
+                c.put("/v1/projects/census/queue/settings", json={}, headers=key),
+                c.get("/v1/projects/census/items/a", headers=key),
+            ):
+                err = _error(r, 503, "store_unavailable")
+                assert int(r.headers["retry-after"]) > 0, err
+            assert c.get("/readyz").json()["store"] == "unreachable"
+    finally:
+        proxy.cut()
+        store.close()
+        RedisStore(REDIS_URL, prefix=prefix).flush_prefix()
