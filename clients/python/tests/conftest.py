@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.testing import running_service  # the server these tests talk to
+from bench.datasets import find_datasets_root
 
 try:
     import crowdtally_client  # noqa: F401
@@ -41,3 +42,12 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     }
     with running_service(data, env) as url:
         yield LiveServer(url, ADMIN, data)
+
+
+@pytest.fixture(scope="session")
+def datasets_root() -> Path:
+    """The shared crowdsourcing datasets with gold (``$CROWDTALLY_DATASETS``)."""
+    root = find_datasets_root()
+    if not (root / "INDEX.md").exists():
+        pytest.fail(f"shared datasets not found at {root} (set CROWDTALLY_DATASETS)")
+    return root

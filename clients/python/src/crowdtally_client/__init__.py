@@ -1,7 +1,8 @@
 """Python client for the crowdtally service: ``Client`` (sync) and ``AsyncClient`` (asyncio).
 
 Retries with exponential back-off on connection errors, 429 and 5xx; large label lists go in
-blocks; ``iter_items`` follows the cursor; ``to_pandas`` gives crowd-kit-shaped frames.
+blocks; ``iter_items`` follows the cursor; ``to_pandas`` gives crowd-kit-shaped frames with
+crowd-kit's dtypes (int64 ids and labels when they are integers; ``frames`` says how).
 """
 
 from crowdtally_client._core import (

@@ -62,6 +62,40 @@ def auto_id(item: str, worker: str, label: str, position: int, namespace: str = 
     return "auto-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
+def as_text(value: Any, what: str = "id") -> str:
+    """An item, worker or label as the service stores it: text. numpy and pandas scalars count
+    as their Python value (``np.int64(3)`` is ``"3"``, as the int 3 is)."""
+    if isinstance(value, str):
+        return str(value)  # (np.str_ too)
+    item = getattr(value, "item", None)  # numpy scalars (np.int64, np.bool_, ...)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        value = item()
+    if isinstance(value, bytes | Iterable) and not isinstance(value, str):
+        raise ValueError(f"{what} must be one value, got {value!r}")
+    if _is_missing(value):
+        raise ValueError(f"{what} is missing ({value!r})")
+    return str(value)
+
+
+def _is_missing(value: Any) -> bool:
+    """None, NaN, pandas' NA and NaT: a missing cell of a data frame."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN, NaT
+    except (TypeError, ValueError):  # pd.NA refuses bool()
+        return True
+
+
+def label_names(labels: Any) -> list[str]:
+    """A project's labels from a list, tuple, numpy array, pandas Series or Index (e.g.
+    ``np.unique(df.label)``, ``df.label.unique()``), each as text."""
+    if isinstance(labels, str | bytes) or not isinstance(labels, Iterable):
+        raise ValueError(f"labels must be a list of labels, got {labels!r}")
+    values = labels.tolist() if hasattr(labels, "tolist") else list(labels)
+    return [as_text(x, "a label") for x in values]
+
+
 def _from_frame(labels: Any) -> list[dict[str, Any]] | None:
     """A pandas DataFrame (crowd-kit's ``task, worker, label`` or ``item, worker, label``)."""
     columns = getattr(labels, "columns", None)
@@ -94,7 +128,11 @@ def prepare_labels(
         if isinstance(x, Label):
             d = x.model_dump(exclude_none=True)
         elif isinstance(x, Mapping):
-            d = {k: v for k, v in x.items() if v is not None}
+            d = {
+                k: v
+                for k, v in x.items()
+                if v is not None and not (k in ("id", "weight") and _is_missing(v))
+            }
         elif isinstance(x, Sequence) and not isinstance(x, str) and 3 <= len(x) <= 4:
             d = {"item": x[0], "worker": x[1], "label": x[2]}
             if len(x) == 4:
@@ -103,7 +141,7 @@ def prepare_labels(
             raise ValueError(f"label {n}: expected a Label, a mapping or a tuple, got {x!r}")
         for k in ("item", "worker", "label", "id"):
             if k in d:
-                d[k] = str(d[k])
+                d[k] = as_text(d[k], f"label {n}: {k}")
         if "weight" in d:
             d["weight"] = float(d["weight"])
             if d["weight"] == 1.0:
@@ -117,15 +155,42 @@ def prepare_labels(
     return out
 
 
-def prepare_gold(gold: Iterable[Gold | Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, str]]:
+def _gold_from_pandas(gold: Any) -> list[tuple[Any, Any]] | None:
+    """crowd-kit's gold: a Series of true labels indexed by task (``gt``), or a DataFrame with
+    ``task`` (or ``item``) and ``true_label`` (or ``label``) columns."""
+    columns = getattr(gold, "columns", None)
+    if columns is not None:
+        cols = set(columns)
+        item = "task" if "task" in cols else "item"
+        label = "true_label" if "true_label" in cols else "label"
+        if not {item, label} <= cols:
+            raise ValueError(
+                "a gold DataFrame needs the columns task (or item) and true_label (or label)"
+            )
+        return list(zip(gold[item].tolist(), gold[label].tolist(), strict=True))
+    if hasattr(gold, "index") and hasattr(gold, "items") and hasattr(gold, "dtype"):
+        return list(gold.items())  # a Series: task -> true label
+    return None
+
+
+def prepare_gold(
+    gold: Iterable[Gold | Mapping[str, Any] | Sequence[Any]] | Any,
+) -> list[dict[str, str]]:
+    """Gold answers as JSON-ready dicts: ``Gold`` models, mappings, (item, label) pairs, a
+    mapping item -> label, or crowd-kit's gold (a Series indexed by task, or a DataFrame)."""
+    pairs = _gold_from_pandas(gold)
+    if pairs is None and isinstance(gold, Mapping):
+        pairs = list(gold.items())
+    source: Iterable[Any] = pairs if pairs is not None else gold
     out = []
-    for x in gold:
+    for n, x in enumerate(source):
         if isinstance(x, Gold):
             out.append(x.model_dump())
         elif isinstance(x, Mapping):
-            out.append({"item": str(x["item"]), "label": str(x["label"])})
+            item, label = x["item"], x["label"]
+            out.append({"item": as_text(item, f"gold {n}: item"), "label": as_text(label, "label")})
         else:
-            out.append({"item": str(x[0]), "label": str(x[1])})
+            out.append({"item": as_text(x[0], f"gold {n}: item"), "label": as_text(x[1], "label")})
     return out
 
 

@@ -112,16 +112,16 @@ def healthz() -> Req[bool]:
 
 def create_project(
     name: str,
-    labels: list[str],
+    labels: Any,
     hyperparameters: dict[str, Any] | None,
     worker_slots: int | None,
     dyadic: dict[str, Any] | None,
 ) -> Req[models.ProjectCreated]:
-    body: dict[str, Any] = {"name": name, "labels": list(labels)}
+    body: dict[str, Any] = {"name": name, "labels": _core.label_names(labels)}
     if hyperparameters:
         body["hyperparameters"] = hyperparameters
     if worker_slots is not None:
-        body["worker_slots"] = worker_slots
+        body["worker_slots"] = int(worker_slots)
     if dyadic is not None:
         body["dyadic"] = dyadic
     return Req(
@@ -196,7 +196,7 @@ def post_labels(
 
 def post_gold(
     project: str,
-    gold: Iterable[models.Gold | dict[str, Any] | tuple[str, str]],
+    gold: Iterable[models.Gold | dict[str, Any] | tuple[Any, Any]] | Any,
     wait: bool,
     batch_size: int,
 ) -> Plan[models.PostResult]:
@@ -210,8 +210,9 @@ def refit(project: str, wait: bool) -> Req[models.Accepted]:
 
 
 # ---------------------------------------------------------------- items
-def get_item(project: str, item: str) -> Req[models.Item]:
-    return Req("GET", f"{_project(project)}/items/{_p(item)}", models.Item.model_validate)
+def get_item(project: str, item: Any) -> Req[models.Item]:
+    path = f"{_project(project)}/items/{_p(_core.as_text(item, 'item'))}"
+    return Req("GET", path, models.Item.model_validate)
 
 
 def calibration(project: str) -> Req[models.CalibrationReport]:
@@ -262,8 +263,9 @@ def export(project: str, format: ExportFormat) -> Req[None]:
 
 
 # ---------------------------------------------------------------- workers
-def get_worker(project: str, worker: str) -> Req[models.Worker]:
-    return Req("GET", f"{_project(project)}/workers/{_p(worker)}", models.Worker.model_validate)
+def get_worker(project: str, worker: Any) -> Req[models.Worker]:
+    path = f"{_project(project)}/workers/{_p(_core.as_text(worker, 'worker'))}"
+    return Req("GET", path, models.Worker.model_validate)
 
 
 def list_workers(
@@ -293,11 +295,16 @@ def _predictions(answer: Any) -> list[models.Prediction]:
     return [models.Prediction.model_validate(p) for p in answer["predictions"]]
 
 
+def _pair(p: Any) -> dict[str, str]:
+    worker, item = (p["worker"], p["item"]) if isinstance(p, dict) else (p[0], p[1])
+    return {"worker": _core.as_text(worker, "worker"), "item": _core.as_text(item, "item")}
+
+
 def predict(
-    project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+    project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
 ) -> Plan[list[models.Prediction]]:
     """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order."""
-    body = [p if isinstance(p, dict) else {"worker": p[0], "item": p[1]} for p in pairs]
+    body = [_pair(p) for p in pairs]
     path = f"{_project(project)}/predictions"
     out: list[models.Prediction] = []
     for lo in range(0, len(body), MAX_PAIRS):
@@ -307,12 +314,15 @@ def predict(
 
 
 def boundary(
-    project: str, worker: str | None, item: str | None, limit: int, candidates: int
+    project: str, worker: Any, item: Any, limit: int, candidates: int
 ) -> Req[models.BoundaryPage]:
     if (worker is None) == (item is None):
         raise ValueError("give exactly one of worker and item")
     params: dict[str, Any] = {"limit": limit, "candidates": candidates}
-    params.update({"worker": worker} if worker is not None else {"item": item})
+    if worker is not None:
+        params["worker"] = _core.as_text(worker, "worker")
+    else:
+        params["item"] = _core.as_text(item, "item")
     return Req("GET", f"{_project(project)}/boundary", models.BoundaryPage.model_validate, params)
 
 

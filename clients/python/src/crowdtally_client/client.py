@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
@@ -37,7 +37,9 @@ from crowdtally_client.models import (
 )
 
 if TYPE_CHECKING:
-    from crowdtally_client.frames import Aggregation
+    import pandas as pd
+
+    from crowdtally_client.frames import Aggregation, Dtypes
 
 T = TypeVar("T")
 X = TypeVar("X")
@@ -174,7 +176,7 @@ class Client(_Base):
     def create_project(
         self,
         name: str,
-        labels: list[str],
+        labels: Sequence[Any] | Any,
         *,
         hyperparameters: dict[str, Any] | None = None,
         worker_slots: int | None = None,
@@ -217,7 +219,7 @@ class Client(_Base):
     def post_gold(
         self,
         project: str,
-        gold: Iterable[Gold | dict[str, Any] | tuple[str, str]],
+        gold: Iterable[Gold | dict[str, Any] | tuple[Any, Any]] | Any,
         *,
         wait: bool = False,
     ) -> PostResult:
@@ -227,7 +229,7 @@ class Client(_Base):
         return self._call(_req.refit(project, wait))
 
     # ---------------------------------------------------------------- items
-    def get_item(self, project: str, item: str) -> Item:
+    def get_item(self, project: str, item: Any) -> Item:
         return self._call(_req.get_item(project, item))
 
     def calibration(self, project: str) -> CalibrationReport:
@@ -271,7 +273,7 @@ class Client(_Base):
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
     # ---------------------------------------------------------------- workers
-    def get_worker(self, project: str, worker: str) -> Worker:
+    def get_worker(self, project: str, worker: Any) -> Worker:
         return self._call(_req.get_worker(project, worker))
 
     def list_workers(
@@ -295,7 +297,7 @@ class Client(_Base):
     ) -> Iterator[Worker]:
         yield from self._entries(_req.worker_pages(project, order, by, page_size))
 
-    def worker_confusions(self, project: str, workers: Iterable[str] | None = None) -> list[Worker]:
+    def worker_confusions(self, project: str, workers: Iterable[Any] | None = None) -> list[Worker]:
         """Workers with their confusion matrices (one GET each: the list omits them)."""
         names = (
             list(workers) if workers is not None else [w.worker for w in self.iter_workers(project)]
@@ -304,7 +306,7 @@ class Client(_Base):
 
     # ---------------------------------------------------------------- predictions
     def predict(
-        self, project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+        self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
     ) -> list[Prediction]:
         """What each worker would answer on each item: ``pairs`` of (worker, item), sent in
         requests of at most 10,000 pairs; the answers in the same order."""
@@ -314,8 +316,8 @@ class Client(_Base):
         self,
         project: str,
         *,
-        worker: str | None = None,
-        item: str | None = None,
+        worker: Any = None,
+        item: Any = None,
         limit: int = 10,
         candidates: int = 200,
     ) -> BoundaryPage:
@@ -328,16 +330,29 @@ class Client(_Base):
         return self._call(_req.list_snapshots(project))
 
     # ---------------------------------------------------------------- pandas
-    def to_pandas(self, project: str, *, errors: bool = True) -> Aggregation:
+    def to_pandas(
+        self,
+        project: str,
+        *,
+        errors: bool = True,
+        like: pd.DataFrame | None = None,
+        dtypes: Dtypes = "infer",
+    ) -> Aggregation:
         """crowd-kit-shaped results: ``.probas`` (task x label), ``.labels`` (``agg_label``),
         ``.errors`` (``(worker, label)`` x true label; one GET per worker, skip with
-        ``errors=False``). Needs pandas (``pip install 'crowdtally-client[pandas]'``)."""
+        ``errors=False``), ``.gold`` (``true_label``). Needs pandas
+        (``pip install 'crowdtally-client[pandas]'``).
+
+        dtypes: ``task``, ``worker`` and ``label`` each come back as ``int64`` when all their
+        values are plain integers (as ``pd.read_csv`` reads them), else as text; ``like=df``
+        gives them the dtypes of ``df``'s columns; ``dtypes="str"`` keeps them text."""
         from crowdtally_client import frames
 
+        types = frames.IdTypes.of(like, dtypes)
         classes = self.get_project(project).labels
         items = list(self.iter_items(project))
         workers = self.worker_confusions(project) if errors else None
-        return frames.aggregation(items, classes, workers)
+        return frames.aggregation(items, classes, workers, types)
 
 
 class AsyncClient(_Base):
@@ -432,7 +447,7 @@ class AsyncClient(_Base):
     async def create_project(
         self,
         name: str,
-        labels: list[str],
+        labels: Sequence[Any] | Any,
         *,
         hyperparameters: dict[str, Any] | None = None,
         worker_slots: int | None = None,
@@ -473,7 +488,7 @@ class AsyncClient(_Base):
     async def post_gold(
         self,
         project: str,
-        gold: Iterable[Gold | dict[str, Any] | tuple[str, str]],
+        gold: Iterable[Gold | dict[str, Any] | tuple[Any, Any]] | Any,
         *,
         wait: bool = False,
     ) -> PostResult:
@@ -486,7 +501,7 @@ class AsyncClient(_Base):
         """The served posteriors scored on the project's gold items (cross-fitted)."""
         return await self._call(_req.calibration(project))
 
-    async def get_item(self, project: str, item: str) -> Item:
+    async def get_item(self, project: str, item: Any) -> Item:
         return await self._call(_req.get_item(project, item))
 
     async def list_items(
@@ -526,7 +541,7 @@ class AsyncClient(_Base):
         except httpx.TransportError as exc:
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
-    async def get_worker(self, project: str, worker: str) -> Worker:
+    async def get_worker(self, project: str, worker: Any) -> Worker:
         return await self._call(_req.get_worker(project, worker))
 
     async def list_workers(
@@ -552,7 +567,7 @@ class AsyncClient(_Base):
             yield w
 
     async def worker_confusions(
-        self, project: str, workers: Iterable[str] | None = None
+        self, project: str, workers: Iterable[Any] | None = None
     ) -> list[Worker]:
         """Workers with confusion matrices, ``concurrency`` GETs at a time."""
         if workers is None:
@@ -568,7 +583,7 @@ class AsyncClient(_Base):
         return list(await asyncio.gather(*(one(w) for w in names)))
 
     async def predict(
-        self, project: str, pairs: Iterable[tuple[str, str] | dict[str, str]]
+        self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
     ) -> list[Prediction]:
         return await self._run(_req.predict(project, pairs))
 
@@ -576,8 +591,8 @@ class AsyncClient(_Base):
         self,
         project: str,
         *,
-        worker: str | None = None,
-        item: str | None = None,
+        worker: Any = None,
+        item: Any = None,
         limit: int = 10,
         candidates: int = 200,
     ) -> BoundaryPage:
@@ -586,14 +601,22 @@ class AsyncClient(_Base):
     async def list_snapshots(self, project: str) -> list[Snapshot]:
         return await self._call(_req.list_snapshots(project))
 
-    async def to_pandas(self, project: str, *, errors: bool = True) -> Aggregation:
+    async def to_pandas(
+        self,
+        project: str,
+        *,
+        errors: bool = True,
+        like: pd.DataFrame | None = None,
+        dtypes: Dtypes = "infer",
+    ) -> Aggregation:
         """As ``Client.to_pandas``."""
         from crowdtally_client import frames
 
+        types = frames.IdTypes.of(like, dtypes)
         classes = (await self.get_project(project)).labels
         items = [x async for x in self.iter_items(project)]
         workers = await self.worker_confusions(project) if errors else None
-        return frames.aggregation(items, classes, workers)
+        return frames.aggregation(items, classes, workers, types)
 
 
 def parse_jsonl(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
