@@ -9,6 +9,15 @@ One project's failure (an exception while applying its entries, MemoryError incl
 stall the others: that project is marked failed in the store (``/readyz`` and ``/metrics`` name
 it), its engine is dropped, and it is tried again from its snapshot after a back-off, while the
 loop goes on with the rest.
+
+The engine's position is never ahead of the log: it remembers the token of the entry its state
+ends at (its anchor), reads the next entries only while the log still holds that entry, and
+writes served state only while the log holds the entry that state ends at (both checked
+atomically in the store). A log gone back in time (Redis restarted from an AOF that missed its
+last second) raises ``LogRewoundError``: the engine is dropped and restored from the latest
+snapshot the log still holds (the snapshots past it, and their archive, are dropped), then
+replays; the state equals a replay of the log, and the label ids the log lost are gone with
+it, so a client's retry of a lost block is applied exactly once.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import orjson
 
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter
-from app.store.base import ProjectRecord, Store
+from app.store.base import LogRewoundError, ProjectRecord, Store
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -57,6 +66,10 @@ class EngineLoop:
         self.poll_s = poll_s
         self.engines: dict[str, ProjectEngine] = {}
         self._catch_up: dict[str, int] = {}
+        self._anchor: dict[str, int | None] = {}
+        """Token of the log entry each engine's state ends at (None: position 0)."""
+        self.rewinds = 0
+        """Engines dropped because the log went back in time (restored, then replayed)."""
         self._last_label: dict[str, float] = {}
         self._refine_due: dict[str, bool] = {}
         self._sweep_pending: dict[str, bool] = {}
@@ -86,6 +99,9 @@ class EngineLoop:
                 continue  # failed: tried again after its back-off
             try:
                 done += self._step_project(name, record)
+            except LogRewoundError as exc:
+                self._rewind(name, exc)
+                continue
             except Exception as exc:
                 if not self.store.ping():
                     raise  # the store, not the project: the whole step failed
@@ -108,12 +124,24 @@ class EngineLoop:
         self._catch_up.pop(name, None)
         self.store.set_project_failed(name, error)
 
+    def _rewind(self, name: str, exc: LogRewoundError) -> None:
+        """The log went back in time under this engine: drop it (the next step restores the
+        latest snapshot the log still holds and replays)."""
+        log.warning("%s: %s; restoring from a snapshot the log holds", name, exc)
+        self.rewinds += 1
+        self.engines.pop(name, None)
+        for held in (self._catch_up, self._anchor):
+            held.pop(name, None)
+        if self.snapshotter is not None:
+            self.snapshotter.unload(name)  # (waits for the snapshot being written)
+
     def _drop(self, name: str, forget_sql: bool = True) -> None:
         """Forget a project this loop held: its engine and schedule; with ``forget_sql`` (it
         was deleted and created again) also what SQL holds of it, snapshots and archive."""
         self.engines.pop(name, None)
         for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
             held.pop(name, None)
+        self._anchor.pop(name, None)
         self.failed.pop(name, None)
         if self.snapshotter is not None:
             if forget_sql:
@@ -128,19 +156,25 @@ class EngineLoop:
             self._drop(name)  # another project under the same name: nothing of the old one
             eng = None
         if eng is None:
-            eng = snap.load(record) if snap is not None else ProjectEngine(record)
+            eng, anchor = (
+                snap.load_anchored(record) if snap is not None else (ProjectEngine(record), None)
+            )
             self.engines[name] = eng
+            self._anchor[name] = anchor
             # State already served (another engine, before a restart): replay silently up to it.
             self._catch_up[name] = served = self.store.applied_position(name)
             if served < eng.position:  # a restored snapshot the store has not seen: serve it all
                 eng.mark_all_dirty()
-                self.store.write_state(name, eng.state_update())
+                first = eng.state_update()
+                first.anchor = anchor
+                self.store.write_state(name, first)
+        anchor = self._anchor.get(name)
         read = snap.read_log if snap is not None else self.store.read_log
-        entries = read(name, eng.position, self.batch_entries)
+        entries = read(name, eng.position, self.batch_entries, anchor)
         now = time.monotonic()
         if not entries:
             if snap is not None and eng.position >= self._catch_up.get(name, 0):
-                snap.maybe_snapshot(eng)  # the last entries before a quiet spell too
+                snap.maybe_snapshot(eng, token=anchor)  # the last entries before a quiet spell
             if now - self._last_label.get(name, now) >= self.refine_idle_s:
                 self._idle_sweeps(name, eng)
             return 0
@@ -153,11 +187,13 @@ class EngineLoop:
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
                 self._refine_due[name] = self.refine_passes > 0
+        self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
+        update.anchor = anchor
         if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
             if snap is not None:
-                snap.maybe_snapshot(eng, force=force_snapshot)
+                snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

@@ -48,13 +48,16 @@ class Capture:
     """Copied in the engine's thread, packed to its touched rows by ``encode``."""
     created_at: float | None = None
     """The project's creation time: a snapshot belongs to one project, not to a name."""
+    token: int = 1
+    """Token of the log entry at ``position`` (``LogEntry.token``): the snapshot belongs to
+    the log that holds that entry."""
 
     @property
     def n_labels(self) -> int:
         return int(self.arrays["label_item"].size)
 
 
-def capture(eng: ProjectEngine) -> Capture:
+def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     n, nw, nl = eng.items_count, len(eng.workers.names), eng.labels.n_labels
     p = eng.online.params
     assert p.counts is not None and p.sums is not None
@@ -89,7 +92,7 @@ def capture(eng: ProjectEngine) -> Capture:
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
-        eng.record.created_at,
+        eng.record.created_at, 1 if token is None else token,
     )  # fmt: skip
 
 
@@ -101,6 +104,7 @@ def encode(cap: Capture) -> bytes:
             "workers": cap.worker_names,
             "queue": cap.queue_settings,
             "created_at": cap.created_at,
+            "token": cap.token,
         }
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
@@ -200,34 +204,66 @@ class Snapshotter:
         self.last_error: str | None = None
         self.stall_s: float = 0.0
         self.write_s: float = 0.0
+        self.rewinds = 0
+        """Snapshots dropped because the log no longer held their entry (Redis went back)."""
 
     def load(self, record: ProjectRecord) -> ProjectEngine:
-        """The project's engine from its latest snapshot (a fresh one when there is none).
+        return self.load_anchored(record)[0]
+
+    def load_anchored(self, record: ProjectRecord) -> tuple[ProjectEngine, int | None]:
+        """The project's engine from its latest snapshot that the log still holds (a fresh one
+        when there is none), with the token of its log entry (None at position 0).
 
         What SQL holds of an earlier project of the same name (deleted, perhaps while this
-        engine was not running) is dropped first: the new project starts from scratch."""
+        engine was not running) is dropped first: the new project starts from scratch. So are
+        snapshots past the log (Redis went back in time: restarted from an AOF that missed its
+        last second) and the archived entries after the snapshot kept: the live log holds what
+        is left of them."""
         self._last.pop(record.name, None)
         if not self.store.log_in_sql:
             saved = self.db.project(record.name)
             if saved is None or saved.created_at != record.created_at:
                 self.db.forget_project(record.name)  # (nothing, or an earlier project's)
-        found = self.db.latest(record.name)
-        if found is None:
-            return ProjectEngine(record)
+        stale: list[int] = []
+        kept: tuple[int, int, int] | None = None
+        for anchor in self.db.anchors(record.name):
+            if self.store.holds(record.name, anchor[1], anchor[2]):
+                kept = anchor
+                break
+            stale.append(anchor[0])
+        if stale:
+            # Archived entries the live log still holds, or never held, may be of the lost
+            # history: they go; those it trimmed are of its own (archived before the trim).
+            trimmed = min(self.store.log_start(record.name) - 1, self.store.log_end(record.name))
+            at = max(kept[1] if kept is not None else 0, trimmed)
+            log.warning(
+                "%s: the log no longer holds what %d snapshot(s) covered (the store went back "
+                "in time); restoring from position %d, archive kept up to %d",
+                record.name, len(stale), kept[1] if kept is not None else 0, at,
+            )  # fmt: skip
+            self.db.rewind(record.name, at, stale)
+            self.rewinds += 1
+        found = self.db.get(kept[0]) if kept is not None else None
+        if kept is None or found is None:
+            return ProjectEngine(record), None
         info, blob = found
         try:
             eng = restore(record, blob)
         except StaleSnapshotError as exc:
             log.warning("%s: %s; starting from scratch", record.name, exc)
             self._drop_sql(record.name)
-            return ProjectEngine(record)
+            return ProjectEngine(record), None
         self._last[record.name] = (time.monotonic(), eng.labels.n_labels, eng.position)
         log.info("%s: restored snapshot %d at position %d", record.name, info.id, info.position)
-        return eng
+        return eng, kept[2]
 
-    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
-        """Entries after ``after``: from the live log, or from the archive where trimmed."""
-        entries = self.store.read_log(project, after, limit)
+    def read_log(
+        self, project: str, after: int, limit: int, anchor: int | None = None
+    ) -> list[LogEntry]:
+        """Entries after ``after``: from the live log, or from the archive where trimmed.
+        With ``anchor``, the live log must still hold the entry at ``after`` with that token
+        (else ``LogRewoundError``)."""
+        entries = self.store.read_log(project, after, limit, anchor)
         if entries and entries[0].position == after + 1:
             return entries
         if not entries and self.store.log_end(project) <= after:
@@ -235,8 +271,9 @@ class Snapshotter:
         return self.db.read_archive(project, after, limit)
 
     def maybe_snapshot(
-        self, eng: ProjectEngine, force: bool = False
+        self, eng: ProjectEngine, force: bool = False, token: int | None = None
     ) -> Future[SnapshotInfo | None] | None:
+        """Snapshot the engine when due; ``token``: that of its log entry (its anchor)."""
         name = eng.record.name
         now = time.monotonic()
         t, labels, position = self._last.setdefault(name, (now, 0, 0))
@@ -250,7 +287,7 @@ class Snapshotter:
                 return None
             self._pending.result()  # an asked-for snapshot waits for the one being written
         t0 = time.perf_counter()
-        cap = capture(eng)
+        cap = capture(eng, token)
         self.stall_s = time.perf_counter() - t0
         self._last[name] = (now, eng.labels.n_labels, eng.position)
         self._pending = self._pool.submit(self._write, eng.record, cap)
@@ -280,7 +317,8 @@ class Snapshotter:
             if now is not None and now.created_at != record.created_at:
                 self._drop_sql(record.name)  # replaced while being written: not the new one's
                 return None
-            self.store.trim(cap.project, cap.position)  # only once SQL holds the entries
+            # only once SQL holds the entries, and while the log holds the snapshot's entry
+            self.store.trim(cap.project, cap.position, anchor=(cap.position, cap.token))
             self.write_s = time.perf_counter() - t0
             self.last_error = None
             return info

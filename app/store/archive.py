@@ -38,6 +38,7 @@ class SnapshotMeta(Protocol):
 
     project: str
     position: int
+    token: int
     item_names: list[str]
     worker_names: list[str]
 
@@ -97,6 +98,7 @@ class SnapshotDB:
                         kind=e.kind,
                         payload=e.payload,
                         keep=e.keep,
+                        token=e.token,
                     )
                     for e in archive
                     if e.position not in have
@@ -110,6 +112,7 @@ class SnapshotDB:
                 n_labels=cap.n_labels,
                 size_bytes=len(blob),
                 state=blob,
+                token=cap.token,
             )
             s.add(row)
             s.flush()
@@ -125,7 +128,7 @@ class SnapshotDB:
         return info
 
     def infos(self, project: str | None = None) -> list[SnapshotInfo]:
-        cols = [c for c in SnapshotRow.__table__.c if c.name != "state"]
+        cols = [c for c in SnapshotRow.__table__.c if c.name not in ("state", "token")]
         q = select(*cols).order_by(SnapshotRow.project, SnapshotRow.position)
         if project is not None:
             q = q.where(SnapshotRow.project == project)
@@ -162,12 +165,34 @@ class SnapshotDB:
     def read_archive(self, project: str, after: int, limit: int) -> list[LogEntry]:
         with self.engine.connect() as c:
             rows = c.execute(
-                select(LogRow.position, LogRow.kind, LogRow.payload, LogRow.keep)
+                select(LogRow.position, LogRow.kind, LogRow.payload, LogRow.keep, LogRow.token)
                 .where(LogRow.project == project, LogRow.position > after)
                 .order_by(LogRow.position)
                 .limit(limit)
             )
-            return [LogEntry(p, cast(EntryKind, k), bytes(b), bytes(m)) for p, k, b, m in rows]
+            return [
+                LogEntry(p, cast(EntryKind, k), bytes(b), bytes(m), int(t))
+                for p, k, b, m, t in rows
+            ]
+
+    def anchors(self, project: str) -> list[tuple[int, int, int]]:
+        """(id, position, token) of the project's snapshots, newest first."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(SnapshotRow.id, SnapshotRow.position, SnapshotRow.token)
+                .where(SnapshotRow.project == project)
+                .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
+            )
+            return [(int(i), int(p), int(t)) for i, p, t in rows]
+
+    def rewind(self, project: str, position: int, snapshot_ids: list[int]) -> None:
+        """Forget what SQL holds past ``position`` of a log gone back in time: the snapshots
+        given and the archived entries after ``position`` (the live log holds them, or lost
+        them), in one transaction."""
+        with Session(self.engine) as s, s.begin():
+            if snapshot_ids:
+                s.execute(delete(SnapshotRow).where(SnapshotRow.id.in_(snapshot_ids)))
+            s.execute(delete(LogRow).where(LogRow.project == project, LogRow.position > position))
 
     # the catalogue (kept here so a wiped Redis can be rebuilt) ---------------------------
     def save_project(self, record: ProjectRecord) -> None:
@@ -309,7 +334,7 @@ def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:
                     ids.extend(
                         i for i, k in zip(body_ids, keep, strict=True) if i and k == ord("1")
                     )
-                if e.position > start:
+                if e.position >= start:  # (the snapshot's own entry too: its anchor)
                     entries.append(e)
             after = chunk[-1].position
         for h, k in keys.items():

@@ -28,6 +28,12 @@ class ProjectExistsError(Exception):
     """A project of that name already exists."""
 
 
+class LogRewoundError(Exception):
+    """The log no longer holds the entry an engine's state ends at: the store went back in
+    time (Redis restarted from an AOF that missed its last second, a failover to a replica
+    that lagged). The engine must drop what it holds and restore from an earlier snapshot."""
+
+
 @dataclass(frozen=True)
 class ProjectRecord:
     name: str
@@ -73,6 +79,9 @@ class LogEntry:
     """orjson-encoded body; for ``labels`` the columns ``items, workers, labels, weights``."""
     keep: bytes = b""
     """For ``labels``: one byte per label, ``1`` to apply, ``0`` for a duplicate id."""
+    token: int = 1
+    """Drawn at random when the entry is appended (Redis): two entries at one position are
+    the same entry only if their tokens are equal (1: entries logged before tokens were)."""
 
 
 @dataclass
@@ -101,6 +110,9 @@ class StateUpdate:
     """Items that left the queue (finished)."""
     queue_settings: bytes | None = None
     dyadic: DyadicUpdate | None = None
+    anchor: int | None = None
+    """Token of the log entry at ``position``: the write is refused (``LogRewoundError``)
+    unless the log still holds that very entry (None: not checked)."""
 
 
 class Store(Protocol):
@@ -140,9 +152,27 @@ class Store(Protocol):
         """Append one entry atomically; labels whose id was seen before are marked duplicate."""
         ...
 
-    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]: ...
-    def trim(self, project: str, upto: int) -> None:
-        """Drop log entries up to ``upto`` (archived in SQL and covered by a snapshot)."""
+    def read_log(
+        self, project: str, after: int, limit: int, anchor: int | None = None
+    ) -> list[LogEntry]:
+        """Entries after position ``after``. With ``anchor`` (the token of the entry at
+        ``after``, which the reader has applied), atomically checked first: raises
+        ``LogRewoundError`` when the log no longer holds that entry."""
+        ...
+
+    def holds(self, project: str, position: int, token: int) -> bool:
+        """The log holds the entry at ``position`` with ``token``, or held it and trimmed it
+        (its prefix is archived); position 0 always."""
+        ...
+
+    def log_start(self, project: str) -> int:
+        """Position of the first entry the live log holds (entries before it were trimmed:
+        archived); the log end + 1 when it holds none."""
+        ...
+
+    def trim(self, project: str, upto: int, anchor: tuple[int, int] | None = None) -> None:
+        """Drop log entries up to ``upto`` (archived in SQL and covered by a snapshot); with
+        ``anchor`` (position, token) only while the log holds that entry."""
         ...
 
     def keys_for(self, project: str) -> dict[str, KeyRecord]:

@@ -20,6 +20,7 @@ from app.store.base import (
     EntryKind,
     KeyRecord,
     LogEntry,
+    LogRewoundError,
     ProjectExistsError,
     ProjectRecord,
     StateUpdate,
@@ -211,7 +212,12 @@ class EmbeddedStore:
             st.log_end = position
             return AppendResult(position, accepted, duplicates)
 
-    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
+    def read_log(
+        self, project: str, after: int, limit: int, anchor: int | None = None
+    ) -> list[LogEntry]:
+        """(The SQLite log never goes back in time: ``anchor`` is checked against its end.)"""
+        if anchor is not None and after > self.log_end(project):
+            raise LogRewoundError(f"{project}: the log ends before entry {after}")
         with self._lock:
             rows = self._db.execute(
                 "SELECT position, kind, payload, keep FROM label_log "
@@ -220,7 +226,13 @@ class EmbeddedStore:
             ).fetchall()
         return [LogEntry(p, k, bytes(b), bytes(m)) for p, k, b, m in rows]
 
-    def trim(self, project: str, upto: int) -> None:
+    def holds(self, project: str, position: int, token: int) -> bool:
+        return position <= self.log_end(project)
+
+    def log_start(self, project: str) -> int:
+        return 1  # (never trimmed)
+
+    def trim(self, project: str, upto: int, anchor: tuple[int, int] | None = None) -> None:
         """The SQLite log is the archive: nothing is trimmed."""
 
     def keys_for(self, project: str) -> dict[str, KeyRecord]:

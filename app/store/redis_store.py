@@ -7,6 +7,7 @@ transactions stay in one Redis Cluster slot. Project names are checked by the AP
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -18,18 +19,21 @@ from app.store.base import (
     EntryKind,
     KeyRecord,
     LogEntry,
+    LogRewoundError,
     ProjectExistsError,
     ProjectRecord,
     StateUpdate,
 )
 
-# KEYS: ids set, log stream, sequence. ARGV: kind, payload, then the label ids ('' = no id).
-# Marks each label 1 (new) or 0 (id seen before), appends the entry unless nothing is new.
+# KEYS: ids set, log stream, sequence. ARGV: kind, payload, with ids, token, then the label
+# ids ('' = no id). Marks each label 1 (new) or 0 (id seen before), appends the entry unless
+# nothing is new. The entry's stream id is ``position-token``: the token (random) tells this
+# entry from another one at the same position after Redis went back in time.
 _APPEND = """
 local keep = {}
 local accepted = 0
 local with_ids = tonumber(ARGV[3])
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local id = ARGV[i]
   if id == '' or redis.call('SADD', KEYS[1], id) == 1 then
     keep[#keep + 1] = '1'; accepted = accepted + 1
@@ -42,9 +46,57 @@ if with_ids == 1 and accepted == 0 then
   return {tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
 end
 local pos = redis.call('INCR', KEYS[3])
-redis.call('XADD', KEYS[2], pos .. '-1', 'k', ARGV[1], 'p', ARGV[2], 'm', mask)
+redis.call('XADD', KEYS[2], pos .. '-' .. ARGV[4], 'k', ARGV[1], 'p', ARGV[2], 'm', mask)
 return {pos, accepted}
 """
+
+# KEYS: log stream, sequence. ARGV: position, token. 1: the log holds that entry, or held it and
+# trimmed it (position 0 too); 0: it does not (a shorter log, or another entry there).
+_HOLDS = """
+local pos = tonumber(ARGV[1])
+if pos == 0 then return 1 end
+local seq = tonumber(redis.call('GET', KEYS[2]) or '0')
+if seq < pos then return 0 end
+local at = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1], 'COUNT', 1)
+if #at > 0 then
+  if at[1][1] == ARGV[1] .. '-' .. ARGV[2] then return 1 end
+  return 0
+end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+if #first == 0 then return 1 end
+if tonumber(string.match(first[1][1], '^(%d+)')) > pos then return 1 end
+return 0
+"""
+
+# The anchor check of _HOLDS, then (when it holds) up to ARGV[4] entries from id ARGV[3].
+_READ = (
+    "local function holds()\n"
+    + _HOLDS
+    + "end\n"
+    + """
+if holds() == 0 then return {0} end
+return {1, redis.call('XRANGE', KEYS[1], ARGV[3], '+', 'COUNT', ARGV[4])}
+"""
+)
+
+# KEYS: log stream. ARGV: anchor id, MINID. Trims only while the anchor entry is there.
+_TRIM = """
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
+redis.call('XTRIM', KEYS[1], 'MINID', ARGV[2])
+return 1
+"""
+
+
+def _entry(entry_id: bytes, fields: Any) -> LogEntry:
+    position, token = entry_id.split(b"-")
+    if isinstance(fields, list):  # (from a script: a flat list)
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    return LogEntry(int(position), fields[b"k"].decode(), fields[b"p"], fields[b"m"], int(token))
+
+
+def new_token() -> int:
+    """A log entry's token: random, 62 bits (fits a signed BIGINT), never 0 or 1."""
+    return secrets.randbits(62) | 2
 
 
 _STATE_KEYS = (
@@ -59,6 +111,9 @@ class RedisStore:
         self.r: Any = redis.Redis.from_url(url)  # untyped client: replies are bytes
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND)
+        self._holds = self.r.register_script(_HOLDS)
+        self._read = self.r.register_script(_READ)
+        self._trim = self.r.register_script(_TRIM)
 
     def _k(self, project: str, what: str) -> str:
         return f"{{{self.prefix}:p:{project}}}:{what}"
@@ -155,7 +210,7 @@ class RedisStore:
     def append(
         self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
     ) -> AppendResult:
-        args: list[Any] = [kind, payload, 0 if ids is None else 1]
+        args: list[Any] = [kind, payload, 0 if ids is None else 1, new_token()]
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
         keys = [self._k(project, "ids"), self._k(project, "log"), self._k(project, "seq")]
@@ -167,30 +222,49 @@ class RedisStore:
             n - int(accepted) if ids is not None else 0,
         )
 
-    def read_log(self, project: str, after: int, limit: int) -> list[LogEntry]:
-        entries = self.r.xrange(self._k(project, "log"), min=f"({after}-1", count=limit)
-        out = []
-        for entry_id, fields in entries:
-            position = int(entry_id.split(b"-")[0])
-            out.append(LogEntry(position, fields[b"k"].decode(), fields[b"p"], fields[b"m"]))
-        return out
+    def read_log(
+        self, project: str, after: int, limit: int, anchor: int | None = None
+    ) -> list[LogEntry]:
+        log = self._k(project, "log")
+        if anchor is None:
+            return [_entry(i, f) for i, f in self.r.xrange(log, min=f"{after + 1}-0", count=limit)]
+        keys = [log, self._k(project, "seq")]
+        found = self._read(keys=keys, args=[after, anchor, f"{after + 1}-0", limit])
+        if not found[0]:
+            raise LogRewoundError(f"{project}: the log no longer holds entry {after}")
+        return [_entry(i, f) for i, f in found[1]]
+
+    def holds(self, project: str, position: int, token: int) -> bool:
+        keys = [self._k(project, "log"), self._k(project, "seq")]
+        return bool(self._holds(keys=keys, args=[position, token]))
 
     def restore_log(self, project: str, entries: list[LogEntry], ids: list[str], end: int) -> None:
-        """Put archived entries back (positions kept), the seen ids, and the log end."""
+        """Put archived entries back (positions and tokens kept), the seen ids, the log end."""
         pipe = self.r.pipeline(transaction=True)
         for e in entries:
             pipe.xadd(
                 self._k(project, "log"),
                 {"k": e.kind, "p": e.payload, "m": e.keep},
-                id=f"{e.position}-1",
+                id=f"{e.position}-{e.token}",
             )
         for lo in range(0, len(ids), 10_000):
             pipe.sadd(self._k(project, "ids"), *ids[lo : lo + 10_000])
         pipe.set(self._k(project, "seq"), end)
         pipe.execute()
 
-    def trim(self, project: str, upto: int) -> None:
-        self.r.xtrim(self._k(project, "log"), minid=f"{upto + 1}-0")
+    def log_start(self, project: str) -> int:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xrange(self._k(project, "log"), count=1)
+        pipe.get(self._k(project, "seq"))
+        first, seq = pipe.execute()
+        return int(first[0][0].split(b"-")[0]) if first else int(seq or 0) + 1
+
+    def trim(self, project: str, upto: int, anchor: tuple[int, int] | None = None) -> None:
+        if anchor is None:
+            self.r.xtrim(self._k(project, "log"), minid=f"{upto + 1}-0")
+        else:
+            anchor_id = f"{anchor[0]}-{anchor[1]}"
+            self._trim(keys=[self._k(project, "log")], args=[anchor_id, f"{upto + 1}-0"])
 
     def keys_for(self, project: str) -> dict[str, KeyRecord]:
         out = {}
@@ -208,8 +282,31 @@ class RedisStore:
     def write_state(self, project: str, update: StateUpdate) -> None:
         if not self.r.hexists(self._projects_key, project):
             return
-        pipe = self.r.pipeline(transaction=True)
         state = self._k(project, "state")
+        with self.r.pipeline(transaction=True) as pipe:
+            if update.anchor is not None:
+                # The state covers the log up to update.position: written only while the log
+                # holds that very entry (checked and written on one connection; a restart of
+                # Redis in between fails the transaction).
+                pipe.watch(state)
+                keys = [self._k(project, "log"), self._k(project, "seq")]
+                if not self._holds(keys=keys, args=[update.position, update.anchor], client=pipe):
+                    pipe.reset()
+                    raise LogRewoundError(
+                        f"{project}: the log no longer holds entry {update.position}"
+                    )
+                pipe.multi()
+            try:
+                self._queue_state(pipe, project, state, update)
+                pipe.execute()
+            except redis.WatchError as exc:
+                if not self.r.hexists(self._projects_key, project):
+                    return  # the project was deleted meanwhile
+                # (a connection lost while watching: Redis restarted, perhaps from an older
+                # log; the engine restores and replays, then writes again)
+                raise LogRewoundError(f"{project}: the state write was cut off ({exc})") from exc
+
+    def _queue_state(self, pipe: Any, project: str, state: str, update: StateUpdate) -> None:
         pipe.hset(state, mapping={"globals": update.globals})
         if update.rows:
             pipe.hset(self._k(project, "rows"), mapping={str(s): b for s, b in update.rows.items()})
@@ -229,7 +326,6 @@ class RedisStore:
                 if rows:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
         pipe.hset(state, "applied", update.position)
-        pipe.execute()
 
     def applied_position(self, project: str) -> int:
         v = self.r.hget(self._k(project, "state"), "applied")

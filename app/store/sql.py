@@ -55,6 +55,8 @@ class LogRow(Base):
     kind: Mapped[str] = mapped_column(String(8))
     payload: Mapped[bytes] = mapped_column(LargeBinary)
     keep: Mapped[bytes] = mapped_column(LargeBinary)
+    token: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
+    """The entry's token in the Redis log (``LogEntry.token``)."""
 
 
 class LabelIdRow(Base):
@@ -74,6 +76,9 @@ class SnapshotRow(Base):
     n_labels: Mapped[int] = mapped_column(BigInteger)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[bytes] = mapped_column(LargeBinary)
+    token: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
+    """Token of the log entry at ``position``: the snapshot belongs to the log that still holds
+    that entry (a Redis gone back in time may hold another one there, or none)."""
 
     __table_args__ = (Index("ix_snapshots_project_position", "project", "position"),)
 

@@ -46,7 +46,7 @@ def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> N
             ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1.0)
         )
         for n in range(50):
-            ids = [f"{n}-{k}" for k in range(100)]
+            ids: list[str | None] = [f"{n}-{k}" for k in range(100)]
             body = {
                 "items": [f"i{k}" for k in range(100)],
                 "workers": ["w"] * 100,
