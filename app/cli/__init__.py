@@ -13,7 +13,7 @@ import click
 import typer
 
 from app.cli import extract, service, snapshots, transfer
-from app.cli.common import HELP_MAX_WIDTH, ArgvCommand, HelpCommand, HelpGroup
+from app.cli.layout import HELP_MAX_WIDTH, ArgvCommand, HelpCommand, HelpGroup
 from app.io.model_file import ModelFileError
 from app.io.triples import InputError
 

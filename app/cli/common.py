@@ -1,37 +1,16 @@
-"""What the commands share: the settings (a bad one is an ``InputError``), the snapshot database,
-the help's layout, and the flags as the user typed them."""
+"""What the commands share: the settings (a bad one is an ``InputError``), the snapshot database."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import click
-import typer
 from pydantic import ValidationError
-from typer.core import TyperCommand, TyperGroup
 
 from app.io.triples import InputError
 from app.settings import Settings
 
 if TYPE_CHECKING:  # (sqlalchemy is imported when a command needs it: extract stays light)
     from app.store.archive import SnapshotDB
-
-# typer >= 0.22 carries its own copy of click; older ones use click itself
-_CLICK = getattr(typer, "_click", click)
-_BAD_PARAMETER: tuple[type[Any], ...] = tuple(
-    {
-        click.BadParameter,
-        getattr(getattr(_CLICK, "exceptions", click), "BadParameter", click.BadParameter),
-    }
-)
-
-HELP_WIDTH_NOT_A_TTY = 120
-"""Columns of ``--help`` written to a pipe or a file (no terminal to measure, no ``COLUMNS``)."""
-HELP_MAX_WIDTH = 160
-"""Help lines stay readable on a very wide terminal."""
 
 
 def load_settings() -> Settings:
@@ -46,89 +25,3 @@ def snapshot_db() -> SnapshotDB:
     from app.store.archive import open_snapshot_db  # imported here: extract stays light
 
     return open_snapshot_db(load_settings())
-
-
-def help_width() -> int:
-    """Columns for ``--help``: ``$COLUMNS``, else the terminal's width, else 120 (not a terminal);
-    at most 160."""
-    env = os.environ.get("COLUMNS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        columns = int(env)
-    elif sys.stdout.isatty():
-        columns = shutil.get_terminal_size().columns
-    else:
-        columns = HELP_WIDTH_NOT_A_TTY
-    return max(min(columns, HELP_MAX_WIDTH) - 2, 38)
-
-
-class HelpFormatter(_CLICK.HelpFormatter):  # type: ignore[misc,name-defined]
-    """click's plain help, whose option column narrows with the terminal so that the help
-    text keeps room to wrap (a long option name goes on a line of its own)."""
-
-    def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
-        col_max = min(col_max, max(self.width // 3 - col_spacing, 8))
-        super().write_dl(rows, col_max=col_max, col_spacing=col_spacing)
-
-
-class HelpContext(typer.Context):
-    formatter_class = HelpFormatter
-
-
-class HelpCommand(TyperCommand):
-    """A command whose help wraps to the width its group measured (``HelpGroup``)."""
-
-    context_class = HelpContext
-
-
-class HelpGroup(TyperGroup):
-    """A command group whose help uses the terminal's width (its subcommands inherit it) and
-    lists each command's whole first sentence, wrapped rather than cut."""
-
-    context_class = HelpContext
-
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
-    ) -> Any:
-        if parent is None:
-            extra.setdefault("terminal_width", help_width())
-            extra.setdefault("max_content_width", HELP_MAX_WIDTH)
-        return super().make_context(info_name, args, parent, **extra)
-
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.get_short_help_str(limit=10_000)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-class ArgvCommand(HelpCommand):
-    """A command that keeps its raw arguments, so that an error can name a flag the way the
-    user spelled it (``--n_labels`` or ``--n-labels``)."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        ctx.meta["crowdtally.argv"] = list(args)
-        try:
-            rest: list[str] = super().parse_args(ctx, args)
-        except _BAD_PARAMETER as err:  # "Invalid value for '--n_items'", not every spelling
-            spellings = [*getattr(err.param, "opts", ()), *getattr(err.param, "secondary_opts", ())]
-            if err.param_hint is None and len(spellings) > 1:
-                err.param_hint = f"'{as_typed(ctx, *spellings)}'"
-            raise
-        return rest
-
-
-def as_typed(ctx: typer.Context | None, *spellings: str) -> str:
-    """The spelling of an option the user typed last (``--opt`` or ``--opt=value``); the first
-    spelling when none was typed (or without a context)."""
-    argv: list[str] = ctx.meta.get("crowdtally.argv", []) if ctx is not None else []
-    if "--" in argv:  # what follows is arguments, not options
-        argv = argv[: argv.index("--")]
-    for token in reversed(argv):
-        flag = token.split("=", 1)[0]
-        if flag in spellings:
-            return flag
-    return spellings[0]

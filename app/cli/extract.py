@@ -9,7 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from app.cli.common import as_typed
+from app.cli.layout import as_typed
 from app.io import extract as job
 from app.io.model_file import SavedModel, load_model, save_model
 from app.io.triples import InputError, read_triples, read_truth

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import HelpCommand, HelpGroup, load_settings, snapshot_db
+from app.cli.common import load_settings, snapshot_db
+from app.cli.layout import HelpCommand, HelpGroup
 from app.io.triples import InputError
 
 snapshots_app = typer.Typer(
