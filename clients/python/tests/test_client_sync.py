@@ -155,3 +155,23 @@ def test_predictions_and_boundary(live_server: LiveServer, project: tuple[str, s
         with pytest.raises(ApiError) as err:
             c.predict(name, [("", "i1")])
         assert err.value.status == 422 and err.value.code == "invalid_pair"
+
+
+def test_an_item_without_labels_has_none(live_server: LiveServer, project: tuple[str, str]) -> None:
+    """A registered item with no labels yet reads with label and probability None, and
+    to_pandas leaves it out (crowd-kit has no row for a task without answers)."""
+    import httpx
+
+    name, key = project
+    with Client(live_server.url, key) as c:
+        c.post_labels(name, [("i1", "w1", "cat"), ("i1", "w2", "cat")], wait=True)
+        httpx.post(
+            f"{live_server.url}/v1/projects/{name}/items?wait=true",
+            json=[{"item": "waiting"}],
+            headers={"Authorization": f"Bearer {key}"},
+        ).raise_for_status()
+        waiting = c.get_item(name, "waiting")
+        assert (waiting.label, waiting.probability, waiting.n_labels) == (None, None, 0)
+        assert {x.item for x in c.iter_items(name)} >= {"i1", "waiting"}
+        frames = c.to_pandas(name, errors=False)
+        assert list(frames.probas.index) == ["i1"] and list(frames.labels.index) == ["i1"]

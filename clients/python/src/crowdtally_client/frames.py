@@ -121,7 +121,7 @@ def probas_frame(
 def labels_series(
     items: Iterable[Item], types: IdTypes | None = None, classes: Sequence[str] | None = None
 ) -> pd.Series:
-    pairs = [(x.item, x.label) for x in items]
+    pairs = [(x.item, x.label) for x in items if x.label is not None]
     return _series_with_classes(pairs, "agg_label", types or IdTypes(), classes)
 
 
@@ -188,9 +188,10 @@ def aggregation(
     types: IdTypes | None = None,
 ) -> Aggregation:
     types = types or IdTypes()
+    answered = [x for x in items if x.n_labels > 0]  # as crowd-kit: tasks with answers only
     return Aggregation(
-        probas=probas_frame(items, classes, types),
-        labels=labels_series(items, types, classes),
+        probas=probas_frame(answered, classes, types),
+        labels=labels_series(answered, types, classes),
         errors=errors_frame(workers, classes, types) if workers is not None else None,
         gold=gold_series(items, types, classes),
     )

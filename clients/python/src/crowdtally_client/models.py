@@ -89,8 +89,8 @@ class ItemLabel(_Answer):
 
 class Item(_Answer):
     item: str
-    label: str
-    probability: float
+    label: str | None = Field(description="The most probable label; None: no labels yet.")
+    probability: float | None = Field(description="Its probability; None: no labels yet.")
     posterior: dict[str, float]
     n_labels: int
     gold: str | None = None
