@@ -214,6 +214,12 @@ class Store(Protocol):
     def all_workers(self, project: str) -> list[tuple[str, bytes]]: ...
 
     # engine health
+    def restoring(self) -> dict[str, int]:
+        """Projects whose served state is being rebuilt (the store was restored from SQL, or
+        the embedded service restarted), with the log position it must reach: until then
+        their items may answer 404, and the service is not ready."""
+        ...
+
     def set_project_failed(self, project: str, error: str | None) -> None:
         """The engine could not apply the project's log (None: it can again)."""
         ...

@@ -33,6 +33,8 @@ class _ProjectState:
         self.ids: set[str] = set()
         self.log_end = 0
         self.applied = 0
+        self.restoring = 0
+        """At start, the log end the served state must reach (0: served, or nothing to serve)."""
         self.globals: bytes | None = None
         self.rows: dict[int, bytes] = {}
         self.items: dict[str, bytes] = {}
@@ -78,8 +80,8 @@ class EmbeddedStore:
         for project, end in self._db.execute(
             "SELECT project, MAX(position) FROM label_log GROUP BY project"
         ):
-            if project in self._state:
-                self._state[project].log_end = end
+            if project in self._state:  # (the served state is rebuilt by the engine)
+                self._state[project].log_end = self._state[project].restoring = end
         for project, label_id in self._db.execute("SELECT project, label_id FROM label_ids"):
             if project in self._state:
                 self._state[project].ids.add(label_id)
@@ -264,6 +266,12 @@ class EmbeddedStore:
                 st.dyadic_raters.update(update.dyadic.raters)
                 st.dyadic_tasks.update(update.dyadic.tasks)
             st.applied = max(st.applied, update.position)
+            if st.applied >= st.restoring:
+                st.restoring = 0
+
+    def restoring(self) -> dict[str, int]:
+        with self._lock:
+            return {n: st.restoring for n, st in self._state.items() if st.restoring}
 
     def applied_position(self, project: str) -> int:
         st = self._state.get(project)

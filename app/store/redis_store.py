@@ -100,8 +100,17 @@ def new_token() -> int:
 
 
 _STATE_KEYS = (
-    "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks"
+    "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks",
+    "restoring",
 )  # fmt: skip
+
+# KEYS: the project's restore marker. ARGV: the position the state now covers. The served
+# state is rebuilt once it reaches the marker's position.
+_RESTORED = """
+local t = redis.call('GET', KEYS[1])
+if t and tonumber(t) <= tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 class RedisStore:
@@ -250,6 +259,8 @@ class RedisStore:
         for lo in range(0, len(ids), 10_000):
             pipe.sadd(self._k(project, "ids"), *ids[lo : lo + 10_000])
         pipe.set(self._k(project, "seq"), end)
+        if end:  # served once the engine's state reaches the end (see ``restoring``)
+            pipe.set(self._k(project, "restoring"), end)
         pipe.execute()
 
     def log_start(self, project: str) -> int:
@@ -326,6 +337,7 @@ class RedisStore:
                 if rows:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
         pipe.hset(state, "applied", update.position)
+        pipe.eval(_RESTORED, 1, self._k(project, "restoring"), update.position)
 
     def applied_position(self, project: str) -> int:
         v = self.r.hget(self._k(project, "state"), "applied")
@@ -394,6 +406,13 @@ class RedisStore:
             self.r.hdel(self._failed_key, project)
         elif self.r.hexists(self._projects_key, project):
             self.r.hset(self._failed_key, project, error)
+
+    def restoring(self) -> dict[str, int]:
+        names = [r.name for r in self.list_projects()]
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.get(self._k(name, "restoring"))
+        return {n: int(v) for n, v in zip(names, pipe.execute(), strict=True) if v}
 
     def failed_projects(self) -> dict[str, str]:
         d: dict[bytes, bytes] = self.r.hgetall(self._failed_key)

@@ -30,6 +30,11 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         else {}
     )
     failed = svc.store.failed_projects() if ok else {}
+    # Served state still being rebuilt (a restore from SQL, a restart): items may answer 404.
+    restoring = {
+        name: {"applied": svc.store.applied_position(name), "target": target}
+        for name, target in (svc.store.restoring() if ok else {}).items()
+    }
     engine_error = svc.engine.last_error if svc.engine else None
     snap = svc.engine.snapshotter if svc.engine else None
     snapshot_error = snap.last_error if snap else None
@@ -37,7 +42,7 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     ages: dict[str, float] = {}
     for info in svc.db.infos():
         ages[info.project] = now - info.created_at
-    ready = ok and engine_error is None and snapshot_error is None
+    ready = ok and engine_error is None and snapshot_error is None and not restoring
     body = {
         "ready": ready,
         "store": "ok" if ok else "unreachable",
@@ -45,6 +50,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         "engine_error": engine_error,
         # projects the engine could not apply (retried after a back-off); the others are served
         "failed_projects": failed,
+        # projects whose served state is being restored: not ready until they are served
+        "restoring": restoring,
         "snapshot_age_s": ages,
         "snapshot_error": snapshot_error,
     }
