@@ -71,8 +71,11 @@ def _info(row: SnapshotRow) -> SnapshotInfo:
 class SnapshotDB:
     """Snapshots, the label archive and the project catalogue in the SQL database."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, deployment: str = "") -> None:
         self.engine = engine
+        self.deployment = deployment
+        """Every row read or written is this deployment's (its Redis key prefix; empty for
+        the embedded store): deployments sharing one database do not see each other's."""
 
     def close(self) -> None:
         self.engine.dispose()
@@ -86,6 +89,7 @@ class SnapshotDB:
                 have = set(
                     s.scalars(
                         select(LogRow.position).where(
+                            LogRow.deployment == self.deployment,
                             LogRow.project == cap.project,
                             LogRow.position.between(archive[0].position, archive[-1].position),
                         )
@@ -93,6 +97,7 @@ class SnapshotDB:
                 )
                 s.add_all(
                     LogRow(
+                        deployment=self.deployment,
                         project=cap.project,
                         position=e.position,
                         kind=e.kind,
@@ -104,6 +109,7 @@ class SnapshotDB:
                     if e.position not in have
                 )
             row = SnapshotRow(
+                deployment=self.deployment,
                 project=cap.project,
                 position=cap.position,
                 created_at=time.time(),
@@ -119,7 +125,9 @@ class SnapshotDB:
             info = _info(row)
             old = s.scalars(
                 select(SnapshotRow.id)
-                .where(SnapshotRow.project == cap.project)
+                .where(
+                    SnapshotRow.deployment == self.deployment, SnapshotRow.project == cap.project
+                )
                 .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
                 .offset(keep)
             ).all()
@@ -128,8 +136,14 @@ class SnapshotDB:
         return info
 
     def infos(self, project: str | None = None) -> list[SnapshotInfo]:
-        cols = [c for c in SnapshotRow.__table__.c if c.name not in ("state", "token")]
-        q = select(*cols).order_by(SnapshotRow.project, SnapshotRow.position)
+        cols = [
+            c for c in SnapshotRow.__table__.c if c.name not in ("state", "token", "deployment")
+        ]
+        q = (
+            select(*cols)
+            .where(SnapshotRow.deployment == self.deployment)
+            .order_by(SnapshotRow.project, SnapshotRow.position)
+        )
         if project is not None:
             q = q.where(SnapshotRow.project == project)
         with self.engine.connect() as c:
@@ -139,7 +153,7 @@ class SnapshotDB:
         with Session(self.engine) as s:
             row = s.scalars(
                 select(SnapshotRow)
-                .where(SnapshotRow.project == project)
+                .where(SnapshotRow.deployment == self.deployment, SnapshotRow.project == project)
                 .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
                 .limit(1)
             ).first()
@@ -148,17 +162,24 @@ class SnapshotDB:
     def get(self, snapshot_id: int) -> tuple[SnapshotInfo, bytes] | None:
         with Session(self.engine) as s:
             row = s.get(SnapshotRow, snapshot_id)
-            return (_info(row), row.state) if row else None
+            mine = row is not None and row.deployment == self.deployment
+            return (_info(row), row.state) if row is not None and mine else None
 
     def delete(self, snapshot_id: int) -> bool:
         with Session(self.engine) as s, s.begin():
-            result: Any = s.execute(delete(SnapshotRow).where(SnapshotRow.id == snapshot_id))
+            result: Any = s.execute(
+                delete(SnapshotRow).where(
+                    SnapshotRow.deployment == self.deployment, SnapshotRow.id == snapshot_id
+                )
+            )
             return bool(result.rowcount)
 
     def archived_position(self, project: str) -> int:
         with self.engine.connect() as c:
             v = c.execute(
-                select(func.max(LogRow.position)).where(LogRow.project == project)
+                select(func.max(LogRow.position)).where(
+                    LogRow.deployment == self.deployment, LogRow.project == project
+                )
             ).scalar()
             return int(v or 0)
 
@@ -166,7 +187,11 @@ class SnapshotDB:
         with self.engine.connect() as c:
             rows = c.execute(
                 select(LogRow.position, LogRow.kind, LogRow.payload, LogRow.keep, LogRow.token)
-                .where(LogRow.project == project, LogRow.position > after)
+                .where(
+                    LogRow.deployment == self.deployment,
+                    LogRow.project == project,
+                    LogRow.position > after,
+                )
                 .order_by(LogRow.position)
                 .limit(limit)
             )
@@ -180,7 +205,7 @@ class SnapshotDB:
         with self.engine.connect() as c:
             rows = c.execute(
                 select(SnapshotRow.id, SnapshotRow.position, SnapshotRow.token)
-                .where(SnapshotRow.project == project)
+                .where(SnapshotRow.deployment == self.deployment, SnapshotRow.project == project)
                 .order_by(SnapshotRow.position.desc(), SnapshotRow.id.desc())
             )
             return [(int(i), int(p), int(t)) for i, p, t in rows]
@@ -191,14 +216,25 @@ class SnapshotDB:
         them), in one transaction."""
         with Session(self.engine) as s, s.begin():
             if snapshot_ids:
-                s.execute(delete(SnapshotRow).where(SnapshotRow.id.in_(snapshot_ids)))
-            s.execute(delete(LogRow).where(LogRow.project == project, LogRow.position > position))
+                s.execute(
+                    delete(SnapshotRow).where(
+                        SnapshotRow.deployment == self.deployment, SnapshotRow.id.in_(snapshot_ids)
+                    )
+                )
+            s.execute(
+                delete(LogRow).where(
+                    LogRow.deployment == self.deployment,
+                    LogRow.project == project,
+                    LogRow.position > position,
+                )
+            )
 
     # the catalogue (kept here so a wiped Redis can be rebuilt) ---------------------------
     def save_project(self, record: ProjectRecord) -> None:
         with Session(self.engine) as s, s.begin():
             s.merge(
                 ProjectRow(
+                    deployment=self.deployment,
                     name=record.name,
                     labels=list(record.labels),
                     config=record.config,
@@ -212,24 +248,29 @@ class SnapshotDB:
         with Session(self.engine) as s, s.begin():
             s.execute(
                 delete(ApiKeyRow).where(
+                    ApiKeyRow.deployment == self.deployment,
                     (ApiKeyRow.project == project) | ApiKeyRow.project.is_(None),
                     ApiKeyRow.key_hash.not_in(list(keys)),
                 )
             )
             for h, k in keys.items():
-                s.merge(_key_row(h, k))
+                s.merge(_key_row(self.deployment, h, k))
 
     def put_keys(self, keys: dict[str, KeyRecord]) -> None:
         """Archive keys at once (a rotated admin key: not only at the next snapshot)."""
         with Session(self.engine) as s, s.begin():
             for h, k in keys.items():
-                s.merge(_key_row(h, k))
+                s.merge(_key_row(self.deployment, h, k))
 
     def delete_keys(self, key_hashes: list[str]) -> None:
         """Revoked keys leave the archive at once (not only at the next snapshot)."""
         if key_hashes:
             with Session(self.engine) as s, s.begin():
-                s.execute(delete(ApiKeyRow).where(ApiKeyRow.key_hash.in_(key_hashes)))
+                s.execute(
+                    delete(ApiKeyRow).where(
+                        ApiKeyRow.deployment == self.deployment, ApiKeyRow.key_hash.in_(key_hashes)
+                    )
+                )
 
     def save_ids(self, project: str, ids: list[str]) -> None:
         if not ids:
@@ -238,32 +279,40 @@ class SnapshotDB:
             have = set(
                 s.scalars(
                     select(LabelIdRow.label_id).where(
-                        LabelIdRow.project == project, LabelIdRow.label_id.in_(ids)
+                        LabelIdRow.deployment == self.deployment,
+                        LabelIdRow.project == project,
+                        LabelIdRow.label_id.in_(ids),
                     )
                 )
             )
             s.add_all(
-                LabelIdRow(project=project, label_id=i) for i in dict.fromkeys(ids) if i not in have
+                LabelIdRow(deployment=self.deployment, project=project, label_id=i)
+                for i in dict.fromkeys(ids)
+                if i not in have
             )
 
     def projects(self) -> list[ProjectRecord]:
         with Session(self.engine) as s:
             return [
                 ProjectRecord(r.name, tuple(r.labels), dict(r.config), r.created_at)
-                for r in s.scalars(select(ProjectRow).order_by(ProjectRow.name))
+                for r in s.scalars(
+                    select(ProjectRow)
+                    .where(ProjectRow.deployment == self.deployment)
+                    .order_by(ProjectRow.name)
+                )
             ]
 
     def project(self, name: str) -> ProjectRecord | None:
         """The catalogue's record of a project (as of its latest snapshot)."""
         with Session(self.engine) as s:
-            r = s.get(ProjectRow, name)
+            r = s.get(ProjectRow, (self.deployment, name))
             return (
                 ProjectRecord(r.name, tuple(r.labels), dict(r.config), r.created_at) if r else None
             )
 
     def keys(self) -> dict[str, KeyRecord]:
         with Session(self.engine) as s:
-            rows = s.scalars(select(ApiKeyRow))
+            rows = s.scalars(select(ApiKeyRow).where(ApiKeyRow.deployment == self.deployment))
             return {
                 r.key_hash: KeyRecord(r.key_id, cast(Scope, r.scope), r.project, r.created_at)
                 for r in rows
@@ -273,23 +322,38 @@ class SnapshotDB:
         with self.engine.connect() as c:
             return list(
                 c.execute(
-                    select(LabelIdRow.label_id).where(LabelIdRow.project == project)
+                    select(LabelIdRow.label_id).where(
+                        LabelIdRow.deployment == self.deployment, LabelIdRow.project == project
+                    )
                 ).scalars()
             )
 
     def forget_snapshots(self, project: str) -> None:
         with Session(self.engine) as s, s.begin():
-            s.execute(delete(SnapshotRow).where(SnapshotRow.project == project))
+            s.execute(
+                delete(SnapshotRow).where(
+                    SnapshotRow.deployment == self.deployment, SnapshotRow.project == project
+                )
+            )
 
     def forget_project(self, project: str) -> None:
         with Session(self.engine) as s, s.begin():
             for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow):
-                s.execute(delete(table).where(table.project == project))
-            s.execute(delete(ProjectRow).where(ProjectRow.name == project))
+                s.execute(
+                    delete(table).where(
+                        table.deployment == self.deployment, table.project == project
+                    )
+                )
+            s.execute(
+                delete(ProjectRow).where(
+                    ProjectRow.deployment == self.deployment, ProjectRow.name == project
+                )
+            )
 
 
-def _key_row(key_hash: str, k: KeyRecord) -> ApiKeyRow:
+def _key_row(deployment: str, key_hash: str, k: KeyRecord) -> ApiKeyRow:
     return ApiKeyRow(
+        deployment=deployment,
         key_hash=key_hash,
         key_id=k.key_id,
         scope=k.scope,
@@ -301,8 +365,9 @@ def _key_row(key_hash: str, k: KeyRecord) -> ApiKeyRow:
 def open_snapshot_db(settings: Settings) -> SnapshotDB:
     """The snapshot database, migrated to the current schema (``alembic upgrade head``)."""
     url = settings.database_url_resolved()
-    upgrade(url)
-    return SnapshotDB(sql_engine(url))
+    deployment = settings.redis_prefix if settings.store == "redis" else ""
+    upgrade(url, deployment=deployment)
+    return SnapshotDB(sql_engine(url), deployment)
 
 
 def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:

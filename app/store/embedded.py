@@ -54,7 +54,7 @@ class EmbeddedStore:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        upgrade(f"sqlite:///{self.path}")  # the schema is Alembic's (migrations/)
+        upgrade(f"sqlite:///{self.path}", deployment="")  # the schema is Alembic's (migrations/)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

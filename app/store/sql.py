@@ -33,6 +33,9 @@ class Base(DeclarativeBase):
 
 class ProjectRow(Base):
     __tablename__ = "projects"
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
+    """The deployment's Redis key prefix (``CROWDTALLY_REDIS_PREFIX``; empty for the embedded
+    store): deployments sharing one database never see each other's rows."""
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     labels: Mapped[list[str]] = mapped_column(JSON)
     config: Mapped[dict[str, object]] = mapped_column(JSON)
@@ -41,6 +44,9 @@ class ProjectRow(Base):
 
 class ApiKeyRow(Base):
     __tablename__ = "api_keys"
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
+    """The deployment's Redis key prefix (``CROWDTALLY_REDIS_PREFIX``; empty for the embedded
+    store): deployments sharing one database never see each other's rows."""
     key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     key_id: Mapped[str] = mapped_column(String(16))
     scope: Mapped[str] = mapped_column(String(8))
@@ -50,6 +56,9 @@ class ApiKeyRow(Base):
 
 class LogRow(Base):
     __tablename__ = "label_log"
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
+    """The deployment's Redis key prefix (``CROWDTALLY_REDIS_PREFIX``; empty for the embedded
+    store): deployments sharing one database never see each other's rows."""
     project: Mapped[str] = mapped_column(String(64), primary_key=True)
     position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     kind: Mapped[str] = mapped_column(String(8))
@@ -61,6 +70,9 @@ class LogRow(Base):
 
 class LabelIdRow(Base):
     __tablename__ = "label_ids"
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
+    """The deployment's Redis key prefix (``CROWDTALLY_REDIS_PREFIX``; empty for the embedded
+    store): deployments sharing one database never see each other's rows."""
     project: Mapped[str] = mapped_column(String(64), primary_key=True)
     label_id: Mapped[str] = mapped_column(String(512), primary_key=True)
 
@@ -68,6 +80,7 @@ class LabelIdRow(Base):
 class SnapshotRow(Base):
     __tablename__ = "snapshots"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    deployment: Mapped[str] = mapped_column(String(64), server_default="")
     project: Mapped[str] = mapped_column(String(64))
     position: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
@@ -101,7 +114,9 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
-def upgrade(url: str, revision: str = "head", attempts: int = 3) -> None:
+def upgrade(
+    url: str, revision: str = "head", attempts: int = 3, deployment: str | None = None
+) -> None:
     """``alembic upgrade`` programmatically (the service runs it on start). The API and the
     engine may both start on an empty database: the loser of that race retries."""
     from alembic import command
@@ -109,6 +124,8 @@ def upgrade(url: str, revision: str = "head", attempts: int = 3) -> None:
 
     cfg = Config(str(REPO / "alembic.ini"))
     cfg.attributes["configure_logger"] = False  # the service's logging stays as configured
+    if deployment is not None:  # (whose rows are those already there: migration 0004)
+        cfg.attributes["deployment"] = deployment
     cfg.set_main_option("script_location", str(REPO / "migrations"))
     cfg.set_main_option("sqlalchemy.url", url)
     for attempt in range(attempts):

@@ -176,7 +176,7 @@ def test_processes_and_redis_crash_mid_stream_lose_nothing(tmp_path: Path) -> No
             assert time.monotonic() < deadline, stats
             time.sleep(0.2)
         store = RedisStore(redis_.url, lay.prefix)
-        db = SnapshotDB(sql_engine(sql_url))
+        db = SnapshotDB(sql_engine(sql_url), lay.prefix)
         try:
             want = {i for _, ids in blocks for i in ids}
             check_against_replay(store, db, None, want)  # 0 lost, 0 twice, state = replay
