@@ -68,6 +68,8 @@ class EngineLoop:
         self._catch_up: dict[str, int] = {}
         self._anchor: dict[str, int | None] = {}
         """Token of the log entry each engine's state ends at (None: position 0)."""
+        self._served: dict[str, int] = {}
+        """The applied position each project's served state is at (found, then written)."""
         self.rewinds = 0
         """Engines dropped because the log went back in time (restored, then replayed)."""
         self._last_label: dict[str, float] = {}
@@ -130,7 +132,7 @@ class EngineLoop:
         log.warning("%s: %s; restoring from a snapshot the log holds", name, exc)
         self.rewinds += 1
         self.engines.pop(name, None)
-        for held in (self._catch_up, self._anchor):
+        for held in (self._catch_up, self._anchor, self._served):
             held.pop(name, None)
         if self.snapshotter is not None:
             self.snapshotter.unload(name)  # (waits for the snapshot being written)
@@ -142,6 +144,7 @@ class EngineLoop:
         for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
             held.pop(name, None)
         self._anchor.pop(name, None)
+        self._served.pop(name, None)
         self.failed.pop(name, None)
         if self.snapshotter is not None:
             if forget_sql:
@@ -163,14 +166,16 @@ class EngineLoop:
             self._anchor[name] = anchor
             # State already served (another engine, before a restart): replay silently up to it.
             self._catch_up[name] = served = self.store.applied_position(name)
+            self._served[name] = served
             if served < eng.position:  # a restored snapshot the store has not seen: serve it all
                 eng.mark_all_dirty()
                 first = eng.state_update()
-                first.anchor = anchor
+                first.anchor, first.served = anchor, served
                 self.store.write_state(name, first)
+                self._served[name] = eng.position
         anchor = self._anchor.get(name)
         read = snap.read_log if snap is not None else self.store.read_log
-        entries = read(name, eng.position, self.batch_entries, anchor)
+        entries = read(name, eng.position, self.batch_entries, anchor, self._served.get(name))
         now = time.monotonic()
         if not entries:
             if snap is not None and eng.position >= self._catch_up.get(name, 0):
@@ -189,9 +194,10 @@ class EngineLoop:
                 self._refine_due[name] = self.refine_passes > 0
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
-        update.anchor = anchor
+        update.anchor, update.served = anchor, self._served.get(name)
         if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
+            self._served[name] = eng.position
             if snap is not None:
                 snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)

@@ -258,12 +258,17 @@ class Snapshotter:
         return eng, kept[2]
 
     def read_log(
-        self, project: str, after: int, limit: int, anchor: int | None = None
+        self,
+        project: str,
+        after: int,
+        limit: int,
+        anchor: int | None = None,
+        served: int | None = None,
     ) -> list[LogEntry]:
         """Entries after ``after``: from the live log, or from the archive where trimmed.
         With ``anchor``, the live log must still hold the entry at ``after`` with that token
         (else ``LogRewoundError``)."""
-        entries = self.store.read_log(project, after, limit, anchor)
+        entries = self.store.read_log(project, after, limit, anchor, served)
         if entries and entries[0].position == after + 1:
             return entries
         if not entries and self.store.log_end(project) <= after:

@@ -113,6 +113,10 @@ class StateUpdate:
     anchor: int | None = None
     """Token of the log entry at ``position``: the write is refused (``LogRewoundError``)
     unless the log still holds that very entry (None: not checked)."""
+    served: int | None = None
+    """The applied position the writer last wrote (or found): the write is refused unless the
+    served state is still there (a Redis gone back in time lost state writes: the changes
+    they held must be written again). None: not checked."""
 
 
 class Store(Protocol):
@@ -153,11 +157,17 @@ class Store(Protocol):
         ...
 
     def read_log(
-        self, project: str, after: int, limit: int, anchor: int | None = None
+        self,
+        project: str,
+        after: int,
+        limit: int,
+        anchor: int | None = None,
+        served: int | None = None,
     ) -> list[LogEntry]:
         """Entries after position ``after``. With ``anchor`` (the token of the entry at
         ``after``, which the reader has applied), atomically checked first: raises
-        ``LogRewoundError`` when the log no longer holds that entry."""
+        ``LogRewoundError`` when the log no longer holds that entry, or (with ``served``)
+        when the served state is no longer at the position the reader last wrote."""
         ...
 
     def holds(self, project: str, position: int, token: int) -> bool:

@@ -215,7 +215,12 @@ class EmbeddedStore:
             return AppendResult(position, accepted, duplicates)
 
     def read_log(
-        self, project: str, after: int, limit: int, anchor: int | None = None
+        self,
+        project: str,
+        after: int,
+        limit: int,
+        anchor: int | None = None,
+        served: int | None = None,
     ) -> list[LogEntry]:
         """(The SQLite log never goes back in time: ``anchor`` is checked against its end.)"""
         if anchor is not None and after > self.log_end(project):

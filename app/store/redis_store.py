@@ -68,13 +68,17 @@ if tonumber(string.match(first[1][1], '^(%d+)')) > pos then return 1 end
 return 0
 """
 
-# The anchor check of _HOLDS, then (when it holds) up to ARGV[4] entries from id ARGV[3].
+# The anchor check of _HOLDS and (ARGV[5] unless '') that the served state (KEYS[3]) is still
+# at that applied position; then up to ARGV[4] entries from id ARGV[3].
 _READ = (
     "local function holds()\n"
     + _HOLDS
     + "end\n"
     + """
 if holds() == 0 then return {0} end
+if ARGV[5] ~= '' and (redis.call('HGET', KEYS[3], 'applied') or '0') ~= ARGV[5] then
+  return {0}
+end
 return {1, redis.call('XRANGE', KEYS[1], ARGV[3], '+', 'COUNT', ARGV[4])}
 """
 )
@@ -232,15 +236,24 @@ class RedisStore:
         )
 
     def read_log(
-        self, project: str, after: int, limit: int, anchor: int | None = None
+        self,
+        project: str,
+        after: int,
+        limit: int,
+        anchor: int | None = None,
+        served: int | None = None,
     ) -> list[LogEntry]:
         log = self._k(project, "log")
         if anchor is None:
             return [_entry(i, f) for i, f in self.r.xrange(log, min=f"{after + 1}-0", count=limit)]
-        keys = [log, self._k(project, "seq")]
-        found = self._read(keys=keys, args=[after, anchor, f"{after + 1}-0", limit])
+        keys = [log, self._k(project, "seq"), self._k(project, "state")]
+        args: list[Any] = [after, anchor, f"{after + 1}-0", limit, "" if served is None else served]
+        found = self._read(keys=keys, args=args)
         if not found[0]:
-            raise LogRewoundError(f"{project}: the log no longer holds entry {after}")
+            raise LogRewoundError(
+                f"{project}: the log no longer holds entry {after}, or the served state is no "
+                f"longer at {served}"
+            )
         return [_entry(i, f) for i, f in found[1]]
 
     def holds(self, project: str, position: int, token: int) -> bool:
@@ -301,10 +314,13 @@ class RedisStore:
                 # Redis in between fails the transaction).
                 pipe.watch(state)
                 keys = [self._k(project, "log"), self._k(project, "seq")]
-                if not self._holds(keys=keys, args=[update.position, update.anchor], client=pipe):
+                holds = self._holds(keys=keys, args=[update.position, update.anchor], client=pipe)
+                was = int(pipe.hget(state, "applied") or 0)
+                if not holds or (update.served is not None and was != update.served):
                     pipe.reset()
                     raise LogRewoundError(
-                        f"{project}: the log no longer holds entry {update.position}"
+                        f"{project}: the log no longer holds entry {update.position}, or the "
+                        f"served state is at {was}, not {update.served}"
                     )
                 pipe.multi()
             try:

@@ -188,3 +188,42 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
         store.close()
         db.close()
         redis_.close()
+
+
+def test_redis_rolled_back_past_state_writes_only(tmp_path: Path) -> None:
+    """The AOF kept the entries but lost the engine's state writes after them: the engine's
+    position still holds in the log, but what it served since is gone and must be written
+    again (else items the later blocks do not touch keep a stale posterior)."""
+    redis_ = RedisWithAof(tmp_path)
+    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    store = RedisStore(redis_.url, "rb")
+    rng = np.random.default_rng(4)
+    blocks = [block(n, rng) for n in range(22)]
+    snap = Snapshotter(db, store, interval_s=3600.0)
+    loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
+    try:
+        store.create_project(RECORD)
+        for body, ids in blocks[:10]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        for body, ids in blocks[10:20]:
+            store.append("p", "labels", body, ids)
+        cut = redis_.aof_size()  # the entries are in, the state written for them is not
+        loop.run_until_idle()
+        assert store.applied_position("p") == 20
+        redis_.restart_truncated(cut)
+        assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
+        for body, ids in blocks[20:]:  # two more blocks: most items are not touched again
+            assert store.append("p", "labels", body, ids).accepted == 100
+            loop.step()
+        loop.run_until_idle()
+        assert loop.rewinds >= 1
+        want = {i for _, ids in blocks for i in ids if i is not None}
+        check_against_replay(store, db, loop.engines["p"], want)
+    finally:
+        snap.close()
+        store.close()
+        db.close()
+        redis_.close()
