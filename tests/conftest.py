@@ -1,4 +1,5 @@
-"""Shared fixtures: the shared datasets and a seeded Dawid-Skene generator."""
+"""Shared fixtures: the shared datasets and a seeded Dawid-Skene generator; at session start,
+Debian's chromium for the dashboard test (installed if missing, see tests/chromium.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,33 @@ import numpy as np
 import pytest
 
 from bench.datasets import find_datasets_root
+from tests.chromium import ChromiumMissingError, ensure_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = find_datasets_root()
+DASHBOARD_TEST = REPO / "tests" / "app" / "test_dashboard.py"
+
+
+def _runs_dashboard_test(config: pytest.Config) -> bool:
+    """Whether the paths to run (the arguments, else testpaths) include the dashboard test."""
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path == DASHBOARD_TEST or path in DASHBOARD_TEST.parents:
+            return True
+    return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    # Once per run: here in the controller (or the only process), before xdist starts workers.
+    if hasattr(config, "workerinput") or not _runs_dashboard_test(config):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else print
+    try:
+        ensure_chromium(say)
+    except ChromiumMissingError as exc:
+        raise pytest.UsageError(str(exc)) from None  # one line: "ERROR: chromium is ..."
 
 
 @pytest.fixture(scope="session")
