@@ -79,3 +79,10 @@ def dawid_skene(
 @pytest.fixture(scope="session")
 def synthetic() -> Synthetic:
     return dawid_skene(n_items=3000, n_workers=40, per_item=5, n_classes=3, seed=7)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests (marked ``slow``) first: under xdist (``--dist loadgroup``, each worker
+    taking the next test as it frees up) they then run side by side from the start, instead of
+    one of them ending the run alone on one worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -251,8 +251,9 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # No idle sweeps: they would only compete for the CPU (the exports are online EM's).
     env = {"CROWDTALLY_ADMIN_KEY": ADMIN, "CROWDTALLY_STORE": "embedded",
-           "CROWDTALLY_REFINE_PASSES": "1"}  # fmt: skip
+           "CROWDTALLY_REFINE_PASSES": "0"}  # fmt: skip
     with running_service(tmp_path_factory.mktemp("live"), env) as url:
         yield url
 
@@ -318,24 +319,29 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     assert nobody.returncode == 2 and "cannot reach" in nobody.stderr
 
 
+@pytest.mark.slow
 def test_every_shared_dataset_imports_and_exports_with_one_command_each(
     live: str, datasets_root: Path, tmp_path: Path
 ) -> None:
+    """The commands run in this process (the same typer app, over HTTP to the live service):
+    the tests above run the installed script, started once per command (about 0.7 s each)."""
     from bench.datasets import dataset_names
 
+    runner, env = CliRunner(), {"CROWDTALLY_KEY": ADMIN}
     for name in dataset_names(datasets_root):
         answers = datasets_root / name / "answers.csv"
         with answers.open() as f:
             n_answers = sum(1 for _ in f) - 1
         project = f"all-{name.replace('_', '-')}"
-        done = _run("import", str(answers), "--project", project, "--url", live,
-                    "--create-with-labels", "auto", "--progress")  # fmt: skip
-        assert done.returncode == 0, (name, done.stderr)
+        done = runner.invoke(cli_app, ["import", str(answers), "--project", project, "--url", live,
+                                       "--create-with-labels", "auto", "--progress"], env=env)  # fmt: skip
+        assert done.exit_code == 0, (name, done.output)
         assert f"{n_answers:,} new, 0 already there" in done.stdout, (name, done.stdout)
         out = tmp_path / f"{name}.jsonl"
-        exported = _run("export", "--project", project, "--what", "posteriors", "--format", "jsonl",
-                        "-o", str(out), "--url", live)  # fmt: skip
-        assert exported.returncode == 0, (name, exported.stderr)
+        exported = runner.invoke(cli_app, ["export", "--project", project, "--what", "posteriors",
+                                           "--format", "jsonl", "-o", str(out), "--url", live],
+                                 env=env)  # fmt: skip
+        assert exported.exit_code == 0, (name, exported.output)
         items = {json.loads(line)["item"] for line in out.read_text().splitlines()}
         gold = read_truth(datasets_root / name / "truth.csv")
         assert set(gold) <= items, name
