@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fastapi.testclient import TestClient
+
 from app.api import create_app
+from tests.app.conftest import service_settings
 
 FIXTURE = Path(__file__).with_name("data") / "openapi_before.json"
 
@@ -19,3 +22,13 @@ def test_openapi_document_unchanged() -> None:
     for path, ops in before["paths"].items():
         assert now["paths"][path] == ops, path
     assert now == before
+
+
+def test_export_documents_its_two_content_types(tmp_path: Path) -> None:
+    """``GET .../export`` streams NDJSON or CSV (tests/app/test_api.py checks what is served);
+    /openapi.json says so, and not ``application/json``."""
+    with TestClient(create_app(service_settings(tmp_path))) as api:
+        document = api.get("/openapi.json").json()
+    ok = document["paths"]["/v1/projects/{project}/export"]["get"]["responses"]["200"]
+    assert sorted(ok["content"]) == ["application/x-ndjson", "text/csv"]
+    assert "NDJSON" in ok["description"] and "CSV" in ok["description"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query
@@ -76,11 +76,38 @@ def list_items(
     return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
 
 
+EXPORT_CONTENT: dict[str, Any] = {
+    "application/x-ndjson": {
+        "schema": {
+            "type": "string",
+            "description": "One JSON object per line: an item as ``GET .../items/{item}`` "
+            "returns it (schema ``Item``), without ``labels``.",
+        }
+    },
+    "text/csv": {
+        "schema": {
+            "type": "string",
+            "description": "A header row, then one row per item: item, label, probability, "
+            "the posterior of each of the project's labels, n_labels, gold, computed_at.",
+        }
+    },
+}
+"""The export's two formats: ``format=jsonl`` streams NDJSON, ``format=csv`` CSV."""
+
+
 @router.get(
     "/v1/projects/{project}/export",
     operation_id="export_items",
     tags=["items"],
-    responses=ERRORS,
+    response_class=StreamingResponse,
+    responses={
+        **ERRORS,
+        200: {
+            "description": "Every item's stored posterior, streamed: NDJSON (``format=jsonl``, "
+            "the default) or CSV (``format=csv``).",
+            "content": EXPORT_CONTENT,
+        },
+    },
     dependencies=[require("read")],
 )
 def export_items(
