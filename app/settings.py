@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     ``crowdtally engine`` as its own process and sets this to false."""
     max_block_labels: int = 10_000
     """Largest block of labels one POST may carry."""
+    max_label_weight: float = Field(10.0, gt=0)
+    """Largest ``weight`` one label may carry (422 beyond): a heavier label outweighs the
+    worker's other answers and moves every item they labelled (README, "Semantics worth
+    knowing")."""
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     """Largest request body (bytes), refused with 413 before it is parsed or its key checked:
     10,000 labels of up to 2 KiB each."""

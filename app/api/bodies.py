@@ -25,8 +25,32 @@ BODIES: dict[str, type[BaseModel]] = {m.__name__: m for m in (LabelIn, GoldIn, I
 
 
 def parse_block(
-    raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str = "label"
+    raw: bytes,
+    adapter: TypeAdapter[Any],
+    limit: int,
+    what: str = "label",
+    *,
+    max_weight: float | None = None,
 ) -> list[Any]:
+    """The block's entries, validated; with ``max_weight``, an entry's ``weight`` above it is
+    refused too (422 naming the entry and field ``weight``)."""
+    out = _parse_block(raw, adapter, limit, what)
+    if max_weight is not None:
+        for entry, x in enumerate(out):
+            weight = getattr(x, "weight", None)
+            if weight is not None and weight > max_weight:
+                raise ApiError(
+                    422,
+                    f"invalid_{what}",
+                    f"entry {entry}, field 'weight': {weight:g} is above the largest weight "
+                    f"one {what} may carry, {max_weight:g} (CROWDTALLY_MAX_LABEL_WEIGHT)",
+                    entry,
+                    "weight",
+                )
+    return out
+
+
+def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str) -> list[Any]:
     if len(raw) > limit * 2048:
         raise ApiError(
             413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} {what}s"

@@ -28,7 +28,12 @@ async def post_labels(
     project: str, request: Request, svc: ServiceDep, wait: bool = False
 ) -> Accepted:
     record = svc.project(project)
-    labels: list[LabelIn] = parse_block(await request.body(), LABELS, svc.settings.max_block_labels)
+    labels: list[LabelIn] = parse_block(
+        await request.body(),
+        LABELS,
+        svc.settings.max_block_labels,
+        max_weight=svc.settings.max_label_weight,
+    )
     codes = label_codes(record, [x.label for x in labels])
     weights = [x.weight for x in labels]
     ids = [x.id for x in labels]

@@ -1,0 +1,116 @@
+"""A label's weight is bounded (``CROWDTALLY_MAX_LABEL_WEIGHT``): one label of weight 1e6 on
+one item, by one of the crowd's workers, outweighs that worker's other answers and the class
+prior and moves the served label of about a fifth of the other items.
+
+The experiment: 500 items with 5 labels each from a synthetic Dawid-Skene crowd (3 classes,
+25 workers of accuracy 0.7 to 0.95, seed 0), then one more label on item i0, by its first
+worker, naming a label other than the served one; the served labels (``GET .../items/{item}``,
+recomputed under the current parameters) of the other 499 items before and after. Measured
+(seeds 0, 1, 2): weight 1 flips 0, 1, 0 of them (a near tie moves with any new label); 3: 1,
+2, 0; 10: 1, 1, 1; 30: 2, 3, 1; 100: 12, 8, 9; 1e6: 96, 107, 114.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api import create_app
+from app.api.bodies import LABELS, parse_block
+from app.api.errors import ApiError
+from app.settings import Settings
+from tests.app.conftest import ADMIN, service_settings
+
+CLASSES = ["a", "b", "c"]
+N_ITEMS = 500
+
+
+def crowd(seed: int = 0, n_workers: int = 25, per_item: int = 5) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    K = len(CLASSES)
+    truth = rng.integers(0, K, N_ITEMS)
+    confusion = []
+    for _ in range(n_workers):
+        acc = rng.uniform(0.7, 0.95)
+        m = np.full((K, K), (1 - acc) / (K - 1))
+        np.fill_diagonal(m, acc)
+        confusion.append(m)
+    out = []
+    for i in range(N_ITEMS):
+        for w in rng.choice(n_workers, per_item, replace=False):
+            z = rng.choice(K, p=confusion[w][truth[i]])
+            out.append({"item": f"i{i}", "worker": f"w{w}", "label": CLASSES[z]})
+    return out
+
+
+def unrelated_flips(tmp_path: Path, weight: float, seed: int = 0) -> int:
+    """Items other than i0 whose served label one more label of ``weight`` on i0 changes."""
+    labels = crowd(seed)
+    settings = service_settings(tmp_path, max_label_weight=max(weight, 1.0))
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as api:
+        assert api.post("/v1/projects", json={"name": "p", "labels": CLASSES}).status_code == 201
+        for lo in range(0, len(labels), 1000):
+            block = labels[lo : lo + 1000]
+            r = api.post("/v1/projects/p/labels", params={"wait": True}, json=block)
+            assert r.status_code == 202, r.text
+
+        def served() -> dict[str, str]:
+            path = "/v1/projects/p/items/i{}"
+            return {f"i{i}": api.get(path.format(i)).json()["label"] for i in range(N_ITEMS)}
+
+        before = served()
+        worker = next(x["worker"] for x in labels if x["item"] == "i0")
+        other = next(c for c in CLASSES if c != before["i0"])
+        extra = [{"item": "i0", "worker": worker, "label": other, "weight": weight}]
+        r = api.post("/v1/projects/p/labels", params={"wait": True}, json=extra)
+        assert r.status_code == 202, r.text
+        after = served()
+    return sum(before[k] != after[k] for k in before if k != "i0")
+
+
+def test_a_label_at_the_bound_moves_no_more_than_an_ordinary_label(tmp_path: Path) -> None:
+    bound = Settings.model_fields["max_label_weight"].default
+    assert bound >= 10
+    ordinary = unrelated_flips(tmp_path / "one", 1.0)
+    at_bound = unrelated_flips(tmp_path / "bound", bound)
+    unbounded = unrelated_flips(tmp_path / "huge", 1e6)
+    # at the bound, as many as one more ordinary label moves (a near tie), not a fifth
+    assert at_bound <= max(ordinary, 1), (ordinary, at_bound)
+    assert unbounded > 50, unbounded
+
+
+def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
+    block = [
+        {"item": "i0", "worker": "w0", "label": "a", "weight": 10.0},
+        {"item": "i1", "worker": "w0", "label": "a", "weight": 10.5},
+    ]
+    assert len(parse_block(orjson.dumps(block[:1]), LABELS, 50, max_weight=10.0)) == 1
+    with pytest.raises(ApiError) as refused:
+        parse_block(orjson.dumps(block), LABELS, 50, max_weight=10.0)
+    err = refused.value
+    assert (err.status, err.code, err.entry, err.field) == (422, "invalid_label", 1, "weight")
+    assert "entry 1, field 'weight'" in err.message and "10.5" in err.message
+
+
+def test_a_weight_above_the_bound_is_a_422(tmp_path: Path) -> None:
+    with TestClient(
+        create_app(service_settings(tmp_path)), headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as api:
+        assert api.post("/v1/projects", json={"name": "p", "labels": CLASSES}).status_code == 201
+        bound = Settings.model_fields["max_label_weight"].default
+        block = [
+            {"item": "i0", "worker": "w0", "label": "a", "weight": bound},
+            {"item": "i1", "worker": "w0", "label": "b", "weight": bound * 1.5},
+        ]
+        r = api.post("/v1/projects/p/labels", json=block)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["entry"], error["field"]) == ("invalid_label", 1, "weight")
+        assert api.get("/v1/projects/p").json()["stats"]["log_end"] == 0  # nothing applied
+        r = api.post("/v1/projects/p/labels", params={"wait": True}, json=block[:1])
+        assert r.status_code == 202 and r.json()["accepted"] == 1
