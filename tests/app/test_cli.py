@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 from pathlib import Path
 
@@ -368,8 +369,9 @@ def test_help_is_whole_at_any_width(columns: str | None, monkeypatch: pytest.Mon
 
 
 def test_boolean_flags_have_no_value_in_help() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # not a terminal: 120
     run = subprocess.run(
-        ["crowdtally", "extract", "--help"], capture_output=True, text=True, timeout=60
+        ["crowdtally", "extract", "--help"], capture_output=True, text=True, timeout=60, env=env
     )
     assert run.returncode == 0
     lines = run.stdout.splitlines()
