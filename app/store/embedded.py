@@ -30,7 +30,6 @@ from app.store.sql import upgrade
 
 class _ProjectState:
     def __init__(self) -> None:
-        self.ids: set[str] = set()
         self.log_end = 0
         self.applied = 0
         self.restoring = 0
@@ -82,9 +81,6 @@ class EmbeddedStore:
         ):
             if project in self._state:  # (the served state is rebuilt by the engine)
                 self._state[project].log_end = self._state[project].restoring = end
-        for project, label_id in self._db.execute("SELECT project, label_id FROM label_ids"):
-            if project in self._state:
-                self._state[project].ids.add(label_id)
 
     # projects and keys -----------------------------------------------------------------
     def create_project(self, record: ProjectRecord) -> None:
@@ -189,7 +185,7 @@ class EmbeddedStore:
     ) -> AppendResult:
         with self._lock:
             st = self._state[project]
-            keep, new_ids = _dedupe(ids, st.ids)
+            keep, new_ids = _dedupe(ids, self._seen(project, ids))
             accepted = keep.count(b"1") if ids is not None else 0
             duplicates = (len(ids) - accepted) if ids is not None else 0
             if ids is not None and accepted == 0:
@@ -210,9 +206,26 @@ class EmbeddedStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            st.ids.update(new_ids)
             st.log_end = position
             return AppendResult(position, accepted, duplicates)
+
+    def _seen(self, project: str, ids: list[str | None] | None) -> set[str]:
+        """Which of ``ids`` the project's log has taken before (label_ids, indexed; not kept
+        in memory: a set of every label id cost ~100 B per label)."""
+        wanted = list({i for i in ids or () if i is not None})
+        seen: set[str] = set()
+        for k in range(0, len(wanted), 500):
+            chunk = wanted[k : k + 500]
+            marks = ",".join("?" * len(chunk))
+            seen.update(
+                r[0]
+                for r in self._db.execute(
+                    f"SELECT label_id FROM label_ids WHERE deployment = '' AND project = ? "
+                    f"AND label_id IN ({marks})",
+                    (project, *chunk),
+                )
+            )
+        return seen
 
     def read_log(
         self,
