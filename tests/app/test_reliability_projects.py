@@ -39,7 +39,8 @@ def settle(c: TestClient, project: str, timeout_s: float = 60.0) -> dict[str, in
     deadline = time.monotonic() + timeout_s
     while True:
         stats: dict[str, int] = c.get(f"/v1/projects/{project}").json()["stats"]
-        if stats["lag"] == 0 and stats["applied"] == stats["log_end"] > 0:
+        restored = c.get("/readyz").status_code == 200  # 503 while served state is restored
+        if restored and stats["lag"] == 0 and stats["applied"] == stats["log_end"] > 0:
             return stats
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
