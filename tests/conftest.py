@@ -81,8 +81,22 @@ def synthetic() -> Synthetic:
     return dawid_skene(n_items=3000, n_workers=40, per_item=5, n_classes=3, seed=7)
 
 
+# Tests sharing a started service (a module- or session-scoped fixture): each set runs on one
+# xdist worker, so that its service starts once, not once per worker or twice in a module.
+SHARED_SERVICE = (
+    "tests/app/test_import_export.py",  # live, service
+    "tests/app/test_dashboard.py",  # served_dog
+    "clients/python/tests/",  # live_server
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests (marked ``slow``) first: under xdist (``--dist loadgroup``, each worker
-    taking the next test as it frees up) they then run side by side from the start, instead of
-    one of them ending the run alone on one worker."""
+    taking the next test or group as it frees up) they then run side by side from the start,
+    instead of one of them ending the run alone on one worker."""
+    for item in items:
+        shared = [p for p in SHARED_SERVICE if item.nodeid.startswith(p)]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
