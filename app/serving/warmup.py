@@ -129,6 +129,7 @@ def warm_up() -> float:
     dyadic_learning()
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
+    second.stdout.close()  # it prints nothing more
     nominal(refit=False)
     took = time.perf_counter() - start
     threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()

@@ -49,7 +49,7 @@ class Layout:
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*CLI, *args], env=self.env, cwd=self.workdir)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 240.0) -> None:  # a first start compiles kernels
         deadline = time.monotonic() + timeout_s
         while True:
             try:
