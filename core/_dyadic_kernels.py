@@ -826,6 +826,41 @@ BINARY, OAA, TREE, ORDINAL = 0, 1, 2, 3
 
 
 @jit
+def learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, lab, h):
+    """Learn one example (rater slot r, task slot t, class lab, weight h > 0)."""
+    if reduction != TREE:
+        # binary and ordinal: one scorer; one-against-all: scorer c learns "lab == c"
+        for c in range(K if reduction == OAA else 1):
+            if reduction == ORDINAL:
+                y = float(lab)
+            elif reduction == BINARY:
+                y = 1.0 if lab == 1 else -1.0
+            else:
+                y = 1.0 if c == lab else -1.0
+            update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, c, -1, r, t, y, h)
+    else:
+        # scoring filter tree (seed 000, "Cost Sensitive Multi Label"): label lab meets the
+        # winner of the sibling subtree at each level; the node's classifier is
+        # 1[f_lab > f_opp], trained as p = f_lab − f_opp with label +1; training stops
+        # at the first level the label loses (the importance weights above it are 0).
+        width = 1
+        while True:
+            if width >= K:
+                break
+            base = (lab // (2 * width)) * (2 * width)
+            sib = base + width if (lab - base) < width else base
+            opp = _best_in(A, B, WR, WT, WC, r, t, sib, sib + width, K)
+            if opp >= 0:
+                update_pair(
+                    A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, lab, opp, r, t, 1.0, h
+                )
+                if _predict1(A, B, WR, WT, WC, lab, r, t) <= _predict1(A, B, WR, WT, WC, opp, r, t):
+                    break
+            width *= 2
+    G[0] += h
+
+
+@jit
 def learn_many(
     A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, raters, tasks, labels, weights
 ):
@@ -833,44 +868,14 @@ def learn_many(
     R = A.shape[0]
     T = B.shape[0]
     for n in range(raters.shape[0]):
-        r = _slot(raters[n], R)
-        t = _slot(tasks[n], T)
-        lab = labels[n]
         h = weights[n]
         if h <= 0.0:
             continue
-        if reduction != TREE:
-            # binary and ordinal: one scorer; one-against-all: scorer c learns "lab == c"
-            for c in range(K if reduction == OAA else 1):
-                if reduction == ORDINAL:
-                    y = float(lab)
-                elif reduction == BINARY:
-                    y = 1.0 if lab == 1 else -1.0
-                else:
-                    y = 1.0 if c == lab else -1.0
-                update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, c, -1, r, t, y, h)
-        else:
-            # scoring filter tree (seed 000, "Cost Sensitive Multi Label"): label lab meets the
-            # winner of the sibling subtree at each level; the node's classifier is
-            # 1[f_lab > f_opp], trained as p = f_lab − f_opp with label +1; training stops
-            # at the first level the label loses (the importance weights above it are 0).
-            width = 1
-            while True:
-                if width >= K:
-                    break
-                base = (lab // (2 * width)) * (2 * width)
-                sib = base + width if (lab - base) < width else base
-                opp = _best_in(A, B, WR, WT, WC, r, t, sib, sib + width, K)
-                if opp >= 0:
-                    update_pair(
-                        A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, lab, opp, r, t, 1.0, h
-                    )
-                    if _predict1(A, B, WR, WT, WC, lab, r, t) <= _predict1(
-                        A, B, WR, WT, WC, opp, r, t
-                    ):
-                        break
-                width *= 2
-        G[0] += h
+        r = _slot(raters[n], R)
+        t = _slot(tasks[n], T)
+        learn_one(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, labels[n], h
+        )
 
 
 @jit
@@ -886,20 +891,72 @@ def predict_many(A, B, WR, WT, WC, raters, tasks, out):
 
 
 @jit
-def _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, s, r, t, y, h):
-    """f_s after an update of scorer s alone with label y and weight h (no state change)."""
-    loss = int(hyper[H_LOSS])
-    sp, sm, c0 = _pair_stats(A, B, s, -1, r, t)
-    p0 = _predict1(A, B, WR, WT, WC, s, r, t)
-    ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, 0.0, 0.0, 0.0, 0.0, False)
-    Q = er + et + ec
-    lam = hyper[H_L2]
-    mu = hyper[H_L2_LIN] * er
-    L0 = _lin1(WR, WT, WC, s, r, t)
-    sig, psi, he = step_flow(
-        loss, p0, y, hyper[H_TAU], h, sp, sm, c0, Q, ed, lam, L0, mu, hyper[H_ODE_TOL]
+def _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one):
+    """Copy the parameters that an example (r, t) reads or moves into the one-slot tables
+    ``one`` (slot 0 for both the rater and the task)."""
+    a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
+    a1[0] = A[r]
+    b1[0] = B[t]
+    wr1[0] = WR[r]
+    wt1[0] = WT[t]
+    wc1[:] = WC
+    g1[0] = G[0]
+    gc1[:] = GC
+    if GWR.shape[0] > 0:
+        gwr1[0] = GWR[r]
+        gwt1[0] = GWT[t]
+        ga1[0] = GA[r]
+        gb1[0] = GB[t]
+
+
+@jit
+def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, h, one):
+    """Whether ``tg`` is predicted (argmax, first on ties) after the model really learns the
+    example (r, t, tg) with weight h: the learner's own step on copied rows."""
+    _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one)
+    a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
+    learn_one(
+        a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1, hyper, reduction, K, 0, 0, tg, h
     )
-    return p0 + delta_pl(sig, psi, he, sp, sm, c0, Q, ed, lam, L0, mu)
+    f = _predict1(a1, b1, wr1, wt1, wc1, tg, 0, 0)
+    for c in range(K):
+        v = _predict1(a1, b1, wr1, wt1, wc1, c, 0, 0)
+        if v > f or (v == f and c < tg):
+            return False
+    return True
+
+
+@jit
+def _first_win(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, one):
+    """The first crossing of "tg predicted after learning (r, t, tg) with weight h": doubling
+    from 1e-6, then bisection to 1e-12 relative (at most 200 halvings); the largest weight
+    found *not* to flip."""
+    hi = 1e-6
+    lo = 0.0
+    found = False
+    for _ in range(700):
+        if _target_wins(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, hi, one
+        ):
+            found = True
+            break
+        lo = hi
+        if hi > 1e200:
+            break
+        hi *= 2.0
+    if not found:
+        return np.inf
+    for _ in range(200):
+        if hi - lo <= 1e-12 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if _target_wins(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, mid, one
+        ):
+            hi = mid
+        else:
+            lo = mid
+    return lo  # 0 when every positive weight flips it (target tied with the best)
 
 
 @jit
@@ -909,12 +966,19 @@ def h_min_many(
     """Smallest importance weight of an example (r, t, target) that makes target predicted.
 
     Binary and ordinal: part II's h_min(x, y) with x the decision boundary (ordinal: the
-    midpoint between the predicted and the target code). Filter tree: h_min(0, +1) of the
-    pairwise classifier f_target − f_best (the final match). One-against-all: each scorer
-    follows its own closed-form / ODE path; the crossing f_target(h) = f_best(h) is bisected.
+    edge of the target code's cell on the predicted code's side, target ∓ ½). One-against-all and filter tree:
+    the first weight at which the learner's own step (``learn_one`` on copied rows) makes
+    target the argmax, found by doubling then bisection (``_first_win``).
     """
     R = A.shape[0]
     T = B.shape[0]
+    S = A.shape[1]
+    one = (
+        np.empty((1, S, A.shape[2])), np.empty((1, S, B.shape[2])), np.empty((1, S)),
+        np.empty((1, S)), np.empty(S), np.empty(1), np.empty((min(GWR.shape[0], 1), S)),
+        np.empty((min(GWT.shape[0], 1), S)), np.empty(S), np.empty((min(GA.shape[0], 1), S)),
+        np.empty((min(GB.shape[0], 1), S)),
+    )  # fmt: skip
     loss = int(hyper[H_LOSS])
     tau = hyper[H_TAU]
     lam = hyper[H_L2]
@@ -938,7 +1002,7 @@ def h_min_many(
                     out[n] = 0.0
                     continue
                 y = float(tg)
-                x = 0.5 * (pred + tg)
+                x = tg - 0.5 if tg > pred else tg + 0.5  # the edge of target's cell
             sp, sm, c0 = _pair_stats(A, B, 0, -1, r, t)
             ed, er, et, ec = _rates(
                 hyper, G, GWR, GWT, GC, GA, GB, 0, r, t, 0.0, 0.0, 0.0, 0.0, False
@@ -951,58 +1015,6 @@ def h_min_many(
         if best == tg:
             out[n] = 0.0
             continue
-        if reduction == TREE:
-            sp, sm, c0 = _pair_stats(A, B, tg, best, r, t)
-            p0 = _predict1(A, B, WR, WT, WC, tg, r, t) - _predict1(A, B, WR, WT, WC, best, r, t)
-            ed, er, et, ec = _rates(
-                hyper, G, GWR, GWT, GC, GA, GB, tg, r, t, 0.0, 0.0, 0.0, 0.0, False
-            )
-            ed2, er2, et2, ec2 = _rates(
-                hyper, G, GWR, GWT, GC, GA, GB, best, r, t, 0.0, 0.0, 0.0, 0.0, False
-            )
-            out[n] = h_min_flow(
-                loss,
-                p0,
-                1.0,
-                tau,
-                0.0,
-                sp,
-                sm,
-                c0,
-                er + et + ec + er2 + et2 + ec2,
-                0.5 * (ed + ed2),
-                lam,
-                _lin1(WR, WT, WC, tg, r, t) - _lin1(WR, WT, WC, best, r, t),
-                hyper[H_L2_LIN] * er,
-                tol,
-            )
-            continue
-        # OAA: bisection on the exact per-scorer paths
-        hi = 1e-6
-        found = False
-        for _ in range(120):
-            d = _scorer_path(
-                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, tg, r, t, 1.0, hi
-            ) - _scorer_path(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, best, r, t, -1.0, hi)
-            if d > 0.0:
-                found = True
-                break
-            hi *= 2.0
-        if not found:
-            out[n] = np.inf
-            continue
-        lo = 0.0
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            d = _scorer_path(
-                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, tg, r, t, 1.0, mid
-            ) - _scorer_path(
-                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, best, r, t, -1.0, mid
-            )
-            if d > 0.0:
-                hi = mid
-            else:
-                lo = mid
-            if hi - lo <= 1e-12 * hi:
-                break
-        out[n] = hi
+        out[n] = _first_win(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, one
+        )

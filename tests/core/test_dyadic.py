@@ -274,16 +274,15 @@ def test_multiclass_learns_and_h_min_flips(reduction: str) -> None:
     assert np.mean(lab == y[n:]) > 0.5  # chance 0.25, majority class ≈ 0.25
     hm = m.h_min(r[n : n + 20], t[n : n + 20])
     assert np.all(hm > 0) and np.all(np.isfinite(hm))
-    if reduction == "oaa":  # OAA's h_min is exact: the label flips right there
-        target = np.argsort(-scores[:20], axis=1, kind="stable")[:, 1]
-        for j in range(20):
-            for f, flipped in ((1 + 1e-6, True), (1 - 1e-6, False)):
-                c = DyadicModel.from_arrays(m.config, m.arrays())
-                c.learn_many(r[n + j : n + j + 1], t[n + j : n + j + 1], target[j : j + 1],
-                             np.array([hm[j] * f]))  # fmt: skip
-                assert (
-                    c.predict(r[n + j : n + j + 1], t[n + j : n + j + 1])[0][0] == target[j]
-                ) == flipped
+    target = np.argsort(-scores[:20], axis=1, kind="stable")[:, 1]
+    for j in range(20):  # exact under both reductions: the label flips right there
+        for f, flipped in ((1 + 1e-6, True), (1 - 1e-6, False)):
+            c = DyadicModel.from_arrays(m.config, m.arrays())
+            c.learn_many(r[n + j : n + j + 1], t[n + j : n + j + 1], target[j : j + 1],
+                         np.array([hm[j] * f]))  # fmt: skip
+            assert (
+                c.predict(r[n + j : n + j + 1], t[n + j : n + j + 1])[0][0] == target[j]
+            ) == flipped
 
 
 @pytest.mark.parametrize(
@@ -384,3 +383,60 @@ def test_ode_step_near_the_label_stays_finite(h: float) -> None:
     p1, p0 = _after(LOSS["squared"], a, b, wx, y, 0.5, h, 2.0, 0.0)
     assert np.isfinite(p1) and p0 < p1 <= y
     assert y - p1 < 1e-6
+
+
+# ------------------------------------------------- h_min is safe under every reduction
+
+# (n_classes, loss, ordinal, reduction): every shape of model the service's settings accept
+# (binary; ordinal with its two losses; more classes with either reduction and every loss).
+API_MODELS = [
+    (2, "hinge", False, "oaa"), (2, "logistic", False, "oaa"), (2, "squared", False, "oaa"),
+    (5, "quantile", True, "oaa"), (5, "squared", True, "oaa"),
+    *[(K, loss, False, red) for red in ("oaa", "tree") for K in (3, 4, 6)
+      for loss in ("hinge", "logistic", "squared")],
+]  # fmt: skip
+
+
+def _flips(m: DyadicModel, r: np.ndarray, t: np.ndarray, target: int, h: float) -> bool:
+    """Whether the model, after really learning (r, t, target) with weight h, predicts target."""
+    c = DyadicModel.from_arrays(m.config, m.arrays())
+    c.learn_many(r, t, np.array([target]), np.array([h]))
+    return bool(c.predict(r, t)[0][0] == target)
+
+
+@pytest.mark.parametrize(("K", "loss", "ordinal", "reduction"), API_MODELS)
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.integers(0, 3),
+    l2=st.sampled_from([0.0, 0.05, 0.2, 0.5]),
+    eta=st.floats(0.05, 1.0),
+    dyadic_rate=st.floats(0.5, 3.0),
+    n_seen=st.integers(0, 60),
+)
+def test_prediction_never_flips_below_h_min(
+    K: int, loss: str, ordinal: bool, reduction: str, seed: int, k: int, l2: float,
+    eta: float, dyadic_rate: float, n_seen: int,
+) -> None:  # fmt: skip
+    """Random pairs of random models: below the reported h_min (at 24 weights spread from
+    1e-4 h_min to h_min (1 - 1e-9)) the prediction is never the target; just above, it is."""
+    rng = np.random.default_rng(seed)
+    cfg = DyadicConfig(n_classes=K, k=k, loss=loss, ordinal=ordinal, reduction=reduction,
+                       eta=eta, l2=l2, dyadic_rate=dyadic_rate, rater_slots=3, task_slots=3,
+                       init_scale=0.5, seed=seed)  # fmt: skip
+    m = DyadicModel(cfg)
+    m.learn_many(rng.integers(0, 3, n_seen), rng.integers(0, 3, n_seen),
+                 rng.integers(0, K, n_seen), rng.uniform(0.1, 3.0, n_seen))  # fmt: skip
+    r, t = rng.integers(0, 3, 1), rng.integers(0, 3, 1)
+    pred = int(m.predict(r, t)[0][0])
+    target = int(rng.choice([c for c in range(K) if c != pred]))
+    h = float(m.h_min(r, t, np.array([target]))[0])
+    if h == 0.0:  # on the boundary (p0 = 0, binary): any positive weight flips it
+        assert _flips(m, r, t, target, 1e-9)
+        return
+    if not np.isfinite(h):  # unreachable: no weight up to a large one flips it
+        assert not any(_flips(m, r, t, target, w) for w in np.geomspace(1e-3, 1e6, 12))
+        return
+    for w in h * np.geomspace(1e-4, 1.0 - 1e-9, 24):
+        assert not _flips(m, r, t, target, float(w)), (w / h, h)
+    assert _flips(m, r, t, target, h * (1 + 1e-7))
