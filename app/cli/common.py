@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from app.io.triples import InputError
-from app.settings import Settings
 
-if TYPE_CHECKING:  # (sqlalchemy is imported when a command needs it: extract stays light)
+if TYPE_CHECKING:  # imported when a command needs them: extract stays light
+    from app.settings import Settings
     from app.store.archive import SnapshotDB
 
 
 def load_settings() -> Settings:
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
     try:
         return Settings()
     except ValidationError as exc:

@@ -11,8 +11,10 @@ import typer
 
 from app.cli.layout import as_typed
 from app.io import extract as job
+from app.io.codes import read_codes
 from app.io.model_file import SavedModel, load_model, save_model
-from app.io.triples import InputError, read_triples, read_truth
+from app.io.predictions_file import write_predictions
+from app.io.triples import InputError, read_truth
 from core.nominal import NominalConfig
 
 DEFAULTS = NominalConfig(n_classes=2)
@@ -174,7 +176,7 @@ def extract(
     if shuffle is not None and shuffle < 0:
         raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
     out = sys.stdout
-    triples = read_triples(path)
+    answers = read_codes(path)
     saved = load_model(load) if load is not None else None
     names = [s.strip() for s in labels.split(",")] if labels else None
     if saved is not None:
@@ -183,8 +185,11 @@ def extract(
                 n_labels_flag, None, f"{n_labels}, but {load} has {len(saved.classes)} classes"
             )
         names, n_labels = list(saved.classes), None
-    classes = job.resolve_classes(triples, names, n_labels, str(path), n_labels_flag=n_labels_flag)
-    encoded = job.encode(triples, classes, str(path))
+    classes = job.resolve_classes(
+        answers.label_names.to_pylist(), names, n_labels, str(path), n_labels_flag=n_labels_flag
+    )
+    encoded = job.encode(answers, classes, str(path))
+    del answers
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
     gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
     if saved is not None:
@@ -221,10 +226,10 @@ def extract(
             later_passes,
         )
         posteriors, slot_params = run.final.posteriors, run.model.params
-        rate = len(triples) * passes / run.seconds if run.seconds > 0 else float("inf")
-        speed = f"online EM: {len(triples) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
+        rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
+        speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
     print(
-        f"{encoded.n_items} items, {len(triples)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
+        f"{encoded.n_items} items, {len(encoded.labels)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
         file=out,
     )
     print(speed, file=out)
@@ -232,7 +237,7 @@ def extract(
         acc, n = job.accuracy(posteriors.argmax(axis=1), gold)
         print(f"accuracy {acc:.4f} on {n} items with gold", file=out)
     if predictions is not None:
-        job.write_predictions(predictions, encoded, posteriors)
+        write_predictions(predictions, encoded.item_names, classes, posteriors)
         print(f"predictions written to {predictions}", file=out)
     if model is not None:
         save_model(model, SavedModel(config=config, params=slot_params, classes=classes))

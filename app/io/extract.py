@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import csv
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from app.io.triples import InputError, Triples, read_triples, read_truth
+from app.io.codes import AnswerCodes, read_codes
+from app.io.triples import InputError, answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
-from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
+from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM
@@ -23,19 +26,33 @@ from core.online import BlockResult, OnlineEM
 
 @dataclass(frozen=True)
 class Encoded:
-    """A triples file as int codes; items are numbered in order of first appearance."""
+    """A triples file as int codes; items are numbered in order of first appearance, workers
+    in the sorted order of their ids."""
 
     classes: tuple[str, ...]
-    item_ids: npt.NDArray[np.str_]
-    worker_ids: npt.NDArray[np.str_]
-    items: IntArray
-    workers: IntArray
-    labels: IntArray
+    item_names: pa.Array
+    worker_names: pa.Array
+    items: npt.NDArray[np.integer]
+    workers: npt.NDArray[np.integer]
+    labels: npt.NDArray[np.integer]
     weights: FloatArray
+    """One per answer (a read-only broadcast 1.0 when the file has no weight column)."""
 
     @property
     def n_items(self) -> int:
-        return int(self.item_ids.size)
+        return len(self.item_names)
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.worker_names)
+
+    @cached_property
+    def item_ids(self) -> npt.NDArray[np.str_]:
+        return np.asarray(self.item_names.to_numpy(zero_copy_only=False), dtype=np.str_)
+
+    @cached_property
+    def worker_ids(self) -> npt.NDArray[np.str_]:
+        return np.asarray(self.worker_names.to_numpy(zero_copy_only=False), dtype=np.str_)
 
 
 def _natural_order(names: list[str]) -> list[str]:
@@ -47,7 +64,7 @@ def _natural_order(names: list[str]) -> list[str]:
 
 
 def resolve_classes(
-    triples: Triples,
+    label_names: list[str],
     names: list[str] | None,
     n_labels: int | None,
     path: str,
@@ -55,14 +72,15 @@ def resolve_classes(
     n_labels_flag: str = "--n-labels",
 ) -> tuple[str, ...]:
     """The class names, in order: given (``--labels``), K of them (``--n-labels K``), or as
-    seen in the data (integers sorted numerically, anything else as text).
+    seen in the data (``label_names``, the distinct labels of the file; integers sorted
+    numerically, anything else as text).
 
     ``--n-labels K`` (the seed's ``--n_labels``) says how many classes there are. Labels that
     are all class indices 0..K-1 keep their index (a class nobody answered still counts);
     otherwise the file must hold exactly K distinct labels, numbered in sorted order as
     without the flag (adult2's G, P, R, X are classes 0..3), which is also the order of
     ``--priorz``. ``n_labels_flag`` is the flag as the user typed it, for the errors."""
-    seen = _natural_order([str(x) for x in np.unique(triples.labels)])
+    seen = _natural_order(sorted(set(label_names)))
     if names is not None:
         if len(set(names)) != len(names):
             raise InputError("--labels", None, "a label name is given twice")
@@ -92,31 +110,27 @@ def resolve_classes(
     return tuple(seen)
 
 
-def encode(triples: Triples, classes: tuple[str, ...], path: str) -> Encoded:
-    """Int-code a triples file; an answer outside ``classes`` is an error naming its line."""
+def encode(answers: AnswerCodes, classes: tuple[str, ...], path: str) -> Encoded:
+    """The answers with class codes; an answer outside ``classes`` is an error naming its line."""
     lookup = {name: k for k, name in enumerate(classes)}
-    label_names, label_codes = np.unique(triples.labels, return_inverse=True)
-    code_of_name = np.array([lookup.get(str(n), -1) for n in label_names], dtype=np.int64)
-    labels = code_of_name[label_codes.ravel()]
+    names = answers.label_names.to_pylist()
+    code_of_name = np.array([lookup.get(n, -1) for n in names], dtype=np.int32)
+    labels = code_of_name[answers.labels]
     if np.any(labels < 0):
         bad = int(np.argmax(labels < 0))
         raise InputError(
             path,
-            int(triples.lines[bad]),
-            f"label {str(triples.labels[bad])!r} is not one of {list(classes)}",
+            answer_line(path, bad),
+            f"label {names[answers.labels[bad]]!r} is not one of {list(classes)}",
         )
-    sorted_ids, first, inverse = np.unique(triples.items, return_index=True, return_inverse=True)
-    rank = np.empty(sorted_ids.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(sorted_ids.size)
-    workers, worker_ids = factorize(triples.workers)
     return Encoded(
         classes=classes,
-        item_ids=sorted_ids[np.argsort(first, kind="stable")],
-        worker_ids=worker_ids,
-        items=rank[inverse.ravel()],
-        workers=workers,
+        item_names=answers.item_names,
+        worker_names=answers.worker_names,
+        items=answers.items,
+        workers=answers.workers,
         labels=labels,
-        weights=np.ones(len(triples)) if triples.weights is None else triples.weights,
+        weights=np.broadcast_to(1.0, labels.shape) if answers.weights is None else answers.weights,
     )
 
 
@@ -128,21 +142,24 @@ def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
         raise InputError(
             path, None, f"gold labels {bad[:5]} are not among the classes {list(data.classes)}"
         )
-    return np.array(
-        [lookup[truth[i]] if i in truth else -1 for i in data.item_ids.tolist()], dtype=np.int64
-    )
+    gold_items = pa.array(list(truth), pa.string())
+    gold_codes = np.array([lookup[label] for label in truth.values()] + [-1], dtype=np.int64)
+    where = pc.fill_null(pc.index_in(data.item_names, value_set=gold_items), -1).to_numpy()
+    out: IntArray = gold_codes[where]  # -1 picks the last entry: no gold
+    return out
 
 
 def load_labelled(folder: Path) -> tuple[Encoded, IntArray]:
     """A shared-dataset folder (answers.csv, truth.csv): encoded answers and gold codes per item."""
-    triples = read_triples(folder / "answers.csv")
-    data = encode(triples, resolve_classes(triples, None, None, str(folder)), str(folder))
+    answers = read_codes(folder / "answers.csv")
+    classes = resolve_classes(answers.label_names.to_pylist(), None, None, str(folder))
+    data = encode(answers, classes, str(folder))
     return data, truth_codes(read_truth(folder / "truth.csv"), data, str(folder / "truth.csv"))
 
 
 def hashed_blocks(data: Encoded, config: NominalConfig) -> LabelBlocks:
     """One block per item, workers hashed into the model's slots (the online model's input)."""
-    slots = worker_slots(data.worker_ids.tolist(), config.n_worker_slots)
+    slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
     return LabelBlocks.group(
         data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items
     )
@@ -315,7 +332,7 @@ def run_batch(
             shown[0] *= 2
 
     t0 = time.perf_counter()
-    result, params = BatchEM(config).fit(blocks, data.worker_ids.size, progress=progress)
+    result, params = BatchEM(config).fit(blocks, data.n_workers, progress=progress)
     seconds = time.perf_counter() - t0
     print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
     return result, params, seconds
@@ -326,24 +343,10 @@ def slot_params_from_batch(
 ) -> NominalParams:
     """Map exact-worker batch parameters into hashed slots (colliding workers averaged by labels)."""
     S = config.n_worker_slots
-    slots = worker_slots(data.worker_ids.tolist(), S)
-    n_labels = np.bincount(data.workers, minlength=data.worker_ids.size).astype(np.float64)
+    slots = worker_slots(data.worker_names.to_pylist(), S)
+    n_labels = np.bincount(data.workers, minlength=data.n_workers).astype(np.float64)
     return into_slots(params, slots, n_labels, S)
 
 
-def write_predictions(path: Path, data: Encoded, posteriors: FloatArray) -> None:
-    """CSV: item,label,probability, then one column per class (the posterior)."""
-    best = posteriors.argmax(axis=1)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["item", "label", "probability", *data.classes])
-        for item, k, row in zip(
-            data.item_ids.tolist(), best.tolist(), posteriors.tolist(), strict=True
-        ):
-            writer.writerow([item, data.classes[k], f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)])
-    tmp.replace(path)
-
-
 def collision_line(data: Encoded, n_slots: int) -> str:
-    return str(collision_report(worker_slots(data.worker_ids.tolist(), n_slots), n_slots))
+    return str(collision_report(worker_slots(data.worker_names.to_pylist(), n_slots), n_slots))

@@ -17,14 +17,15 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import httpx
 
 from app.io import importers
 from app.io.importers import Record
 from app.io.triples import InputError, read_truth
+
+if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
+    import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -36,6 +37,8 @@ class ServiceError(ValueError):
 
 
 def _http(url: str, key: str | None) -> httpx.Client:
+    import httpx
+
     headers = {"Content-Type": "application/json", "User-Agent": "crowdtally-cli"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -70,6 +73,8 @@ def call(
 ) -> httpx.Response:
     """A request; connection errors, 429 and 5xx are retried with back-off when ``retry``
     (``retries`` times, default ``RETRIES``: 5, ``--retries`` of the commands)."""
+    import httpx
+
     retries = RETRIES.get() if retries is None else retries
     content = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if body is not None else None

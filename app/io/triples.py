@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 MAX_ID_LENGTH = 512
+CHUNK_BYTES = 1 << 24
+"""Bytes of CSV (about 1M short answers) or, over 16, Parquet rows read at a time."""
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _WHITESPACE = re.compile(r"[\t ]+")
@@ -45,6 +48,9 @@ class Triples:
 
     def __len__(self) -> int:
         return int(self.items.size)
+
+    def ids(self) -> tuple[npt.NDArray[np.str_], npt.NDArray[np.str_], npt.NDArray[np.str_]]:
+        return self.items, self.workers, self.labels
 
 
 def _rows(path: Path) -> list[tuple[int, list[str]]]:
@@ -81,53 +87,201 @@ def _check_id(path: Path, line: int, kind: str, value: str) -> str:
     return value
 
 
-def read_triples(path: str | Path) -> Triples:
+def read_triples(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Triples:
     """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
     crowd-kit's ``task,worker,label``) is skipped. Parquet files (``.parquet``) hold those
-    columns by name.
+    columns by name. The whole file at once (``read_answer_chunks`` reads it in pieces)."""
+    chunks = list(read_answer_chunks(path, chunk_bytes))
+    weights = [c.weights for c in chunks if c.weights is not None]
+    return Triples(
+        items=_strings([c.items for c in chunks]),
+        workers=_strings([c.workers for c in chunks]),
+        labels=_strings([c.labels for c in chunks]),
+        weights=np.concatenate(weights) if weights else None,
+        lines=np.concatenate([c.lines for c in chunks if c.lines is not None]),
+    )
 
-    A CSV file is read by pyarrow's CSV reader and checked in vectorised code; a file that
+
+def answer_line(path: str | Path, index: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """The line (Parquet: row) of the file's answer number ``index`` (0-based)."""
+    for chunk in read_answer_chunks(path, chunk_bytes):
+        if index < len(chunk):
+            assert chunk.lines is not None
+            return int(chunk.lines[index])
+        index -= len(chunk)
+    raise IndexError(index)
+
+
+def _strings(parts: list[pa.Array]) -> npt.NDArray[np.str_]:
+    return np.asarray(pa.chunked_array(parts, pa.string()).to_numpy(), dtype=np.str_)
+
+
+@dataclass
+class AnswerColumns:
+    """Checked answers from consecutive lines of a file: ids stripped (arrow strings),
+    weights (None: all 1), and the 1-based line of each answer (Parquet: its row)."""
+
+    items: pa.Array
+    workers: pa.Array
+    labels: pa.Array
+    weights: npt.NDArray[np.float64] | None
+    lines: npt.NDArray[np.int64] | None
+    """None when not asked for (``read_answer_chunks(..., lines=False)``)."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def read_answer_chunks(
+    path: str | Path, chunk_bytes: int = CHUNK_BYTES, lines: bool = True
+) -> Iterator[AnswerColumns]:
+    """The answers of a file, in order, a chunk of lines at a time (memory: one chunk).
+
+    CSV chunks are read by pyarrow's CSV reader and checked in vectorised code; a chunk that
     reader refuses, or that fails a check, is read again line by line, which names the line
-    and the reason (the same errors either way)."""
+    and the reason (the same errors as reading the whole file line by line). A file that is
+    not comma-separated, and the rest of a file from a chunk with quotes or lone carriage
+    returns on, are read line by line. ``lines=False`` spares finding the line of each
+    answer in clean CSV chunks (``answer_line`` finds one later)."""
     path = Path(path)
     if path.suffix.lower() == ".parquet":
-        return _read_parquet(path)
-    fast = _read_csv_columns(path)
-    if fast is not None:
-        return fast
-    return _read_rows(path)
+        chunks = _parquet_chunks(path, max(1, chunk_bytes // 16))
+    else:
+        chunks = _csv_chunks(path, chunk_bytes, lines)
+    n = 0
+    for chunk in chunks:
+        n += len(chunk)
+        if len(chunk):
+            yield chunk
+    if n == 0 and path.suffix.lower() == ".parquet":
+        raise InputError(path, None, "no answers in the file (only a header)")
 
 
-def _read_csv_columns(path: Path) -> Triples | None:
-    """The columns of a clean comma-separated file, or None (read it line by line)."""
+def _csv_chunks(path: Path, chunk_bytes: int, lines: bool) -> Iterator[AnswerColumns]:
     try:
-        raw = path.read_bytes()
+        fh = path.open("rb")
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
-    first = raw.lstrip(b"\r\n").split(b"\n", 1)[0]
-    if b"," not in first or b'"' in raw or raw.count(b"\r") != raw.count(b"\r\n"):
-        return None  # not CSV, quoted fields, lone CRs: the careful reader
-    try:
-        table = pa_csv.read_csv(
-            pa.py_buffer(raw),
-            read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
-            convert_options=pa_csv.ConvertOptions(
-                column_types={f"f{k}": pa.string() for k in range(4)}, strings_can_be_null=False
-            ),
-        )
-    except (pa.ArrowInvalid, UnicodeDecodeError):
-        return None
-    columns: list[Any] = list(table.columns)
-    if not columns or len(columns) > 4 or table.num_rows == 0:
-        return None
-    head = [str(c[0].as_py()).strip().lower() for c in columns]
-    header = tuple(head[:3]) in _HEADERS
-    if header:
-        columns = [c.slice(1) for c in columns]
-    if (len(columns) == 4 and header and head[3] != "weight") or len(columns) < 3:
-        return None
-    lines = _nonblank_line_numbers(raw)[int(header) :]
-    return _checked(columns, lines)
+    with fh:
+        state = _CsvState(path, lines)
+        line = 1
+        for block in _line_blocks(fh, chunk_bytes):
+            if state.n_columns is None and not state.sniffed:
+                state.sniffed = True
+                if b"," not in block.lstrip(b"\r\n").split(b"\n", 1)[0]:
+                    yield _columns(_read_rows(path))  # tab/space separated: line by line
+                    return
+            if b'"' in block or block.count(b"\r") != block.count(b"\r\n"):
+                yield state.careful(block + fh.read(), line)  # quoted fields may span lines
+                break
+            yield state.fast(block, line)
+            line += block.count(b"\n")
+        state.finish()
+
+
+def _line_blocks(fh: Any, size: int) -> Iterator[bytes]:
+    """The file in blocks of about ``size`` bytes, each ending at a line end (or the file's)."""
+    rest = b""
+    while True:
+        data = fh.read(size)
+        if not data:
+            if rest:
+                yield rest
+            return
+        data = rest + data
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            rest = data
+            continue
+        rest = data[cut:]
+        yield data[:cut]
+
+
+class _CsvState:
+    """What the first lines decide for the rest of a CSV file: header, weight column."""
+
+    def __init__(self, path: Path, lines: bool) -> None:
+        self.path, self.lines = path, lines
+        self.sniffed = False
+        self.n_columns: int | None = None  # 3 or 4, once the first answer was read
+        self.header_seen = False
+        self.rows = 0
+
+    def fast(self, block: bytes, line: int) -> AnswerColumns:
+        try:
+            table = pa_csv.read_csv(
+                pa.py_buffer(block),
+                read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
+                convert_options=pa_csv.ConvertOptions(
+                    column_types={f"f{k}": pa.string() for k in range(4)},
+                    strings_can_be_null=False,
+                ),
+            )
+        except (pa.ArrowInvalid, UnicodeDecodeError):
+            return self.careful(block, line)
+        columns: list[Any] = [c.combine_chunks() for c in table.columns]
+        header = False
+        if self.n_columns is None:
+            if not columns or len(columns) > 4 or table.num_rows == 0:
+                return self.careful(block, line)
+            head = [str(c[0].as_py()).strip().lower() for c in columns]
+            header = tuple(head[:3]) in _HEADERS
+            if (len(columns) == 4 and header and head[3] != "weight") or len(columns) < 3:
+                return self.careful(block, line)
+            if header:
+                columns = [c.slice(1) for c in columns]
+        elif len(columns) != self.n_columns or self.rows == 0:
+            return self.careful(block, line)
+        out = _checked(columns, len(columns[0]))
+        if out is not None and self.lines:
+            out.lines = _nonblank_line_numbers(block)[int(header) :] + (line - 1)
+        if out is None:
+            return self.careful(block, line)
+        self.header_seen |= header
+        self.n_columns = len(columns)
+        self.rows += len(out)
+        return out
+
+    def careful(self, block: bytes, line: int) -> AnswerColumns:
+        """The lines of ``block`` one by one: the first problem raises, naming its line."""
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(
+                self.path, line + block[: err.start].count(b"\n"), "not UTF-8 text"
+            ) from None
+        rows = [
+            (n, row)
+            for n, row in enumerate(csv.reader(text.splitlines()), start=line)
+            if any(f.strip() for f in row)
+        ]
+        if self.n_columns is None and rows:
+            head = [f.strip().lower() for f in rows[0][1]]
+            if tuple(head[:3]) in _HEADERS:
+                if head[3:] and head[3:] != ["weight"]:
+                    raise InputError(
+                        self.path,
+                        rows[0][0],
+                        f"unknown columns {head[3:]}: expected item,worker,label[,weight]",
+                    )
+                self.header_seen, self.n_columns = True, len(head[:4])
+                rows = rows[1:]
+        # as when reading the whole file: the first answer's 4 fields bring a weight column
+        out = _row_columns(self.path, rows, self.n_columns == 4, decided=self.rows > 0)
+        if len(out):
+            self.n_columns = 4 if out.weights is not None else 3
+        self.rows += len(out)
+        return _columns(out)
+
+    def finish(self) -> None:
+        if self.rows == 0:
+            only = " (only a header)" if self.header_seen else ""
+            raise InputError(self.path, None, f"no answers in the file{only}")
+
+
+def _columns(triples: Triples) -> AnswerColumns:
+    items, workers, labels = (pa.array(x, pa.string()) for x in triples.ids())
+    return AnswerColumns(items, workers, labels, triples.weights, triples.lines)
 
 
 def _nonblank_line_numbers(raw: bytes) -> npt.NDArray[np.int64]:
@@ -141,39 +295,48 @@ def _nonblank_line_numbers(raw: bytes) -> npt.NDArray[np.int64]:
     return out
 
 
-def _read_parquet(path: Path) -> Triples:
+def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
     try:
-        table = pq.read_table(path)
+        pfile = pq.ParquetFile(path)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except pa.ArrowException as err:
         raise InputError(path, None, f"not a Parquet file ({err})") from None
-    names = [n.lower() for n in table.column_names]
-    want = next((h for h in _HEADERS if set(h) <= set(names)), None)
+    names = pfile.schema_arrow.names
+    lower = [n.lower() for n in names]
+    want = next((h for h in _HEADERS if set(h) <= set(lower)), None)
     if want is None:
-        raise InputError(path, None, f"columns {names}: expected item,worker,label[,weight]")
-    picked = [*want, "weight"] if "weight" in names else list(want)
-    columns = [table.column(names.index(n)) for n in picked]
-    out = _checked(columns, np.arange(1, table.num_rows + 1, dtype=np.int64))
-    if out is None:  # the same checks, one row at a time, for the message ("line" = row)
-        rows = zip(*(c.to_pylist() for c in columns), strict=True)
-        numbered = [(n, [str(x) for x in row]) for n, row in enumerate(rows, start=1)]
-        return _from_rows(path, numbered, has_weight=len(columns) == 4)
-    return out
+        raise InputError(path, None, f"columns {lower}: expected item,worker,label[,weight]")
+    picked = [names[lower.index(n)] for n in ([*want, "weight"] if "weight" in lower else want)]
+    first = 1
+    for batch in pfile.iter_batches(batch_size=rows, columns=picked):
+        columns = list(batch.columns)
+        lines = np.arange(first, first + batch.num_rows, dtype=np.int64)
+        out = _checked(columns, batch.num_rows)
+        if out is not None:
+            out.lines = lines
+        else:  # the same checks, one row at a time, for the message ("line" = row)
+            fields = zip(*(c.to_pylist() for c in columns), strict=True)
+            numbered = [
+                (n, [str(x) for x in row]) for n, row in zip(lines.tolist(), fields, strict=True)
+            ]
+            out = _columns(_row_columns(path, numbered, len(columns) == 4, decided=True))
+        first += batch.num_rows
+        yield out
 
 
-def _checked(columns: list[Any], lines: npt.NDArray[np.int64]) -> Triples | None:
+def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
     """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights finite numbers >= 0; None
     when any check fails (the caller then reads row by row to name the line)."""
     ids = []
     for column in columns[:3]:
         c = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
         lengths = pc.min_max(pc.utf8_length(c))
-        if len(c) != lines.size or c.null_count or lengths["min"].as_py() in (0, None):
+        if len(c) != n_rows or c.null_count or lengths["min"].as_py() in (0, None):
             return None
         if lengths["max"].as_py() > MAX_ID_LENGTH:
             return None
-        ids.append(c.to_numpy(zero_copy_only=False).astype(np.str_))
+        ids.append(c)
     weights = None
     if len(columns) == 4:
         try:
@@ -182,7 +345,7 @@ def _checked(columns: list[Any], lines: npt.NDArray[np.int64]) -> Triples | None
             return None
         if not np.all(np.isfinite(weights) & (weights >= 0)):
             return None
-    return Triples(ids[0], ids[1], ids[2], weights, lines)
+    return AnswerColumns(ids[0], ids[1], ids[2], weights, None)
 
 
 def _read_rows(path: Path) -> Triples:
@@ -202,6 +365,16 @@ def _read_rows(path: Path) -> Triples:
 
 
 def _from_rows(path: Path, rows: list[tuple[int, list[str]]], has_weight: bool) -> Triples:
+    out = _row_columns(path, rows, has_weight, decided=False)
+    if not len(out):
+        raise InputError(path, None, "no answers in the file (only a header)")
+    return out
+
+
+def _row_columns(
+    path: Path, rows: list[tuple[int, list[str]]], has_weight: bool, decided: bool
+) -> Triples:
+    """Checked rows; unless ``decided``, a first row of 4 fields brings a weight column."""
     n_fields = 4 if has_weight else 3
     items: list[str] = []
     workers: list[str] = []
@@ -209,7 +382,7 @@ def _from_rows(path: Path, rows: list[tuple[int, list[str]]], has_weight: bool) 
     weights: list[float] = []
     lines: list[int] = []
     for line, fields in rows:
-        if len(fields) == 4 and not has_weight and not lines:
+        if len(fields) == 4 and not has_weight and not lines and not decided:
             has_weight, n_fields = True, 4
         if len(fields) != n_fields:
             names = "item, worker, label, weight" if has_weight else "item, worker, label"
@@ -220,8 +393,6 @@ def _from_rows(path: Path, rows: list[tuple[int, list[str]]], has_weight: bool) 
         if has_weight:
             weights.append(_parse_weight(path, line, fields[3]))
         lines.append(line)
-    if not lines:
-        raise InputError(path, None, "no answers in the file (only a header)")
     return Triples(
         items=np.array(items, dtype=np.str_),
         workers=np.array(workers, dtype=np.str_),

@@ -15,9 +15,15 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from app.cli import main
+from app.io import extract as job
+from app.io.codes import read_codes
+from app.io.triples import InputError
+from core.nominal import NominalConfig
 
 
 def extract_script(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -415,3 +421,63 @@ def test_boolean_flags_have_no_value_in_help() -> None:
     assert any(ln.strip().startswith("--batch  ") for ln in lines)
     assert "[default: items in the file]" in run.stdout  # printed as written, not as markup
     assert max(len(ln) for ln in lines) > 80  # a pipe gets 120 columns
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch"]])
+def test_csv_and_parquet_answers_give_identical_predictions(
+    dog: Path, tmp_path: Path, mode: list[str]
+) -> None:
+    as_parquet = tmp_path / "answers.parquet"
+    pq.write_table(pa_csv.read_csv(dog / "answers.csv"), as_parquet)  # integer columns
+    out = {}
+    for name, data in (("csv", dog / "answers.csv"), ("parquet", as_parquet)):
+        for suffix in (".csv", ".parquet"):
+            out[name + suffix] = tmp_path / f"{name}-predictions{suffix}"
+            run = extract(data, *mode, "--shuffle", "3", "--predictions", out[name + suffix])
+            assert run.returncode == 0, run.stderr
+    assert out["csv.csv"].read_bytes() == out["parquet.csv"].read_bytes()
+    from_csv, from_parquet = (pq.read_table(out[k]) for k in ("csv.parquet", "parquet.parquet"))
+    assert from_csv.equals(from_parquet)
+    with out["csv.csv"].open() as fh:
+        rows = list(csv.reader(fh))
+    assert [r[0] for r in rows[1:]] == from_csv.column("item").to_pylist()
+    assert np.allclose(
+        np.array([r[3:] for r in rows[1:]], dtype=float),
+        np.column_stack([from_csv.column(k).to_numpy() for k in rows[0][3:]]),
+        rtol=1e-5,
+    )
+
+
+def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
+    datasets_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = datasets_root / "web" / "answers.csv"  # 160 kB: about 80 chunks of 2 kB
+    fits = []
+    for chunk_bytes in (1 << 24, 2048):
+        answers = read_codes(path, chunk_bytes)
+        classes = job.resolve_classes(answers.label_names.to_pylist(), None, None, str(path))
+        data = job.encode(answers, classes, str(path))
+        config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
+        gold = np.full(data.n_items, -1)
+        online = job.run_online(data, config, None, 2, 0, gold, False, io.StringIO())
+        batch = job.run_batch(data, config, io.StringIO())[0]
+        fits.append((data, online.final.posteriors, batch.probas))
+    (whole, *fit_whole), (chunked, *fit_chunked) = fits
+    assert whole.item_names.equals(chunked.item_names)
+    assert whole.worker_names.equals(chunked.worker_names)
+    for a, b in zip(fit_whole, fit_chunked, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_bad_rows_in_a_later_chunk_name_their_line(tmp_path: Path) -> None:
+    rows = [f"i{n},w{n % 7},{n % 3}" for n in range(3000)]
+    rows[2500] = "i2500,,1"
+    data = tmp_path / "a.csv"
+    data.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=r"a.csv:2502: empty worker"):
+        read_codes(data, chunk_bytes=4096)
+    rows[2500] = "i2500,w1,7"
+    data.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    answers = read_codes(data, chunk_bytes=4096)
+    with pytest.raises(InputError, match=r"a.csv:2502: label '7' is not one of"):
+        job.encode(answers, ("0", "1", "2"), str(data))

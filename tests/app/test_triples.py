@@ -33,11 +33,16 @@ def same(a: Triples | str, b: Triples | str) -> bool:
     return weights and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in columns)
 
 
-def test_shared_datasets_read_columnar(datasets_root: Path) -> None:
+def test_shared_datasets_read_columnar(
+    datasets_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    careful = triples._CsvState.careful
+    monkeypatch.setattr(triples._CsvState, "careful", None)  # clean files take the columnar path
     for path in sorted(datasets_root.glob("*/answers.csv")):
-        fast = triples._read_csv_columns(path)
-        assert fast is not None, path  # clean files take the columnar path
+        fast = read_triples(path)
+        monkeypatch.setattr(triples._CsvState, "careful", careful)
         assert same(fast, triples._read_rows(path)), path
+        monkeypatch.setattr(triples._CsvState, "careful", None)
 
 
 CASES = {
@@ -65,6 +70,12 @@ def test_columnar_and_line_readers_agree(tmp_path: Path, name: str) -> None:
     path = tmp_path / "answers.csv"
     path.write_text(CASES[name], encoding="utf-8", newline="")
     assert same(outcome(read_triples, path), outcome(triples._read_rows, path))
+    assert same(outcome(in_small_chunks, path), outcome(triples._read_rows, path))
+
+
+def in_small_chunks(path: Path) -> Triples:
+    """The file read a few lines at a time (chunks of at most 12 bytes, cut at line ends)."""
+    return read_triples(path, chunk_bytes=12)
 
 
 FIELDS = ["a", "b", " c", "", "0.5", "-1", "x" * 600, "w"]
@@ -86,6 +97,7 @@ def test_readers_agree_on_any_rows(
     path = tmp_path_factory.mktemp("rows") / "answers.csv"
     path.write_text(text, encoding="utf-8")
     assert same(outcome(read_triples, path), outcome(triples._read_rows, path))
+    assert same(outcome(in_small_chunks, path), outcome(triples._read_rows, path))
 
 
 def test_parquet_gives_the_csv_answers(tmp_path: Path, datasets_root: Path) -> None:

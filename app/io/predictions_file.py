@@ -1,0 +1,291 @@
+"""The predictions file of ``crowdtally extract``: item,label,probability,<one column per class>.
+
+CSV is written as Python's csv module writes it (numbers as ``%.6g``, fields quoted only when
+they must be, CRLF line ends), but formatted by compiled code a block of rows at a time;
+Parquet (a ``.parquet`` path) keeps the posteriors as float64 columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from app.io.codes import arrow_ints, valid
+from core._numba import jit
+from core.blocks import FloatArray, IntArray
+
+ROWS_PER_BLOCK = 1 << 16
+NUMBER_BYTES = 16  # the longest %.6g of a float64: -1.23457e-308
+
+
+def write_predictions(
+    path: Path, item_names: pa.Array, classes: tuple[str, ...], posteriors: FloatArray
+) -> None:
+    """Each item's most probable class, its probability, and its posterior; written to a
+    temporary file first, then renamed over ``path``."""
+    best = posteriors.argmax(axis=1)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix.lower() == ".parquet":
+        _write_parquet(tmp, item_names, classes, posteriors, best)
+    else:
+        _write_csv(tmp, item_names, classes, posteriors, best)
+    tmp.replace(path)
+
+
+def _write_parquet(
+    path: Path,
+    item_names: pa.Array,
+    classes: tuple[str, ...],
+    posteriors: FloatArray,
+    best: IntArray,
+) -> None:
+    labels = pa.DictionaryArray.from_arrays(arrow_ints(best), arrow_strings(list(classes)))
+    rows = np.arange(best.size)
+    columns = [item_names, labels, arrow_floats(posteriors[rows, best])]
+    columns += [arrow_floats(posteriors[:, k]) for k in range(len(classes))]
+    names = ["item", "label", "probability", *classes]
+    pq.write_table(pa.Table.from_arrays(columns, names=names), path)
+
+
+def _write_csv(
+    path: Path,
+    item_names: pa.Array,
+    classes: tuple[str, ...],
+    posteriors: FloatArray,
+    best: IntArray,
+) -> None:
+    header = io.StringIO()
+    csv.writer(header).writerow(["item", "label", "probability", *classes])
+    items = _csv_fields(item_names)
+    labels = _csv_fields(arrow_strings(list(classes)))
+    if not _plain_numbers(posteriors):
+        return _write_csv_slowly(path, items, labels, posteriors, best, header.getvalue())
+    item_offsets, item_bytes = _string_buffers(items)
+    label_offsets, label_bytes = _string_buffers(labels)
+    K = posteriors.shape[1]
+    with path.open("wb") as fh:
+        fh.write(header.getvalue().encode("utf-8"))
+        for lo in range(0, best.size, ROWS_PER_BLOCK):
+            hi = min(best.size, lo + ROWS_PER_BLOCK)
+            mantissa, exponent = _significant_digits(posteriors[lo:hi])
+            width = int(item_offsets[hi] - item_offsets[lo])
+            size = width + (hi - lo) * (int(np.diff(label_offsets).max()) + (K + 1) * 17 + 4)
+            out = np.empty(size, dtype=np.uint8)
+            n = _format_rows(
+                item_offsets[lo : hi + 1], item_bytes, label_offsets, label_bytes,
+                best[lo:hi], mantissa, exponent, out,
+            )  # fmt: skip
+            fh.write(out[:n].tobytes())
+
+
+def _write_csv_slowly(
+    path: Path,
+    items: pa.Array,
+    labels: pa.Array,
+    posteriors: FloatArray,
+    best: IntArray,
+    header: str,
+) -> None:
+    """Rows with negative, negative-zero or non-finite numbers, by Python's formatting."""
+    names = labels.to_pylist()
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        fh.write(header)
+        for item, k, row in zip(items.to_pylist(), best.tolist(), posteriors.tolist(), strict=True):
+            cells = [f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)]
+            fh.write(",".join([item, names[k], *cells]) + "\r\n")
+
+
+def _plain_numbers(x: FloatArray) -> bool:
+    return bool(np.all(np.isfinite(x) & (x >= 0) & ~np.signbit(x)))
+
+
+def _csv_fields(names: pa.Array) -> pa.Array:
+    """Names as csv.writer writes them: quoted (quotes doubled) if they hold , " CR or LF."""
+    needs = pc.match_substring_regex(names, r'[,"\r\n]')
+    if not np.any(_bools(needs)):
+        return names
+    fields = []
+    for name in names.to_pylist():
+        plain = not any(c in name for c in ',"\r\n')
+        fields.append(name if plain else '"' + name.replace('"', '""') + '"')
+    return arrow_strings(fields)
+
+
+def _bools(array: pa.Array) -> npt.NDArray[np.bool_]:
+    bits = np.unpackbits(np.frombuffer(array.buffers()[1], dtype=np.uint8), bitorder="little")
+    out: npt.NDArray[np.bool_] = bits[array.offset : array.offset + len(array)].astype(bool)
+    return out & valid(array)
+
+
+def arrow_strings(values: list[str]) -> pa.Array:
+    """A list of str as an arrow string array (built from its buffers: no pandas import)."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    data = pa.py_buffer(b"".join(encoded))
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), data])
+
+
+def arrow_floats(values: FloatArray) -> pa.Array:
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    return pa.Array.from_buffers(pa.float64(), values.size, [None, pa.py_buffer(values)])
+
+
+def _string_buffers(names: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """Offsets (from 0) and bytes of an arrow string array."""
+    if names.type != pa.string():
+        return _string_buffers(names.cast(pa.string()))
+    offsets = np.frombuffer(
+        names.buffers()[1], dtype=np.int32, count=len(names) + 1, offset=names.offset * 4
+    ).astype(np.int64)
+    data = names.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return offsets, raw
+
+
+def _significant_digits(x: FloatArray) -> tuple[IntArray, IntArray]:
+    """%.6g's six significant digits (as an integer, 0 for 0) and decimal exponent of each
+    number. The compiled rounding is exact but within 1e-9 of a half-way case, where
+    Python's correctly rounded formatting decides."""
+    mantissa, exponent, doubtful = _digits(np.ascontiguousarray(x))
+    for i, k in zip(*np.nonzero(doubtful), strict=True):
+        text = f"{x[i, k]:.5e}"  # d.ddddde+XX: the digits %.6g rounds to
+        mantissa[i, k] = int(text[0] + text[2:7])
+        exponent[i, k] = int(text[8:])
+    return mantissa, exponent
+
+
+@jit
+def _scaled(x: float, k: int) -> float:
+    """x * 10**k, with powers of ten that are exact doubles (|k| <= 22 each step)."""
+    while k > 22:
+        x *= 1e22
+        k -= 22
+    while k < -22:
+        x /= 1e22
+        k += 22
+    return x * 10.0**k if k >= 0 else x / 10.0 ** (-k)
+
+
+@jit
+def _digits(
+    x: FloatArray,
+) -> tuple[IntArray, IntArray, npt.NDArray[np.bool_]]:
+    n, K = x.shape
+    mantissa = np.zeros((n, K), dtype=np.int64)
+    exponent = np.zeros((n, K), dtype=np.int64)
+    doubtful = np.zeros((n, K), dtype=np.bool_)
+    for i in range(n):
+        for k in range(K):
+            v = x[i, k]
+            if v == 0.0:
+                continue
+            e = int(np.floor(np.log10(v)))
+            y = _scaled(v, 5 - e)
+            while y >= 999999.5:  # rounds to 7 digits: one more power of ten
+                e += 1
+                y = _scaled(v, 5 - e)
+            while y < 99999.5:
+                e -= 1
+                y = _scaled(v, 5 - e)
+            whole = np.floor(y)
+            # y carries at most a few units of 2^-53 of relative error: near a half-way case
+            # (or a boundary of the exponent, itself one) the rounding is left to Python
+            doubtful[i, k] = abs(y - whole - 0.5) < 1e-9
+            mantissa[i, k] = int(whole) + (1 if y - whole > 0.5 else 0)
+            exponent[i, k] = e
+    return mantissa, exponent, doubtful
+
+
+@jit
+def _put_number(m: int, e: int, out: npt.NDArray[np.uint8], at: int) -> int:
+    """Write %.6g of m * 10**(e-5) (m: six digits, or 0) at ``out[at]``; the new end."""
+    if m == 0:
+        out[at] = 48
+        return at + 1
+    digits = np.empty(6, dtype=np.uint8)
+    for j in range(5, -1, -1):
+        digits[j] = 48 + m % 10
+        m //= 10
+    last = 5
+    while last > 0 and digits[last] == 48:
+        last -= 1
+    if -4 <= e < 6:
+        if e < 0:
+            out[at] = 48
+            out[at + 1] = 46
+            at += 2
+            for _ in range(-e - 1):
+                out[at] = 48
+                at += 1
+            for j in range(last + 1):
+                out[at] = digits[j]
+                at += 1
+            return at
+        for j in range(e + 1):
+            out[at] = digits[j]
+            at += 1
+        if last > e:
+            out[at] = 46
+            at += 1
+            for j in range(e + 1, last + 1):
+                out[at] = digits[j]
+                at += 1
+        return at
+    out[at] = digits[0]
+    at += 1
+    if last > 0:
+        out[at] = 46
+        at += 1
+        for j in range(1, last + 1):
+            out[at] = digits[j]
+            at += 1
+    out[at] = 101
+    out[at + 1] = 45 if e < 0 else 43
+    at += 2
+    a = abs(e)
+    width = 3 if a >= 100 else 2
+    for j in range(width - 1, -1, -1):
+        out[at + j] = 48 + a % 10
+        a //= 10
+    return at + width
+
+
+@jit
+def _format_rows(
+    item_offsets: IntArray,
+    item_bytes: npt.NDArray[np.uint8],
+    label_offsets: IntArray,
+    label_bytes: npt.NDArray[np.uint8],
+    best: IntArray,
+    mantissa: IntArray,
+    exponent: IntArray,
+    out: npt.NDArray[np.uint8],
+) -> int:
+    at = 0
+    for i in range(best.size):
+        for b in range(item_offsets[i], item_offsets[i + 1]):
+            out[at] = item_bytes[b]
+            at += 1
+        out[at] = 44
+        at += 1
+        k = best[i]
+        for b in range(label_offsets[k], label_offsets[k + 1]):
+            out[at] = label_bytes[b]
+            at += 1
+        out[at] = 44
+        at = _put_number(mantissa[i, k], exponent[i, k], out, at + 1)
+        for c in range(mantissa.shape[1]):
+            out[at] = 44
+            at = _put_number(mantissa[i, c], exponent[i, c], out, at + 1)
+        out[at] = 13
+        out[at + 1] = 10
+        at += 2
+    return at
