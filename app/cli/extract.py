@@ -11,7 +11,7 @@ import typer
 
 from app.cli.layout import as_typed
 from app.io import extract as job
-from app.io.codes import read_codes
+from app.io.codes import read_codes, use_system_allocator
 from app.io.model_file import SavedModel, load_model, save_model
 from app.io.predictions_file import write_predictions
 from app.io.triples import InputError, read_truth
@@ -176,6 +176,7 @@ def extract(
     if shuffle is not None and shuffle < 0:
         raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
     out = sys.stdout
+    use_system_allocator()
     answers = read_codes(path)
     saved = load_model(load) if load is not None else None
     names = [s.strip() for s in labels.split(",")] if labels else None

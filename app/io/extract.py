@@ -289,16 +289,16 @@ def run_online(
         order = (
             rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
         )
+        t0 = time.perf_counter()  # one call per pass; the table is read from its results
+        if test_only:
+            model.predict_many(blocks, order=order, out=result)
+        elif n_pass == 0:
+            model.learn_many(blocks, order=order, out=result)
+        else:  # later passes revisit items whose labels are all counted (eq. 14-16)
+            model.revisit_many(blocks, result, order=order, out=result)
+        seconds += time.perf_counter() - t0
         for lo, hi in doubling_chunks(order.size, table.count):
             chunk = order[lo:hi]
-            t0 = time.perf_counter()
-            if test_only:
-                model.predict_many(blocks, order=chunk, out=result)
-            elif n_pass == 0:
-                model.learn_many(blocks, order=chunk, out=result)
-            else:  # later passes revisit items whose labels are all counted (eq. 14-16)
-                model.revisit_many(blocks, result, order=chunk, out=result)
-            seconds += time.perf_counter() - t0
             predicted = result.posteriors[chunk].argmax(axis=1)
             table.add(
                 result.objective[chunk] / per_rating[chunk], gold[chunk], predicted, ratings[chunk]

@@ -165,36 +165,50 @@ def _csv_chunks(path: Path, chunk_bytes: int, lines: bool) -> Iterator[AnswerCol
     with fh:
         state = _CsvState(path, lines)
         line = 1
-        for block in _line_blocks(fh, chunk_bytes):
+        blocks = _LineBlocks(fh, chunk_bytes)
+        for block in blocks:
             if state.n_columns is None and not state.sniffed:
                 state.sniffed = True
                 if b"," not in block.lstrip(b"\r\n").split(b"\n", 1)[0]:
                     yield _columns(_read_rows(path))  # tab/space separated: line by line
                     return
             if b'"' in block or block.count(b"\r") != block.count(b"\r\n"):
-                yield state.careful(block + fh.read(), line)  # quoted fields may span lines
+                yield state.careful(block + blocks.rest_of_file(), line)  # quotes span lines
                 break
             yield state.fast(block, line)
             line += block.count(b"\n")
         state.finish()
 
 
-def _line_blocks(fh: Any, size: int) -> Iterator[bytes]:
-    """The file in blocks of about ``size`` bytes, each ending at a line end (or the file's)."""
-    rest = b""
-    while True:
-        data = fh.read(size)
-        if not data:
-            if rest:
-                yield rest
-            return
-        data = rest + data
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            rest = data
-            continue
-        rest = data[cut:]
-        yield data[:cut]
+class _LineBlocks:
+    """A file in blocks of about ``size`` bytes, each ending at a line end (or the file's);
+    each block is read into its own buffer (no copy of it is made)."""
+
+    def __init__(self, fh: Any, size: int) -> None:
+        self.fh, self.size, self.rest = fh, size, b""
+
+    def __iter__(self) -> Iterator[bytearray]:
+        while True:
+            block = bytearray(len(self.rest) + self.size)
+            block[: len(self.rest)] = self.rest
+            with memoryview(block) as view:
+                n = self.fh.readinto(view[len(self.rest) :])
+            del block[len(self.rest) + n :]
+            if n == 0:
+                self.rest = b""
+                if block:
+                    yield block
+                return
+            cut = block.rfind(b"\n") + 1
+            self.rest = bytes(block[cut:])
+            if cut:  # else a line longer than a block: read on
+                del block[cut:]
+                yield block
+
+    def rest_of_file(self) -> bytes:
+        """What the blocks have not yielded yet, to the end."""
+        rest, self.rest = self.rest, b""
+        return rest + bytes(self.fh.read())
 
 
 class _CsvState:
@@ -207,7 +221,7 @@ class _CsvState:
         self.header_seen = False
         self.rows = 0
 
-    def fast(self, block: bytes, line: int) -> AnswerColumns:
+    def fast(self, block: bytearray, line: int) -> AnswerColumns:
         try:
             table = pa_csv.read_csv(
                 pa.py_buffer(block),
@@ -242,7 +256,7 @@ class _CsvState:
         self.rows += len(out)
         return out
 
-    def careful(self, block: bytes, line: int) -> AnswerColumns:
+    def careful(self, block: bytes | bytearray, line: int) -> AnswerColumns:
         """The lines of ``block`` one by one: the first problem raises, naming its line."""
         try:
             text = block.decode("utf-8")
@@ -284,7 +298,7 @@ def _columns(triples: Triples) -> AnswerColumns:
     return AnswerColumns(items, workers, labels, triples.weights, triples.lines)
 
 
-def _nonblank_line_numbers(raw: bytes) -> npt.NDArray[np.int64]:
+def _nonblank_line_numbers(raw: bytes | bytearray) -> npt.NDArray[np.int64]:
     """1-based numbers of the lines that are not empty (pyarrow's rows, in order)."""
     data = np.frombuffer(raw, dtype=np.uint8)
     ends = np.flatnonzero(data == ord("\n"))

@@ -78,7 +78,17 @@ def in_small_chunks(path: Path) -> Triples:
     return read_triples(path, chunk_bytes=12)
 
 
-FIELDS = ["a", "b", " c", "", "0.5", "-1", "x" * 600, "w"]
+def test_quotes_in_a_later_chunk(tmp_path: Path) -> None:
+    """From the first chunk with a quote on, the rest is read line by line: every line once."""
+    rows = [f"i{n},w{n % 5},{n % 2}" for n in range(200)]
+    rows[150] = '"i,150",w0,1'
+    path = tmp_path / "answers.csv"
+    path.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    for chunk_bytes in (50, 64, 1000):
+        assert same(read_triples(path, chunk_bytes), triples._read_rows(path))
+
+
+FIELDS = ["a", "b", " c", "", "0.5", "-1", "x" * 600, "w", '"q,1"']
 
 
 @settings(max_examples=150, deadline=None)
