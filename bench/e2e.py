@@ -1,0 +1,166 @@
+"""What a user waits for: ``python -m bench.e2e``.
+
+Whole processes first: ``crowdtally extract`` (online, one pass) and ``crowdtally extract
+--batch`` on the synthetic file of 1,000,000 answers (200,000 items x 5, 2,000 workers, 5
+classes, seed 0; rows in random order) that this command writes, predictions written to a
+CSV file, each timed from its start to its exit with its peak memory (the child's maximum
+resident set, from ``wait4``), median of ``--runs``; crowd-kit's DawidSkene as a whole process
+on the same file (pandas reads it, predictions written the same way) as the peer; then the
+same two commands on 10,000,000 answers (2,000,000 items; generated, not kept).
+Fit-only figures second: online EM labels/s and batch EM label-iterations/s on one core, in
+this process, parsing excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+
+from bench.synthetic import SyntheticSet, dawid_skene
+from core.batch import BatchEM
+from core.blocks import LabelBlocks
+from core.hashing import worker_slots
+from core.nominal import NominalConfig
+from core.online import OnlineEM
+
+PEER = """
+import sys
+import pandas as pd
+from crowdkit.aggregation import DawidSkene
+answers = pd.read_csv(sys.argv[1], dtype=str).rename(columns={"item": "task"})
+DawidSkene().fit_predict(answers).to_csv(sys.argv[2])
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    peak_mib: float
+
+
+def write_answers(s: SyntheticSet, path: Path) -> None:
+    """item,worker,label CSV, unquoted, rows in the set's (random) order."""
+    table = pa.table({
+        "item": pa.array(s.items).cast(pa.string()),
+        "worker": pa.array(s.workers).cast(pa.string()),
+        "label": pa.array(s.labels).cast(pa.string()),
+    })  # fmt: skip
+    with path.open("wb") as fh:
+        fh.write(b"item,worker,label\n")
+        options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
+        pa_csv.write_csv(table, fh, options)
+
+
+def whole_process(command: list[str]) -> Run:
+    """Wall time from start to exit, and the child's peak resident memory."""
+    t0 = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    err = child.stderr.read().decode() if child.stderr else ""
+    if child.stderr:
+        child.stderr.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {child.returncode}: {err[-2000:]}")
+    return Run(seconds, usage.ru_maxrss / 1024)
+
+
+def median_run(command: list[str], runs: int) -> Run:
+    whole_process(command)  # warm-up: the kernels' cache, the file in the page cache
+    measured = [whole_process(command) for _ in range(runs)]
+    return Run(
+        statistics.median(r.seconds for r in measured),
+        statistics.median(r.peak_mib for r in measured),
+    )
+
+
+def extract_command(path: Path, out: Path, batch: bool) -> list[str]:
+    mode = ["--batch"] if batch else []
+    return [sys.executable, "-m", "app.cli", "extract", str(path), "--n-labels", "5", *mode,
+            "--predictions", str(out)]  # fmt: skip
+
+
+def row(what: str, run: Run, target: str = "") -> None:
+    print(f"{what:<44} {run.seconds:>8.2f} s {run.peak_mib:>8.0f} MiB   {target}", flush=True)
+
+
+def whole_processes(folder: Path, runs: int, peer: bool, big: bool) -> None:
+    print("whole process (start to exit, predictions written; median of runs, peak RSS)")
+    small = folder / "answers-1m.csv"
+    write_answers(dawid_skene(), small)
+    out = folder / "predictions.csv"
+    online = median_run(extract_command(small, out, batch=False), runs)
+    row("1M  crowdtally extract", online, "target <= 1.0 s, <= 150 MiB")
+    batch = median_run(extract_command(small, out, batch=True), runs)
+    row("1M  crowdtally extract --batch", batch, "target <= 1.5 s, <= 150 MiB")
+    if peer:
+        theirs = median_run([sys.executable, "-c", PEER, str(small), str(out)], 1)
+        row("1M  crowd-kit DawidSkene (pandas read/write)", theirs)
+        print(f"batch extract vs crowd-kit DawidSkene: {theirs.seconds / batch.seconds:.1f}x "
+              f"faster (target >= 8x), {batch.peak_mib / theirs.peak_mib:.2f}x its peak memory")  # fmt: skip
+    small.unlink()
+    if big:
+        large = folder / "answers-10m.csv"
+        write_answers(dawid_skene(n_items=2_000_000), large)
+        online10 = median_run(extract_command(large, out, batch=False), 1)
+        row("10M crowdtally extract", online10, "target <= 6 s")
+        batch10 = median_run(extract_command(large, out, batch=True), 1)
+        row("10M crowdtally extract --batch", batch10, "target <= 15 s")
+        large.unlink()
+    out.unlink(missing_ok=True)
+
+
+def kernels() -> None:
+    """Online EM and batch EM alone, on the 1M set's integer arrays, one core."""
+    print("\nfit only (this process, parsing and writing excluded, one core)")
+    s = dawid_skene()
+    config = NominalConfig(n_classes=s.n_classes, n_items=float(s.n_items))
+    slots = worker_slots([str(w) for w in range(s.n_workers)], config.n_worker_slots)
+    hashed = LabelBlocks.group(s.items, slots[s.workers], s.labels, n_blocks=s.n_items)
+    exact = LabelBlocks.group(s.items, s.workers, s.labels, n_blocks=s.n_items)
+    OnlineEM(config).predict_many(hashed, order=np.arange(1))  # load the compiled kernels
+    BatchEM(config, max_iter=2).fit(exact, s.n_workers)
+    times = []
+    for _ in range(3):
+        model = OnlineEM(config)
+        t0 = time.perf_counter()
+        model.learn_many(hashed)
+        times.append(time.perf_counter() - t0)
+    online_s = min(times)
+    print(f"online EM, one pass: {online_s:.3f} s = {s.items.size / online_s:,.0f} labels/s "
+          "(target >= 3M)")  # fmt: skip
+    t0 = time.perf_counter()
+    result, _ = BatchEM(config).fit(exact, s.n_workers)
+    batch_s = time.perf_counter() - t0
+    rate = result.n_iter * s.items.size / batch_s
+    print(f"batch EM: {result.n_iter} E-steps in {batch_s:.3f} s = {rate:,.0f} "
+          "label-iterations/s (target >= 30M)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per command (median)")
+    parser.add_argument("--no-peer", action="store_true", help="skip crowd-kit (bench extra)")
+    parser.add_argument("--no-10m", action="store_true", help="skip the 10M-answer runs")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    with tempfile.TemporaryDirectory(prefix="crowdtally-e2e-") as folder:
+        whole_processes(Path(folder), args.runs, not args.no_peer, not args.no_10m)
+    kernels()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()
