@@ -22,6 +22,9 @@ it, so a client's retry of a lost block is applied exactly once.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import threading
 import time
@@ -44,6 +47,22 @@ class Failure:
     retry_at: float
     wait_s: float
     created_at: float
+
+
+def give_back_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; elsewhere
+    nothing). glibc keeps freed memory for reuse, and a dropped project's arrays (its dyadic
+    tables alone are about 24 MB) come from that heap once an earlier one was freed: without
+    this the process's resident memory would not shrink when a project is deleted."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
 
 
 class EngineLoop:
@@ -85,10 +104,13 @@ class EngineLoop:
     def step(self) -> int:
         """Apply what is waiting in every project's log; return how many entries."""
         projects = {r.name: r for r in self.store.list_projects()}
-        for gone in set(self.engines) - set(projects):
+        dropped = set(self.engines) - set(projects)
+        for name in dropped:
             # Deleted (the API drops its SQL side), or a wiped Redis, which SQL must rebuild:
             # only what this loop holds goes.
-            self._drop(gone, forget_sql=False)
+            self._drop(name, forget_sql=False)
+        if dropped:
+            give_back_freed_memory()
         for gone in set(self.failed) - set(projects):
             del self.failed[gone]
             self.store.set_project_failed(gone, None)
@@ -124,6 +146,7 @@ class EngineLoop:
         self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
         self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
         self._catch_up.pop(name, None)
+        give_back_freed_memory()
         self.store.set_project_failed(name, error)
 
     def _rewind(self, name: str, exc: LogRewoundError) -> None:

@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -26,6 +27,8 @@ from app.store.base import (
     StateUpdate,
 )
 from app.store.sql import upgrade
+
+_K = TypeVar("_K", str, int)
 
 
 class _ProjectState:
@@ -268,21 +271,21 @@ class EmbeddedStore:
             st = self._state.get(project)
             if st is None:
                 return
-            st.globals = update.globals
-            st.rows.update(update.rows)
-            st.items.update(update.items)
-            st.workers.update(update.workers)
+            st.globals = _fitted(update.globals)
+            st.rows.update(_all_fitted(update.rows))
+            st.items.update(_all_fitted(update.items))
+            st.workers.update(_all_fitted(update.workers))
             if update.queue or update.queue_remove:
                 st.queue.update(update.queue)
                 for item in update.queue_remove:
                     st.queue.pop(item, None)
                 st._ranked = None
             if update.queue_settings is not None:
-                st.queue_settings = update.queue_settings
+                st.queue_settings = _fitted(update.queue_settings)
             if update.dyadic is not None:
-                st.dyadic_shared = update.dyadic.shared
-                st.dyadic_raters.update(update.dyadic.raters)
-                st.dyadic_tasks.update(update.dyadic.tasks)
+                st.dyadic_shared = _fitted(update.dyadic.shared)
+                st.dyadic_raters.update(_all_fitted(update.dyadic.raters))
+                st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
             st.applied = max(st.applied, update.position)
             if st.applied >= st.restoring:
                 st.restoring = 0
@@ -380,6 +383,17 @@ class EmbeddedStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _fitted(value: bytes) -> bytes:
+    """A copy of ``value`` in a buffer of its own size. orjson (3.12 and later) returns its
+    output in a buffer of at least 4 KiB; kept as served state, each item's few hundred bytes
+    would hold 4 KiB (about 0.8 KiB per label at five labels per item)."""
+    return bytes(memoryview(value))
+
+
+def _all_fitted(values: dict[_K, bytes]) -> dict[_K, bytes]:
+    return {k: bytes(memoryview(v)) for k, v in values.items()}
 
 
 def _dedupe(ids: list[str | None] | None, seen: set[str]) -> tuple[bytes, list[str]]:
