@@ -1,5 +1,6 @@
 """Shared fixtures: the shared datasets and a seeded Dawid-Skene generator; at session start,
-Debian's chromium for the dashboard test (installed if missing, see tests/chromium.py)."""
+the numba kernels compiled once for every worker (tests/kernels.py) and Debian's chromium for
+the dashboard test (installed if missing, see tests/chromium.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from bench.datasets import find_datasets_root
 from tests.chromium import ChromiumMissingError, ensure_chromium
+from tests.kernels import compile_before_workers
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = find_datasets_root()
@@ -29,7 +31,11 @@ def _runs_dashboard_test(config: pytest.Config) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     # Once per run: here in the controller (or the only process), before xdist starts workers.
-    if hasattr(config, "workerinput") or not _runs_dashboard_test(config):
+    if hasattr(config, "workerinput"):
+        return
+    if getattr(config.option, "numprocesses", None):
+        compile_before_workers()  # else each worker compiles the same kernels on a fresh clone
+    if not _runs_dashboard_test(config):
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else print
