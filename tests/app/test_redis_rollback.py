@@ -7,9 +7,9 @@ the engine's position is never ahead of the log, and the served state is that of
 replay of the log (archive and live log).
 
 The test starts its own ``redis-server --appendonly yes --appendfsync everysec`` on a free port
-in a temporary folder. The rollback: the AOF's size is taken mid-stream (every reply is
-written to the AOF before it is sent), Redis is SIGKILLed later, the AOF cut back to that size,
-and Redis started on it.
+in a temporary folder. The rollback: the AOF's size is taken mid-stream (once Redis has
+written what it acknowledged), Redis is SIGKILLed later, the AOF cut back to that size, and
+Redis started on it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+import redis
 
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
@@ -58,6 +60,13 @@ class RedisWithAof:
         self.proc: subprocess.Popen[bytes] = start_redis(self.port, folder)
 
     def aof_size(self) -> int:
+        """The AOF's size once Redis has written what it acknowledged: while a background
+        fsync is slow (a loaded machine), everysec postpones the write, up to 2 s, and replies
+        go out before it."""
+        with redis.Redis.from_url(self.url) as r:
+            deadline = time.monotonic() + 5
+            while int(r.info("persistence")["aof_buffer_length"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return aof_file(self.folder).stat().st_size
 
     def crash(self) -> None:
