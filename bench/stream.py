@@ -68,9 +68,11 @@ def make_stream(folder: Path, seed: int = 0, smallest: int = 100, largest: int =
 
 def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatArray:
     """Posteriors (by item code) from core.OnlineEM fed the same arrivals as the service:
-    per block, each item's new labels (canonical order) after its earlier ones; then
-    ``passes`` refinement passes over all items (first-seen order), each label counted once;
-    then posteriors under the final parameters, calibrated as served (docs/model.md eq. 21)."""
+    per block, each item's new labels (canonical order) after its earlier ones, the block's
+    items in first-appearance order; then ``passes`` refinement passes over all items
+    (first-seen order), each label counted once; then posteriors under the final parameters,
+    calibrated as served (docs/model.md eq. 21). One ``learn_many`` call takes a block's items
+    one after the other, as that many calls of one item each would."""
     d, K = stream.data, config.n_classes
     model = OnlineEM(config)
     slot_of = np.array([worker_slot(w, config.n_worker_slots) for w in d.worker_ids.tolist()])
@@ -80,44 +82,55 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
         arrival: dict[int, list[int]] = defaultdict(list)
         for n in stream.order[lo:hi].tolist():
             arrival[int(d.items[n])].append(n)
+        n_prev = []
         for item, rows in arrival.items():
             s, z = slot_of[d.workers[rows]], d.labels[rows]
             o = canonical_order(np.zeros(len(rows), dtype=np.int64), s, z, np.ones(len(rows)))
             old_s, old_z = labels.setdefault(item, ([], []))
-            n_prev = len(old_s)
+            n_prev.append(len(old_s))
             old_s.extend(s[o].tolist())
             old_z.extend(z[o].tolist())
-            last[item] = _learn(model, old_s, old_z, n_prev, last.get(item), K)
+        _learn(model, list(arrival), labels, n_prev, last, K)
+    everything = list(labels)
+    sizes = [len(labels[item][0]) for item in everything]
     for _ in range(passes):
-        for item, (s_l, z_l) in labels.items():
-            last[item] = _learn(model, s_l, z_l, len(s_l), last[item], K)
+        _learn(model, everything, labels, sizes, last, K)
     out = np.full((d.n_items, K), 1.0 / K)
     served = choose(model.params.evidence)
-    for item, (s_l, z_l) in labels.items():
-        raw = model.predict_many(_block(s_l, z_l)).posteriors
-        out[item] = served.from_posteriors(raw, [float(len(s_l))])[0]
+    raw = model.predict_many(_blocks(everything, labels)).posteriors
+    out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out
 
 
-def _block(s: list[int], z: list[int]) -> LabelBlocks:
-    return LabelBlocks(np.array([0, len(s)]), np.array(s), np.array(z), np.ones(len(s)))
+def _blocks(items: list[int], labels: dict[int, tuple[list[int], list[int]]]) -> LabelBlocks:
+    """The items' labels, one block each."""
+    s = [x for item in items for x in labels[item][0]]
+    z = [x for item in items for x in labels[item][1]]
+    ptr = np.cumsum([0, *(len(labels[item][0]) for item in items)])
+    return LabelBlocks(ptr, np.array(s, dtype=np.int64), np.array(z), np.ones(len(s)))
 
 
 def _learn(
     model: OnlineEM,
-    s: list[int],
-    z: list[int],
-    n_prev: int,
-    prev: tuple[FloatArray, float] | None,
+    items: list[int],
+    labels: dict[int, tuple[list[int], list[int]]],
+    n_prev: list[int],
+    last: dict[int, tuple[FloatArray, float]],
     K: int,
-) -> tuple[FloatArray, float]:
-    q_old, b_old = prev if prev is not None else (np.full(K, 1.0 / K), 0.0)
+) -> None:
+    """Learn the items' labels (each after its ``n_prev`` earlier ones), in this order."""
+    start = (np.full(K, 1.0 / K), 0.0)
     res = model.learn_many(
-        _block(s, z),
-        previous=BlockResult(q_old[None], np.array([b_old]), np.zeros(1)),
-        n_previous=[n_prev],
+        _blocks(items, labels),
+        previous=BlockResult(
+            np.array([last.get(item, start)[0] for item in items]),
+            np.array([last.get(item, start)[1] for item in items]),
+            np.zeros(len(items)),
+        ),
+        n_previous=n_prev,
     )
-    return res.posteriors[0], float(res.clarity[0])
+    for n, item in enumerate(items):
+        last[item] = res.posteriors[n], float(res.clarity[n])
 
 
 def serve_stream(client: Any, stream: Stream, project: str, timeout_s: float = 300.0) -> FloatArray:
