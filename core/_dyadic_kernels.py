@@ -1018,3 +1018,28 @@ def h_min_many(
         out[n] = _first_win(
             A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, one
         )
+
+
+# ---------------------------------------------------------------- initial factors
+_SM_GAMMA, _SM_M1, _SM_M2 = (
+    np.uint64(0x9E3779B97F4A7C15),
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+)
+
+
+@jit
+def initial_factors(slots, base, init_scale, out):
+    """out[n, j] = 1 + init_scale (2u − 1), u = the top 53 bits of splitmix64(base +
+    slots[n]·width + j) over 2^53 (width = out.shape[1]; uint64 arithmetic wraps)."""
+    width = out.shape[1]
+    w = np.uint64(width)
+    for n in range(slots.shape[0]):
+        start = base + np.uint64(slots[n]) * w
+        for j in range(width):
+            z = start + np.uint64(j) + _SM_GAMMA
+            z = (z ^ (z >> np.uint64(30))) * _SM_M1
+            z = (z ^ (z >> np.uint64(27))) * _SM_M2
+            z = z ^ (z >> np.uint64(31))
+            u = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+            out[n, j] = 1.0 + init_scale * (2.0 * u - 1.0)

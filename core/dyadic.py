@@ -314,24 +314,16 @@ _TABLE_CODE = {RATER: 1, TASK: 2}
 def initial_factors(config: DyadicConfig, table: str, slots: I64) -> F64:
     """ã (or b̃) of never-updated slots: 1 + U(−init_scale, init_scale) per coordinate.
 
-    Each value is a function of (seed, table, slot, scorer, coordinate) alone (splitmix64),
-    so any slot's initial row is known without building the table.
+    Each value is a function of (seed, table, slot, scorer, coordinate) alone (splitmix64 of
+    base + slot·S·k + coordinate, modulo 2^64), so any slot's initial row is known without
+    building the table.
     """
     S, k = config.n_scorers, config.k
-    where = _i64(slots).astype(np.uint64)
-    coord = np.arange(S * k, dtype=np.uint64)
+    where = _i64(slots)
     base = (config.seed * 0x9E3779B97F4A7C15 + _TABLE_CODE[table] * 0xD1B54A32D192ED03) % 2**64
-    z = _splitmix64(np.uint64(base) + where[:, None] * np.uint64(S * k) + coord[None, :])
-    u = (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)  # [0, 1)
-    out: F64 = 1.0 + config.init_scale * (2.0 * u - 1.0)
+    out: F64 = np.empty((where.size, S * k))
+    _k.initial_factors(where, np.uint64(base), config.init_scale, out)
     return out.reshape(where.size, S, k)
-
-
-def _splitmix64(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def _shapes(c: DyadicConfig) -> dict[str, tuple[int, ...]]:

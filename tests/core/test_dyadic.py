@@ -363,6 +363,29 @@ def test_a_model_over_read_rows_predicts_as_the_whole_model(
     np.testing.assert_array_equal(sub.h_min(lr, lt), m.h_min(qr, qt))
 
 
+def splitmix64_factors(config: DyadicConfig, table: str, slots: np.ndarray) -> np.ndarray:
+    """The initial factors written out in numpy (uint64 arrays wrap): splitmix64 of base +
+    slot·S·k + coordinate, its top 53 bits as u in [0, 1), then 1 + init_scale (2u − 1)."""
+    S, k = config.n_scorers, config.k
+    code = {RATER: 1, TASK: 2}[table]
+    base = (config.seed * 0x9E3779B97F4A7C15 + code * 0xD1B54A32D192ED03) % 2**64
+    z = np.uint64(base) + slots.astype(np.uint64)[:, None] * np.uint64(S * k)
+    z = z + np.arange(S * k, dtype=np.uint64)[None, :] + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    u = (z >> np.uint64(11)).astype(np.float64) / 2.0**53
+    return (1.0 + config.init_scale * (2.0 * u - 1.0)).reshape(slots.size, S, k)
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7])
+def test_initial_factors_are_splitmix64_of_seed_table_slot_and_coordinate(seed: int) -> None:
+    cfg = DyadicConfig(n_classes=4, k=3, seed=seed, init_scale=0.3)  # default slot counts
+    m = DyadicModel(cfg)
+    np.testing.assert_array_equal(m.A, splitmix64_factors(cfg, RATER, np.arange(cfg.rater_slots)))
+    np.testing.assert_array_equal(m.B, splitmix64_factors(cfg, TASK, np.arange(cfg.task_slots)))
+
+
 def test_initial_rows_are_known_without_the_table() -> None:
     cfg = DyadicConfig(n_classes=3, k=3, rater_slots=50, task_slots=70, seed=4)
     m = DyadicModel(cfg)
