@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +19,35 @@ from app.settings import Settings
 from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
+from app.store.sql import upgrade
 
 REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN = "test-admin-key"
 STORES = ["embedded", "redis"]
 
 
+@functools.cache
+def _migrated_file() -> Path:
+    """An empty SQLite database at the current schema, migrated once per test process."""
+    folder = Path(tempfile.mkdtemp(prefix="crowdtally-migrated-"))
+    atexit.register(shutil.rmtree, folder, True)
+    upgrade(f"sqlite:///{folder / 'crowdtally.sqlite3'}", deployment="")
+    return folder / "crowdtally.sqlite3"
+
+
+def migrated_sqlite(path: Path) -> Path:
+    """``path``, made (unless it exists) a copy of an empty database at the current schema:
+    what the service's ``alembic upgrade`` makes of a new file, without the ~0.2 s of CPU its
+    migrations take on each (the service still runs the upgrade, which finds it at head)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_file(), path)
+    return path
+
+
 def make_store(kind: str, tmp_path: Path) -> Store:
     if kind == "embedded":
-        return EmbeddedStore(tmp_path / "crowdtally.sqlite3")
+        return EmbeddedStore(migrated_sqlite(tmp_path / "crowdtally.sqlite3"))
     store = RedisStore(REDIS_URL, prefix=f"test-{uuid.uuid4().hex[:12]}")
     if not store.ping():
         pytest.fail(f"Redis is not reachable at {REDIS_URL} (see .ci/run for how to start it)")
@@ -47,6 +71,8 @@ def service_settings(tmp_path: Path, **changes: object) -> Settings:
         "refine_idle_s": 0.05,
     }
     base.update(changes)
+    if "database_url" not in changes:  # the snapshot database: data_dir's SQLite file
+        migrated_sqlite(Path(str(base["data_dir"])) / "crowdtally.sqlite3")
     return Settings(**base)  # type: ignore[arg-type]
 
 
