@@ -5,13 +5,11 @@ each interpreter start costs about 0.8 s of CPU, most of this file's time."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +17,11 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from app.cli import main
 from app.io import extract as job
 from app.io.codes import read_codes
 from app.io.triples import InputError
 from core.nominal import NominalConfig
+from tests.cli_in_process import run_cli
 
 
 def extract_script(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -34,29 +32,8 @@ def extract_script(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def extract(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``crowdtally extract ARGS`` as the script runs it (``main()`` with that command line), in
-    this process; an exception that escapes ``main`` prints its traceback and exits 1, as the
-    interpreter does."""
-    argv = ["crowdtally", "extract", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    code: int | str | None = 0
-    with (
-        pytest.MonkeyPatch.context() as mp,
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-    ):
-        mp.setattr(sys, "argv", argv)
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code
-        except Exception:
-            traceback.print_exc()
-            code = 1
-    if isinstance(code, str):  # SystemExit("message"): printed, status 1
-        err.write(code + "\n")
-        code = 1
-    return subprocess.CompletedProcess(argv, code or 0, out.getvalue(), err.getvalue())
+    """``crowdtally extract ARGS`` as the script runs it, in this process."""
+    return run_cli("extract", *args)
 
 
 @pytest.fixture
@@ -238,7 +215,6 @@ def test_missing_file() -> None:
 
 def test_unknown_option_is_a_usage_error_not_a_traceback() -> None:
     import subprocess
-    import sys
 
     out = subprocess.run(
         [sys.executable, "-m", "app.cli", "serve", "--hostx"],

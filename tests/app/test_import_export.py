@@ -26,6 +26,7 @@ from app.io.triples import InputError, read_truth
 from app.store.embedded import EmbeddedStore
 from app.testing import cli_command, running_service
 from tests.app.conftest import ADMIN, service_settings
+from tests.cli_in_process import run_cli
 
 DATA = Path(__file__).parent / "data"
 
@@ -265,6 +266,10 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _main(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, env={"CROWDTALLY_KEY": ADMIN})
+
+
 def test_import_a_shared_dataset_and_export_posteriors(
     live: str, datasets_root: Path, tmp_path: Path
 ) -> None:
@@ -289,23 +294,25 @@ def test_import_a_shared_dataset_and_export_posteriors(
 
 
 def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
-    done = _run("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
-                "--create-with-labels", "cat,dog", "--no-progress")  # fmt: skip
+    """The commands in this process (``app.cli.main``, as the script runs it): the test above
+    runs the installed script."""
+    done = _main("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
+                 "--create-with-labels", "cat,dog", "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "toloka, 6 labels" in done.stdout and "1 gold, 2 rows skipped" in done.stdout
-    studio = _run("import", str(DATA / "labelstudio.json"), "-p", "studio", "--url", live,
-                  "--create-with-labels", "auto", "--no-progress")  # fmt: skip
+    studio = _main("import", str(DATA / "labelstudio.json"), "-p", "studio", "--url", live,
+                   "--create-with-labels", "auto", "--no-progress")  # fmt: skip
     assert studio.returncode == 0 and "labelstudio, 6 labels" in studio.stdout
     out = tmp_path / "w.jsonl"
-    workers = _run("export", "-p", "studio", "--what", "workers", "--format", "jsonl",
-                   "--confusion", "-o", str(out), "--url", live)  # fmt: skip
+    workers = _main("export", "-p", "studio", "--what", "workers", "--format", "jsonl",
+                    "--confusion", "-o", str(out), "--url", live)  # fmt: skip
     assert workers.returncode == 0, workers.stderr
     names = {json.loads(x)["worker"] for x in out.read_text().splitlines()}
     assert names == {"1", "2", "carol@example.com"}
     bad = _write(tmp_path, "bad.csv", "item,worker,label\na,w,cat\nb,w,zebra\n")
-    refused = _run("import", str(bad), "-p", "toloka", "--url", live)
+    refused = _main("import", str(bad), "-p", "toloka", "--url", live)
     assert refused.returncode == 2 and f"{bad}:3:" in refused.stderr
-    nobody = _run(
+    nobody = _main(
         "import",
         str(bad),
         "-p",
