@@ -28,6 +28,16 @@ class ProjectExistsError(Exception):
     """A project of that name already exists."""
 
 
+class EngineBehindError(Exception):
+    """The project's engine lags more than the bound an append was given: nothing was
+    appended (and no id marked seen). ``lag_s``: how long the oldest entry not yet applied has
+    waited."""
+
+    def __init__(self, project: str, lag_s: float) -> None:
+        super().__init__(f"{project}: the engine is {lag_s:.1f} s behind")
+        self.project, self.lag_s = project, lag_s
+
+
 class LogRewoundError(Exception):
     """The log no longer holds the entry an engine's state ends at: the store went back in
     time (Redis restarted from an AOF that missed its last second, a failover to a replica
@@ -151,9 +161,22 @@ class Store(Protocol):
 
     # the label log
     def append(
-        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+        self,
+        project: str,
+        kind: EntryKind,
+        payload: bytes,
+        ids: list[str | None] | None = None,
+        max_lag_s: float | None = None,
     ) -> AppendResult:
-        """Append one entry atomically; labels whose id was seen before are marked duplicate."""
+        """Append one entry atomically; labels whose id was seen before are marked duplicate.
+        With ``max_lag_s``, checked in the same step first: raises ``EngineBehindError`` (and
+        appends nothing) when ``lag_seconds`` exceeds it."""
+        ...
+
+    def lag_seconds(self, project: str) -> float:
+        """How long the oldest log entry past the applied position has waited (0: none). An
+        entry put back by a restore (Redis rebuilt from SQL) or found in the log when the
+        embedded store started has no append time and counts 0."""
         ...
 
     def read_log(

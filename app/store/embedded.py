@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,6 +19,7 @@ import orjson
 
 from app.store.base import (
     AppendResult,
+    EngineBehindError,
     EntryKind,
     KeyRecord,
     LogEntry,
@@ -46,7 +48,23 @@ class _ProjectState:
         self.dyadic_shared: bytes | None = None
         self.dyadic_raters: dict[int, bytes] = {}
         self.dyadic_tasks: dict[int, bytes] = {}
+        self.pending: deque[tuple[int, float]] = deque()
+        """(position, time.monotonic() at append) of the entries appended since start and not
+        applied yet, oldest first: what ``lag`` reads."""
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
+
+    def lag(self, now: float) -> float:
+        """Seconds the oldest entry past ``applied`` has waited (0: none, or one found in the
+        log at start, whose append time is not known)."""
+        if self.applied >= self.log_end or not self.pending:
+            return 0.0
+        position, at = self.pending[0]
+        return max(now - at, 0.0) if position == self.applied + 1 else 0.0
+
+    def applied_up_to(self, position: int) -> None:
+        self.applied = max(self.applied, position)
+        while self.pending and self.pending[0][0] <= self.applied:
+            self.pending.popleft()
 
 
 class EmbeddedStore:
@@ -184,10 +202,18 @@ class EmbeddedStore:
 
     # the log ---------------------------------------------------------------------------
     def append(
-        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+        self,
+        project: str,
+        kind: EntryKind,
+        payload: bytes,
+        ids: list[str | None] | None = None,
+        max_lag_s: float | None = None,
     ) -> AppendResult:
         with self._lock:
             st = self._state[project]
+            now = time.monotonic()
+            if max_lag_s is not None and (lag := st.lag(now)) > max_lag_s:
+                raise EngineBehindError(project, lag)
             keep, new_ids = _dedupe(ids, self._seen(project, ids))
             accepted = keep.count(b"1") if ids is not None else 0
             duplicates = (len(ids) - accepted) if ids is not None else 0
@@ -210,6 +236,7 @@ class EmbeddedStore:
                 self._db.execute("ROLLBACK")
                 raise
             st.log_end = position
+            st.pending.append((position, now))
             return AppendResult(position, accepted, duplicates)
 
     def _seen(self, project: str, ids: list[str | None] | None) -> set[str]:
@@ -265,6 +292,11 @@ class EmbeddedStore:
         st = self._state.get(project)
         return st.log_end if st else 0
 
+    def lag_seconds(self, project: str) -> float:
+        with self._lock:
+            st = self._state.get(project)
+            return st.lag(time.monotonic()) if st else 0.0
+
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:
         with self._lock:
@@ -286,7 +318,7 @@ class EmbeddedStore:
                 st.dyadic_shared = _fitted(update.dyadic.shared)
                 st.dyadic_raters.update(_all_fitted(update.dyadic.raters))
                 st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
-            st.applied = max(st.applied, update.position)
+            st.applied_up_to(update.position)
             if st.applied >= st.restoring:
                 st.restoring = 0
 

@@ -16,6 +16,7 @@ import redis
 
 from app.store.base import (
     AppendResult,
+    EngineBehindError,
     EntryKind,
     KeyRecord,
     LogEntry,
@@ -25,15 +26,45 @@ from app.store.base import (
     StateUpdate,
 )
 
-# KEYS: ids set, log stream, sequence. ARGV: kind, payload, with ids, token, then the label
-# ids ('' = no id). Marks each label 1 (new) or 0 (id seen before), appends the entry unless
-# nothing is new. The entry's stream id is ``position-token``: the token (random) tells this
-# entry from another one at the same position after Redis went back in time.
-_APPEND = """
+# The lag (ms) of a project, as a Lua function of the log stream, its served state and Redis'
+# clock (TIME, in ms): how long the first entry past the applied position has waited, from
+# its append time (field 't'); 0 when there is none, or it has no time (put back by a restore).
+_LAG_FN = """
+local function lag_ms(log, state, now)
+  local applied = tonumber(redis.call('HGET', state, 'applied') or '0')
+  local first = redis.call('XRANGE', log, (applied + 1) .. '-0', '+', 'COUNT', 1)
+  if #first == 0 then return 0 end
+  local f = first[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 't' then return math.max(now - tonumber(f[i + 1]), 0) end
+  end
+  return 0
+end
+local clock = redis.call('TIME')
+local stamp = clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
+local now = tonumber(stamp)
+"""
+
+# KEYS: log stream, served state. The lag in ms.
+_LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], now)\n"
+
+# KEYS: ids set, log stream, sequence, served state. ARGV: kind, payload, with ids, token, the
+# bound on the lag in ms ('' = none), then the label ids ('' = no id). Refuses ({-1, lag})
+# when the lag passes the bound; else marks each label 1 (new) or 0 (id seen before), appends
+# the entry (with its time, 't') unless nothing is new. The entry's stream id is
+# ``position-token``: the token (random) tells this entry from another one at the same
+# position after Redis went back in time.
+_APPEND = (
+    _LAG_FN
+    + """
+if ARGV[5] ~= '' then
+  local lag = lag_ms(KEYS[2], KEYS[4], now)
+  if lag > tonumber(ARGV[5]) then return {-1, lag} end
+end
 local keep = {}
 local accepted = 0
 local with_ids = tonumber(ARGV[3])
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   local id = ARGV[i]
   if id == '' or redis.call('SADD', KEYS[1], id) == 1 then
     keep[#keep + 1] = '1'; accepted = accepted + 1
@@ -46,9 +77,10 @@ if with_ids == 1 and accepted == 0 then
   return {tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
 end
 local pos = redis.call('INCR', KEYS[3])
-redis.call('XADD', KEYS[2], pos .. '-' .. ARGV[4], 'k', ARGV[1], 'p', ARGV[2], 'm', mask)
+redis.call('XADD', KEYS[2], pos .. '-' .. ARGV[4], 'k', ARGV[1], 'p', ARGV[2], 'm', mask, 't', stamp)
 return {pos, accepted}
 """
+)
 
 # KEYS: log stream, sequence. ARGV: position, token. 1: the log holds that entry, or held it and
 # trimmed it (position 0 too); 0: it does not (a shorter log, or another entry there).
@@ -124,6 +156,7 @@ class RedisStore:
         self.r: Any = redis.Redis.from_url(url)  # untyped client: replies are bytes
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND)
+        self._lag = self.r.register_script(_LAG)
         self._holds = self.r.register_script(_HOLDS)
         self._read = self.r.register_script(_READ)
         self._trim = self.r.register_script(_TRIM)
@@ -221,13 +254,21 @@ class RedisStore:
 
     # the log ---------------------------------------------------------------------------
     def append(
-        self, project: str, kind: EntryKind, payload: bytes, ids: list[str | None] | None = None
+        self,
+        project: str,
+        kind: EntryKind,
+        payload: bytes,
+        ids: list[str | None] | None = None,
+        max_lag_s: float | None = None,
     ) -> AppendResult:
-        args: list[Any] = [kind, payload, 0 if ids is None else 1, new_token()]
+        bound = "" if max_lag_s is None else int(max_lag_s * 1000)
+        args: list[Any] = [kind, payload, 0 if ids is None else 1, new_token(), bound]
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
-        keys = [self._k(project, "ids"), self._k(project, "log"), self._k(project, "seq")]
+        keys = [self._k(project, what) for what in ("ids", "log", "seq", "state")]
         position, accepted = self._append(keys=keys, args=args)
+        if int(position) < 0:
+            raise EngineBehindError(project, int(accepted) / 1000)
         n = len(ids) if ids is not None else 0
         return AppendResult(
             int(position),
@@ -301,6 +342,10 @@ class RedisStore:
     def log_end(self, project: str) -> int:
         v = self.r.get(self._k(project, "seq"))
         return int(v) if v else 0
+
+    def lag_seconds(self, project: str) -> float:
+        keys = [self._k(project, "log"), self._k(project, "state")]
+        return int(self._lag(keys=keys)) / 1000
 
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:
