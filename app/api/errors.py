@@ -7,6 +7,7 @@ unexpected (500). ``ERRORS`` is every route's ``responses=``.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any
 
@@ -24,6 +25,21 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 RETRY_AFTER_S = 2
 """What a 503 asks the client to wait (``Retry-After``) while the store is unreachable."""
+ENGINE_BEHIND: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorResponse,
+        "description": "engine_behind: the project's engine lags more than "
+        "CROWDTALLY_MAX_LAG_S; nothing of the block was appended: send it again after "
+        "Retry-After seconds",
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before sending the block again (at least 1)",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    }
+}
+"""The 429 of the routes that append label blocks (``engine_behind``)."""
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Characters no id may hold (Unicode's control characters, Cc)."""
 
@@ -82,6 +98,19 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     field = ".".join(loc[1:]) or None
     where = field or loc[0]
     return ApiError(422, "invalid_request", f"{where}: {err['msg']}", None, field).response()
+
+
+def engine_behind(project: str, lag_s: float, bound_s: float) -> ApiError:
+    """429: the engine lags ``lag_s`` > ``bound_s``. ``Retry-After``: the excess, rounded up,
+    at least 1 s and at most the bound (rounded up)."""
+    wait = max(1, min(math.ceil(lag_s - bound_s), math.ceil(bound_s)))
+    return ApiError(
+        429,
+        "engine_behind",
+        f"the engine of project {project!r} is {lag_s:.1f} s behind (more than {bound_s:g} s); "
+        f"nothing was appended: send the block again in {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def _shown(path: str) -> str:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: request latency, labels accepted, engine lag per project.
+"""Prometheus metrics: request latency, labels accepted (or refused), engine lag per project.
 
 The gauges read the store and the snapshot database of whatever ``bind`` is given (the API's
 ``Service``, or anything with ``store`` and ``db``): this module imports nothing of the API.
@@ -53,6 +53,12 @@ STORE = Histogram(
 LABELS = Counter(
     "crowdtally_labels", "Labels received, by outcome", ["project", "outcome"], registry=REGISTRY
 )
+REFUSED = Counter(
+    "crowdtally_blocks_refused",
+    "Blocks refused with 429 engine_behind (nothing appended), by kind (labels, gold)",
+    ["project", "kind"],
+    registry=REGISTRY,
+)
 
 
 class _StoreCollector(Collector):
@@ -63,6 +69,11 @@ class _StoreCollector(Collector):
         svc = self.service
         lag = GaugeMetricFamily(
             "crowdtally_engine_lag_entries", "Log entries not yet applied", labels=["project"]
+        )
+        lag_s = GaugeMetricFamily(
+            "crowdtally_engine_lag_seconds",
+            "How long the oldest log entry not yet applied has waited",
+            labels=["project"],
         )
         end = GaugeMetricFamily("crowdtally_log_position", "Last log position", labels=["project"])
         queue = GaugeMetricFamily(
@@ -87,6 +98,7 @@ class _StoreCollector(Collector):
                 failed.add_metric([r.name], 1.0 if r.name in errors else 0.0)
                 e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
                 lag.add_metric([r.name], max(e - a, 0))
+                lag_s.add_metric([r.name], svc.store.lag_seconds(r.name))
                 end.add_metric([r.name], e)
                 queue.add_metric([r.name], svc.store.queue_size(r.name))
                 blob = svc.store.get_params(r.name, [])[0]
@@ -107,6 +119,7 @@ class _StoreCollector(Collector):
                 age.add_metric([name], now - info.created_at)
                 size.add_metric([name], info.size_bytes)
         yield lag
+        yield lag_s
         yield end
         yield queue
         yield steps

@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import orjson
 from fastapi import APIRouter, Request
 
 from app.api import metrics
 from app.api.bodies import GOLD, LABELS, array_body, label_codes, parse_block
-from app.api.deps import ServiceDep, in_thread, require, wait_applied
-from app.api.errors import ERRORS
+from app.api.deps import Service, ServiceDep, in_thread, require, wait_applied
+from app.api.errors import ENGINE_BEHIND, ERRORS, engine_behind
 from app.api.schemas import Accepted, ErrorResponse, GoldIn, LabelIn
+from app.store.base import AppendResult, EngineBehindError
 
 router = APIRouter()
+
+
+async def append_block(
+    svc: Service,
+    project: str,
+    kind: Literal["labels", "gold"],
+    payload: bytes,
+    ids: list[str | None] | None,
+) -> AppendResult:
+    """Append a block unless the project's engine lags more than ``max_lag_s`` (0: never
+    refused): then 429 ``engine_behind``, nothing appended (the refused labels count in
+    ``crowdtally_labels{outcome="refused"}``)."""
+    bound = svc.settings.max_lag_s or None
+    try:
+        result: AppendResult = await in_thread(svc.store.append, project, kind, payload, ids, bound)
+    except EngineBehindError as exc:
+        assert bound is not None
+        metrics.REFUSED.labels(project, kind).inc()
+        if ids is not None:
+            metrics.LABELS.labels(project, "refused").inc(len(ids))
+        raise engine_behind(project, exc.lag_s, bound) from None
+    return result
 
 
 @router.post(
@@ -20,7 +45,7 @@ router = APIRouter()
     operation_id="post_labels",
     tags=["labels"],
     response_model=Accepted,
-    responses={**ERRORS, 413: {"model": ErrorResponse}},
+    responses={**ERRORS, 413: {"model": ErrorResponse}, **ENGINE_BEHIND},
     dependencies=[require("write")],
     openapi_extra=array_body("LabelIn"),
 )
@@ -46,7 +71,7 @@ async def post_labels(
             "ids": ids,  # kept in the archive: a wiped Redis gets its seen ids back
         }
     )
-    result = await in_thread(svc.store.append, project, "labels", payload, ids)
+    result = await append_block(svc, project, "labels", payload, ids)
     metrics.LABELS.labels(project, "accepted").inc(result.accepted)
     metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
@@ -66,7 +91,7 @@ async def post_labels(
     operation_id="post_gold",
     tags=["labels"],
     response_model=Accepted,
-    responses=ERRORS,
+    responses={**ERRORS, **ENGINE_BEHIND},
     dependencies=[require("write")],
     openapi_extra=array_body("GoldIn"),
 )
@@ -77,7 +102,7 @@ async def post_gold(
     gold: list[GoldIn] = parse_block(await request.body(), GOLD, svc.settings.max_block_labels)
     codes = label_codes(record, [x.label for x in gold])
     payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
-    result = await in_thread(svc.store.append, project, "gold", payload, None)
+    result = await append_block(svc, project, "gold", payload, None)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
     return Accepted(accepted=len(gold), duplicates=0, position=result.position, applied=applied)
 
