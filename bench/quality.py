@@ -185,7 +185,7 @@ def run_online(
 ) -> F64:
     """One online pass over the items in a random order (``seed``), then the posteriors of
     every item under the final parameters, as the service serves them (calibrated,
-    docs/model.md eq. 21-24), or the model's own with ``served=False``; ``gold`` (-1 =
+    docs/model.md eq. 21-25), or the model's own with ``served=False``; ``gold`` (-1 =
     unknown) is passed as ``known``."""
     config = config or nominal_config(crowd)
     blocks = hashed_blocks(crowd, config)

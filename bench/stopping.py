@@ -7,7 +7,7 @@ the online model learns the arrival as the service's engine does, and an item st
 first time its posterior reaches the target. Reported per dataset: how many items stopped,
 how often the stopped items are right (the promise is: at least the target), their mean
 confidence, and the share of the campaign's answers bought. Once with the posteriors the
-service serves (calibrated, docs/model.md eq. 21-24), once with the model's own.
+service serves (calibrated, docs/model.md eq. 21-25), once with the model's own.
 
 ``--gold-fraction 0.05``: that share of items (at most ``--gold-max``) are honeypots: all
 their answers come first, with their gold known to the model; they are never queued and not

@@ -1,4 +1,4 @@
-"""Numba kernels of the calibration layer (docs/model.md, "Calibrated posteriors", eq. 21-24).
+"""Numba kernels of the calibration layer (docs/model.md, "Calibrated posteriors", eq. 21-25).
 
 Plain loops over int-coded label blocks, as in ``core._kernels``.
 """

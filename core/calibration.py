@@ -1,4 +1,4 @@
-"""Calibrated posteriors: what an item's posterior is served as (docs/model.md, eq. 21-24).
+"""Calibrated posteriors: what an item's posterior is served as (docs/model.md, eq. 21-25).
 
 The model's posterior q_i = softmax(log pi + l_i), with l_i(z) = sum_j h_j log p(l_j | z, s_j),
 treats an item's answers as independent given its class. Real crowds answer the same item in
@@ -17,6 +17,10 @@ per project:
   like a class to the answers): it is 0 until gold items show it, through a Beta prior
   (mode 0, mean 0.04). Without gold, the tempering alone bounds the confidence that many
   agreeing answers can give: n answers count as at most 1/rho independent ones.
+
+With gold, a few dozen items leave (rho, eps) uncertain, and the best single pair chosen on
+them swings with the sample; the served posterior is then the posterior mean of eq. 21 over
+both (eq. 25), a mixture of a few tempered posteriors.
 
 Learning (the E-steps that move the parameters) keeps the untempered q_i: tempering inside
 EM lets it drift to degenerate fits. Only what is served, and what decisions read (the
@@ -45,6 +49,9 @@ EPS_GRID: FloatArray = np.array(
 EPS_PRIOR = (1.0, 25.0)
 """Beta(a, b) prior of eps: mode 0 (answers alone never argue for it), mean 0.04, worth
 about 25 gold items."""
+MIN_WEIGHT = 1e-3
+"""Tempering values whose posterior weight is below this share of the largest are left out of
+the mixture of eq. 25."""
 GOLD_WEIGHT_LABELS = 50.0
 """Eq. 24 weighs the prequential evidence (a mean per scored answer) like this many gold
 items: with fewer gold items rho follows the answers; with more, the gold decides."""
@@ -58,24 +65,32 @@ def evidence_size() -> int:
 @dataclass(frozen=True)
 class Calibration:
     """The two numbers of eq. 21: served = (1 - eps) q^rho + eps (1 - q^rho) / (K - 1), with
-    q^rho proportional to q^(1/T)."""
+    q^rho proportional to q^(1/T).
+
+    With gold, what is served is the posterior mean of eq. 21 over (rho, eps) (eq. 25):
+    ``components`` holds (weight, rho, eps) triples, eps the posterior mean of eps given that
+    rho; ``rho`` and ``eps`` are then the posterior means. Without components, the one pair."""
 
     rho: float = 0.0
     eps: float = 0.0
+    components: tuple[tuple[float, float, float], ...] = ()
 
     def temperatures(self, n_labels: npt.ArrayLike) -> FloatArray:
         """T_i = 1 + rho max(n_i - 1, 0) (eq. 21)."""
-        n = np.asarray(n_labels, dtype=np.float64)
-        out: FloatArray = 1.0 + self.rho * np.maximum(n - 1.0, 0.0)
-        return out
+        return _temperatures(self.rho, n_labels)
 
     def from_log_likelihood(
         self, log_likelihood: FloatArray, n_labels: npt.ArrayLike, log_prior: FloatArray
     ) -> FloatArray:
         """Served posteriors from l_i (rows) and the items' label weights n_i."""
-        t = self.temperatures(n_labels)
-        logits = (log_prior + np.asarray(log_likelihood)) / t[..., None]
-        return self._mix(_softmax(logits))
+        logits = log_prior + np.asarray(log_likelihood)
+        out: FloatArray | None = None
+        for weight, rho, eps in self.components or ((1.0, self.rho, self.eps),):
+            t = _temperatures(rho, n_labels)
+            part = weight * _mix(_softmax(logits / t[..., None]), eps)
+            out = part if out is None else out + part
+        assert out is not None
+        return out
 
     def from_posteriors(self, posteriors: FloatArray, n_labels: npt.ArrayLike) -> FloatArray:
         """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
@@ -86,21 +101,31 @@ class Calibration:
         log_q = np.where(np.isfinite(log_q), log_q, -1e300)
         return self.from_log_likelihood(log_q, n_labels, np.zeros(q.shape[-1]))
 
-    def _mix(self, q: FloatArray) -> FloatArray:
-        K = q.shape[-1]
-        if self.eps == 0.0:
-            return q
-        out: FloatArray = (1.0 - self.eps) * q + self.eps * (1.0 - q) / (K - 1)
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rho": self.rho, "eps": self.eps}
+        if self.components:
+            out["components"] = [list(c) for c in self.components]
         return out
-
-    def to_dict(self) -> dict[str, float]:
-        return {"rho": self.rho, "eps": self.eps}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Calibration:
         if not data:
             return cls()
-        return cls(rho=float(data.get("rho", 0.0)), eps=float(data.get("eps", 0.0)))
+        parts = tuple((float(w), float(r), float(e)) for w, r, e in data.get("components") or ())
+        return cls(float(data.get("rho", 0.0)), float(data.get("eps", 0.0)), parts)
+
+
+def _temperatures(rho: float, n_labels: npt.ArrayLike) -> FloatArray:
+    n = np.asarray(n_labels, dtype=np.float64)
+    out: FloatArray = 1.0 + rho * np.maximum(n - 1.0, 0.0)
+    return out
+
+
+def _mix(q: FloatArray, eps: float) -> FloatArray:
+    if eps == 0.0:
+        return q
+    out: FloatArray = (1.0 - eps) * q + eps * (1.0 - q) / (q.shape[-1] - 1)
+    return out
 
 
 def prior_eps() -> float:
@@ -133,19 +158,40 @@ def gold_evidence(
 def choose(
     evidence: FloatArray | None, gold: FloatArray | None = None, n_gold: int = 0
 ) -> Calibration:
-    """The (rho, eps) of the grids that maximise eq. 24: the prequential evidence (per
-    scored answer, weighed like GOLD_WEIGHT_LABELS gold items), the gold items' likelihood
-    and eps's Beta prior. Without evidence yet, rho = 0; without gold, eps is the prior's."""
+    """Eq. 24-25 over the grids: the score of every (rho, eps) is the prequential evidence
+    (per scored answer, weighed like GOLD_WEIGHT_LABELS gold items), the gold items'
+    likelihood and eps's Beta prior. Without gold, the (rho, eps) of the highest score: rho
+    from the answers (0 without evidence), eps the prior's mode. With gold, the posterior mean
+    of the served posterior over the grid (eq. 25)."""
     G = RHO_GRID.size
     score = np.zeros((G, EPS_GRID.size))
     if evidence is not None and evidence[G] > 0:
         score += GOLD_WEIGHT_LABELS * (evidence[:G] / evidence[G])[:, None]
     a, b = EPS_PRIOR
     score += _log_beta(EPS_GRID, a, b)[None, :]
-    if gold is not None and n_gold > 0:
-        score += gold
-    r, e = np.unravel_index(int(np.argmax(score)), score.shape)
-    return Calibration(float(RHO_GRID[r]), float(EPS_GRID[e]))
+    if gold is None or n_gold <= 0:
+        r, e = np.unravel_index(int(np.argmax(score)), score.shape)
+        return Calibration(float(RHO_GRID[r]), float(EPS_GRID[e]))
+    return posterior_mean(score + gold)
+
+
+def posterior_mean(score: FloatArray) -> Calibration:
+    """Eq. 25: the mixture of eq. 21 over the grid with weights proportional to exp(score).
+    The served posterior is linear in eps, so each rho's eps is averaged into one component;
+    rhos of weight below MIN_WEIGHT are left out (the rest renormalised)."""
+    w = np.exp(score - score.max())
+    w /= w.sum()
+    w_rho = w.sum(axis=1)
+    keep = w_rho >= MIN_WEIGHT * w_rho.max()
+    eps_given_rho = (w[keep] @ EPS_GRID) / w_rho[keep]
+    weights = w_rho[keep] / w_rho[keep].sum()
+    parts = tuple(
+        (float(x), float(r), float(e))
+        for x, r, e in zip(weights, RHO_GRID[keep], eps_given_rho, strict=True)
+    )
+    rho = float(sum(x * r for x, r, _ in parts))
+    eps = float(sum(x * e for x, _, e in parts))
+    return Calibration(rho, eps, parts)
 
 
 @dataclass(frozen=True)

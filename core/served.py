@@ -1,4 +1,4 @@
-"""What a fitted model serves: calibrated posteriors (docs/model.md, eq. 21-24).
+"""What a fitted model serves: calibrated posteriors (docs/model.md, eq. 21-25).
 
 ``core.calibration`` has the math on arrays; this module applies it to the online and batch
 models' parameters and label blocks.

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.calibration import (
+    EPS_GRID,
     RHO_GRID,
     Calibration,
     choose,
@@ -160,7 +161,8 @@ def test_gold_items_correct_what_the_answers_cannot_show() -> None:
     cal = online_calibration(model, blocks, gold)
     served = served_posteriors(model.params, blocks, cal, gold)
     assert np.array_equal(served[pick].argmax(axis=1), truth[pick])
-    assert _ece(served[rest], truth[rest]) <= 4.0
+    assert cal.components  # with gold: the posterior mean over (rho, eps), eq. 25
+    assert _ece(served[rest], truth[rest]) <= 4.5
     assert _ece(served[rest], truth[rest]) < _ece(without[rest], truth[rest]) - 2.0
 
 
@@ -173,6 +175,31 @@ def test_batch_fit_is_served_through_the_same_calibration() -> None:
     assert cal.rho >= 0.1
     assert np.array_equal(served.argmax(axis=1), result.probas.argmax(axis=1))
     assert _ece(served, truth) < 0.6 * _ece(result.probas, truth)
+
+
+def test_with_gold_the_served_posterior_is_the_posterior_mean_over_the_grid() -> None:
+    rng = np.random.default_rng(3)
+    evidence = np.concatenate([rng.normal(-1.0, 0.01, RHO_GRID.size), [100.0]])
+    gold = rng.normal(0.0, 2.0, (RHO_GRID.size, EPS_GRID.size))
+    cal = choose(evidence, gold, 20)
+    score = 50.0 * (evidence[:-1] / evidence[-1])[:, None] + gold
+    score = score + 24.0 * np.log1p(-EPS_GRID)[None, :]  # Beta(1, 25) prior
+    w = np.exp(score - score.max())
+    w /= w.sum()
+    q = rng.dirichlet(np.ones(4), 50)
+    n = rng.integers(1, 12, 50).astype(float)
+    want = sum(
+        w[r, e] * Calibration(float(rho), float(eps)).from_posteriors(q, n)
+        for r, rho in enumerate(RHO_GRID)
+        for e, eps in enumerate(EPS_GRID)
+    )
+    got = cal.from_posteriors(q, n)
+    np.testing.assert_allclose(got, want, atol=2e-3)  # rhos under 1e-3 of the top are left out
+    np.testing.assert_allclose(got.sum(axis=1), 1.0)
+    assert np.array_equal(got.argmax(axis=1), q.argmax(axis=1))
+    assert cal.rho == pytest.approx(float(w.sum(axis=1) @ RHO_GRID), abs=2e-3)
+    assert cal.eps == pytest.approx(float(w.sum(axis=0) @ EPS_GRID), abs=2e-3)
+    assert Calibration.from_dict(cal.to_dict()) == cal
 
 
 def test_choose_without_evidence_is_no_tempering() -> None:
