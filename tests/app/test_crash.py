@@ -84,6 +84,9 @@ def test_engine_sigkilled_20_times_loses_nothing(tmp_path: Path, sql_url: str) -
         CROWDTALLY_SNAPSHOT_INTERVAL_S="0.5",
         CROWDTALLY_REFINE_PASSES="1",
         CROWDTALLY_REFINE_IDLE_S="0.3",
+        # no push-back: the engine is killed every 0.2-1.2 s, faster than it restarts, and the
+        # poster (which does not retry) must go on posting through the kills
+        CROWDTALLY_MAX_LAG_S="0",
     )
     try:
         lay.wait_ready()
