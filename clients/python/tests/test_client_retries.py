@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -91,3 +92,20 @@ def test_async_retries_gets() -> None:
 def test_batch_size_is_checked() -> None:
     with pytest.raises(ValueError):
         Client("http://ct.test", batch_size=20_000)
+
+
+def test_retry_after_is_waited_as_seconds_or_a_date_within_max_backoff() -> None:
+    from email.utils import formatdate
+
+    from crowdtally_client._core import RetryPolicy
+
+    def wait(value: str) -> float:
+        answer = httpx.Response(429, headers={"Retry-After": value})
+        return RetryPolicy(max_backoff=8.0, backoff=100.0).delay(0, answer)
+
+    assert wait("3") == 3.0 and wait("0") == 0.0 and wait("-2") == 0.0
+    assert wait("60") == 8.0  # capped at max_backoff
+    assert 2.0 < wait(formatdate(time.time() + 4, usegmt=True)) <= 4.0
+    assert wait(formatdate(time.time() - 4, usegmt=True)) == 0.0
+    for unreadable in ("soon", "nan", "inf"):  # the jittered back-off instead: 8 s, halved
+        assert 4.0 <= wait(unreadable) < 8.0, unreadable  # to 8 at random

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import mktime_tz, parsedate_tz
 from typing import Any, Literal
 
 import httpx
@@ -200,13 +203,31 @@ def check_batch(batch_size: int) -> int:
     return batch_size
 
 
+def retry_after(response: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (delta-seconds, or an HTTP date), at least 0;
+    None when there is none or it cannot be read."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        when = parsedate_tz(value)
+        if when is None:
+            return None
+        seconds = mktime_tz(when) - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
 @dataclass
 class RetryPolicy:
-    """Exponential back-off: ``backoff * 2**attempt`` seconds (jittered, capped at ``max_backoff``).
+    """Exponential back-off: ``backoff * 2**attempt`` seconds (jittered, capped at ``max_backoff``);
+    an answer's ``Retry-After`` (a 429, a 503) is waited instead, capped at ``max_backoff``.
 
-    Connection failures before the request went out and 429 are always retried; other
-    transport errors and 5xx only for idempotent requests (GETs, DELETEs, label blocks whose
-    labels all carry ids).
+    Connection failures before the request went out and 429 are always retried (a 429 took
+    nothing: the service's ``engine_behind`` appends nothing of the refused block, so the same
+    block is sent again); other transport errors and 5xx only for idempotent requests (GETs,
+    DELETEs, label blocks whose labels all carry ids). ``retries`` bounds them all.
     """
 
     retries: int = 5
@@ -214,13 +235,9 @@ class RetryPolicy:
     max_backoff: float = 8.0
 
     def delay(self, attempt: int, response: httpx.Response | None) -> float:
-        if response is not None:
-            after = response.headers.get("retry-after")
-            if after:
-                try:
-                    return min(float(after), self.max_backoff)
-                except ValueError:
-                    pass
+        after = retry_after(response) if response is not None else None
+        if after is not None:
+            return min(after, self.max_backoff)
         d = min(self.backoff * 2.0**attempt, self.max_backoff)
         return d / 2 + random.random() * d / 2
 
