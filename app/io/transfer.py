@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -72,24 +73,41 @@ def call(
     retries: int | None = None,
 ) -> httpx.Response:
     """A request; connection errors, 429 and 5xx are retried with back-off when ``retry``
-    (``retries`` times, default ``RETRIES``: 5, ``--retries`` of the commands)."""
+    (``retries`` times, default ``RETRIES``: 5, ``--retries`` of the commands). A 429 is
+    retried even without ``retry`` (the service took nothing), after its ``Retry-After``."""
     import httpx
 
     retries = RETRIES.get() if retries is None else retries
     content = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if body is not None else None
     for attempt in range(retries + 1):
-        last = attempt == retries or not retry
+        last = attempt == retries
         try:
             resp = http.request(method, path, content=content, params=params, headers=headers)
         except httpx.TransportError as exc:
-            if last:
+            if last or not retry:
                 raise ServiceError(f"cannot reach {http.base_url}: {exc}") from None
+            wait = None
         else:
-            if resp.status_code not in RETRY_STATUS or last:
+            again = resp.status_code == 429 or (retry and resp.status_code in RETRY_STATUS)
+            if last or not again:
                 return resp
-        time.sleep(min(0.25 * 2**attempt, 8.0) * (0.5 + random.random() / 2))
+            wait = _retry_after(resp)
+        time.sleep(wait if wait is not None else _backoff(attempt))
     raise AssertionError("unreachable")
+
+
+def _backoff(attempt: int) -> float:
+    return min(0.25 * 2.0**attempt, 8.0) * (0.5 + random.random() / 2)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (0 to 8), None unless a number."""
+    try:
+        seconds = float(resp.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), 8.0) if math.isfinite(seconds) else None
 
 
 def _check(resp: httpx.Response, what: str) -> None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
@@ -18,6 +19,7 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from app.api.errors import engine_behind
 from app.engine.loop import EngineLoop
+from app.io.transfer import call
 from app.store.base import Store
 from tests.app.conftest import ADMIN, service_settings
 
@@ -155,3 +157,21 @@ def test_retry_after_grows_with_the_excess_up_to_the_bound() -> None:
 
     assert [wait(lag, 5.0) for lag in (5.01, 6.5, 8.0, 30.0, 3600.0)] == [1, 2, 3, 5, 5]
     assert wait(0.7, 0.5) == 1 and wait(2.0, 0.5) == 1  # never below 1 s
+
+
+def test_the_import_command_waits_out_a_429_even_where_it_does_not_retry() -> None:
+    """``crowdtally import`` posts gold without retries (no ids), but a 429 took nothing."""
+    answers = [httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(202, json={})]
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answers.pop(0)
+
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://ct.test") as http:
+        r = call(
+            http, "POST", "/v1/projects/p/gold", body=[{"item": "i", "label": "a"}], retry=False
+        )
+        assert r.status_code == 202 and len(seen) == 2
+        answers[:] = [httpx.Response(503)]  # other errors: still not retried
+        assert call(http, "POST", "/v1/projects/p/gold", body=[], retry=False).status_code == 503
