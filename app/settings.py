@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = "ct"
     """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
+    redis_timeout_s: float = Field(10.0, ge=0)
+    """How long one Redis command may wait (connecting included) before the request answers
+    503 store_unavailable instead of hanging; 0 waits forever."""
     database_url: str | None = None
     """SQLAlchemy URL of the snapshot database (``postgresql+psycopg://...`` in production);
     default: the SQLite file ``data_dir/crowdtally.sqlite3``, which in the embedded mode also

@@ -152,8 +152,13 @@ return 0
 class RedisStore:
     log_in_sql = False
 
-    def __init__(self, url: str, prefix: str = "ct") -> None:
-        self.r: Any = redis.Redis.from_url(url)  # untyped client: replies are bytes
+    def __init__(self, url: str, prefix: str = "ct", timeout_s: float | None = 10.0) -> None:
+        """``timeout_s``: how long one command may wait for Redis (connecting included)
+        before it raises redis' TimeoutError (the API's 503); None or 0 waits forever."""
+        wait = timeout_s or None
+        self.r: Any = redis.Redis.from_url(  # untyped client: replies are bytes
+            url, socket_timeout=wait, socket_connect_timeout=wait
+        )
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND)
         self._lag = self.r.register_script(_LAG)

@@ -11,6 +11,7 @@ import io
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,10 +303,12 @@ def test_every_openapi_ref_resolves(bare: TestClient) -> None:
 
 
 class Proxy:
-    """A TCP relay to Redis that can be cut: then nothing listens on its port."""
+    """A TCP relay to Redis that can be cut (then nothing listens on its port) or hung (then
+    it keeps every connection open and relays nothing: a Redis that stopped answering)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
+        self.hung = threading.Event()
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.sockets: list[socket.socket] = []
@@ -325,10 +328,11 @@ class Proxy:
                 self.threads.append(t)
                 t.start()
 
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
         try:
             while data := a.recv(65536):
+                if self.hung.is_set():
+                    continue
                 b.sendall(data)
         except OSError:
             pass
@@ -378,3 +382,44 @@ def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
         proxy.cut()
         store.close()
         RedisStore(REDIS_URL, prefix=prefix).flush_prefix()
+
+
+def test_a_redis_that_stops_answering_is_a_503_after_the_timeout(tmp_path: Path) -> None:
+    host, port = REDIS_URL.split("//")[1].split("/")[0].split(":")
+    proxy = Proxy(host, int(port))
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    store = RedisStore(url, prefix=prefix, timeout_s=0.5)
+    settings = service_settings(tmp_path, engine_in_process=False)
+    try:
+        with TestClient(
+            create_app(settings, store=store), headers={"Authorization": f"Bearer {ADMIN}"}
+        ) as c:
+            key = make_project(c)
+            assert c.get("/v1/projects/census", headers=key).status_code == 200
+            proxy.hung.set()  # connections stay open; nothing comes back
+            _answers_within_the_timeout(c, key, proxy)
+    finally:
+        proxy.cut()
+        store.close()
+        RedisStore(REDIS_URL, prefix=prefix).flush_prefix()
+
+
+def _answers_within_the_timeout(c: TestClient, key: dict[str, str], proxy: Proxy) -> None:
+    try:
+        for send in (
+            lambda: c.get("/v1/projects/census/items/a", headers=key),
+            lambda: c.post("/v1/projects/census/labels", content=_labels(3), headers=key),
+        ):
+            answers: list[Any] = []
+            worker = threading.Thread(
+                target=lambda f=send, out=answers: out.append(f()), daemon=True
+            )
+            start = time.monotonic()
+            worker.start()
+            worker.join(10.0)  # a request that hangs fails here, not the whole suite
+            assert answers, "the request hung on a Redis that stopped answering"
+            err = _error(answers[0], 503, "store_unavailable")
+            assert time.monotonic() - start < 5.0, err
+    finally:
+        proxy.cut()  # frees a request still waiting, so the service can shut down
