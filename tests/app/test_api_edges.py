@@ -352,57 +352,52 @@ class Proxy:
             t.join(5)
 
 
-def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def behind_proxy(
+    tmp_path: Path, timeout_s: float = 10.0
+) -> Iterator[tuple[TestClient, Proxy, dict[str, str]]]:
+    """A service whose Redis is reached through a ``Proxy``, with the project census made:
+    (client with the admin key, proxy, the project key's headers)."""
     host, port = REDIS_URL.split("//")[1].split("/")[0].split(":")
     proxy = Proxy(host, int(port))
     prefix = f"test-{uuid.uuid4().hex[:12]}"
-    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix, timeout_s=timeout_s)
     settings = service_settings(tmp_path, engine_in_process=False)
     try:
         with TestClient(
             create_app(settings, store=store), headers={"Authorization": f"Bearer {ADMIN}"}
         ) as c:
             key = make_project(c)
-            other = c.post("/v1/projects/census/keys", json={"scope": "read"}).json()["api_key"]
             assert c.get("/v1/projects/census", headers=key).status_code == 200
-            proxy.cut()  # Redis is gone: nothing listens on the store's port
-            with socket.socket() as probe:
-                assert probe.connect_ex(("127.0.0.1", proxy.port)) != 0
-            for r in (
-                c.get("/v1/projects/census", headers=key),
-                c.get("/v1/projects/census", headers={"Authorization": f"Bearer {other}"}),
-                c.post("/v1/projects/census/labels", content=_labels(3), headers=key),
-                c.put("/v1/projects/census/queue/settings", json={}, headers=key),
-                c.get("/v1/projects/census/items/a", headers=key),
-            ):
-                err = _error(r, 503, "store_unavailable")
-                assert int(r.headers["retry-after"]) > 0, err
-            assert c.get("/readyz").json()["store"] == "unreachable"
+            yield c, proxy, key
     finally:
         proxy.cut()
         store.close()
         RedisStore(REDIS_URL, prefix=prefix).flush_prefix()
+
+
+def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+    with behind_proxy(tmp_path) as (c, proxy, key):
+        other = c.post("/v1/projects/census/keys", json={"scope": "read"}).json()["api_key"]
+        proxy.cut()  # Redis is gone: nothing listens on the store's port
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", proxy.port)) != 0
+        for r in (
+            c.get("/v1/projects/census", headers=key),
+            c.get("/v1/projects/census", headers={"Authorization": f"Bearer {other}"}),
+            c.post("/v1/projects/census/labels", content=_labels(3), headers=key),
+            c.put("/v1/projects/census/queue/settings", json={}, headers=key),
+            c.get("/v1/projects/census/items/a", headers=key),
+        ):
+            err = _error(r, 503, "store_unavailable")
+            assert int(r.headers["retry-after"]) > 0, err
+        assert c.get("/readyz").json()["store"] == "unreachable"
 
 
 def test_a_redis_that_stops_answering_is_a_503_after_the_timeout(tmp_path: Path) -> None:
-    host, port = REDIS_URL.split("//")[1].split("/")[0].split(":")
-    proxy = Proxy(host, int(port))
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    url = f"redis://127.0.0.1:{proxy.port}/0"
-    store = RedisStore(url, prefix=prefix, timeout_s=0.5)
-    settings = service_settings(tmp_path, engine_in_process=False)
-    try:
-        with TestClient(
-            create_app(settings, store=store), headers={"Authorization": f"Bearer {ADMIN}"}
-        ) as c:
-            key = make_project(c)
-            assert c.get("/v1/projects/census", headers=key).status_code == 200
-            proxy.hung.set()  # connections stay open; nothing comes back
-            _answers_within_the_timeout(c, key, proxy)
-    finally:
-        proxy.cut()
-        store.close()
-        RedisStore(REDIS_URL, prefix=prefix).flush_prefix()
+    with behind_proxy(tmp_path, timeout_s=0.5) as (c, proxy, key):
+        proxy.hung.set()  # connections stay open; nothing comes back
+        _answers_within_the_timeout(c, key, proxy)
 
 
 def _answers_within_the_timeout(c: TestClient, key: dict[str, str], proxy: Proxy) -> None:
