@@ -84,12 +84,14 @@ class Calibration:
     ) -> FloatArray:
         """Served posteriors from l_i (rows) and the items' label weights n_i."""
         logits = log_prior + np.asarray(log_likelihood)
-        out: FloatArray | None = None
-        for weight, rho, eps in self.components or ((1.0, self.rho, self.eps),):
-            t = _temperatures(rho, n_labels)
-            part = weight * _mix(_softmax(logits / t[..., None]), eps)
-            out = part if out is None else out + part
-        assert out is not None
+        parts = self.components or ((1.0, self.rho, self.eps),)
+        out: FloatArray = sum(
+            (
+                w * _mix(_softmax(logits / _temperatures(r, n_labels)[..., None]), e)
+                for w, r, e in parts
+            ),
+            start=np.zeros_like(logits),
+        )
         return out
 
     def from_posteriors(self, posteriors: FloatArray, n_labels: npt.ArrayLike) -> FloatArray:
