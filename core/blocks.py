@@ -43,12 +43,10 @@ class LabelBlocks:
         return np.diff(self.ptr)
 
     def total_weight(self) -> FloatArray:
-        """Sum of importance weights per block."""
-        return (
-            np.add.reduceat(self.weights, self.ptr[:-1])
-            if self.n_labels
-            else np.zeros(self.n_blocks)
-        )
+        """Sum of importance weights per block (0 for a block without labels)."""
+        block_of = np.repeat(np.arange(self.n_blocks), self.sizes())
+        out: FloatArray = np.bincount(block_of, self.weights, minlength=self.n_blocks)
+        return out
 
     @classmethod
     def group(
