@@ -10,6 +10,8 @@ the shared datasets and over synthetic crowds, and PASS/FAIL lines for the quali
 
 ``--gold-fraction 0.05 --gold-max 50``: per crowd, that many items with truth are handed to
 the crowdtally methods as known gold (honeypots); every method is scored on the other items.
+A few dozen gold items score very differently from one draw to the next: ``--gold-draws 3``
+repeats every method on 3 random gold sets and reports the mean and spread over all runs.
 
 crowd-kit posteriors are cached in ``.bench-cache/quality/`` (keyed by the answers and the
 crowd-kit version) and fitted in ``--jobs`` worker processes while crowdtally runs.
@@ -373,6 +375,8 @@ class CrowdResult:
     target: I64
     """Gold the methods are scored on (-1 = not scored)."""
     outcomes: dict[str, Outcome] = field(default_factory=dict)
+    draws: list[tuple[I64, I64]] = field(default_factory=list)
+    """(given, target) of every gold draw; ``given`` and ``target`` are the first."""
 
 
 def choose_gold(crowd: Crowd, fraction: float, at_most: int, seed: int = 0) -> I64:
@@ -399,14 +403,19 @@ def run(
     gold_fraction: float = 0.0,
     gold_max: int = 50,
     jobs: int = 2,
+    gold_draws: int = 1,
 ) -> list[CrowdResult]:
     """Every method on every crowd; crowd-kit peers not yet cached are fitted in ``jobs``
-    forked worker processes while the other methods run here."""
+    forked worker processes while the other methods run here. With gold, every method is run
+    and scored once per draw of ``gold_draws`` random gold sets (a few dozen gold items score
+    very differently from one draw to the next), seeded methods once per order per draw."""
     results = []
     for crowd in crowds:
-        given = choose_gold(crowd, gold_fraction, gold_max)
-        target = np.where(given >= 0, -1, crowd.gold)
-        results.append(CrowdResult(crowd, given, target))
+        draws = []
+        for d in range(max(gold_draws, 1) if gold_fraction > 0 else 1):
+            given = choose_gold(crowd, gold_fraction, gold_max, seed=d)
+            draws.append((given, np.where(given >= 0, -1, crowd.gold)))
+        results.append(CrowdResult(crowd, draws[0][0], draws[0][1], draws=draws))
 
     pending: list[tuple[CrowdResult, str, Future[tuple[F64, float]]]] = []
     peers = [m for m in methods if METHODS[m].kind == "crowdkit"]
@@ -427,25 +436,37 @@ def run(
                 if (id(r), m) in in_pool:
                     continue
                 method = METHODS[m]
-                given = (
-                    r.given
-                    if method.kind in ("crowdtally", "reference")
-                    else np.full_like(r.given, -1)
-                )
+                takes_gold = method.kind in ("crowdtally", "reference")
                 out = Outcome()
                 was_cached = method.kind == "crowdkit" and cache_path(r.crowd, m).exists()
                 t0 = time.perf_counter()
-                for seed in range(orders if method.seeded else 1):
-                    _log(f"{r.crowd.name}: {m}" + (f" (order {seed})" if method.seeded else ""))
-                    out.add(method.fit(r.crowd, given, seed), r.target)
-                out.seconds = time.perf_counter() - t0
+                fits: list[F64] = []  # a method without gold: its fits, scored on every draw
+                for d, (given, target) in enumerate(r.draws):
+                    if not takes_gold and d > 0:
+                        for posteriors in fits:
+                            out.add(posteriors, target)
+                        continue
+                    for seed in range(orders if method.seeded else 1):
+                        _log(
+                            f"{r.crowd.name}: {m}"
+                            + (f" (order {seed})" if method.seeded else "")
+                            + (f" (gold draw {d})" if len(r.draws) > 1 else "")
+                        )
+                        posteriors = method.fit(
+                            r.crowd, given if takes_gold else np.full_like(given, -1), seed
+                        )
+                        out.add(posteriors, target)
+                        if not takes_gold:
+                            fits.append(posteriors)
+                out.seconds = (time.perf_counter() - t0) / len(r.draws)
                 if was_cached:
                     out.seconds = float("nan")
                 r.outcomes[m] = out
         for r, m, fut in pending:
             posteriors, sec = fut.result()
             out = Outcome(seconds=sec)
-            out.add(posteriors, r.target)
+            for _, target in r.draws:
+                out.add(posteriors, target)
             r.outcomes[m] = out
     finally:
         if pool is not None:
@@ -454,7 +475,8 @@ def run(
         r.outcomes = {m: r.outcomes[m] for m in methods}
         if r.crowd.oracle is not None:
             oracle = Outcome()
-            oracle.add(r.crowd.oracle, r.target)
+            for _, target in r.draws:
+                oracle.add(r.crowd.oracle, target)
             r.outcomes["oracle"] = oracle
     return results
 
@@ -725,6 +747,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--orders", type=int, default=3, help="random orders of seeded methods")
     ap.add_argument("--gold-fraction", type=float, default=0.0)
     ap.add_argument("--gold-max", type=int, default=50)
+    ap.add_argument(
+        "--gold-draws", type=int, default=1, help="random gold sets per crowd (with gold)"
+    )
     ap.add_argument("--jobs", type=int, default=2, help="processes fitting crowd-kit peers")
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="shared datasets folder")
     ap.add_argument("--figure", type=Path, default=None, help="reliability diagram PNG")
@@ -745,14 +770,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_peers:
         methods = [m for m in methods if METHODS[m].kind != "crowdkit"]
     crowds = [load_shared(n, args.root) for n in sets] + [synthetic(n) for n in regimes]
-    results = run(crowds, methods, args.orders, args.gold_fraction, args.gold_max, args.jobs)
+    results = run(
+        crowds, methods, args.orders, args.gold_fraction, args.gold_max, args.jobs, args.gold_draws
+    )
     shared = [r for r in results if not r.crowd.synthetic]
     syn = [r for r in results if r.crowd.synthetic]
     with_gold = args.gold_fraction > 0
 
     mode = (
         f"gold given on {args.gold_fraction:.0%} of each crowd's items (at most {args.gold_max}), "
-        "scored on the others"
+        f"scored on the others; {args.gold_draws} random gold set(s) per crowd"
         if with_gold
         else "no gold given, scored on every item with gold"
     )

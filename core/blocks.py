@@ -45,7 +45,7 @@ class LabelBlocks:
     def total_weight(self) -> FloatArray:
         """Sum of importance weights per block (0 for a block without labels)."""
         block_of = np.repeat(np.arange(self.n_blocks), self.sizes())
-        out: FloatArray = np.bincount(block_of, self.weights, minlength=self.n_blocks)
+        out: FloatArray = np.bincount(block_of, self.weights, self.n_blocks).astype(np.float64)
         return out
 
     @classmethod

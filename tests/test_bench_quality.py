@@ -111,6 +111,21 @@ def test_gold_choice() -> None:
     assert np.all(quality.choose_gold(crowd, 0.0, 50) == -1)
 
 
+def test_gold_draws_run_every_method_on_each_draw() -> None:
+    crowd = _crowd("one_coin")
+    (r,) = quality.run([crowd], ["batch", "MV"], orders=1, gold_fraction=0.05, gold_draws=3)
+    assert len(r.draws) == 3
+    given = [g for g, _ in r.draws]
+    assert not np.array_equal(given[0], given[1]) and not np.array_equal(given[1], given[2])
+    for g, target in r.draws:
+        assert np.all(target[g >= 0] == -1) and np.sum(target >= 0) == np.sum(crowd.gold >= 0) - 50
+    assert len(r.outcomes["batch"].runs) == 3 and len(r.outcomes["MV"].runs) == 3
+    mv = quality.vote_shares(crowd)  # no gold: one fit, scored on each draw's items
+    assert [run["acc"] for run in r.outcomes["MV"].runs] == [
+        quality.scores(mv, t)["acc"] for _, t in r.draws
+    ]
+
+
 def test_register_a_variant() -> None:
     try:
         quality.register("batch-x", lambda c, g, s: quality.run_batch(c, g))
