@@ -21,7 +21,7 @@ from app.api.schemas import (
     Worker,
 )
 from app.engine.dyadic import DyadicSettings
-from app.engine.queue import QueueSettings
+from app.engine.queue import QueueSettings, item_of
 from app.serving.nominal import (
     Globals,
     class_priors,
@@ -182,7 +182,7 @@ def queue_for(
     classes = record.labels
     want = limit if worker is None else max(5 * limit, 50)
     while True:
-        top = svc.store.read_queue(record.name, want)
+        top = [(item_of(m), score) for m, score in svc.store.read_queue(record.name, want)]
         blobs = svc.store.get_items(record.name, [name for name, _ in top])
         rows = [
             (name, score, orjson.loads(b)) for (name, score), b in zip(top, blobs, strict=True) if b

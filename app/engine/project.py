@@ -26,6 +26,7 @@ import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
 from app.engine.queue import QueueSettings
+from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
@@ -407,7 +408,7 @@ class ProjectEngine:
         if calibration != self.calibration:  # every queued item's served posterior moved
             self.calibration, self._queue_all = calibration, True
         items = self.items_json(dirty)
-        queue, queue_remove = self._queue_update(dirty)
+        queue, queue_remove, replace = self._queue_update(dirty)
         workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
         self._dirty_items.clear()
         self._dirty_workers.clear()
@@ -417,20 +418,22 @@ class ProjectEngine:
         dyadic = self.dyadic.update() if self.dyadic is not None else None
         return StateUpdate(
             self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
-            dyadic,
+            dyadic, queue_replace=replace,
         )  # fmt: skip
 
-    def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str]]:
-        """Scores of the items whose posterior or label count changed (all when the settings,
-        the budget or a sweep changed everything)."""
+    def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
+        """Scores of the items whose posterior or label count changed, the finished ones among
+        them, and whether that is every item (when the settings, the budget, the calibration or
+        a sweep changed everything, or the engine just started): the queue is then replaced."""
         used = self.labels.n_labels
         spent = self.queue_settings.budget is not None and used >= self.queue_settings.budget
         if spent != self._budget_spent:
             self._budget_spent, self._queue_all = spent, True
-        codes = np.arange(self.items_count, dtype=np.int64) if self._queue_all else dirty
+        replace = self._queue_all
+        codes = np.arange(self.items_count, dtype=np.int64) if replace else dirty
         self._queue_all = False
         if not codes.size:
-            return {}, []
+            return {}, [], replace
         pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
@@ -444,8 +447,11 @@ class ProjectEngine:
         )
         names = self.items.names
         keep = np.isfinite(s)
-        queue = {names[i]: v for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)}
-        return queue, [names[i] for i in codes[~keep].tolist()]
+        queue = {
+            queue_member(i, names[i]): v
+            for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)
+        }
+        return queue, [queue_member(i, names[i]) for i in codes[~keep].tolist()], replace
 
     def _calibrate(self) -> Calibration:
         """The served posteriors' calibration (docs/model.md eq. 24), a function of the

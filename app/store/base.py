@@ -115,7 +115,8 @@ class StateUpdate:
     items: dict[str, bytes] = field(default_factory=dict)
     workers: dict[str, bytes] = field(default_factory=dict)
     queue: dict[str, float] = field(default_factory=dict)
-    """Active-learning scores of items that (still) need labels."""
+    """Active-learning scores of items that (still) need labels, by queue member (an item's
+    member leads with its arrival number: ``app.engine.queue.member``)."""
     queue_remove: list[str] = field(default_factory=list)
     """Items that left the queue (finished)."""
     queue_settings: bytes | None = None
@@ -127,6 +128,8 @@ class StateUpdate:
     """The applied position the writer last wrote (or found): the write is refused unless the
     served state is still there (a Redis gone back in time lost state writes: the changes
     they held must be written again). None: not checked."""
+    queue_replace: bool = False
+    """``queue`` is the whole queue: members not in it are dropped."""
 
 
 class Store(Protocol):

@@ -307,7 +307,9 @@ class EmbeddedStore:
             st.rows.update(_all_fitted(update.rows))
             st.items.update(_all_fitted(update.items))
             st.workers.update(_all_fitted(update.workers))
-            if update.queue or update.queue_remove:
+            if update.queue or update.queue_remove or update.queue_replace:
+                if update.queue_replace:
+                    st.queue.clear()
                 st.queue.update(update.queue)
                 for item in update.queue_remove:
                     st.queue.pop(item, None)
@@ -373,7 +375,7 @@ class EmbeddedStore:
             if st is None or not st.queue:
                 return []
             if st._ranked is None:  # rebuilt once per change of the queue
-                names = sorted(st.queue, reverse=True)  # ties: by item id, as Redis does
+                names = sorted(st.queue, reverse=True)  # ties: by member, descending, as Redis
                 values = np.array([st.queue[n] for n in names])
                 order = np.argsort(-values, kind="stable")
                 st._ranked = ([names[i] for i in order.tolist()], values[order])

@@ -391,6 +391,8 @@ class RedisStore:
             pipe.hset(self._k(project, "items"), mapping=update.items)
         if update.workers:
             pipe.hset(self._k(project, "workers"), mapping=update.workers)
+        if update.queue_replace:
+            pipe.delete(self._k(project, "queue"))
         if update.queue:
             pipe.zadd(self._k(project, "queue"), update.queue)
         if update.queue_remove:

@@ -137,3 +137,22 @@ def test_put_settings_answers_the_settings_in_force(client: TestClient) -> None:
         assert client.get(path, headers=key).json() == r.json()
     r = client.put(path, params={"wait": True}, json={"target_confidence": 0.5}, headers=key)
     assert r.json() == {**default, "target_confidence": 0.5}
+
+
+def test_ties_come_out_in_the_order_items_arrived(client: TestClient) -> None:
+    key = make_project(client)
+    arrived = ["m", "zz", "a", "q7", "b"]  # neither sorted nor reverse-sorted
+    post(client, key, "items", [{"item": x} for x in arrived])
+    for policy in ("voi", "uniform", "uncertainty"):
+        settings(client, key, policy=policy)
+        assert [x["item"] for x in queue(client, key, limit=10)["items"]] == arrived, policy
+    # labels on the first two: under uniform the unlabelled come first, still in arrival order
+    post(
+        client,
+        key,
+        "labels",
+        [{"item": x, "worker": "w0", "label": "white"} for x in ("m", "zz")],
+    )
+    settings(client, key, policy="uniform")
+    assert [x["item"] for x in queue(client, key, limit=10)["items"]] == ["a", "q7", "b", "m", "zz"]
+    assert [x["item"] for x in queue(client, key, limit=2)["items"]] == ["a", "q7"]

@@ -91,6 +91,19 @@ def test_served_state(store: Store) -> None:
     assert seen == items
 
 
+def test_queue_orders_ties_by_member_descending_and_can_be_replaced(store: Store) -> None:
+    store.create_project(project())
+    store.write_state("p", StateUpdate(1, b"g", queue={"b": 0.5, "c": 0.5, "a": 0.9, "d": 0.1}))
+    assert store.read_queue("p", 3) == [("a", 0.9), ("c", 0.5), ("b", 0.5)]
+    store.write_state("p", StateUpdate(2, b"g", queue={"e": 0.2}, queue_remove=["a"]))
+    assert [m for m, _ in store.read_queue("p", 10)] == ["c", "b", "e", "d"]
+    store.write_state("p", StateUpdate(3, b"g", queue={"x": 0.3, "y": 0.4}, queue_replace=True))
+    assert store.read_queue("p", 10) == [("y", 0.4), ("x", 0.3)]
+    assert store.queue_size("p") == 2
+    store.write_state("p", StateUpdate(4, b"g", queue_replace=True))  # nothing queued
+    assert store.read_queue("p", 10) == [] and store.queue_size("p") == 0
+
+
 def test_delete_project_drops_log_and_state(store: Store) -> None:
     store.create_project(project())
     store.append("p", "labels", b"x", ["id1"])
