@@ -54,7 +54,7 @@ def build(n_items: int, per_item: int, seed: int) -> tuple[ProjectEngine, list[L
 
 def _same_dyadic(a: ProjectEngine, b: ProjectEngine) -> bool:
     assert a.dyadic is not None and b.dyadic is not None
-    ours, theirs = a.dyadic.model.arrays(), b.dyadic.model.arrays()
+    ours, theirs = a.dyadic.hashed_model().arrays(), b.dyadic.hashed_model().arrays()
     return all(np.array_equal(v, theirs[k]) for k, v in ours.items())
 
 

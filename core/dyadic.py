@@ -246,7 +246,9 @@ class DyadicModel:
         adaptive rates, its accumulators: all that a prediction or h_min reads of the slot.
         """
         slots = _i64(slots)
-        parts = [a[slots].reshape(slots.size, -1) for a in self._row_tables(table)]
+        parts = [
+            a[slots].reshape(slots.size, int(np.prod(a.shape[1:]))) for a in self._row_tables(table)
+        ]
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
     def set_rows(self, table: str, slots: I64, rows: F64) -> None:

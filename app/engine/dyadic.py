@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from app.store.base import DyadicUpdate
 from core.blocks import IntArray
-from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids
+from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_rows
 from core.itemlabels import ItemLabels, grow
 
 # The service's defaults (docs/predictions.md), chosen on validation parts held out of the
@@ -58,19 +58,23 @@ class DyadicSettings:
 
 
 class DyadicTrainer:
-    """A project's dyadic model, fed by ``ProjectEngine`` with dense worker and item codes."""
+    """A project's dyadic model, fed by ``ProjectEngine`` with dense worker and item codes.
+
+    The model over the hashed slots is held compactly: each slot in use (a worker's or an
+    item's) gets a row of ``model`` in order of first use, initialised as that slot would be
+    in the whole table (``initial_rows``), so memory follows the workers and items a project
+    has, not its slot counts, and learning is the same as on the whole tables."""
 
     def __init__(self, settings: DyadicSettings) -> None:
         self.settings = settings
-        self.model = DyadicModel(settings.config)
-        self.rater_ids = np.empty(0, dtype=np.int64)  # per worker code: its dyadic id
-        self.task_ids = np.empty(0, dtype=np.int64)  # per item code
+        self._raters, self._tasks = _SlotRows(), _SlotRows()
+        self.model = _compact(settings.config, 0, 0)
+        self.rater_rows = np.empty(0, dtype=np.int64)  # per worker code: its row
+        self.task_rows = np.empty(0, dtype=np.int64)  # per item code
         self.n_raters = 0
         self.n_tasks = 0
         self.examples = 0  # labels learned, sweeps included (the sweep rule's counter)
-        self.rater_touched = np.zeros(settings.config.rater_slots, dtype=np.bool_)
-        self.task_touched = np.zeros(settings.config.task_slots, dtype=np.bool_)
-        self._dirty_raters: list[IntArray] = []
+        self._dirty_raters: list[IntArray] = []  # rows
         self._dirty_tasks: list[IntArray] = []
 
     @property
@@ -78,10 +82,42 @@ class DyadicTrainer:
         return self.settings.config
 
     def add_workers(self, names: list[str]) -> None:
-        self.rater_ids, self.n_raters = _append(self.rater_ids, self.n_raters, names)
+        rows = self._rows_for(RATER, names)
+        self.rater_rows, self.n_raters = _append(self.rater_rows, self.n_raters, rows)
 
     def add_items(self, names: list[str]) -> None:
-        self.task_ids, self.n_tasks = _append(self.task_ids, self.n_tasks, names)
+        rows = self._rows_for(TASK, names)
+        self.task_rows, self.n_tasks = _append(self.task_rows, self.n_tasks, rows)
+
+    def _rows_for(self, table: str, names: list[str]) -> IntArray:
+        """The rows of new names' slots; slots used for the first time get fresh rows."""
+        if not names:
+            return np.empty(0, dtype=np.int64)
+        c = self.config
+        slots = np.mod(dyadic_ids(names), c.rater_slots if table == RATER else c.task_slots)
+        index = self._raters if table == RATER else self._tasks
+        rows, new = index.assign(slots)
+        if new.size:
+            self._fit(self._raters.n, self._tasks.n)
+            self.model.set_rows(table, new, initial_rows(c, table, index.slots[new]))
+        return rows
+
+    def _fit(self, n_raters: int, n_tasks: int) -> None:
+        """Grow the compact model's tables (doubling) to hold this many rows."""
+        m = self.model.config
+        if n_raters <= m.rater_slots and n_tasks <= m.task_slots:
+            return
+        r = m.rater_slots if n_raters <= m.rater_slots else max(n_raters, 2 * m.rater_slots)
+        t = m.task_slots if n_tasks <= m.task_slots else max(n_tasks, 2 * m.task_slots)
+        bigger = _compact(self.config, r, t)
+        for table, index, room in (
+            (RATER, self._raters, m.rater_slots),
+            (TASK, self._tasks, m.task_slots),
+        ):
+            held = np.arange(min(index.n, room), dtype=np.int64)  # rows set so far
+            bigger.set_rows(table, held, self.model.rows(table, held))
+        bigger.set_shared(self.model.shared())
+        self.model = bigger
 
     def learn(
         self,
@@ -91,10 +127,11 @@ class DyadicTrainer:
         weights: npt.NDArray[np.float64],
     ) -> None:
         """One update per label, in the given (log) order."""
-        raters, tasks = self.rater_ids[worker_codes], self.task_ids[item_codes]
+        raters, tasks = self.rater_rows[worker_codes], self.task_rows[item_codes]
         self.model.learn_many(raters, tasks, labels, weights)
         self.examples += labels.size
-        self._touch(raters, tasks)
+        self._dirty_raters.append(np.unique(raters))
+        self._dirty_tasks.append(np.unique(tasks))
 
     def wants_sweep(self, stored: ItemLabels) -> bool:
         """Labels have had fewer than ``passes`` passes on average."""
@@ -108,85 +145,127 @@ class DyadicTrainer:
         self.learn(stored.worker[:n], stored.item[:n], stored.label[:n], stored.weight[:n])
         return True
 
-    def _touch(self, raters: IntArray, tasks: IntArray) -> None:
-        r = np.unique(np.mod(raters, self.config.rater_slots))
-        t = np.unique(np.mod(tasks, self.config.task_slots))
-        self.rater_touched[r] = True
-        self.task_touched[t] = True
-        self._dirty_raters.append(r)
-        self._dirty_tasks.append(t)
-
     def mark_all_dirty(self) -> None:
-        self._dirty_raters = [np.flatnonzero(self.rater_touched)]
-        self._dirty_tasks = [np.flatnonzero(self.task_touched)]
+        self._dirty_raters = [np.arange(self._raters.n, dtype=np.int64)]
+        self._dirty_tasks = [np.arange(self._tasks.n, dtype=np.int64)]
 
     def update(self) -> DyadicUpdate:
-        """The rows changed since the last call (and the shared parameters)."""
-        raters = _rows(self.model, RATER, self._dirty_raters)
-        tasks = _rows(self.model, TASK, self._dirty_tasks)
+        """The rows changed since the last call, by slot (and the shared parameters)."""
+        raters = self._published(RATER, self._raters, self._dirty_raters)
+        tasks = self._published(TASK, self._tasks, self._dirty_tasks)
         self._dirty_raters, self._dirty_tasks = [], []
         return DyadicUpdate(raters, tasks, self.model.shared().tobytes())
+
+    def _published(self, table: str, index: _SlotRows, dirty: list[IntArray]) -> dict[int, bytes]:
+        if not dirty:
+            return {}
+        rows = np.unique(np.concatenate(dirty))
+        values = self.model.rows(table, rows)
+        slots = index.slots[rows]
+        order = np.argsort(slots, kind="stable")  # by slot
+        return {int(slots[n]): values[n].tobytes() for n in order.tolist()}
+
+    def hashed_model(self) -> DyadicModel:
+        """The model over every hashed slot, as the API's rows describe it (allocates the
+        whole tables: for checks and comparisons, not for serving)."""
+        full = DyadicModel(self.config)
+        for table, index in ((RATER, self._raters), (TASK, self._tasks)):
+            rows = np.arange(index.n, dtype=np.int64)
+            full.set_rows(table, index.slots[rows], self.model.rows(table, rows))
+        full.set_shared(self.model.shared())
+        return full
 
     # ------------------------------------------------------------------ snapshots
     def capture(self) -> DyadicCapture:
         """Copies of the learned state (plain copies: the engine thread's stall)."""
         return DyadicCapture(
-            self.config,
+            self.model.config,
             self.model.arrays(),
-            self.rater_touched.copy(),
-            self.task_touched.copy(),
+            self._raters.slots[: self._raters.n].copy(),
+            self._tasks.slots[: self._tasks.n].copy(),
             self.examples,
         )
 
     def restore(self, arrays: Any) -> None:
-        """The inverse of ``capture`` (the engine re-adds workers and items by name)."""
-        r, t = arrays["dyadic_rater_slots"], arrays["dyadic_task_slots"]
-        self.model.set_rows(RATER, r, arrays["dyadic_rater_rows"])
-        self.model.set_rows(TASK, t, arrays["dyadic_task_rows"])
-        self.model.set_shared(arrays["dyadic_shared"])
-        self.rater_touched[r] = True
-        self.task_touched[t] = True
+        """The inverse of ``capture``, once the engine has re-added workers and items by name
+        (which gives every slot its row again)."""
+        for table, index, slots, rows in (
+            (RATER, self._raters, arrays["dyadic_rater_slots"], arrays["dyadic_rater_rows"]),
+            (TASK, self._tasks, arrays["dyadic_task_slots"], arrays["dyadic_task_rows"]),
+        ):
+            at, _ = index.assign(np.asarray(slots, dtype=np.int64))
+            self._fit(self._raters.n, self._tasks.n)
+            self.model.set_rows(table, at, np.asarray(rows, dtype=np.float64))
+        self.model.set_shared(np.asarray(arrays["dyadic_shared"], dtype=np.float64))
         self.examples = int(arrays["dyadic_examples"][0])
+
+
+class _SlotRows:
+    """One table's hashed slots in use, each given a row of the compact model in order of
+    first use."""
+
+    def __init__(self) -> None:
+        self._row_of: dict[int, int] = {}
+        self.slots = np.empty(0, dtype=np.int64)  # the slot of each row
+
+    @property
+    def n(self) -> int:
+        return len(self._row_of)
+
+    def assign(self, slots: IntArray) -> tuple[IntArray, IntArray]:
+        """The row of each of ``slots`` (once per new worker or item, not per label) and the
+        rows given out by this call."""
+        first = self.n
+        rows = np.empty(slots.size, dtype=np.int64)
+        for n, s in enumerate(slots.tolist()):
+            row = self._row_of.get(s)
+            if row is None:
+                row = self._row_of[s] = len(self._row_of)
+                if row >= self.slots.size:
+                    self.slots = grow(self.slots, max(row + 1, 2 * self.slots.size, 64), -1)
+                self.slots[row] = s
+            rows[n] = row
+        return rows, np.arange(first, self.n, dtype=np.int64)
+
+
+def _compact(config: DyadicConfig, raters: int, tasks: int) -> DyadicModel:
+    """A model with room for this many rows per table (at least 64)."""
+    return DyadicModel(replace(config, rater_slots=max(raters, 64), task_slots=max(tasks, 64)))
 
 
 @dataclass
 class DyadicCapture:
     config: DyadicConfig
+    """The compact model's: its tables have a row per slot in use (and room to spare)."""
     tables: dict[str, npt.NDArray[np.float64]]
-    rater_touched: npt.NDArray[np.bool_]
-    task_touched: npt.NDArray[np.bool_]
+    rater_slots: IntArray
+    """The slot of each rater row in use."""
+    task_slots: IntArray
     examples: int
 
     def pack(self) -> dict[str, npt.NDArray[Any]]:
-        """The snapshot's arrays: only touched rows (the rest is the initial model)."""
+        """The snapshot's arrays: the rows of the slots in use (the rest is the initial model)."""
         model = DyadicModel.from_arrays(self.config, self.tables)
-        r, t = np.flatnonzero(self.rater_touched), np.flatnonzero(self.task_touched)
+        r = np.arange(self.rater_slots.size, dtype=np.int64)
+        t = np.arange(self.task_slots.size, dtype=np.int64)
         return {
-            "dyadic_rater_slots": r,
+            "dyadic_rater_slots": self.rater_slots,
             "dyadic_rater_rows": model.rows(RATER, r),
-            "dyadic_task_slots": t,
+            "dyadic_task_slots": self.task_slots,
             "dyadic_task_rows": model.rows(TASK, t),
             "dyadic_shared": model.shared(),
             "dyadic_examples": np.array([self.examples], dtype=np.int64),
         }
 
 
-def _append(ids: IntArray, n: int, names: list[str]) -> tuple[IntArray, int]:
-    if not names:
-        return ids, n
-    need = n + len(names)
-    if need > ids.size:
-        ids = grow(ids, max(need, 2 * ids.size, 1024), 0)
-    ids[n:need] = dyadic_ids(names)
-    return ids, need
-
-
-def _rows(model: DyadicModel, table: str, dirty: list[IntArray]) -> dict[int, bytes]:
-    if not dirty:
-        return {}
-    slots = np.unique(np.concatenate(dirty))
-    rows = model.rows(table, slots)
-    return {s: rows[n].tobytes() for n, s in enumerate(slots.tolist())}
+def _append(codes: IntArray, n: int, rows: IntArray) -> tuple[IntArray, int]:
+    if not rows.size:
+        return codes, n
+    need = n + rows.size
+    if need > codes.size:
+        codes = grow(codes, max(need, 2 * codes.size, 1024), 0)
+    codes[n:need] = rows
+    return codes, need
 
 
 def settings_for(n_classes: int, **fields: Any) -> DyadicSettings:

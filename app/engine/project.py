@@ -544,7 +544,7 @@ def _grow_rows(table: FloatArray, rows: int) -> FloatArray:
 def model_bytes(record: ProjectRecord) -> int:
     """The most memory a project's models may hold: the nominal model's worker and count
     tables once every slot is in use (2 S K^2 floats), and the dyadic model's hashed tables
-    (allocated whole at the start). Labels, items and workers come on top, as they arrive."""
+    once every slot is in use. Labels, items and workers come on top, as they arrive."""
     nominal = nominal_config(record)
     K = nominal.n_classes
     total = (2 * nominal.n_worker_slots * K * K + sums_size(K)) * 8

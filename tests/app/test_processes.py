@@ -145,7 +145,7 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
     ).json()
     assert got["position"] == replay.position == 2
     assert replay.dyadic is not None
-    model = replay.dyadic.model
+    model = replay.dyadic.hashed_model()
     workers, items = dyadic_ids([w for w, _ in pairs]), dyadic_ids([i for _, i in pairs])
     labels, scores = model.predict(workers, items)
     h = model.h_min(workers, items)

@@ -64,10 +64,14 @@ def peak_bytes(rec: ProjectRecord, entries: list[LogEntry]) -> int:
 def test_three_label_project_at_default_slots_is_small() -> None:
     # The nominal model alone: under 1 MB (was 2 x 65,536 x 9 floats = 9.4 MB up front).
     assert peak_bytes(record(3, dyadic=False), [entry(1, 30, 3)]) < 1 * MB
-    # With the API's default dyadic model, whose hashed tables (65,536 raters and 262,144
-    # tasks x 3 scorers x 3 floats: 23.6 MB) are allocated whole, and copied whole for a
-    # snapshot: under 50 MB at the peak.
-    assert peak_bytes(record(3, dyadic=True), [entry(1, 30, 3)]) < 50 * MB
+    # With the API's default dyadic model too: its hashed tables (65,536 raters and 262,144
+    # tasks x 3 scorers x 3 floats, 23.6 MB whole) hold only the rows of the slots in use.
+    assert peak_bytes(record(3, dyadic=True), [entry(1, 30, 3)]) < 2 * MB
+    eng = ProjectEngine(record(3, dyadic=True))
+    eng.apply(entry(1, 40, 3, workers=5))
+    assert eng.dyadic is not None
+    assert eng.dyadic.model.config.rater_slots == 64  # 5 rows used, the least room
+    assert sum(a.nbytes for a in eng.dyadic.model.arrays().values()) < 64 * 1024
 
 
 def test_256_labels_at_default_slots_hold_only_their_workers_rows() -> None:
