@@ -46,8 +46,11 @@ def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
     cfg.pop("n_classes")
     dyadic = DyadicSettings.of(record.config)
     hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
-    g = globals_of(svc, record)
+    # The positions first, then the counts: the engine writes the counts with the applied
+    # position (one transaction), so they are of that position or a later one, never of an
+    # earlier state (stats showing the log applied with a state from before it).
     log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
+    g = globals_of(svc, record)
     return {
         "name": record.name,
         "labels": list(record.labels),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 from fastapi.testclient import TestClient
@@ -14,7 +15,7 @@ from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB, rebuild_store
-from app.store.base import ProjectRecord
+from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from core.nominal import NominalConfig
@@ -160,3 +161,29 @@ def test_engine_keeps_the_sql_side_of_a_project_the_store_lost(tmp_path: Path) -
         store.flush_prefix()
         store.close()
         db.close()
+
+
+def test_stats_never_show_the_log_applied_with_older_counts(store: Store, tmp_path: Path) -> None:
+    """A project's stats are read in several store calls: the counts are read after the
+    applied position, so "applied == log_end" is never shown with counts of an earlier state
+    (what a client waiting for its labels to be applied, as ``settle`` does, would trust)."""
+    loop = EngineLoop(store, refine_passes=0)
+    settings = service_settings(tmp_path, engine_in_process=False)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    with TestClient(create_app(settings, store=store), headers=head) as c:
+        assert c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+        assert c.post("/v1/projects/p/labels", content=block("new", 12)).status_code == 202
+        read = store.get_params
+
+        def then_the_engine_steps(project: str, slots: list[int]) -> Any:
+            found = read(project, slots)
+            loop.step()  # the engine writes the state while the request is between two reads
+            return found
+
+        store.get_params = then_the_engine_steps  # type: ignore[method-assign]
+        stats = c.get("/v1/projects/p").json()["stats"]
+        store.get_params = read  # type: ignore[method-assign]
+        # not applied yet as far as this read knows, or applied with the counts that go with it
+        assert stats["applied"] < stats["log_end"] or stats["n_items"] == 12, stats
+        stats = c.get("/v1/projects/p").json()["stats"]
+        assert stats["applied"] == stats["log_end"] == 1 and stats["n_items"] == 12, stats
