@@ -95,11 +95,19 @@ def block(n: int, rng: np.random.Generator, size: int = 100) -> tuple[bytes, lis
     return orjson.dumps(body), ids
 
 
-def whole_log(store: RedisStore, db: SnapshotDB, project: str = "p") -> list[LogEntry]:
+def whole_log(
+    store: RedisStore, db: SnapshotDB, project: str = "p", end: int | None = None
+) -> list[LogEntry]:
+    """Every entry up to ``end`` (the log end when None, read first), from the live log and
+    the archive. Read in that order while a snapshotter may be archiving and trimming: an
+    entry trimmed after the live log was read was archived before it was trimmed, so the
+    archive read next holds it."""
+    end = store.log_end(project) if end is None else end
+    live = store.read_log(project, 0, 10**7)
     by_position = {e.position: e for e in db.read_archive(project, 0, 10**7)}
-    for e in store.read_log(project, 0, 10**7):
+    for e in live:
         assert by_position.setdefault(e.position, e) == e, "the archive disagrees with the log"
-    return [by_position[p] for p in sorted(by_position)]
+    return [by_position[p] for p in sorted(by_position) if p <= end]
 
 
 def check_against_replay(
@@ -107,8 +115,9 @@ def check_against_replay(
 ) -> ProjectEngine:
     """The log holds every wanted id exactly once; the served state and the engine's memory
     (``held``, when in this process) are those of a fresh replay of the log."""
-    log = whole_log(store, db)
-    assert [e.position for e in log] == list(range(1, store.log_end("p") + 1))
+    end = store.log_end("p")
+    log = whole_log(store, db, end=end)
+    assert [e.position for e in log] == list(range(1, end + 1))
     applied: list[str] = []
     for e in log:
         if e.kind == "labels":
