@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from app.api import create_app
 from app.cli import app as cli_app
 from app.io import transfer
+from app.serving import calibration as report_module
 from app.store.base import Store
 from core.calibration import reliability
 from tests.app.conftest import ADMIN, service_settings
@@ -98,3 +99,62 @@ def _cli(api: TestClient, *args: str) -> str:
         result = CliRunner().invoke(cli_app, list(args))
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def test_the_report_scores_gold_items_with_a_model_that_did_not_see_their_gold(
+    api: TestClient,
+) -> None:
+    # Each gold item is answered by 3 workers seen nowhere else, right 65% of the time. A model
+    # that learned the gold knows those workers from it and gets nearly every gold item right;
+    # one that did not see an item's gold has only the crowd's confusion for them, so its best
+    # label is their majority's (measured: 0.72 against 0.96 scored under the served model).
+    rng = np.random.default_rng(3)
+    body, gold, majority_right = [], [], []
+    for i in range(120):
+        z = int(rng.integers(2))
+        gold.append({"item": f"g{i}", "label": "ab"[z]})
+        answers = [z if rng.random() < 0.65 else 1 - z for _ in range(3)]
+        majority_right.append(sum(a == z for a in answers) >= 2)
+        body += [
+            {"item": f"g{i}", "worker": f"once-{i}-{k}", "label": "ab"[a]}
+            for k, a in enumerate(answers)
+        ]
+    for i in range(600):  # the rest of the crowd: 12 workers, right 80% of the time
+        z = int(rng.integers(2))
+        for w in rng.choice(12, 3, replace=False).tolist():
+            a = z if rng.random() < 0.8 else 1 - z
+            body.append({"item": f"r{i}", "worker": f"w{w}", "label": "ab"[a]})
+    assert (
+        api.post("/v1/projects", json={"name": "honest", "labels": ["a", "b"]}).status_code == 201
+    )
+    assert api.post("/v1/projects/honest/labels", json=body).status_code == 202
+    assert api.post("/v1/projects/honest/gold", json=gold).status_code == 202
+    assert api.post("/v1/projects/honest/refit").status_code == 202  # batch EM, gold included
+    assert api.post("/v1/projects/honest/snapshots", params={"wait": True}).json()["applied"]
+    report = api.get("/v1/projects/honest/calibration").json()
+    assert report["n_gold"] == 120
+    assert abs(report["accuracy"] - np.mean(majority_right)) <= 0.05, report
+
+
+def test_a_report_is_kept_while_nothing_is_applied_or_while_it_is_recent(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _project(api, "kept", 300, 40)
+    svc = api.app.state.service  # type: ignore[attr-defined]
+    record = svc.project("kept")
+
+    def report() -> report_module.CalibrationReport:
+        return report_module.calibration_report(
+            svc.store, "kept", svc.config(record), record.created_at
+        )
+
+    first = report()
+    monkeypatch.setattr(report_module, "REUSE", 0.0)  # no reuse for its age
+    assert report() is first  # nothing applied since: the same report
+    label = [{"item": "i0", "worker": "late", "label": "a"}]
+    assert api.post("/v1/projects/kept/labels", params={"wait": True}, json=label).json()["applied"]
+    second = report()
+    assert second is not first and second.position > first.position
+    monkeypatch.setattr(report_module, "REUSE", 1e9)  # recent enough: kept, even after labels
+    assert api.post("/v1/projects/kept/labels", params={"wait": True}, json=label).json()["applied"]
+    assert report() is second

@@ -31,7 +31,9 @@ async def get_calibration(project: str, svc: ServiceDep) -> CalibrationReportBod
     """Accuracy, expected calibration error, NLL, Brier score and reliability bins of the
     served posteriors on the gold items (docs/model.md, "The calibration report")."""
     record = svc.project(project)
-    report = await in_thread(calibration_report, svc.store, project, svc.config(record))
+    report = await in_thread(
+        calibration_report, svc.store, project, svc.config(record), record.created_at
+    )
     s = report.scores
     edges = s.bin_edges.tolist()
     bins = [
