@@ -125,6 +125,11 @@ class BatchEM:
                 start.scalars[0] * start.worker,
             )
         gold = np.flatnonzero(known >= 0) if known is not None else np.zeros(0, dtype=np.int64)
+        known_codes = (
+            np.full(blocks.n_blocks, -1, dtype=np.int64)
+            if known is None
+            else np.asarray(known, dtype=np.int64)
+        )
         eye = np.eye(K)
         q = majority_vote(blocks, K).probas
         q[gold] = eye[known[gold]] if known is not None else q[gold]
@@ -138,7 +143,7 @@ class BatchEM:
             """One EM iteration from the packed state x: E-step at x (its posteriors and F),
             then the M-step; returns (the next state, q, clarity, F(x))."""
             p, b = layout.unpack(x, clarity)
-            q, b, f = self._e_step(blocks, p, b)
+            q, b, f = self._e_step(blocks, p, b, known_codes)
             if not np.isfinite(f):  # an extrapolation too far: no M-step from there
                 history.append(f)
                 return x, q, b, f
@@ -195,10 +200,20 @@ class BatchEM:
         return result, params, layout.unpack(mapped, clarity)[0]
 
     def _e_step(
-        self, blocks: LabelBlocks, params: NominalParams, clarity: FloatArray
+        self,
+        blocks: LabelBlocks,
+        params: NominalParams,
+        clarity: FloatArray,
+        known: IntArray | None = None,
     ) -> tuple[FloatArray, FloatArray, float]:
+        """Posteriors, clarities and F at ``params``. A gold item (``known`` >= 0) counts
+        log p(D_i, z*) in F, the objective whose ascent EM with known classes is: with
+        log p(D_i) instead, SQUAREM's test that F did not decrease rejected good steps and
+        a fit with gold took hundreds of E-steps."""
         cfg, K = self.config, self.config.n_classes
         q = np.empty((blocks.n_blocks, K))
+        if known is None:
+            known = np.full(blocks.n_blocks, -1, dtype=np.int64)
         if cfg.difficulty:
             objective, new_clarity = np.empty(blocks.n_blocks), np.empty(blocks.n_blocks)
             hyper = cfg.hyper_vector()
@@ -219,8 +234,7 @@ class BatchEM:
             total = np.empty(1)
             _kernels.estep_tables(
                 blocks.ptr, blocks.slots, blocks.labels, blocks.weights,
-                np.full(blocks.n_blocks, -1, dtype=np.int64), log_pi[None], table[None], q[None],
-                total,
+                known, log_pi[None], table[None], q[None], total,
             )  # fmt: skip
             data = float(total[0])
         return (

@@ -59,6 +59,23 @@ def test_batch_em_reaches_the_fixed_point_of_plain_em(synthetic: Synthetic) -> N
     assert f_check == pytest.approx(fitted.objective[-1], abs=1e-9)
 
 
+def test_with_gold_batch_em_reaches_its_fixed_point_in_few_e_steps(synthetic: Synthetic) -> None:
+    # F counts a gold item as log p(D_i, z*), the objective EM with known classes ascends; with
+    # log p(D_i) SQUAREM's monotonicity test rejected its steps: 1,001 E-steps (the cap) here.
+    cfg = NominalConfig(n_classes=3, n_worker_slots=40, n_items=3000.0)
+    blocks = sparse_blocks(synthetic, 2)
+    known = np.full(blocks.n_blocks, -1)
+    known[::20] = synthetic.truth[::20]
+    fitted, params = BatchEM(cfg, tol=1e-9).fit(blocks, n_workers=40, known=known)
+    assert fitted.n_iter < 100
+    assert np.all(fitted.probas[known >= 0].argmax(axis=1) == known[known >= 0])
+    again, em = params.copy(), BatchEM(cfg)  # one more EM iteration moves nothing
+    em._m_step(blocks, fitted.probas.copy(), np.zeros(blocks.n_blocks), again)
+    assert np.max(np.abs(again.worker - params.worker)) < 1e-7
+    _, _, f = em._e_step(blocks, params, np.zeros(blocks.n_blocks), known)
+    assert f == pytest.approx(fitted.objective[-1], abs=1e-9)
+
+
 def test_a_loose_relative_objective_test_would_stop_far_from_it(synthetic: Synthetic) -> None:
     # Why the stopping rule is on the parameters: where EM crawls, F changes by less than
     # 1e-6 |F| per iteration long before the parameters settle.
