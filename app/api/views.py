@@ -33,6 +33,7 @@ from app.serving.nominal import (
     recompute_posterior,
     slot_rows,
     stored_posterior,
+    stored_posteriors,
 )
 from app.serving.predictions import PairPredictions
 from app.store.archive import SnapshotInfo
@@ -196,9 +197,10 @@ def queue_for(
             break
         want *= 4  # this worker labelled many of the best: look further down
     g = globals_of(svc, record)
+    served = stored_posteriors([d for _, _, d in rows], g).tolist()
     rows = [
-        (name, score, {**d, "posterior": stored_posterior(d, g).tolist()})
-        for name, score, d in rows
+        (name, score, {**d, "posterior": p})
+        for (name, score, d), p in zip(rows, served, strict=True)
     ]
     if worker is not None and settings.policy == "voi" and rows:
         stats = svc.store.get_worker(record.name, worker)
@@ -287,7 +289,7 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
         cursor, page = svc.store.scan_items(record.name, cursor, 2000)
         items = [d for d in (orjson.loads(b) for _, b in page) if has_evidence(d)]
         if items:  # items without labels have no most likely label: not counted
-            q = np.array([stored_posterior(d, g) for d in items])
+            q = stored_posteriors(items, g)
             top.append(q.max(axis=1))
             best += np.bincount(q.argmax(axis=1), minlength=K)
         if cursor == 0:
