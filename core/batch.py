@@ -124,15 +124,14 @@ class BatchEM:
                 start.population.copy(),
                 start.scalars[0] * start.worker,
             )
-        gold = np.flatnonzero(known >= 0) if known is not None else np.zeros(0, dtype=np.int64)
         known_codes = (
             np.full(blocks.n_blocks, -1, dtype=np.int64)
             if known is None
             else np.asarray(known, dtype=np.int64)
         )
-        eye = np.eye(K)
+        gold = np.flatnonzero(known_codes >= 0)
         q = majority_vote(blocks, K).probas
-        q[gold] = eye[known[gold]] if known is not None else q[gold]
+        q[gold] = np.eye(K)[known_codes[gold]]
         clarity = np.zeros(blocks.n_blocks)
         history: list[float] = []
         if start is None:
@@ -147,8 +146,6 @@ class BatchEM:
             if not np.isfinite(f):  # an extrapolation too far: no M-step from there
                 history.append(f)
                 return x, q, b, f
-            if known is not None:
-                q[gold] = eye[known[gold]]
             history.append(f)
             if progress is not None:
                 progress(len(history), f)
@@ -206,8 +203,8 @@ class BatchEM:
         clarity: FloatArray,
         known: IntArray | None = None,
     ) -> tuple[FloatArray, FloatArray, float]:
-        """Posteriors, clarities and F at ``params``. A gold item (``known`` >= 0) counts
-        log p(D_i, z*) in F, the objective whose ascent EM with known classes is: with
+        """Posteriors, clarities and F at ``params``. A gold item (``known`` >= 0) has its
+        posterior held at its class, and counts log p(D_i, z*) in F, the objective whose ascent EM with known classes is: with
         log p(D_i) instead, SQUAREM's test that F did not decrease rejected good steps and
         a fit with gold took hundreds of E-steps."""
         cfg, K = self.config, self.config.n_classes
@@ -222,7 +219,7 @@ class BatchEM:
                 np.zeros(blocks.n_blocks, dtype=np.int64), q, clarity, False,
                 params.class_logits, cfg.class_prior_logits(), params.population,
                 cfg.population_mean(), params.worker, np.zeros((1, K, K)), np.zeros(K * K + K + 3), params.scalars, hyper,
-                np.full(blocks.n_blocks, -1, dtype=np.int64), q, new_clarity, objective,
+                known, q, new_clarity, objective,
                 np.zeros(0), np.zeros(1),
             )  # fmt: skip
             data = float(objective.sum())
