@@ -396,6 +396,11 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _fit(method: Method, crowd: Crowd, given: I64, seed: int, what: str) -> F64:
+    _log(f"{crowd.name}: {what}" + (f" (order {seed})" if method.seeded else ""))
+    return method.fit(crowd, given, seed)
+
+
 def run(
     crowds: Sequence[Crowd],
     methods: Sequence[str],
@@ -440,24 +445,17 @@ def run(
                 out = Outcome()
                 was_cached = method.kind == "crowdkit" and cache_path(r.crowd, m).exists()
                 t0 = time.perf_counter()
-                fits: list[F64] = []  # a method without gold: its fits, scored on every draw
+                fits: list[F64] = []
                 for d, (given, target) in enumerate(r.draws):
-                    if not takes_gold and d > 0:
-                        for posteriors in fits:
-                            out.add(posteriors, target)
-                        continue
-                    for seed in range(orders if method.seeded else 1):
-                        _log(
-                            f"{r.crowd.name}: {m}"
-                            + (f" (order {seed})" if method.seeded else "")
-                            + (f" (gold draw {d})" if len(r.draws) > 1 else "")
-                        )
-                        posteriors = method.fit(
-                            r.crowd, given if takes_gold else np.full_like(given, -1), seed
-                        )
+                    if takes_gold or d == 0:  # a method without gold: one fit for every draw
+                        shown = given if takes_gold else np.full_like(given, -1)
+                        what = m + (f" (gold draw {d})" if len(r.draws) > 1 else "")
+                        fits = [
+                            _fit(method, r.crowd, shown, seed, what)
+                            for seed in range(orders if method.seeded else 1)
+                        ]
+                    for posteriors in fits:
                         out.add(posteriors, target)
-                        if not takes_gold:
-                            fits.append(posteriors)
                 out.seconds = (time.perf_counter() - t0) / len(r.draws)
                 if was_cached:
                     out.seconds = float("nan")
