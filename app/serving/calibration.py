@@ -29,7 +29,7 @@ import orjson
 from app.serving.nominal import Globals
 from app.store.base import Store
 from core.batch import BatchEM
-from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
 from core.calibration import Calibration, Reliability, cross_fitted, reliability
 from core.nominal import NominalConfig
 from core.served import log_likelihoods, log_prior, subset
@@ -130,8 +130,8 @@ def _held_out(
 
 
 def _read_answers(store: Store, project: str) -> _Answers:
-    """Scan the project's items: their answers (workers coded in order of appearance) and
-    gold, in item-name order (the folds are then the same on every read)."""
+    """Scan the project's items: their answers (workers coded by ``factorize``) and gold, in
+    item-name order (the folds are then the same on every read)."""
     items: list[tuple[str, list[list[Any]], int]] = []
     cursor = 0
     while True:
@@ -142,17 +142,13 @@ def _read_answers(store: Store, project: str) -> _Answers:
         if cursor == 0:
             break
     items.sort(key=lambda t: t[0])
-    worker_code: dict[str, int] = {}
-    workers = [worker_code.setdefault(w, len(worker_code)) for _, ls, _ in items for w, _, _ in ls]
-    labels = [int(z) for _, ls, _ in items for _, z, _ in ls]
-    weights = [float(x) for _, ls, _ in items for _, _, x in ls]
-    sizes = np.array([len(ls) for _, ls, _ in items], dtype=np.int64)
+    answers = [a for _, given, _ in items for a in given]
+    workers, labels, weights = zip(*answers, strict=True) if answers else ((), (), ())
+    codes, distinct = factorize(workers)
+    sizes = np.array([len(given) for _, given, _ in items], dtype=np.int64)
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     blocks = LabelBlocks(
-        ptr,
-        np.asarray(workers, dtype=np.int64),
-        np.asarray(labels, dtype=np.int64),
-        np.asarray(weights, dtype=np.float64),
+        ptr, codes, np.asarray(labels, dtype=np.int64), np.asarray(weights, dtype=np.float64)
     )
     gold = np.array([g for _, _, g in items], dtype=np.int64)
-    return _Answers(blocks, max(len(worker_code), 1), gold)
+    return _Answers(blocks, max(distinct.size, 1), gold)
