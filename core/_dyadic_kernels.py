@@ -31,6 +31,10 @@ from core._numba import jit
 
 HINGE, LOGISTIC, SQUARED, QUANTILE = 0, 1, 2, 3
 
+# One-against-all and filter tree: h_min is searched up to this weight (a million labels' worth;
+# inf beyond: with L2 and squared or logistic loss, each step there integrates the ODE to its cap).
+H_SEARCH_MAX = 1e6
+
 # Hyperparameter vector layout (DyadicConfig.hyper_vector()).
 (H_ETA, H_T0, H_POWER, H_L2, H_TAU, H_ADAPTIVE, H_LOSS, H_K, H_ODE_TOL, H_L2_LIN, H_DRATE) = range(
     11
@@ -930,22 +934,17 @@ def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K,
 def _first_win(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, one):
     """The first crossing of "tg predicted after learning (r, t, tg) with weight h": doubling
     from 1e-6, then bisection to 1e-12 relative (at most 200 halvings); the largest weight
-    found *not* to flip."""
+    found *not* to flip; inf when no weight up to ``H_SEARCH_MAX`` flips it. (Not checked at
+    the bound first: for squared loss the flip need not persist to large weights.)"""
     hi = 1e-6
     lo = 0.0
-    found = False
-    for _ in range(700):
-        if _target_wins(
-            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, hi, one
-        ):
-            found = True
-            break
+    while not _target_wins(
+        A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, hi, one
+    ):
+        if hi >= H_SEARCH_MAX:
+            return np.inf
         lo = hi
-        if hi > 1e200:
-            break
         hi *= 2.0
-    if not found:
-        return np.inf
     for _ in range(200):
         if hi - lo <= 1e-12 * hi:
             break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -463,3 +464,27 @@ def test_prediction_never_flips_below_h_min(
     for w in h * np.geomspace(1e-4, 1.0 - 1e-9, 24):
         assert not _flips(m, r, t, target, float(w)), (w / h, h)
     assert _flips(m, r, t, target, h * (1 + 1e-7))
+
+
+def test_an_unreachable_target_is_reported_without_searching_every_weight() -> None:
+    """A hypothesis example of the test above that took 57 s: squared loss with L2 under the
+    filter tree, target out of reach. Each learner step at a large weight integrates the ODE
+    to its step cap (0.08 s here) and the search doubled up to 1e200; it stops at
+    H_SEARCH_MAX now (0.45 s)."""
+    seed, K, n_seen = 812556558, 6, 8
+    rng = np.random.default_rng(seed)
+    cfg = DyadicConfig(n_classes=K, k=2, loss="squared", reduction="tree",
+                       eta=0.3168275083329986, l2=0.5, dyadic_rate=2.3267649896460068,
+                       rater_slots=3, task_slots=3, init_scale=0.5, seed=seed)  # fmt: skip
+    m = DyadicModel(cfg)
+    m.learn_many(rng.integers(0, 3, n_seen), rng.integers(0, 3, n_seen),
+                 rng.integers(0, K, n_seen), rng.uniform(0.1, 3.0, n_seen))  # fmt: skip
+    r, t = rng.integers(0, 3, 1), rng.integers(0, 3, 1)
+    pred = int(m.predict(r, t)[0][0])
+    target = int(rng.choice([c for c in range(K) if c != pred]))
+    started = time.perf_counter()
+    h = m.h_min(r, t, np.array([target]))[0]
+    took = time.perf_counter() - started
+    assert np.isinf(h)
+    assert not any(_flips(m, r, t, target, w) for w in np.geomspace(1e-3, kern.H_SEARCH_MAX, 12))
+    assert took < 10.0, took
