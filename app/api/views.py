@@ -32,7 +32,6 @@ from app.serving.nominal import (
     quality,
     recompute_posterior,
     slot_rows,
-    stored_posterior,
     stored_posteriors,
 )
 from app.serving.predictions import PairPredictions
@@ -97,17 +96,40 @@ def item_view(
 ) -> Item:
     """An item as served: recomputed under the current parameters (``fresh``), or its stored
     posterior calibrated with ``g``'s calibration (read when not given)."""
+    if not fresh:
+        g = g if g is not None else globals_of(svc, record)
+        return stored_item_views(record, [(item, blob)], g, with_labels)[0]
     d = orjson.loads(blob)
     cfg = svc.config(record)
-    if fresh:
-        slots, local = item_slots(d, cfg.n_worker_slots)
-        gblob, rows = svc.store.get_params(record.name, slots)
-        g = Globals.parse(gblob, cfg)
-        posterior = recompute_posterior(cfg, d, g, rows, local)
-        computed_at, position = time.time(), g.position
-    else:
-        posterior = stored_posterior(d, g if g is not None else globals_of(svc, record))
-        computed_at, position = d["computed_at"], d["position"]
+    slots, local = item_slots(d, cfg.n_worker_slots)
+    gblob, rows = svc.store.get_params(record.name, slots)
+    g = Globals.parse(gblob, cfg)
+    posterior = recompute_posterior(cfg, d, g, rows, local)
+    return _item(record, item, d, posterior, time.time(), g.position, with_labels)
+
+
+def stored_item_views(
+    record: ProjectRecord, page: list[tuple[str, bytes]], g: Globals, with_labels: bool = False
+) -> list[Item]:
+    """Stored items as served, their posteriors calibrated with ``g``'s calibration in one
+    call (a page of a listing or an export)."""
+    parsed = [orjson.loads(blob) for _, blob in page]
+    posteriors = stored_posteriors(parsed, g)
+    return [
+        _item(record, name, d, p, d["computed_at"], d["position"], with_labels)
+        for (name, _), d, p in zip(page, parsed, posteriors, strict=True)
+    ]
+
+
+def _item(
+    record: ProjectRecord,
+    item: str,
+    d: dict[str, Any],
+    posterior: np.ndarray,  # type: ignore[type-arg]
+    computed_at: float,
+    position: int,
+    with_labels: bool,
+) -> Item:
     best = int(posterior.argmax())
     classes = record.labels
     known = has_evidence(d)  # else no best label: the posterior is the prior

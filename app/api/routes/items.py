@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
 from app.api.schemas import Item, ItemPage
-from app.api.views import globals_of, item_view, within
+from app.api.views import globals_of, item_view, stored_item_views, within
 
 router = APIRouter()
 
@@ -71,7 +71,7 @@ def list_items(
         ) from None
     nxt, page = svc.store.scan_items(project, pos, limit)
     g = globals_of(svc, record)
-    items = [item_view(svc, record, k, b, False, False, g) for k, b in page]
+    items = stored_item_views(record, page, g)
     items = [x for x in items if within(x, min_probability, max_probability)]
     return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
 
@@ -120,7 +120,7 @@ def export_items(
         while True:
             cursor, page = svc.store.scan_items(project, cursor, 1000)
             g = globals_of(svc, record)
-            yield [item_view(svc, record, k, b, False, False, g) for k, b in page]
+            yield stored_item_views(record, page, g)
             if cursor == 0:
                 return
 
