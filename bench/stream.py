@@ -133,11 +133,17 @@ def _learn(
         last[item] = res.posteriors[n], float(res.clarity[n])
 
 
-def serve_stream(client: Any, stream: Stream, project: str, timeout_s: float = 300.0) -> FloatArray:
+def serve_stream(
+    client: Any, stream: Stream, project: str, timeout_s: float = 300.0, dyadic: bool = True
+) -> FloatArray:
     """Post the stream through an API client (httpx/TestClient, admin headers set), wait for
-    the engine (refinement included), and return the served posteriors by item code."""
+    the engine (refinement included), and return the served posteriors by item code. With
+    ``dyadic`` False the project has no dyadic model (it does not touch the posteriors)."""
     d = stream.data
-    r = client.post("/v1/projects", json={"name": project, "labels": list(d.classes)})
+    body: dict[str, Any] = {"name": project, "labels": list(d.classes)}
+    if not dyadic:
+        body["dyadic"] = {"enabled": False}
+    r = client.post("/v1/projects", json=body)
     r.raise_for_status()
     key = {"Authorization": f"Bearer {r.json()['api_key']}"}
     for block in stream.blocks():

@@ -55,7 +55,7 @@ def test_served_posteriors_match_core_on_every_dataset(
     api: TestClient, datasets_root: Path, name: str
 ) -> None:
     stream, core = core_of(datasets_root / name)
-    served = serve_stream(api, stream, f"s-{name}")
+    served = serve_stream(api, stream, f"s-{name}", dyadic=False)  # (it costs half the time)
     a_served = accuracy(served.argmax(axis=1), stream.gold)[0]
     a_core = accuracy(core.argmax(axis=1), stream.gold)[0]
     assert abs(a_served - a_core) <= 0.001  # the bound: 0.1 point
