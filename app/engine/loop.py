@@ -187,6 +187,9 @@ class EngineLoop:
             )
             self.engines[name] = eng
             self._anchor[name] = anchor
+            # Its idle sweeps count from now: an engine restored at the log's end applies no
+            # labels, and without this it would never sweep until new labels came.
+            self._last_label[name] = time.monotonic()
             # State already served (another engine, before a restart): replay silently up to it.
             self._catch_up[name] = served = self.store.applied_position(name)
             self._served[name] = served

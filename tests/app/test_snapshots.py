@@ -12,6 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+from app.engine.dyadic import settings_for
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter, capture, encode, restore
@@ -125,6 +126,29 @@ def test_engine_restarts_from_snapshot_and_archive(
         reference.apply(e)
     same_state(reference, second.engines["p"])
     assert second.engines["p"].position == 7
+
+
+def test_an_engine_restored_at_the_log_end_still_sweeps(
+    store: Store, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    """Restarted after every label was applied, the engine has no label entry to apply: it
+    still gives the dyadic model its passes once idle (it waited for a new label forever)."""
+    dyadic = settings_for(len(RECORD.labels), passes=3).to_dict()
+    record = ProjectRecord("p", RECORD.labels, {**RECORD.config, "dyadic": dyadic}, 1.0)
+    store.create_project(record)
+    post_all(store, synthetic, [1000, 4000])
+    snap = Snapshotter(db, store, interval_s=0.0, every_labels=10**9, keep=2)
+    first = EngineLoop(
+        store, batch_entries=2, refine_passes=1, refine_idle_s=3600, snapshotter=snap
+    )
+    drain(first)  # every label applied and snapshotted; the sweeps not begun
+    assert first.engines["p"].wants_dyadic_sweep()
+    snap = Snapshotter(db, store, interval_s=3600, every_labels=10**9, keep=2)
+    second = EngineLoop(store, refine_passes=1, refine_idle_s=0.05, snapshotter=snap)
+    second.run_until_idle(timeout_s=30)
+    eng = second.engines["p"]
+    assert not eng.wants_dyadic_sweep()
+    assert eng.dyadic is not None and eng.dyadic.examples == 3 * eng.labels.n_labels
 
 
 def test_wiped_redis_is_rebuilt_from_sql(
