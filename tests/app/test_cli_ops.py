@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,16 +11,11 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from app.store.redis_store import RedisStore
 from tests.app.conftest import ADMIN, REDIS_URL, service_settings
+from tests.cli_in_process import run_cli
 
 
 def run(env: dict[str, str], *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    out = run_cli(*args, env=env)  # in this process (tests/cli_in_process.py)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -32,7 +24,7 @@ def test_snapshot_commands_and_restore_after_redis_wipe(tmp_path: Path) -> None:
     prefix = f"test-cli-{uuid.uuid4().hex[:8]}"
     db_url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
     settings = service_settings(tmp_path, store="redis", redis_prefix=prefix, database_url=db_url)
-    env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL, "CROWDTALLY_REDIS_PREFIX": prefix,
+    env = {"CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL, "CROWDTALLY_REDIS_PREFIX": prefix,
            "CROWDTALLY_DATABASE_URL": db_url, "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
     store = RedisStore(REDIS_URL, prefix)
     try:
