@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,18 +78,24 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     labels: dict[int, tuple[list[int], list[int]]] = {}
     last: dict[int, tuple[FloatArray, float]] = {}
     for lo, hi in stream.cuts:
-        arrival: dict[int, list[int]] = defaultdict(list)
-        for n in stream.order[lo:hi].tolist():
-            arrival[int(d.items[n])].append(n)
+        rows = stream.order[lo:hi]
+        # the block's items in first-appearance order, each item's labels in canonical order
+        uniq, first, inverse = np.unique(d.items[rows], return_index=True, return_inverse=True)
+        arrival = np.argsort(first, kind="stable")
+        rank = np.empty_like(arrival)
+        rank[arrival] = np.arange(arrival.size)
+        s, z = slot_of[d.workers[rows]], d.labels[rows]
+        o = canonical_order(rank[inverse.ravel()], s, z, np.ones(rows.size))
+        bounds = np.cumsum([0, *np.bincount(rank[inverse.ravel()]).tolist()]).tolist()
+        s_sorted, z_sorted = s[o].tolist(), z[o].tolist()
+        items = uniq[arrival].tolist()
         n_prev = []
-        for item, rows in arrival.items():
-            s, z = slot_of[d.workers[rows]], d.labels[rows]
-            o = canonical_order(np.zeros(len(rows), dtype=np.int64), s, z, np.ones(len(rows)))
+        for k, item in enumerate(items):
             old_s, old_z = labels.setdefault(item, ([], []))
             n_prev.append(len(old_s))
-            old_s.extend(s[o].tolist())
-            old_z.extend(z[o].tolist())
-        _learn(model, list(arrival), labels, n_prev, last, K)
+            old_s.extend(s_sorted[bounds[k] : bounds[k + 1]])
+            old_z.extend(z_sorted[bounds[k] : bounds[k + 1]])
+        _learn(model, items, labels, n_prev, last, K)
     everything = list(labels)
     sizes = [len(labels[item][0]) for item in everything]
     for _ in range(passes):
