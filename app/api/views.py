@@ -125,7 +125,7 @@ def _item(
     record: ProjectRecord,
     item: str,
     d: dict[str, Any],
-    posterior: np.ndarray,  # type: ignore[type-arg]
+    posterior: np.ndarray,
     computed_at: float,
     position: int,
     with_labels: bool,
