@@ -188,8 +188,10 @@ class EngineLoop:
             self.engines[name] = eng
             self._anchor[name] = anchor
             # Its idle sweeps count from now: an engine restored at the log's end applies no
-            # labels, and without this it would never sweep until new labels came.
+            # labels, and without this it would never sweep until new labels came; a
+            # refinement its snapshot still needed is due.
             self._last_label[name] = time.monotonic()
+            self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
             # State already served (another engine, before a restart): replay silently up to it.
             self._catch_up[name] = served = self.store.applied_position(name)
             self._served[name] = served
@@ -217,7 +219,7 @@ class EngineLoop:
                 self._sweep_pending[name] = False
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
-                self._refine_due[name] = self.refine_passes > 0
+        self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
         update.anchor, update.served = anchor, self._served.get(name)

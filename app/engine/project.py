@@ -107,6 +107,7 @@ class ProjectEngine:
         self.computed_at = time.time()
         self.queue_settings = QueueSettings()
         self.em_iterations = 0  # batch EM iterations run by refits (a metric)
+        self.refine_due = False  # labels or gold applied since the last refinement sweep
         self._queue_all = True
         self._budget_spent = False
         self._dirty_items: set[int] = set()
@@ -125,12 +126,15 @@ class ProjectEngine:
         body = orjson.loads(entry.payload)
         if entry.kind == "labels":
             self._apply_labels(body, entry.keep)
+            self.refine_due = True
         elif entry.kind == "gold":
             self._apply_gold(body)
+            self.refine_due = True
         elif entry.kind == "refine":
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
             self._predict_all()
+            self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
                 self.dyadic.sweep(self.labels)

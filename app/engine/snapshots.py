@@ -51,6 +51,8 @@ class Capture:
     token: int = 1
     """Token of the log entry at ``position`` (``LogEntry.token``): the snapshot belongs to
     the log that holds that entry."""
+    refine_due: bool = False
+    """Labels or gold applied since the last refinement sweep."""
 
     @property
     def n_labels(self) -> int:
@@ -92,7 +94,7 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
-        eng.record.created_at, 1 if token is None else token,
+        eng.record.created_at, 1 if token is None else token, eng.refine_due,
     )  # fmt: skip
 
 
@@ -105,6 +107,7 @@ def encode(cap: Capture) -> bytes:
             "queue": cap.queue_settings,
             "created_at": cap.created_at,
             "token": cap.token,
+            "refine_due": cap.refine_due,
         }
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
@@ -170,6 +173,8 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
         eng.dyadic.restore(z)
     eng.position, eng.computed_at = int(position), float(computed_at)
     eng.queue_settings = QueueSettings(**names["queue"])
+    # (older snapshots: not recorded; a sweep is then due once, if there are labels)
+    eng.refine_due = bool(names.get("refine_due", eng.labels.n_labels > 0))
     return eng
 
 

@@ -132,7 +132,8 @@ def test_an_engine_restored_at_the_log_end_still_sweeps(
     store: Store, db: SnapshotDB, synthetic: Synthetic
 ) -> None:
     """Restarted after every label was applied, the engine has no label entry to apply: it
-    still gives the dyadic model its passes once idle (it waited for a new label forever)."""
+    still runs the refinement sweep its snapshot was due and gives the dyadic model its passes
+    once idle (it waited for a new label forever)."""
     dyadic = settings_for(len(RECORD.labels), passes=3).to_dict()
     record = ProjectRecord("p", RECORD.labels, {**RECORD.config, "dyadic": dyadic}, 1.0)
     store.create_project(record)
@@ -142,12 +143,15 @@ def test_an_engine_restored_at_the_log_end_still_sweeps(
         store, batch_entries=2, refine_passes=1, refine_idle_s=3600, snapshotter=snap
     )
     drain(first)  # every label applied and snapshotted; the sweeps not begun
-    assert first.engines["p"].wants_dyadic_sweep()
+    assert first.engines["p"].wants_dyadic_sweep() and first.engines["p"].refine_due
+    end = store.log_end("p")
     snap = Snapshotter(db, store, interval_s=3600, every_labels=10**9, keep=2)
     second = EngineLoop(store, refine_passes=1, refine_idle_s=0.05, snapshotter=snap)
     second.run_until_idle(timeout_s=30)
     eng = second.engines["p"]
-    assert not eng.wants_dyadic_sweep()
+    assert not eng.wants_dyadic_sweep() and not eng.refine_due
+    after = second.snapshotter.read_log("p", end, 100, None, None)  # type: ignore[union-attr]
+    assert [e.kind for e in after].count("refine") == 1
     assert eng.dyadic is not None and eng.dyadic.examples == 3 * eng.labels.n_labels
 
 
