@@ -103,6 +103,10 @@ def test_a_block_is_refused_while_the_engine_is_behind_then_taken(
     ):
         was = _metric(before, name, project="p", **labels) or 0
         assert _metric(metrics, name, project="p", **labels) == was + n, (name, labels)
+    # refused before it is parsed (an overload does not cost the API a parse per block): not
+    # even a block that is not JSON gets further than the 429
+    junk = api.post("/v1/projects/p/labels", content=b'[{"item": "z", not json', headers=key)
+    assert junk.status_code == 429 and junk.json()["error"]["code"] == "engine_behind"
 
     EngineLoop(store, refine_passes=0).run_until_idle()  # the engine catches up
     assert store.lag_seconds("p") == 0

@@ -39,6 +39,23 @@ async def append_block(
     return result
 
 
+async def refuse_if_behind(
+    svc: Service, project: str, kind: Literal["labels", "gold"], body: bytes
+) -> None:
+    """429 before the block is even parsed while the engine lags more than ``max_lag_s``:
+    refusing costs the API next to nothing, so an overload does not take the CPU the engine
+    needs to catch up. (``append_block`` checks again, atomically with the append.)"""
+    bound = svc.settings.max_lag_s or None
+    if bound is None:
+        return
+    lag = await in_thread(svc.store.lag_seconds, project)
+    if lag > bound:
+        metrics.REFUSED.labels(project, kind).inc()
+        if kind == "labels":
+            metrics.LABELS.labels(project, "refused").inc(body.count(b'"item"'))
+        raise engine_behind(project, lag, bound)
+
+
 @router.post(
     "/v1/projects/{project}/labels",
     status_code=202,
@@ -53,8 +70,10 @@ async def post_labels(
     project: str, request: Request, svc: ServiceDep, wait: bool = False
 ) -> Accepted:
     record = svc.project(project)
+    body = await request.body()
+    await refuse_if_behind(svc, project, "labels", body)
     labels: list[LabelIn] = parse_block(
-        await request.body(),
+        body,
         LABELS,
         svc.settings.max_block_labels,
         max_weight=svc.settings.max_label_weight,
@@ -99,7 +118,9 @@ async def post_gold(
     project: str, request: Request, svc: ServiceDep, wait: bool = False
 ) -> Accepted:
     record = svc.project(project)
-    gold: list[GoldIn] = parse_block(await request.body(), GOLD, svc.settings.max_block_labels)
+    body = await request.body()
+    await refuse_if_behind(svc, project, "gold", body)
+    gold: list[GoldIn] = parse_block(body, GOLD, svc.settings.max_block_labels)
     codes = label_codes(record, [x.label for x in gold])
     payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
     result = await append_block(svc, project, "gold", payload, None)
