@@ -1,0 +1,33 @@
+"""bench.freshness: its load, and a short run against a real embedded service."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from bench import freshness
+
+
+def test_load_bodies_are_new_labels_on_known_items_in_blocks() -> None:
+    items = ["a", "b", "c"]
+    bodies = freshness.load_bodies(items, 5, 2500, 1000, seed=7)
+    rows = [row for body in bodies for row in orjson.loads(body)]
+    assert [len(orjson.loads(b)) for b in bodies] == [1000, 1000, 500]
+    assert len({r["id"] for r in rows}) == 2500  # unique ids: none is a duplicate
+    assert {r["item"] for r in rows} <= set(items)
+    assert {r["label"] for r in rows} <= {"c0", "c1", "c2"}
+
+
+@pytest.mark.slow
+def test_short_run_serves_every_probe(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--stores", "embedded", "--rates", "2000", "--seconds", "1", "--preload", "1000"]
+    assert freshness.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("embedded ")]
+    assert [float(r[1].replace(",", "")) for r in rows] == [2000.0]
+    for r in rows:
+        probes, p99, unserved = int(r[6]), float(r[8]), int(r[10])
+        assert probes > 5 and unserved == 0 and p99 < freshness.UNSERVED_S * 1e3
+        assert r[11] == "yes"  # every acknowledged label applied once
+    busy = rows[0]
+    assert int(busy[2].replace(",", "")) > 1000  # labels acknowledged per second
