@@ -72,7 +72,8 @@ class _StoreCollector(Collector):
         )
         lag_s = GaugeMetricFamily(
             "crowdtally_engine_lag_seconds",
-            "How long the oldest log entry not yet applied has waited",
+            "How long the oldest log entry not yet applied has waited, or the entries "
+            "waiting would take at the engine's recent pace, whichever is longer",
             labels=["project"],
         )
         end = GaugeMetricFamily("crowdtally_log_position", "Last log position", labels=["project"])

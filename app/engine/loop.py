@@ -87,6 +87,9 @@ class EngineLoop:
         self._catch_up: dict[str, int] = {}
         self._anchor: dict[str, int | None] = {}
         """Token of the log entry each engine's state ends at (None: position 0)."""
+        self._entry_s: dict[str, float] = {}
+        """Seconds per entry applied (and its state written), a moving average of steps of
+        label entries: the pace push-back projects the backlog's wait from."""
         self._served: dict[str, int] = {}
         """The applied position each project's served state is at (found, then written)."""
         self.rewinds = 0
@@ -212,6 +215,7 @@ class EngineLoop:
                 self._idle_sweeps(name, eng)
             return 0
         force_snapshot = False
+        started = time.perf_counter()
         for entry in entries:
             eng.apply(entry)
             force_snapshot |= entry.kind == "snapshot"
@@ -223,6 +227,10 @@ class EngineLoop:
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
         update.anchor, update.served = anchor, self._served.get(name)
+        if all(e.kind == "labels" for e in entries):  # the pace push-back projects from
+            took = (time.perf_counter() - started) / len(entries)
+            was = self._entry_s.get(name)
+            update.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
         if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
             self._served[name] = eng.position

@@ -130,6 +130,9 @@ class StateUpdate:
     they held must be written again). None: not checked."""
     queue_replace: bool = False
     """``queue`` is the whole queue: members not in it are dropped."""
+    entry_s: float | None = None
+    """The engine's recent seconds per log entry applied (push-back projects the wait of the
+    entries not applied yet from it). None: unchanged."""
 
 
 class Store(Protocol):

@@ -49,17 +49,22 @@ class _ProjectState:
         self.dyadic_raters: dict[int, bytes] = {}
         self.dyadic_tasks: dict[int, bytes] = {}
         self.pending: deque[tuple[int, float]] = deque()
+        self.entry_s = 0.0  # the engine's recent seconds per entry (StateUpdate.entry_s)
         """(position, time.monotonic() at append) of the entries appended since start and not
         applied yet, oldest first: what ``lag`` reads."""
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
 
     def lag(self, now: float) -> float:
         """Seconds the oldest entry past ``applied`` has waited (0: none, or one found in the
-        log at start, whose append time is not known)."""
-        if self.applied >= self.log_end or not self.pending:
+        log at start, whose append time is not known), or the seconds the engine will take to
+        apply the entries waiting at its recent pace, whichever is longer."""
+        if self.applied >= self.log_end:
             return 0.0
+        projected = (self.log_end - self.applied) * self.entry_s
+        if not self.pending:
+            return projected
         position, at = self.pending[0]
-        return max(now - at, 0.0) if position == self.applied + 1 else 0.0
+        return max(now - at if position == self.applied + 1 else 0.0, projected, 0.0)
 
     def applied_up_to(self, position: int) -> None:
         self.applied = max(self.applied, position)
@@ -320,6 +325,8 @@ class EmbeddedStore:
                 st.dyadic_shared = _fitted(update.dyadic.shared)
                 st.dyadic_raters.update(_all_fitted(update.dyadic.raters))
                 st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
+            if update.entry_s is not None:
+                st.entry_s = update.entry_s
             st.applied_up_to(update.position)
             if st.applied >= st.restoring:
                 st.restoring = 0

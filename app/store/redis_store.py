@@ -30,23 +30,28 @@ from app.store.base import (
 # clock (TIME, in ms): how long the first entry past the applied position has waited, from
 # its append time (field 't'); 0 when there is none, or it has no time (put back by a restore).
 _LAG_FN = """
-local function lag_ms(log, state, now)
+local function lag_ms(log, state, seq, now)
   local applied = tonumber(redis.call('HGET', state, 'applied') or '0')
   local first = redis.call('XRANGE', log, (applied + 1) .. '-0', '+', 'COUNT', 1)
   if #first == 0 then return 0 end
+  local age = 0
   local f = first[1][2]
   for i = 1, #f, 2 do
-    if f[i] == 't' then return math.max(now - tonumber(f[i + 1]), 0) end
+    if f[i] == 't' then age = math.max(now - tonumber(f[i + 1]), 0) end
   end
-  return 0
+  local per_entry = tonumber(redis.call('HGET', state, 'entry_ms') or '0')
+  local waiting = tonumber(redis.call('GET', seq) or '0') - applied
+  return math.max(age, math.floor(waiting * per_entry))
 end
 local clock = redis.call('TIME')
 local stamp = clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
 local now = tonumber(stamp)
 """
 
-# KEYS: log stream, served state. The lag in ms.
-_LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], now)\n"
+# KEYS: log stream, served state, sequence. The lag in ms: how long the oldest entry not applied
+# has waited, or the time the engine will take to apply those waiting at its recent pace (the
+# state's entry_ms), whichever is longer.
+_LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], KEYS[3], now)\n"
 
 # KEYS: ids set, log stream, sequence, served state. ARGV: kind, payload, with ids, token, the
 # bound on the lag in ms ('' = none), then the label ids ('' = no id). Refuses ({-1, lag})
@@ -58,7 +63,7 @@ _APPEND = (
     _LAG_FN
     + """
 if ARGV[5] ~= '' then
-  local lag = lag_ms(KEYS[2], KEYS[4], now)
+  local lag = lag_ms(KEYS[2], KEYS[4], KEYS[3], now)
   if lag > tonumber(ARGV[5]) then return {-1, lag} end
 end
 local keep = {}
@@ -349,7 +354,7 @@ class RedisStore:
         return int(v) if v else 0
 
     def lag_seconds(self, project: str) -> float:
-        keys = [self._k(project, "log"), self._k(project, "state")]
+        keys = [self._k(project, what) for what in ("log", "state", "seq")]
         return int(self._lag(keys=keys)) / 1000
 
     # served state ----------------------------------------------------------------------
@@ -404,6 +409,8 @@ class RedisStore:
             for what, rows in (("draters", update.dyadic.raters), ("dtasks", update.dyadic.tasks)):
                 if rows:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
+        if update.entry_s is not None:
+            pipe.hset(state, "entry_ms", f"{1000 * update.entry_s:.3f}")
         pipe.hset(state, "applied", update.position)
         pipe.eval(_RESTORED, 1, self._k(project, "restoring"), update.position)
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from app.store.base import KeyRecord, ProjectExistsError, ProjectRecord, StateUpdate, Store
+from app.store.base import (
+    EngineBehindError,
+    KeyRecord,
+    ProjectExistsError,
+    ProjectRecord,
+    StateUpdate,
+    Store,
+)
 
 
 def project(name: str = "p") -> ProjectRecord:
@@ -121,3 +128,21 @@ def test_state_of_a_deleted_project_is_not_written(store: Store) -> None:
     store.delete_project("p")
     store.write_state("p", StateUpdate(1, b"g", {}, {"i": b"v"}, {}))
     assert store.get_item("p", "i") is None
+
+
+def test_lag_counts_the_wait_the_engine_s_pace_projects(store: Store) -> None:
+    """The lag is the oldest waiting entry's age, or the time the entries waiting will take at
+    the engine's recent pace (``entry_s``), whichever is longer: a backlog admitted in a
+    burst is refused once it would take longer than the bound to apply, however fresh."""
+    store.create_project(project())
+    for n in range(3):
+        store.append("p", "labels", orjson.dumps({"n": n}), None)
+    store.write_state("p", StateUpdate(1, b"g", entry_s=0.5))
+    assert store.lag_seconds("p") == pytest.approx(1.0, abs=0.05)  # 2 waiting x 0.5 s
+    for n in range(9):  # taken while the 2-10 waiting would take at most 5 s
+        store.append("p", "labels", orjson.dumps({"n": n}), None, max_lag_s=5.0)
+    assert store.lag_seconds("p") == pytest.approx(5.5, abs=0.05)  # 11 waiting: over 5 s
+    with pytest.raises(EngineBehindError):
+        store.append("p", "labels", b"{}", None, max_lag_s=5.0)
+    store.write_state("p", StateUpdate(12, b"g"))  # (entry_s None: the pace is kept)
+    assert store.lag_seconds("p") == 0
