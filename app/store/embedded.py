@@ -49,9 +49,9 @@ class _ProjectState:
         self.dyadic_raters: dict[int, bytes] = {}
         self.dyadic_tasks: dict[int, bytes] = {}
         self.pending: deque[tuple[int, float]] = deque()
-        self.entry_s = 0.0  # the engine's recent seconds per entry (StateUpdate.entry_s)
         """(position, time.monotonic() at append) of the entries appended since start and not
         applied yet, oldest first: what ``lag`` reads."""
+        self.entry_s = 0.0  # the engine's recent seconds per entry (StateUpdate.entry_s)
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
 
     def lag(self, now: float) -> float:
