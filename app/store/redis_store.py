@@ -26,9 +26,11 @@ from app.store.base import (
     StateUpdate,
 )
 
-# The lag (ms) of a project, as a Lua function of the log stream, its served state and Redis'
-# clock (TIME, in ms): how long the first entry past the applied position has waited, from
-# its append time (field 't'); 0 when there is none, or it has no time (put back by a restore).
+# The lag (ms) of a project, as a Lua function of the log stream, its served state, its
+# sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
+# has waited, from its append time (field 't'; 0 when it has none: put back by a restore), or
+# the entries past it times the engine's recent ms per entry (the state's entry_ms), whichever
+# is longer; 0 when no entry waits.
 _LAG_FN = """
 local function lag_ms(log, state, seq, now)
   local applied = tonumber(redis.call('HGET', state, 'applied') or '0')
