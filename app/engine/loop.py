@@ -34,7 +34,7 @@ import orjson
 
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter
-from app.store.base import LogRewoundError, ProjectRecord, StateUpdate, Store
+from app.store.base import LogRewoundError, ProjectRecord, Store
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -189,7 +189,6 @@ class EngineLoop:
                 snap.load_anchored(record) if snap is not None else (ProjectEngine(record), None)
             )
             self.engines[name] = eng
-            eng.defer_dyadic = True  # posteriors are written first, then the dyadic model learns
             self._anchor[name] = anchor
             # Its idle sweeps count from now: an engine restored at the log's end applies no
             # labels, and without this it would never sweep until new labels came; a
@@ -232,16 +231,11 @@ class EngineLoop:
             took = (time.perf_counter() - started) / len(entries)
             was = self._entry_s.get(name)
             update.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
-        serving = eng.position >= self._catch_up.get(name, 0)
-        if serving:
+        if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
             self._served[name] = eng.position
-        if eng.learn_dyadic() and serving:  # the extras, once the posteriors are served
-            extra = StateUpdate(eng.position, eng.globals_json(), dyadic=eng.dyadic_update())
-            extra.anchor, extra.served = anchor, eng.position
-            self.store.write_state(name, extra)
-        if serving and snap is not None:
-            snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
+            if snap is not None:
+                snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

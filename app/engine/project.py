@@ -28,7 +28,7 @@ from app.engine.dyadic import DyadicSettings, DyadicTrainer
 from app.engine.queue import QueueSettings
 from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
-from app.store.base import DyadicUpdate, LogEntry, ProjectRecord, StateUpdate, nominal_config
+from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.calibration import Calibration
@@ -116,10 +116,6 @@ class ProjectEngine:
         self._all_rows = False
         dyadic = DyadicSettings.of(record.config)
         self.dyadic = DyadicTrainer(dyadic) if dyadic is not None else None
-        self.defer_dyadic = False
-        """Keep the dyadic model's learning of label entries for ``learn_dyadic`` (the engine
-        loop's: posteriors are served first); else it learns as each entry is applied."""
-        self._dyadic_pending: list[tuple[IntArray, IntArray, IntArray, FloatArray]] = []
 
     # ---------------------------------------------------------------- applying entries
     def apply(self, entry: LogEntry) -> None:
@@ -141,7 +137,6 @@ class ProjectEngine:
             self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
-                self.learn_dyadic()
                 self.dyadic.sweep(self.labels)
         elif entry.kind == "refit":
             self._refit()
@@ -195,20 +190,7 @@ class ProjectEngine:
         self._learn(touched)
         self._dirty_workers.update(worker_codes.tolist())
         if self.dyadic is not None:  # in the block's own order: what a worker answered, as sent
-            self._dyadic_pending.append((worker_codes, item_codes, labels, weights))
-            if not self.defer_dyadic:
-                self.learn_dyadic()
-
-    def learn_dyadic(self) -> bool:
-        """The dyadic model learns the label entries kept for it, in log order (the same
-        updates as when each entry is applied: new rows are initialised as their slot's, so
-        learning an entry after later entries added rows changes nothing). True if any."""
-        if self.dyadic is None or not self._dyadic_pending:
-            return False
-        for workers, items, labels, weights in self._dyadic_pending:
-            self.dyadic.learn(workers, items, labels, weights)
-        self._dyadic_pending.clear()
-        return True
+            self.dyadic.learn(worker_codes, item_codes, labels, weights)
 
     def _learn(self, touched: IntArray) -> None:
         blocks, _ = self.labels.gather(touched)
@@ -304,7 +286,6 @@ class ProjectEngine:
 
     # ---------------------------------------------------------------- growing arrays
     def wants_dyadic_sweep(self) -> bool:
-        self.learn_dyadic()
         return self.dyadic is not None and self.dyadic.wants_sweep(self.labels)
 
     @property
@@ -438,15 +419,11 @@ class ProjectEngine:
         self._dirty_rows.clear()
         self._all_rows = False
         settings = orjson.dumps(self.queue_settings.to_dict())
-        dyadic = self.dyadic_update()
+        dyadic = self.dyadic.update() if self.dyadic is not None else None
         return StateUpdate(
             self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
             dyadic, queue_replace=replace,
         )  # fmt: skip
-
-    def dyadic_update(self) -> DyadicUpdate | None:
-        """The dyadic rows learned since the last call (None: no dyadic model)."""
-        return self.dyadic.update() if self.dyadic is not None else None
 
     def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among

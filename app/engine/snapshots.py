@@ -60,7 +60,6 @@ class Capture:
 
 
 def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
-    eng.learn_dyadic()  # a snapshot holds every entry up to its position, learned
     n, nw, nl = eng.items_count, len(eng.workers.names), eng.labels.n_labels
     p = eng.online.params
     assert p.counts is not None and p.sums is not None

@@ -13,14 +13,12 @@ from fastapi.testclient import TestClient
 
 from app.api import create_app
 from app.engine.dyadic import settings_for
-from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import capture, encode, restore
-from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
-from app.store.embedded import EmbeddedStore
+from app.store.base import LogEntry, ProjectRecord, Store
 from bench.datasets import DEFAULT_ROOT
 from core.dyadic import DyadicModel, dyadic_ids
-from tests.app.conftest import ADMIN, migrated_sqlite, service_settings
+from tests.app.conftest import ADMIN, service_settings
 from tests.app.test_engine import CONFIG, label_entries, run
 from tests.conftest import Synthetic
 
@@ -61,35 +59,6 @@ def test_engine_learns_each_label_in_log_order(synthetic: Synthetic) -> None:
         )
     assert eng.dyadic is not None
     ours = eng.dyadic.hashed_model().arrays()  # the compact rows, placed in their slots
-    for name, arr in ref.arrays().items():
-        assert np.array_equal(arr, ours[name]), name
-
-
-def test_the_engine_loop_serves_posteriors_before_the_dyadic_model_learns(
-    synthetic: Synthetic, tmp_path: Path
-) -> None:
-    """Each step writes the posteriors first, then lets the dyadic model learn the step's
-    labels and writes its rows; the model ends where learning each entry at once leads."""
-    entries = label_entries(synthetic, [3000, 9000])
-    store = EmbeddedStore(migrated_sqlite(tmp_path / "crowdtally.sqlite3"))
-    store.create_project(RECORD)
-    writes: list[StateUpdate] = []
-    write = store.write_state
-    store.write_state = lambda name, u: (writes.append(u), write(name, u))[1]  # type: ignore[method-assign]
-    for e in entries:
-        store.append("p", "labels", e.payload, None)
-    loop = EngineLoop(store, batch_entries=1, refine_passes=0)
-    while loop.step():
-        pass
-    assert len(writes) == 2 * len(entries)
-    for posteriors, extras in zip(writes[::2], writes[1::2], strict=True):
-        assert posteriors.items and extras.dyadic is not None and not extras.items
-        assert extras.position == posteriors.position
-        assert extras.dyadic.tasks  # the step's items' rows, learned after the posteriors
-    assert writes[0].dyadic is not None and not writes[0].dyadic.tasks  # nothing learned yet
-    served = loop.engines["p"]
-    assert served.dyadic is not None and _engine(entries).dyadic is not None
-    ours, ref = served.dyadic.hashed_model().arrays(), _engine(entries).dyadic.hashed_model()
     for name, arr in ref.arrays().items():
         assert np.array_equal(arr, ours[name]), name
 
