@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import _dyadic_kernels as kern
-from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_factors
+from core.dyadic import (
+    I64,
+    RATER,
+    TASK,
+    DyadicConfig,
+    DyadicModel,
+    dyadic_ids,
+    initial_factors,
+)
 
 LOSS = {
     "hinge": kern.HINGE,
@@ -421,6 +429,18 @@ API_MODELS = [
 ]  # fmt: skip
 
 
+def _random_case(cfg: DyadicConfig, n_seen: int) -> tuple[DyadicModel, I64, I64, int]:
+    """A model that has learned ``n_seen`` random examples (drawn from ``cfg.seed``), a random
+    (rater, task) pair and a target other than its predicted label."""
+    rng = np.random.default_rng(cfg.seed)
+    m = DyadicModel(cfg)
+    m.learn_many(rng.integers(0, 3, n_seen), rng.integers(0, 3, n_seen),
+                 rng.integers(0, cfg.n_classes, n_seen), rng.uniform(0.1, 3.0, n_seen))  # fmt: skip
+    r, t = rng.integers(0, 3, 1), rng.integers(0, 3, 1)
+    pred = int(m.predict(r, t)[0][0])
+    return m, r, t, int(rng.choice([c for c in range(cfg.n_classes) if c != pred]))
+
+
 def _flips(m: DyadicModel, r: np.ndarray, t: np.ndarray, target: int, h: float) -> bool:
     """Whether the model, after really learning (r, t, target) with weight h, predicts target."""
     c = DyadicModel.from_arrays(m.config, m.arrays())
@@ -444,16 +464,10 @@ def test_prediction_never_flips_below_h_min(
 ) -> None:  # fmt: skip
     """Random pairs of random models: below the reported h_min (at 24 weights spread from
     1e-4 h_min to h_min (1 - 1e-9)) the prediction is never the target; just above, it is."""
-    rng = np.random.default_rng(seed)
     cfg = DyadicConfig(n_classes=K, k=k, loss=loss, ordinal=ordinal, reduction=reduction,
                        eta=eta, l2=l2, dyadic_rate=dyadic_rate, rater_slots=3, task_slots=3,
                        init_scale=0.5, seed=seed)  # fmt: skip
-    m = DyadicModel(cfg)
-    m.learn_many(rng.integers(0, 3, n_seen), rng.integers(0, 3, n_seen),
-                 rng.integers(0, K, n_seen), rng.uniform(0.1, 3.0, n_seen))  # fmt: skip
-    r, t = rng.integers(0, 3, 1), rng.integers(0, 3, 1)
-    pred = int(m.predict(r, t)[0][0])
-    target = int(rng.choice([c for c in range(K) if c != pred]))
+    m, r, t, target = _random_case(cfg, n_seen)
     h = float(m.h_min(r, t, np.array([target]))[0])
     if h == 0.0:  # on the boundary (p0 = 0, binary): any positive weight flips it
         assert _flips(m, r, t, target, 1e-9)
@@ -471,17 +485,10 @@ def test_an_unreachable_target_is_reported_without_searching_every_weight() -> N
     filter tree, target out of reach. Each learner step at a large weight integrates the ODE
     to its step cap (0.08 s here) and the search doubled up to 1e200; it stops at
     H_SEARCH_MAX now (0.45 s)."""
-    seed, K, n_seen = 812556558, 6, 8
-    rng = np.random.default_rng(seed)
-    cfg = DyadicConfig(n_classes=K, k=2, loss="squared", reduction="tree",
+    cfg = DyadicConfig(n_classes=6, k=2, loss="squared", reduction="tree",
                        eta=0.3168275083329986, l2=0.5, dyadic_rate=2.3267649896460068,
-                       rater_slots=3, task_slots=3, init_scale=0.5, seed=seed)  # fmt: skip
-    m = DyadicModel(cfg)
-    m.learn_many(rng.integers(0, 3, n_seen), rng.integers(0, 3, n_seen),
-                 rng.integers(0, K, n_seen), rng.uniform(0.1, 3.0, n_seen))  # fmt: skip
-    r, t = rng.integers(0, 3, 1), rng.integers(0, 3, 1)
-    pred = int(m.predict(r, t)[0][0])
-    target = int(rng.choice([c for c in range(K) if c != pred]))
+                       rater_slots=3, task_slots=3, init_scale=0.5, seed=812556558)  # fmt: skip
+    m, r, t, target = _random_case(cfg, n_seen=8)
     started = time.perf_counter()
     h = m.h_min(r, t, np.array([target]))[0]
     took = time.perf_counter() - started
