@@ -52,6 +52,7 @@ from bench.service import (
     pct,
     wait_healthy,
 )
+from bench.service import stats as project_stats
 
 UNSERVED_S = 10.0  # a probe not served this long after its 202 counts as unserved
 
@@ -103,15 +104,12 @@ def load_bodies(items: list[str], n_workers: int, n: int, block: int, seed: int)
 
 
 async def stats(port: int, project: str, key: str) -> dict[str, int]:
+    """The project's stats, on a connection of its own (bench.service's reader)."""
     conn = await Conn(port).open()
     try:
-        status, body = await conn.request(build("GET", f"/v1/projects/{project}", key))
+        return await project_stats(conn, build("GET", f"/v1/projects/{project}", key))
     finally:
         conn.close()
-    if status != 200:
-        raise RuntimeError(f"GET project: HTTP {status}: {body[:200]!r}")
-    out: dict[str, int] = orjson.loads(body)["stats"]
-    return out
 
 
 async def wait_applied(port: int, project: str, key: str, timeout_s: float = 600.0) -> float:
