@@ -834,6 +834,7 @@ def learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r,
     """Learn one example (rater slot r, task slot t, class lab, weight h > 0)."""
     if reduction != TREE:
         # binary and ordinal: one scorer; one-against-all: scorer c learns "lab == c"
+        alone = np.int64(-1)  # (not the literal -1: one compiled specialization, see _numba)
         for c in range(K if reduction == OAA else 1):
             if reduction == ORDINAL:
                 y = float(lab)
@@ -841,7 +842,7 @@ def learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r,
                 y = 1.0 if lab == 1 else -1.0
             else:
                 y = 1.0 if c == lab else -1.0
-            update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, c, -1, r, t, y, h)
+            update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, c, alone, r, t, y, h)
     else:
         # scoring filter tree (seed 000, "Cost Sensitive Multi Label"): label lab meets the
         # winner of the sibling subtree at each level; the node's classifier is
@@ -919,12 +920,13 @@ def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K,
     example (r, t, tg) with weight h: the learner's own step on copied rows."""
     _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one)
     a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
+    row = np.int64(0)  # (not the literal 0: one compiled specialization, see _numba)
     learn_one(
-        a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1, hyper, reduction, K, 0, 0, tg, h
+        a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1, hyper, reduction, K, row, row, tg, h
     )
-    f = _predict1(a1, b1, wr1, wt1, wc1, tg, 0, 0)
+    f = _predict1(a1, b1, wr1, wt1, wc1, tg, row, row)
     for c in range(K):
-        v = _predict1(a1, b1, wr1, wt1, wc1, c, 0, 0)
+        v = _predict1(a1, b1, wr1, wt1, wc1, c, row, row)
         if v > f or (v == f and c < tg):
             return False
     return True
@@ -982,12 +984,13 @@ def h_min_many(
     tau = hyper[H_TAU]
     lam = hyper[H_L2]
     tol = hyper[H_ODE_TOL]
+    first, alone = np.int64(0), np.int64(-1)  # (not literals: see _numba)
     for n in range(raters.shape[0]):
         r = _slot(raters[n], R)
         t = _slot(tasks[n], T)
         tg = targets[n]
         if reduction == BINARY or reduction == ORDINAL:  # noqa: SIM109 (numba)
-            p0 = _predict1(A, B, WR, WT, WC, 0, r, t)
+            p0 = _predict1(A, B, WR, WT, WC, first, r, t)
             if reduction == BINARY:
                 pred = 1 if p0 > 0.0 else 0
                 if pred == tg:
@@ -1002,15 +1005,15 @@ def h_min_many(
                     continue
                 y = float(tg)
                 x = tg - 0.5 if tg > pred else tg + 0.5  # the edge of target's cell
-            sp, sm, c0 = _pair_stats(A, B, 0, -1, r, t)
+            sp, sm, c0 = _pair_stats(A, B, first, alone, r, t)
             ed, er, et, ec = _rates(
-                hyper, G, GWR, GWT, GC, GA, GB, 0, r, t, 0.0, 0.0, 0.0, 0.0, False
+                hyper, G, GWR, GWT, GC, GA, GB, first, r, t, 0.0, 0.0, 0.0, 0.0, False
             )
             mu = hyper[H_L2_LIN] * er
-            L0 = _lin1(WR, WT, WC, 0, r, t)
+            L0 = _lin1(WR, WT, WC, first, r, t)
             out[n] = h_min_flow(loss, p0, y, tau, x, sp, sm, c0, er + et + ec, ed, lam, L0, mu, tol)
             continue
-        best = _best_in(A, B, WR, WT, WC, r, t, 0, K, K)
+        best = _best_in(A, B, WR, WT, WC, r, t, first, K, K)
         if best == tg:
             out[n] = 0.0
             continue
