@@ -28,8 +28,11 @@ from app.serving.nominal import Globals, item_slots, recompute_posterior, stored
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from core import _dyadic_kernels, _kernels
+from core.acquisition import value_of_information
+from core.blocks import LabelBlocks
 from core.itemlabels import ItemLabels
-from core.nominal import NominalConfig
+from core.nominal import NominalConfig, NominalParams
+from core.served import log_likelihoods
 
 _LABELS = ("a", "b", "c")
 _ITEMS = ["i0", "i0", "i0", "i1", "i1", "i2", "i2", "i2", "i3"]
@@ -58,6 +61,17 @@ def nominal(refit: bool = True) -> None:
     slots, local = item_slots(item, config.n_worker_slots)
     recompute_posterior(config, item, g, [update.rows.get(s) for s in slots], local)
     stored_posterior(item, g)
+
+
+def serving_extras() -> None:
+    """What publishing the engine's state and the API's first read call beyond learning: the
+    queue's value of information and the calibration's log-likelihoods (no learning needed,
+    so the first start compiles them beside the nominal model's learning)."""
+    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
+    K = config.n_classes
+    value_of_information(np.full((2, K), 1.0 / K), np.eye(K))
+    blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
+    log_likelihoods(NominalParams.initial(config), blocks)
 
 
 def dyadic_learning() -> None:
@@ -100,11 +114,19 @@ def second_process() -> None:
     predictions, h_min and refits need. With everything cached, the line and nothing else."""
     cached = _cached(*_KERNELS)
     if not cached:
-        nominal(refit=False)
+        _kernels_of_learning()
     print("learning", flush=True)
     if not cached:
         warm_up_predictions()
         nominal()
+
+
+def _kernels_of_learning() -> None:
+    """The engine's entries on a project without a dyadic model, and nothing more."""
+    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
+    eng = ProjectEngine(ProjectRecord("warm-up", _LABELS, config.to_dict(), 0.0))
+    body = {"items": _ITEMS, "workers": _WORKERS, "labels": _ANSWERS, "weights": None}
+    eng.apply(LogEntry(1, "labels", orjson.dumps(body), b""))
 
 
 _KERNELS = ("learn_blocks", "estep_tables", "learn_many", "h_min_many")
@@ -115,7 +137,7 @@ def warm_up() -> float:
 
     Cached: everything loads here, in about half a second. Not cached (the first start): a
     second process (started by ``crowdtally serve`` before its imports, else here) compiles the
-    nominal model's learning while this one compiles the dyadic model's; the service answers
+    nominal model's learning while this one compiles the dyadic model's and the serving extras; the service answers
     once both are there, and a thread loads the rest (predictions, h_min, refit) when the second
     process is done (a prediction asked before that compiles what it needs itself)."""
     start = time.perf_counter()
@@ -127,6 +149,7 @@ def warm_up() -> float:
     if second is None:
         second = subprocess.Popen(SECOND_PROCESS, stdout=subprocess.PIPE)
     dyadic_learning()
+    serving_extras()
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
     second.stdout.close()  # it prints nothing more

@@ -64,3 +64,30 @@ def test_warm_up_reaches_every_kernel_the_service_calls() -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert int(out.stdout.split()[0]) > 10  # the kernels were there to count
+
+
+EXTRAS_THEN_ENGINE = textwrap.dedent(
+    """
+    from app.serving import warmup
+    from core import _calibration_kernels, acquisition
+
+    def signatures():
+        return {str(s) for d in (acquisition._voi_kernel, _calibration_kernels.item_log_likelihoods)
+                for s in d.signatures}
+
+    warmup.serving_extras()
+    extras = signatures()
+    warmup.nominal()
+    print(len(extras), len(signatures() - extras))
+    """
+)
+
+
+def test_serving_extras_are_the_signatures_the_engine_and_reads_use() -> None:
+    """A first start compiles them beside the nominal model's learning: with other argument
+    types the service would compile them again before answering."""
+    out = subprocess.run(
+        [sys.executable, "-c", EXTRAS_THEN_ENGINE], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["2", "0"]
