@@ -900,18 +900,33 @@ def _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one):
     """Copy the parameters that an example (r, t) reads or moves into the one-slot tables
     ``one`` (slot 0 for both the rater and the task)."""
     a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
-    a1[0] = A[r]
-    b1[0] = B[t]
-    wr1[0] = WR[r]
-    wt1[0] = WT[t]
-    wc1[:] = WC
+    _copy2(a1[0], A[r])
+    _copy2(b1[0], B[t])
+    _copy1(wr1[0], WR[r])
+    _copy1(wt1[0], WT[t])
+    _copy1(wc1, WC)
     g1[0] = G[0]
-    gc1[:] = GC
+    _copy1(gc1, GC)
     if GWR.shape[0] > 0:
-        gwr1[0] = GWR[r]
-        gwt1[0] = GWT[t]
-        ga1[0] = GA[r]
-        gb1[0] = GB[t]
+        _copy1(gwr1[0], GWR[r])
+        _copy1(gwt1[0], GWT[t])
+        _copy1(ga1[0], GA[r])
+        _copy1(gb1[0], GB[t])
+
+
+@jit
+def _copy1(dst, src):
+    """``dst[:] = src`` written out: numba's sliced assignment compiles the formatting of its
+    shape-mismatch message, seconds of compile time for a copy."""
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
+
+
+@jit
+def _copy2(dst, src):
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = src[i, j]
 
 
 @jit
