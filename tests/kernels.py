@@ -4,9 +4,9 @@ On a fresh clone nothing is cached: without this, both xdist workers and the ser
 tests start compile the same kernels side by side, and the crash test's engines, killed
 every second, compile them again each time (about 80 s of CPU more than a warm run).
 
-``python -m tests.kernels``: the service's warm-up (two processes, as ``crowdtally serve``
-does it), every kernel the service calls, then online and batch EM as ``crowdtally extract``
-runs them.
+``python -m tests.kernels``: every kernel the service calls (in two processes, as
+``crowdtally serve`` does it on a first start, but split for all of them rather than for the
+first posterior), then online and batch EM as ``crowdtally extract`` runs them.
 """
 
 from __future__ import annotations
@@ -19,16 +19,22 @@ from io import StringIO
 from pathlib import Path
 
 ANSWERS = "item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n"
+NOMINAL = "from app.serving.warmup import nominal; nominal()"
 
 
 def compile_all() -> None:
     from app.cli import app
     from app.serving import warmup
+    from app.serving.predictions import warm_up as warmup_predictions
 
-    second = subprocess.Popen(warmup.SECOND_PROCESS, stdout=subprocess.PIPE)
-    warmup.dyadic_learning()  # while the second process compiles the nominal model's
-    second.communicate()
-    warmup.everything()  # what is left: predictions, h_min, refits (loaded or compiled)
+    # Two halves of about 11 s each on a fresh clone: the nominal model (learning, refits,
+    # reads) in a second process; here the dyadic model's learning, then its predictions and
+    # h_min (which reuse the learning's compiled step).
+    second = subprocess.Popen([sys.executable, "-c", NOMINAL])
+    warmup.dyadic_learning()
+    warmup_predictions()
+    second.wait()
+    warmup.everything()  # loads what the other process compiled (and compiles what failed there)
     with tempfile.TemporaryDirectory() as folder:
         answers = Path(folder) / "answers.csv"
         answers.write_text(ANSWERS)
