@@ -31,6 +31,13 @@ class LabelBlocks:
     labels: IntArray
     weights: FloatArray
 
+    def __post_init__(self) -> None:
+        # One dtype and layout for every caller (int32 codes from a file, views): the kernels
+        # are compiled once per argument type, and a second type costs seconds of compiling.
+        for name, dtype in (("ptr", np.int64), ("slots", np.int64), ("labels", np.int64)):
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype))
+        object.__setattr__(self, "weights", np.ascontiguousarray(self.weights, np.float64))
+
     @property
     def n_blocks(self) -> int:
         return int(self.ptr.size - 1)

@@ -6,7 +6,8 @@ every second, compile them again each time (about 80 s of CPU more than a warm r
 
 ``python -m tests.kernels``: every kernel the service calls (in two processes, as
 ``crowdtally serve`` does it on a first start, but split for all of them rather than for the
-first posterior), then online and batch EM as ``crowdtally extract`` runs them.
+first posterior), then online and batch EM (with the per-item clarity too) as ``crowdtally extract`` runs
+them, predictions written.
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ def compile_all() -> None:
     with tempfile.TemporaryDirectory() as folder:
         answers = Path(folder) / "answers.csv"
         answers.write_text(ANSWERS)
-        for extra in ([], ["--batch"]):
+        written = str(Path(folder) / "predictions.csv")
+        for extra in ([], ["--batch"], ["--batch", "--difficulty"]):
             with redirect_stdout(StringIO()):
-                app(["extract", str(answers), *extra], standalone_mode=False)
+                app(
+                    ["extract", str(answers), "--predictions", written, *extra],
+                    standalone_mode=False,
+                )
 
 
 def compile_before_workers() -> None:

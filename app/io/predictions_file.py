@@ -146,7 +146,7 @@ def _string_buffers(names: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray
         names.buffers()[1], dtype=np.int32, count=len(names) + 1, offset=names.offset * 4
     ).astype(np.int64)
     data = names.buffers()[2]
-    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    raw = np.frombuffer(data if data is not None else b"", dtype=np.uint8)  # read-only both
     return offsets, raw
 
 
