@@ -250,6 +250,7 @@ class Snapshotter:
             self.rewinds += 1
         found = self.db.get(kept[0]) if kept is not None else None
         if kept is None or found is None:
+            self._last[record.name] = (_monotonic_at(record.created_at), 0, 0)
             return ProjectEngine(record), None
         info, blob = found
         try:
@@ -257,8 +258,16 @@ class Snapshotter:
         except StaleSnapshotError as exc:
             log.warning("%s: %s; starting from scratch", record.name, exc)
             self._drop_sql(record.name)
+            self._last[record.name] = (_monotonic_at(record.created_at), 0, 0)
             return ProjectEngine(record), None
-        self._last[record.name] = (time.monotonic(), eng.labels.n_labels, eng.position)
+        # The interval counts from the snapshot, not from this restore: an engine restarted
+        # over and over (each time killed before its next snapshot) would else replay more of
+        # the log at every start; with this, once caught up it snapshots at once.
+        self._last[record.name] = (
+            _monotonic_at(info.created_at),
+            eng.labels.n_labels,
+            eng.position,
+        )
         log.info("%s: restored snapshot %d at position %d", record.name, info.id, info.position)
         return eng, kept[2]
 
@@ -367,3 +376,8 @@ class Snapshotter:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _monotonic_at(wall: float) -> float:
+    """The monotonic clock's reading at wall-clock time ``wall`` (not after now)."""
+    return time.monotonic() - max(0.0, time.time() - wall)

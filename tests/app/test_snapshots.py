@@ -10,7 +10,8 @@ import orjson
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, update
+from sqlalchemy.orm import Session
 
 from app.engine.dyadic import settings_for
 from app.engine.loop import EngineLoop
@@ -19,7 +20,7 @@ from app.engine.snapshots import Snapshotter, capture, encode, restore
 from app.store.archive import SnapshotDB, rebuild_store
 from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
-from app.store.sql import Base, downgrade, sql_engine, upgrade
+from app.store.sql import Base, SnapshotRow, downgrade, sql_engine, upgrade
 from core.nominal import NominalConfig
 from tests.app.test_engine import RECORD, label_entries
 from tests.conftest import Synthetic
@@ -126,6 +127,29 @@ def test_engine_restarts_from_snapshot_and_archive(
         reference.apply(e)
     same_state(reference, second.engines["p"])
     assert second.engines["p"].position == 7
+
+
+@pytest.mark.parametrize("age_s, snapshots_at_once", [(3600.0, True), (0.0, False)])
+def test_a_restored_engine_snapshots_once_caught_up_when_its_snapshot_is_old(
+    store: Store, db: SnapshotDB, synthetic: Synthetic, age_s: float, snapshots_at_once: bool
+) -> None:
+    """The snapshot interval counts from the latest snapshot, not from the restart: an engine
+    killed again and again before its next snapshot would else replay more at every start."""
+    store.create_project(RECORD)
+    entries = label_entries(synthetic, [1000, 4000, 6000, 8000])
+    for e in entries[:2]:
+        store.append("p", "labels", e.payload, None)
+    drain(loop_for(store, db))
+    assert [i.position for i in db.infos("p")][-1] == 2
+    with Session(db.engine) as s, s.begin():
+        s.execute(update(SnapshotRow).values(created_at=SnapshotRow.created_at - age_s))
+    for e in entries[2:]:  # past the snapshot
+        store.append("p", "labels", e.payload, None)
+    restarted = loop_for(store, db, interval_s=600)
+    drain(restarted, snapshot=False)
+    assert restarted.engines["p"].position == len(entries)
+    latest = [i.position for i in db.infos("p")][-1]
+    assert (latest > 2) == snapshots_at_once  # (at its first step's end: entries 3-4)
 
 
 def test_an_engine_restored_at_the_log_end_still_sweeps(
