@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,11 +139,17 @@ def _learn(
 
 
 def serve_stream(
-    client: Any, stream: Stream, project: str, timeout_s: float = 300.0, dyadic: bool = True
+    client: Any,
+    stream: Stream,
+    project: str,
+    timeout_s: float = 300.0,
+    dyadic: bool = True,
+    posted: Callable[[], None] | None = None,
 ) -> FloatArray:
     """Post the stream through an API client (httpx/TestClient, admin headers set), wait for
     the engine (refinement included), and return the served posteriors by item code. With
-    ``dyadic`` False the project has no dyadic model (it does not touch the posteriors)."""
+    ``dyadic`` False the project has no dyadic model (it does not touch the posteriors);
+    ``posted`` is called once every block is posted."""
     d = stream.data
     body: dict[str, Any] = {"name": project, "labels": list(d.classes)}
     if not dyadic:
@@ -154,6 +160,8 @@ def serve_stream(
     for block in stream.blocks():
         r = client.post(f"/v1/projects/{project}/labels", content=orjson.dumps(block), headers=key)
         r.raise_for_status()
+    if posted is not None:
+        posted()
     deadline = time.monotonic() + timeout_s
     refined = False
     while time.monotonic() < deadline:  # wait for the refinement entry and its application
