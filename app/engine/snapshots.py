@@ -340,6 +340,10 @@ class Snapshotter:
             self.store.trim(cap.project, cap.position, anchor=(cap.position, cap.token))
             self.write_s = time.perf_counter() - t0
             self.last_error = None
+            log.info(
+                "%s: snapshot at position %d written in %.2f s (%d KiB, %d entries archived)",
+                cap.project, cap.position, self.write_s, len(blob) // 1024, len(archive),
+            )  # fmt: skip
             return info
         except Exception as exc:
             log.exception("snapshot of %s failed", cap.project)
