@@ -98,11 +98,16 @@ SHARED_SERVICE = (
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests (marked ``slow``) first: under xdist (``--dist loadgroup``, each worker
-    taking the next test or group as it frees up) they then run side by side from the start,
+    """The long tests (marked ``slow``) first, then the sets sharing a service (10-25 s each
+    on one worker), then the rest: under xdist (``--dist loadgroup``, each worker taking the
+    next test or group as it frees up) the long units then run side by side from the start,
     instead of one of them ending the run alone on one worker."""
+    grouped = set()
     for item in items:
         shared = [p for p in SHARED_SERVICE if item.nodeid.startswith(p)]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+            grouped.add(item.nodeid)
+    items.sort(
+        key=lambda item: (item.get_closest_marker("slow") is None, item.nodeid not in grouped)
+    )
