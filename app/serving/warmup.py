@@ -63,16 +63,13 @@ def nominal(refit: bool = True) -> None:
     stored_posterior(item, g)
 
 
-def queue_extras() -> None:
-    """What publishing the engine's state calls beyond learning: the queue's value of
-    information (no learning needed: a first start compiles it beside the learning)."""
-    K = len(_LABELS)
-    value_of_information(np.full((2, K), 1.0 / K), np.eye(K))
-
-
-def calibration_extras() -> None:
-    """What the API's first read calls beyond learning: the calibration's log-likelihoods."""
+def serving_extras() -> None:
+    """What publishing the engine's state and the API's first read call beyond learning: the
+    queue's value of information and the calibration's log-likelihoods (no learning needed,
+    so the first start compiles them beside the nominal model's learning)."""
     config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
+    K = config.n_classes
+    value_of_information(np.full((2, K), 1.0 / K), np.eye(K))
     blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
     log_likelihoods(NominalParams.initial(config), blocks)
 
@@ -113,12 +110,11 @@ def adopt(second: subprocess.Popen[bytes] | None) -> None:
 
 
 def second_process() -> None:
-    """Compile the nominal model's learning and the calibration's reads, print a line, then
-    what only predictions, h_min and refits need. With everything cached, the line and nothing else."""
+    """Compile the nominal model's learning, print a line, then what only
+    predictions, h_min and refits need. With everything cached, the line and nothing else."""
     cached = _cached(*_KERNELS)
     if not cached:
         _kernels_of_learning()
-        calibration_extras()
     print("learning", flush=True)
     if not cached:
         warm_up_predictions()
@@ -141,7 +137,7 @@ def warm_up() -> float:
 
     Cached: everything loads here, in about half a second. Not cached (the first start): a
     second process (started by ``crowdtally serve`` before its imports, else here) compiles the
-    nominal model's learning while this one compiles the dyadic model's and the queue's; the service answers
+    nominal model's learning while this one compiles the dyadic model's and the serving extras; the service answers
     once both are there, and a thread loads the rest (predictions, h_min, refit) when the second
     process is done (a prediction asked before that compiles what it needs itself)."""
     start = time.perf_counter()
@@ -153,7 +149,7 @@ def warm_up() -> float:
     if second is None:
         second = subprocess.Popen(SECOND_PROCESS, stdout=subprocess.PIPE)
     dyadic_learning()
-    queue_extras()
+    serving_extras()
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
     second.stdout.close()  # it prints nothing more

@@ -75,8 +75,7 @@ EXTRAS_THEN_ENGINE = textwrap.dedent(
         return {str(s) for d in (acquisition._voi_kernel, _calibration_kernels.item_log_likelihoods)
                 for s in d.signatures}
 
-    warmup.queue_extras()
-    warmup.calibration_extras()
+    warmup.serving_extras()
     extras = signatures()
     warmup.nominal()
     print(len(extras), len(signatures() - extras))
@@ -84,7 +83,7 @@ EXTRAS_THEN_ENGINE = textwrap.dedent(
 )
 
 
-def test_the_extras_are_the_signatures_the_engine_and_reads_use() -> None:
+def test_serving_extras_are_the_signatures_the_engine_and_reads_use() -> None:
     """A first start compiles them beside the nominal model's learning: with other argument
     types the service would compile them again before answering."""
     out = subprocess.run(
