@@ -146,7 +146,8 @@ def _string_buffers(names: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray
         names.buffers()[1], dtype=np.int32, count=len(names) + 1, offset=names.offset * 4
     ).astype(np.int64)
     data = names.buffers()[2]
-    raw = np.frombuffer(data if data is not None else b"", dtype=np.uint8)  # read-only both
+    raw = np.frombuffer(data if data is not None else b"", dtype=np.uint8)
+    raw.setflags(write=False)  # whatever arrow's buffer was: one compiled signature of the writer
     return offsets, raw
 
 
