@@ -134,8 +134,6 @@ def require(scope: Scope, per_project: bool = True) -> Any:
 
 
 def wait_applied(svc: Service, project: str, position: int) -> bool:
-    if svc.engine is not None:
-        svc.engine.wake()
     deadline = time.monotonic() + svc.settings.wait_timeout_s
     while svc.store.applied_position(project) < position:
         if time.monotonic() > deadline:

@@ -98,7 +98,6 @@ class EngineLoop:
         self._refine_due: dict[str, bool] = {}
         self._sweep_pending: dict[str, bool] = {}
         self.failed: dict[str, Failure] = {}
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
@@ -269,9 +268,6 @@ class EngineLoop:
                 time.sleep(self.poll_s)
         raise TimeoutError("the engine did not become idle")
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def run_forever(self) -> None:
         idle_wait = self.poll_s
         while not self._stop.is_set():
@@ -283,9 +279,8 @@ class EngineLoop:
                 self.last_error = repr(exc)
                 done = 0
                 self._stop.wait(1.0)
-            if done == 0:  # back off while idle (up to 20 ms); a wake() cuts the wait short
-                self._wake.wait(idle_wait)
-                self._wake.clear()
+            if done == 0:  # back off while idle (up to 20 ms); an append cuts the wait short
+                self.store.wait_for_append(idle_wait)
                 idle_wait = min(2 * idle_wait, 0.02)
             else:
                 idle_wait = self.poll_s
@@ -298,6 +293,5 @@ class EngineLoop:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -84,6 +84,7 @@ class EmbeddedStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._lock = threading.RLock()
+        self._appended = threading.Event()
         self._projects: dict[str, ProjectRecord] = {}
         self._state: dict[str, _ProjectState] = {}
         self._keys: dict[str, KeyRecord] = {}
@@ -242,7 +243,8 @@ class EmbeddedStore:
                 raise
             st.log_end = position
             st.pending.append((position, now))
-            return AppendResult(position, accepted, duplicates)
+        self._appended.set()
+        return AppendResult(position, accepted, duplicates)
 
     def _seen(self, project: str, ids: list[str | None] | None) -> set[str]:
         """Which of ``ids`` the project's log has taken before (label_ids, indexed; not kept
@@ -416,6 +418,10 @@ class EmbeddedStore:
     def failed_projects(self) -> dict[str, str]:
         with self._lock:
             return dict(self._failed)
+
+    def wait_for_append(self, timeout_s: float) -> None:
+        self._appended.wait(timeout_s)  # (one process: the engine runs in the API's)
+        self._appended.clear()
 
     def ping(self) -> bool:
         with self._lock:

@@ -181,6 +181,10 @@ class RedisStore:
         return f"{self.prefix}:projects"
 
     @property
+    def _wake_key(self) -> str:
+        return f"{self.prefix}:wake"
+
+    @property
     def _failed_key(self) -> str:
         return f"{self.prefix}:failed"
 
@@ -278,7 +282,13 @@ class RedisStore:
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
         keys = [self._k(project, what) for what in ("ids", "log", "seq", "state")]
-        position, accepted = self._append(keys=keys, args=args)
+        # One round trip: the append, then a token on the engines' wake list (kept to one:
+        # a waiting engine wakes at once; a busy one finds it at its next idle wait).
+        pipe = self.r.pipeline(transaction=False)
+        self._append(keys=keys, args=args, client=pipe)
+        pipe.lpush(self._wake_key, b"1")
+        pipe.ltrim(self._wake_key, 0, 0)
+        (position, accepted), *_ = pipe.execute()
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
         n = len(ids) if ids is not None else 0
@@ -494,6 +504,10 @@ class RedisStore:
     def failed_projects(self) -> dict[str, str]:
         d: dict[bytes, bytes] = self.r.hgetall(self._failed_key)
         return {k.decode(): v.decode() for k, v in d.items()}
+
+    def wait_for_append(self, timeout_s: float) -> None:
+        # BLPOP's timeout is in seconds, fractions allowed (Redis >= 6); 0 would block for good
+        self.r.blpop([self._wake_key], timeout=max(timeout_s, 0.001))
 
     def ping(self) -> bool:
         try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import orjson
 import pytest
 
@@ -146,3 +149,25 @@ def test_lag_counts_the_wait_the_engine_s_pace_projects(store: Store) -> None:
         store.append("p", "labels", b"{}", None, max_lag_s=5.0)
     store.write_state("p", StateUpdate(12, b"g"))  # (entry_s None: the pace is kept)
     assert store.lag_seconds("p") == 0
+
+
+def test_an_append_ends_the_idle_engine_s_wait(store: Store) -> None:
+    """The engine, idle, waits on the store: an append (from any thread or process) ends the
+    wait at once; without one it lasts its timeout."""
+    store.create_project(project())
+    store.wait_for_append(0.01)  # (a notice left from earlier appends, if any)
+    t0 = time.monotonic()
+    store.wait_for_append(0.2)
+    assert time.monotonic() - t0 >= 0.15  # nothing appended: the whole timeout
+
+    def append_soon() -> None:
+        time.sleep(0.05)
+        store.append("p", "labels", b"{}")
+
+    poster = threading.Thread(target=append_soon)
+    t0 = time.monotonic()
+    poster.start()
+    store.wait_for_append(5.0)
+    waited = time.monotonic() - t0
+    poster.join()
+    assert 0.04 <= waited < 1.0, waited

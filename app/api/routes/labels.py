@@ -94,8 +94,6 @@ async def post_labels(
     metrics.LABELS.labels(project, "accepted").inc(result.accepted)
     metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
-    if svc.engine is not None:
-        svc.engine.wake()
     return Accepted(
         accepted=result.accepted,
         duplicates=result.duplicates,
