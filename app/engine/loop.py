@@ -274,16 +274,14 @@ class EngineLoop:
             try:
                 done = self.step()
                 self.last_error = None
+                if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
+                    self.store.wait_for_append(idle_wait)
             except Exception as exc:  # keep serving; report in /readyz and the log
                 log.exception("engine step failed")
                 self.last_error = repr(exc)
                 done = 0
                 self._stop.wait(1.0)
-            if done == 0:  # back off while idle (up to 20 ms); an append cuts the wait short
-                self.store.wait_for_append(idle_wait)
-                idle_wait = min(2 * idle_wait, 0.02)
-            else:
-                idle_wait = self.poll_s
+            idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s
 
     def start(self) -> None:
         self._thread = threading.Thread(

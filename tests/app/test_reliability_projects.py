@@ -187,3 +187,44 @@ def test_stats_never_show_the_log_applied_with_older_counts(store: Store, tmp_pa
         assert stats["applied"] < stats["log_end"] or stats["n_items"] == 12, stats
         stats = c.get("/v1/projects/p").json()["stats"]
         assert stats["applied"] == stats["log_end"] == 1 and stats["n_items"] == 12, stats
+
+
+class _WaitFailsOnce:
+    """The store, whose first idle wait fails as a dropped Redis connection would."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def wait_for_append(self, timeout_s: float) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("the store went away while the engine waited")
+        self._store.wait_for_append(timeout_s)
+
+
+def test_the_engine_survives_a_failed_idle_wait(store: Store) -> None:
+    """An error while the idle engine waits for appends is an error of its step: reported,
+    retried after a back-off; the engine goes on applying."""
+    flaky = _WaitFailsOnce(store)
+    loop = EngineLoop(flaky, refine_passes=0)  # type: ignore[arg-type]
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not flaky.failed:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        store.create_project(
+            ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1.0)
+        )
+        body = {"items": ["i"], "workers": ["w"], "labels": [0], "weights": None}
+        position = store.append("p", "labels", orjson.dumps(body)).position
+        while store.applied_position("p") < position:
+            assert time.monotonic() < deadline, loop.last_error
+            time.sleep(0.01)
+        assert loop._thread is not None and loop._thread.is_alive()
+    finally:
+        loop.stop()
