@@ -3,6 +3,8 @@
 Keys of one project share the hash tag ``{prefix:p:name}`` so multi-key scripts and
 transactions stay in one Redis Cluster slot. Project names are checked by the API
 (``[A-Za-z0-9_.-]``); item and worker ids are only ever hash fields, never key names.
+``{prefix}:wake`` holds at most one token, pushed after every append: the idle engine blocks
+on it (``wait_for_append``).
 """
 
 from __future__ import annotations
