@@ -284,13 +284,7 @@ class RedisStore:
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
         keys = [self._k(project, what) for what in ("ids", "log", "seq", "state")]
-        # One round trip: the append, then a token on the engines' wake list (kept to one:
-        # a waiting engine wakes at once; a busy one finds it at its next idle wait).
-        pipe = self.r.pipeline(transaction=False)
-        self._append(keys=keys, args=args, client=pipe)
-        pipe.lpush(self._wake_key, b"1")
-        pipe.ltrim(self._wake_key, 0, 0)
-        (position, accepted), *_ = pipe.execute()
+        position, accepted = self._append_and_wake(keys, args)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
         n = len(ids) if ids is not None else 0
@@ -299,6 +293,25 @@ class RedisStore:
             int(accepted) if ids is not None else 0,
             n - int(accepted) if ids is not None else 0,
         )
+
+    def _append_and_wake(self, keys: list[str], args: list[Any]) -> Any:
+        """The append script, then a token on the engines' wake list (kept to one: a waiting
+        engine wakes at once, a busy one finds it at its next idle wait), in one round trip.
+        EVALSHA rather than the script object: in a pipeline that one asks SCRIPT EXISTS
+        first, a second round trip per append."""
+
+        def run() -> Any:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+            pipe.lpush(self._wake_key, b"1")
+            pipe.ltrim(self._wake_key, 0, 0)
+            return pipe.execute()[0]
+
+        try:
+            return run()
+        except redis.exceptions.NoScriptError:  # a restarted Redis: the script is gone
+            self.r.script_load(_APPEND)
+            return run()
 
     def read_log(
         self,

@@ -16,6 +16,7 @@ from app.store.base import (
     StateUpdate,
     Store,
 )
+from app.store.redis_store import RedisStore
 
 
 def project(name: str = "p") -> ProjectRecord:
@@ -171,3 +172,12 @@ def test_an_append_ends_the_idle_engine_s_wait(store: Store) -> None:
     waited = time.monotonic() - t0
     poster.join()
     assert 0.04 <= waited < 1.0, waited
+
+
+def test_append_after_redis_lost_its_scripts(store: Store) -> None:
+    """A restarted Redis has no scripts: the append loads its own and goes on."""
+    store.create_project(project())
+    if isinstance(store, RedisStore):
+        store.r.script_flush()
+    assert store.append("p", "labels", b"{}", ["x"]).accepted == 1
+    assert store.append("p", "labels", b"{}", ["x"]).duplicates == 1
