@@ -38,28 +38,36 @@ _LABELS = ("a", "b", "c")
 _ITEMS = ["i0", "i0", "i0", "i1", "i1", "i2", "i2", "i2", "i3"]
 _WORKERS = ["w0", "w1", "w2", "w0", "w1", "w1", "w2", "w3", "w0"]
 _ANSWERS = [0, 0, 1, 2, 2, 1, 1, 0, 2]
+_CONFIG = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
+_LABEL_ENTRY: tuple[EntryKind, dict[str, Any]] = (
+    "labels", {"items": _ITEMS, "workers": _WORKERS, "labels": _ANSWERS, "weights": None}
+)  # fmt: skip
+
+
+def _engine_after(entries: list[tuple[EntryKind, dict[str, Any]]]) -> ProjectEngine:
+    """A project without a dyadic model, these entries applied."""
+    eng = ProjectEngine(ProjectRecord("warm-up", _LABELS, _CONFIG.to_dict(), 0.0))
+    for position, (kind, body) in enumerate(entries, start=1):
+        eng.apply(LogEntry(position, kind, orjson.dumps(body), b""))
+    return eng
 
 
 def nominal(refit: bool = True) -> None:
     """The engine's entries (labels, gold, items, refinement sweeps, and a refit unless told
     not) and the API's reads of a posterior, on a project without a dyadic model."""
-    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
-    eng = ProjectEngine(ProjectRecord("warm-up", _LABELS, config.to_dict(), 0.0))
     entries: list[tuple[EntryKind, dict[str, Any]]] = [
-        ("labels", {"items": _ITEMS, "workers": _WORKERS, "labels": _ANSWERS, "weights": None}),
+        _LABEL_ENTRY,
         ("gold", {"items": ["i3"], "labels": [2]}),
         ("items", {"items": ["i4"]}),
         ("refine", {"passes": 2}),
     ]
     if refit:
         entries.append(("refit", {}))
-    for position, (kind, body) in enumerate(entries, start=1):
-        eng.apply(LogEntry(position, kind, orjson.dumps(body), b""))
-    update = eng.state_update()
-    g = Globals.parse(update.globals, config)
+    update = _engine_after(entries).state_update()
+    g = Globals.parse(update.globals, _CONFIG)
     item = orjson.loads(update.items["i0"])
-    slots, local = item_slots(item, config.n_worker_slots)
-    recompute_posterior(config, item, g, [update.rows.get(s) for s in slots], local)
+    slots, local = item_slots(item, _CONFIG.n_worker_slots)
+    recompute_posterior(_CONFIG, item, g, [update.rows.get(s) for s in slots], local)
     stored_posterior(item, g)
 
 
@@ -67,11 +75,10 @@ def serving_extras() -> None:
     """What publishing the engine's state and the API's first read call beyond learning: the
     queue's value of information and the calibration's log-likelihoods (no learning needed,
     so the first start compiles them beside the nominal model's learning)."""
-    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
-    K = config.n_classes
+    K = _CONFIG.n_classes
     value_of_information(np.full((2, K), 1.0 / K), np.eye(K))
     blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
-    log_likelihoods(NominalParams.initial(config), blocks)
+    log_likelihoods(NominalParams.initial(_CONFIG), blocks)
 
 
 def dyadic_learning() -> None:
@@ -114,19 +121,11 @@ def second_process() -> None:
     predictions, h_min and refits need. With everything cached, the line and nothing else."""
     cached = _cached(*_KERNELS)
     if not cached:
-        _kernels_of_learning()
+        _engine_after([_LABEL_ENTRY])  # the learning, and nothing more
     print("learning", flush=True)
     if not cached:
         warm_up_predictions()
         nominal()
-
-
-def _kernels_of_learning() -> None:
-    """The engine's entries on a project without a dyadic model, and nothing more."""
-    config = NominalConfig(n_classes=len(_LABELS), n_worker_slots=16)
-    eng = ProjectEngine(ProjectRecord("warm-up", _LABELS, config.to_dict(), 0.0))
-    body = {"items": _ITEMS, "workers": _WORKERS, "labels": _ANSWERS, "weights": None}
-    eng.apply(LogEntry(1, "labels", orjson.dumps(body), b""))
 
 
 _KERNELS = ("learn_blocks", "estep_tables", "learn_many", "h_min_many")
@@ -137,9 +136,10 @@ def warm_up() -> float:
 
     Cached: everything loads here, in about half a second. Not cached (the first start): a
     second process (started by ``crowdtally serve`` before its imports, else here) compiles the
-    nominal model's learning while this one compiles the dyadic model's and the serving extras; the service answers
-    once both are there, and a thread loads the rest (predictions, h_min, refit) when the second
-    process is done (a prediction asked before that compiles what it needs itself)."""
+    nominal model's learning while this one compiles the dyadic model's and the serving extras;
+    the service answers once both are there, and a thread loads the rest (predictions, h_min,
+    refit) when the second process is done (a prediction asked before that compiles what it
+    needs itself)."""
     start = time.perf_counter()
     second, first_start = _second, not _cached(*_KERNELS)
     adopt(None)
