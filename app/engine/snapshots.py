@@ -248,9 +248,13 @@ class Snapshotter:
             )  # fmt: skip
             self.db.rewind(record.name, at, stale)
             self.rewinds += 1
+        # The interval counts from the snapshot (from the project's creation when there is
+        # none), not from this restore: an engine restarted over and over, each time killed
+        # before its next snapshot, would else replay more of the log at every start; with
+        # this, once caught up it snapshots at once.
+        self._last[record.name] = (_monotonic_at(record.created_at), 0, 0)
         found = self.db.get(kept[0]) if kept is not None else None
         if kept is None or found is None:
-            self._last[record.name] = (_monotonic_at(record.created_at), 0, 0)
             return ProjectEngine(record), None
         info, blob = found
         try:
@@ -258,11 +262,7 @@ class Snapshotter:
         except StaleSnapshotError as exc:
             log.warning("%s: %s; starting from scratch", record.name, exc)
             self._drop_sql(record.name)
-            self._last[record.name] = (_monotonic_at(record.created_at), 0, 0)
             return ProjectEngine(record), None
-        # The interval counts from the snapshot, not from this restore: an engine restarted
-        # over and over (each time killed before its next snapshot) would else replay more of
-        # the log at every start; with this, once caught up it snapshots at once.
         self._last[record.name] = (
             _monotonic_at(info.created_at),
             eng.labels.n_labels,
