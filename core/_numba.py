@@ -8,7 +8,7 @@ by several processes may each compile (numba issue 4807) but produce the same fi
 A kernel called from another kernel is compiled once per distinct argument type, and numba
 types a literal argument (``f(x, -1)``, ``f(x, 0)``) as its own type, ``Literal[int](-1)``:
 each such call compiles the callee, and everything it calls, once more. Kernels pass
-``np.int64(-1)`` and the like instead (same machine code, compiled once).
+``np.int64(-1)`` and the like instead (compiled once; results bit-identical).
 """
 
 from __future__ import annotations
