@@ -82,3 +82,10 @@ def test_parquet_keeps_full_precision(tmp_path: Path) -> None:
     got = np.column_stack([table.column(k).to_numpy() for k in ("a", "b", "c")])
     assert np.array_equal(got, posteriors)
     assert np.array_equal(table.column("probability").to_numpy(), posteriors.max(axis=1))
+
+
+def test_name_bytes_reach_the_writer_read_only_whatever_their_buffer() -> None:
+    """Arrow's buffers are read-only or not by origin; the compiled writer gets one type."""
+    for names in (arrow_strings(["a", "bc"]), pa.array(["a", "bc"]), pa.array(["", ""])):
+        _, raw = predictions_file._string_buffers(names)
+        assert not raw.flags.writeable
