@@ -91,3 +91,51 @@ def test_serving_extras_are_the_signatures_the_engine_and_reads_use() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["2", "0"]
+
+
+CORE_THEN_SERVICE = textwrap.dedent(
+    """
+    import sys, tempfile
+    from contextlib import redirect_stdout
+    from io import StringIO
+    from pathlib import Path
+    import numba
+    import core.warmup
+    from app.cli import app
+    from app.serving.warmup import everything
+    import core._calibration_kernels, core._dyadic_kernels, core._kernels, core.acquisition
+    import core.itemlabels
+
+    MODULES = (core._kernels, core._dyadic_kernels, core._calibration_kernels,
+               core.acquisition, core.itemlabels)
+
+    def signatures():
+        return {(m.__name__, n, str(s)) for m in MODULES for n, d in vars(m).items()
+                if isinstance(d, numba.core.registry.CPUDispatcher) for s in d.signatures}
+
+    core.warmup.everything()
+    before = signatures()
+    everything()
+    with tempfile.TemporaryDirectory() as folder:
+        answers = Path(folder) / "answers.csv"
+        answers.write_text("item,worker,label\\na,w1,0\\na,w2,1\\nb,w1,1\\nb,w2,1\\n")
+        for extra in ([], ["--passes", "3", "--later-passes", "newton"], ["--batch"],
+                      ["--batch", "--difficulty"]):
+            with redirect_stdout(StringIO()):
+                app(["extract", str(answers), *extra], standalone_mode=False)
+    added = sorted(signatures() - before)
+    print(len(before), added)
+    sys.exit(1 if added else 0)
+    """
+)
+
+
+def test_the_install_compiles_what_the_service_and_extract_call() -> None:
+    """``core.warmup`` (run by the install, with numba and numpy alone) reaches every kernel
+    with the argument types the service's warm-up (and so a whole session, above) and
+    ``crowdtally extract`` use: otherwise the first start would compile them again."""
+    out = subprocess.run(
+        [sys.executable, "-c", CORE_THEN_SERVICE], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert int(out.stdout.split()[0]) > 10  # the kernels were there to count
