@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from core._numba import jit
+
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
@@ -85,11 +87,21 @@ class LabelBlocks:
         return cls(ptr, slots_a[order], labels_a[order], weights_a[order])
 
 
+LARGE = 1 << 16
+"""From this many labels on, ``canonical_order`` sorts in a compiled kernel (a counting sort
+by block, then each block by itself), linear in the labels where numpy's argsort of 10M keys
+takes about 1.3 s; below, numpy's sort (the engine's entries: no kernel to compile at start).
+Both give the same permutation."""
+
+
 def canonical_order(
     block: IntArray, slots: IntArray, labels: IntArray, weights: FloatArray
 ) -> IntArray:
-    """Sort by (block, slot, label, weight); one int64 key when it fits (4x faster than lexsort)."""
-    if block.size and np.all(weights == weights[0]):
+    """The stable sort by (block, slot, label, weight)."""
+    if block.size >= LARGE and block.min() >= 0:
+        out: IntArray = _grouped_order(block, slots, labels, weights, np.int64(block.max() + 1))
+        return out
+    if block.size and np.all(weights == weights[0]):  # one int64 key (4x faster than lexsort)
         n_slots, n_labels = int(slots.max()) + 1, int(labels.max()) + 1
         if (
             (int(block.max()) + 1) * n_slots * n_labels < 2**62
@@ -97,6 +109,83 @@ def canonical_order(
             and labels.min() >= 0
         ):
             key = (block * n_slots + slots) * n_labels + labels
-            out: IntArray = np.argsort(key, kind="stable")
+            out = np.argsort(key, kind="stable")
             return out
     return np.lexsort((weights, labels, slots, block))
+
+
+@jit
+def _grouped_order(block, slots, labels, weights, n_blocks):  # type: ignore[no-untyped-def]
+    """Counting sort by block (stable), then each block's labels by (slot, label, weight):
+    insertion sort for short blocks, a bottom-up merge sort for long ones (both stable)."""
+    n = block.size
+    start = np.zeros(n_blocks + 1, dtype=np.int64)
+    for i in range(n):
+        start[block[i] + 1] += 1
+    for b in range(n_blocks):
+        start[b + 1] += start[b]
+    fill = start[:-1].copy()
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        order[fill[block[i]]] = i
+        fill[block[i]] += 1
+    scratch = np.empty(0, dtype=np.int64)
+    for b in range(n_blocks):
+        lo, hi = start[b], start[b + 1]
+        if hi - lo <= 32:
+            _insertion_sort(order, lo, hi, slots, labels, weights)
+        else:
+            if scratch.size < hi - lo:
+                scratch = np.empty(hi - lo, dtype=np.int64)
+            _merge_sort(order, lo, hi, scratch, slots, labels, weights)
+    return order
+
+
+@jit
+def _before(i, j, slots, labels, weights):  # type: ignore[no-untyped-def]
+    """Label i sorts strictly before label j."""
+    if slots[i] != slots[j]:
+        return slots[i] < slots[j]
+    if labels[i] != labels[j]:
+        return labels[i] < labels[j]
+    return weights[i] < weights[j]
+
+
+@jit
+def _insertion_sort(order, lo, hi, slots, labels, weights):  # type: ignore[no-untyped-def]
+    for k in range(lo + 1, hi):
+        x = order[k]
+        m = k - 1
+        while m >= lo and _before(x, order[m], slots, labels, weights):
+            order[m + 1] = order[m]
+            m -= 1
+        order[m + 1] = x
+
+
+@jit
+def _merge_sort(order, lo, hi, scratch, slots, labels, weights):  # type: ignore[no-untyped-def]
+    n = hi - lo
+    width = 1
+    while width < n:
+        for a in range(lo, hi, 2 * width):
+            mid, end = min(a + width, hi), min(a + 2 * width, hi)
+            i, j, k = a, mid, 0
+            while i < mid and j < end:  # the left one on ties: stable
+                if _before(order[j], order[i], slots, labels, weights):
+                    scratch[k] = order[j]
+                    j += 1
+                else:
+                    scratch[k] = order[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                scratch[k] = order[i]
+                i += 1
+                k += 1
+            while j < end:
+                scratch[k] = order[j]
+                j += 1
+                k += 1
+            for m in range(k):
+                order[a + m] = scratch[m]
+        width *= 2

@@ -7,7 +7,7 @@ every second, compile them again each time (about 80 s of CPU more than a warm r
 ``python -m tests.kernels``: every kernel the service calls (in two processes, as
 ``crowdtally serve`` does it on a first start, but split for all of them rather than for the
 first posterior), then online and batch EM (with the per-item clarity too) as ``crowdtally extract`` runs
-them, predictions written.
+them, predictions written, and the grouping of long files.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ NOMINAL = "from app.serving.warmup import nominal; nominal()"
 
 
 def compile_all() -> None:
+    import numpy as np
+
     from app.cli import app
     from app.serving import warmup
     from app.serving.predictions import warm_up as warmup_predictions
+    from core.blocks import LARGE, canonical_order
 
     # Two halves of about 11 s each on a fresh clone: the nominal model (learning, refits,
     # reads) in a second process; here the dyadic model's learning, then its predictions and
@@ -46,6 +49,8 @@ def compile_all() -> None:
                     ["extract", str(answers), "--predictions", written, *extra],
                     standalone_mode=False,
                 )
+    codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
+    canonical_order(codes, codes, codes, np.ones(LARGE))
 
 
 def compile_before_workers() -> None:

@@ -1,6 +1,8 @@
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from core.blocks import LabelBlocks
+from core.blocks import LARGE, LabelBlocks, _grouped_order, canonical_order
 
 
 def test_total_weight_is_zero_for_blocks_without_labels_anywhere() -> None:
@@ -29,3 +31,31 @@ def test_blocks_hold_one_dtype_whatever_they_are_given() -> None:
                      (blocks.labels, np.int64), (blocks.weights, np.float64)):  # fmt: skip
         assert a.dtype == dtype and a.flags.c_contiguous
     assert blocks.labels.tolist() == [0, 0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 400), st.integers(1, 6), st.integers(1, 5), st.integers(1, 3),
+    st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_the_compiled_grouping_is_numpys_stable_sort(
+    n: int, n_blocks: int, n_slots: int, n_weights: int, seed: int
+) -> None:
+    """Long files are grouped by a counting sort and per-block insertion or merge sorts (a
+    block of up to 400 labels here): the same permutation as sorting by (block, slot, label,
+    weight), ties in input order."""
+    rng = np.random.default_rng(seed)
+    block, slots = rng.integers(0, n_blocks, n), rng.integers(0, n_slots, n)
+    labels, weights = rng.integers(0, 3, n), rng.choice([0.5, 1.0, 2.0][:n_weights], n)
+    expected = np.lexsort((weights, labels, slots, block))
+    got = _grouped_order(block, slots, labels, weights, np.int64(n_blocks))
+    assert np.array_equal(got, expected)
+
+
+def test_large_inputs_take_the_compiled_grouping_with_the_same_result() -> None:
+    rng = np.random.default_rng(1)
+    n = LARGE + 5
+    block, slots, labels = (rng.integers(0, k, n) for k in (n // 5, 300, 4))
+    weights = np.ones(n)
+    order = canonical_order(block, slots, labels, weights)
+    assert np.array_equal(order, np.lexsort((weights, labels, slots, block)))
