@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from app.io.triples import CHUNK_BYTES, read_answer_chunks
+from core._numba import jit
 
 Codes = npt.NDArray[np.int32]
 
@@ -25,32 +26,170 @@ def use_system_allocator() -> None:
 
 class Codebook:
     """Distinct ids in order of first appearance, grown chunk by chunk; an id's code is its
-    position. Hashing is pyarrow's: once per answer of a chunk, once per distinct id of it."""
+    position, looked up in a compiled hash table of every id seen so far (FNV-1a over the
+    bytes, open addressing), so that each chunk costs its own size, not the size of
+    everything read before it."""
 
     def __init__(self) -> None:
-        self.names: pa.Array = pa.nulls(0, pa.string())
+        self._offsets = np.zeros(17, dtype=np.int64)  # id k's bytes: data[offsets[k]:offsets[k+1]]
+        self._data = np.empty(256, dtype=np.uint8)
+        self._hashes = np.empty(16, dtype=np.uint64)
+        self._table = _empty_table(16)
+        self._n = 0
+        self._names: pa.Array | None = None
 
     def __len__(self) -> int:
-        return len(self.names)
+        return self._n
 
     def codes(self, values: pa.Array) -> Codes:
-        encoded = pc.dictionary_encode(values)  # the chunk's distinct ids, first seen first
-        found = pc.index_in(encoded.dictionary, value_set=self.names)
-        known = numpy_values(found, np.int32).copy()
-        new = ~valid(found)
-        if new.any():
-            known[new] = np.arange(len(self), len(self) + int(new.sum()), dtype=np.int32)
-            fresh = encoded.dictionary.take(arrow_ints(np.flatnonzero(new)))
-            self.names = pa.concat_arrays([self.names, fresh])
-        out: Codes = known[numpy_values(encoded.indices, np.int32)]
+        offsets, data = string_buffers(values)
+        out: Codes = np.empty(offsets.size - 1, dtype=np.int32)
+        done = 0
+        while True:  # the kernel stops where the next new id would not fit: make room, go on
+            self._n, done = _intern(
+                offsets, data, np.int64(done), self._table, self._offsets, self._data,
+                self._hashes, np.int64(self._n), out,
+            )  # fmt: skip
+            if done == out.size:
+                break
+            self._make_room(int(offsets[done + 1] - offsets[done]))
+        self._names = None
         return out
+
+    @property
+    def names(self) -> pa.Array:
+        """The ids, in code order."""
+        if self._names is None:
+            end = int(self._offsets[self._n])
+            wide = end >= 2**31  # arrow's string offsets are int32
+            offsets = self._offsets[: self._n + 1].astype(np.int64 if wide else np.int32)
+            self._names = pa.Array.from_buffers(
+                pa.large_string() if wide else pa.string(),
+                self._n,
+                [None, pa.py_buffer(offsets), pa.py_buffer(self._data[:end].copy())],
+            )
+        return self._names
+
+    def _make_room(self, size: int) -> None:
+        """Room for one more id of ``size`` bytes: each store doubles when full (the table at
+        most half full)."""
+        need = self._n + 1
+        if need >= self._hashes.size:
+            self._offsets = _grown(self._offsets, need + 1)
+            self._hashes = _grown(self._hashes, need)
+        used = int(self._offsets[self._n])
+        if used + size > self._data.size:
+            self._data = _grown(self._data, used + size)
+        if 2 * need > self._table.size:
+            self._table = _empty_table(2 * self._table.size)
+            _rehash(self._hashes, np.int64(self._n), self._table)
 
     def sorted_codes(self) -> tuple[Codes, pa.Array]:
         """The code each id would have in sorted order (by code point), and the sorted ids."""
-        order = numpy_values(pc.array_sort_indices(self.names), np.uint64).astype(np.int64)
+        names = self.names
+        order = numpy_values(pc.array_sort_indices(names), np.uint64).astype(np.int64)
         rank = np.empty(order.size, dtype=np.int32)
         rank[order] = np.arange(order.size, dtype=np.int32)
-        return rank, self.names.take(arrow_ints(order))
+        return rank, names.take(arrow_ints(order))
+
+
+def _empty_table(size: int) -> npt.NDArray[np.int64]:
+    """``size`` slots (a power of 2), each an id's code in its low 32 bits and the high 32 bits
+    of its hash above them (a probe compares bytes only when those match); -1 where empty."""
+    return np.full(size, -1, dtype=np.int64)
+
+
+def _grown(a: npt.NDArray[Any], need: int) -> npt.NDArray[Any]:
+    out = np.empty(max(need, 2 * a.size), dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """A string array's offsets (as int64) and bytes, without copying the bytes."""
+    wide = pa.types.is_large_string(array.type)
+    width = np.int64 if wide else np.int32
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(
+        offsets_buf,
+        dtype=width,
+        count=len(array) + 1,
+        offset=array.offset * np.dtype(width).itemsize,
+    ).astype(np.int64)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    )
+    return offsets, data
+
+
+_FNV_OFFSET = np.uint64(14695981039346656037)
+_FNV_PRIME = np.uint64(1099511628211)
+
+
+@jit
+def _hash(data, lo, hi):  # type: ignore[no-untyped-def]
+    h = _FNV_OFFSET
+    for k in range(lo, hi):
+        h = (h ^ np.uint64(data[k])) * _FNV_PRIME
+    return h ^ (h >> np.uint64(32))  # the high bits into the low ones the table's mask keeps
+
+
+_LOW = np.int64(0xFFFFFFFF)
+
+
+@jit
+def _intern(offsets, data, done, table, ids, text, hashes, n, out):  # type: ignore[no-untyped-def]
+    """Codes of the strings ``data[offsets[v]:offsets[v+1]]``, from v = ``done`` on, into
+    ``out``; a string not in the table is appended (its bytes to ``text``, its end to
+    ``ids``). Stops before a new string that would not fit (``hashes`` full, the table half
+    full or ``text`` too short). Returns the count of ids and where it stopped."""
+    mask = np.uint64(table.size - 1)
+    for v in range(done, offsets.size - 1):
+        lo, hi = offsets[v], offsets[v + 1]
+        h = _hash(data, lo, hi)
+        tag = np.int64(h >> np.uint64(32)) << np.int64(32)
+        slot = h & mask
+        while True:
+            entry = table[slot]
+            if entry == -1:  # not seen: a new code
+                if n + 1 >= hashes.size or 2 * (n + 1) > table.size or ids[n] + hi - lo > text.size:
+                    return n, v
+                start = ids[n]
+                for k in range(hi - lo):
+                    text[start + k] = data[lo + k]
+                ids[n + 1] = start + hi - lo
+                hashes[n] = h
+                table[slot] = tag | n
+                out[v] = n
+                n += 1
+                break
+            code = entry & _LOW
+            if entry - code == tag and _same(data, lo, hi, text, ids[code], ids[code + 1]):
+                out[v] = code
+                break
+            slot = (slot + np.uint64(1)) & mask
+    return n, offsets.size - 1
+
+
+@jit
+def _same(a, a_lo, a_hi, b, b_lo, b_hi):  # type: ignore[no-untyped-def]
+    if a_hi - a_lo != b_hi - b_lo:
+        return False
+    for k in range(a_hi - a_lo):  # noqa: SIM110 (a loop numba compiles; all() of a generator no)
+        if a[a_lo + k] != b[b_lo + k]:
+            return False
+    return True
+
+
+@jit
+def _rehash(hashes, n, table):  # type: ignore[no-untyped-def]
+    mask = np.uint64(table.size - 1)
+    for code in range(n):
+        h = hashes[code]
+        slot = h & mask
+        while table[slot] != -1:
+            slot = (slot + np.uint64(1)) & mask
+        table[slot] = (np.int64(h >> np.uint64(32)) << np.int64(32)) | code
 
 
 # pyarrow's own conversions to and from numpy (Array.to_numpy, pa.array) import pandas, which
