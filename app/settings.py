@@ -19,6 +19,9 @@ class Settings(BaseSettings):
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "CROWDTALLY_REDIS_URL"),
     )
+    redis_cluster: bool = False
+    """``redis_url`` names one node of a Redis Cluster (docs/deploy.md): a project's keys share
+    one hash slot, so its scripts and transactions run on the node that holds it."""
     redis_prefix: str = "ct"
     """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
     redis_timeout_s: float = Field(10.0, ge=0)

@@ -12,7 +12,12 @@ def open_store(settings: Settings) -> Store:
     if settings.store == "redis":
         from app.store.redis_store import RedisStore
 
-        return RedisStore(settings.redis_url, settings.redis_prefix, settings.redis_timeout_s)
+        return RedisStore(
+            settings.redis_url,
+            settings.redis_prefix,
+            settings.redis_timeout_s,
+            cluster=settings.redis_cluster,
+        )
     from app.store.embedded import EmbeddedStore
 
     return EmbeddedStore(settings.data_dir / "crowdtally.sqlite3")

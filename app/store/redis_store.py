@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import redis
+from redis.cluster import RedisCluster
 
 from app.store.base import (
     AppendResult,
@@ -161,11 +162,16 @@ return 0
 class RedisStore:
     log_in_sql = False
 
-    def __init__(self, url: str, prefix: str = "ct", timeout_s: float | None = 10.0) -> None:
+    def __init__(
+        self, url: str, prefix: str = "ct", timeout_s: float | None = 10.0, cluster: bool = False
+    ) -> None:
         """``timeout_s``: how long one command may wait for Redis (connecting included)
-        before it raises redis' TimeoutError (the API's 503); None or 0 waits forever."""
+        before it raises redis' TimeoutError (the API's 503); None or 0 waits forever.
+        ``cluster``: ``url`` names one node of a Redis Cluster (the client finds the others
+        and follows the slots as they move)."""
         wait = timeout_s or None
-        self.r: Any = redis.Redis.from_url(  # untyped client: replies are bytes
+        client = RedisCluster if cluster else redis.Redis
+        self.r: Any = client.from_url(  # untyped client: replies are bytes
             url, socket_timeout=wait, socket_connect_timeout=wait
         )
         self.prefix = prefix
@@ -302,7 +308,9 @@ class RedisStore:
 
         def run() -> Any:
             pipe = self.r.pipeline(transaction=False)
-            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+            # (execute_command: redis-py's cluster pipeline refuses its evalsha method, yet
+            # routes the command itself by the keys' slot)
+            pipe.execute_command("EVALSHA", self._append.sha, len(keys), *keys, *args)
             pipe.lpush(self._wake_key, b"1")
             pipe.ltrim(self._wake_key, 0, 0)
             return pipe.execute()[0]
@@ -396,7 +404,7 @@ class RedisStore:
                 # Redis in between fails the transaction).
                 pipe.watch(state)
                 keys = [self._k(project, "log"), self._k(project, "seq")]
-                holds = self._holds(keys=keys, args=[update.position, update.anchor], client=pipe)
+                holds = self._evalsha(pipe, self._holds, keys, [update.position, update.anchor])
                 was = int(pipe.hget(state, "applied") or 0)
                 if not holds or (update.served is not None and was != update.served):
                     pipe.reset()
@@ -439,7 +447,17 @@ class RedisStore:
         if update.entry_s is not None:
             pipe.hset(state, "entry_ms", f"{1000 * update.entry_s:.3f}")
         pipe.hset(state, "applied", update.position)
-        pipe.eval(_RESTORED, 1, self._k(project, "restoring"), update.position)
+        pipe.execute_command("EVAL", _RESTORED, 1, self._k(project, "restoring"), update.position)
+
+    def _evalsha(self, client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """A registered script run on ``client`` (a watching pipeline) by its digest, loaded
+        first if Redis lacks it (redis-py's cluster pipeline refuses its own evalsha method,
+        which the script objects call; the command itself is routed by its keys' slot)."""
+        try:
+            return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            self.r.script_load(script.script)  # on every primary of a cluster
+            return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def applied_position(self, project: str) -> int:
         v = self.r.hget(self._k(project, "state"), "applied")

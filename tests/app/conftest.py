@@ -20,10 +20,12 @@ from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
 from app.store.sql import upgrade
+from tests.redis_cluster import LocalCluster
 
 REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN = "test-admin-key"
 STORES = ["embedded", "redis"]
+"""The stores the store contract runs on (and "cluster": a local Redis Cluster)."""
 
 
 @functools.cache
@@ -45,22 +47,37 @@ def migrated_sqlite(path: Path) -> Path:
     return path
 
 
+@functools.cache
+def cluster_url() -> str:
+    """A local Redis Cluster (6 nodes), started once per test process, stopped at its exit."""
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="crowdtally-cluster-"))).start()
+    atexit.register(cluster.stop)
+    return cluster.url
+
+
 def make_store(kind: str, tmp_path: Path) -> Store:
     if kind == "embedded":
         return EmbeddedStore(migrated_sqlite(tmp_path / "crowdtally.sqlite3"))
-    store = RedisStore(REDIS_URL, prefix=f"test-{uuid.uuid4().hex[:12]}")
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    if kind == "cluster":
+        return RedisStore(cluster_url(), prefix=prefix, cluster=True)
+    store = RedisStore(REDIS_URL, prefix=prefix)
     if not store.ping():
         pytest.fail(f"Redis is not reachable at {REDIS_URL} (see .ci/run for how to start it)")
     return store
 
 
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    st = make_store(request.param, tmp_path)
+def opened_store(kind: str, tmp_path: Path) -> Iterator[Store]:
+    st = make_store(kind, tmp_path)
     yield st
     if isinstance(st, RedisStore):
         st.flush_prefix()
     st.close()
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from opened_store(request.param, tmp_path)
 
 
 def service_settings(tmp_path: Path, **changes: object) -> Settings:

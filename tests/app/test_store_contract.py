@@ -1,9 +1,12 @@
-"""One contract, every backend: the embedded store and the real Redis server."""
+"""One contract, every backend: the embedded store, the real Redis server and a local Redis
+Cluster of 6 nodes (tests/redis_cluster.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -17,6 +20,12 @@ from app.store.base import (
     Store,
 )
 from app.store.redis_store import RedisStore
+from tests.app.conftest import STORES, opened_store
+
+
+@pytest.fixture(params=[*STORES, "cluster"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from opened_store(request.param, tmp_path)
 
 
 def project(name: str = "p") -> ProjectRecord:
