@@ -64,7 +64,23 @@ class LocalCluster:
             check=True, capture_output=True, timeout=timeout_s,
         )  # fmt: skip
         self.wait_healthy(timeout_s)
+        self.wait_replicas_in_sync(timeout_s)
         return self
+
+    def wait_replicas_in_sync(self, timeout_s: float = 30) -> None:
+        """Every replica has its primary's data (a replica that never synced does not take
+        over a failed primary)."""
+        deadline = time.monotonic() + timeout_s
+        for port, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            while True:
+                info = redis.Redis(port=port, socket_timeout=1).info("replication")
+                if info["role"] != "slave" or info.get("master_link_status") == "up":
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the replica on port {port} did not sync")
+                time.sleep(0.05)
 
     def start_node(self, port: int) -> None:
         folder = self.folder / str(port)
@@ -72,7 +88,8 @@ class LocalCluster:
         self.procs[port] = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"],
+             "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
+             "--repl-diskless-sync-delay", "0"],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
 
