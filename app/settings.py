@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     engine_in_process: bool = True
     """Run the engine inside the API process (the embedded default). Production runs
     ``crowdtally engine`` as its own process and sets this to false."""
+    engine_pool: bool = False
+    """``crowdtally engine`` joins a pool of engines over one Redis (or Redis Cluster): each
+    project is applied by one engine at a time, the holder of its lease (docs/deploy.md)."""
+    engine_lease_s: float = Field(5.0, gt=0)
+    """A pool engine's lease on a project: renewed every third of it; a dead engine's projects
+    are taken over once it lapses."""
     max_block_labels: int = 10_000
     """Largest block of labels one POST may carry."""
     max_label_weight: float = Field(10.0, gt=0)

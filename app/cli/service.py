@@ -73,15 +73,26 @@ def serve(
 
 def engine_command(
     store: Annotated[str | None, typer.Option(help="redis (default here) or embedded.")] = None,
+    pool: Annotated[
+        bool | None,
+        typer.Option(
+            "--pool/--no-pool",
+            help="Join a pool of engines sharing the projects, one engine per project at a "
+            "time (default: no; else CROWDTALLY_ENGINE_POOL).",
+        ),
+    ] = None,
 ) -> None:
     """Run the engine on its own: apply every project's label log and write served state."""
     import os
+    import signal
 
     from app.engine.runtime import make_engine_loop
     from app.store import open_store
     from app.store.archive import open_snapshot_db, rebuild_store
 
     os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
+    if pool is not None:
+        os.environ["CROWDTALLY_ENGINE_POOL"] = "true" if pool else "false"
     settings = load_settings()
     from app import logs
 
@@ -93,6 +104,11 @@ def engine_command(
 
     warm_up()  # the kernels, compiled in two processes on a first start
     loop = make_engine_loop(settings, st, db)
-    print(f"crowdtally engine: {settings.store} store", file=sys.stderr)
+    where = f" (pool engine {loop.pool.engine_id})" if loop.pool is not None else ""
+    print(f"crowdtally engine: {settings.store} store{where}", file=sys.stderr)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: leases given up
     with contextlib.suppress(KeyboardInterrupt):
-        loop.run_forever()
+        try:
+            loop.run_forever()
+        finally:
+            loop.release_leases()

@@ -18,6 +18,15 @@ last second) raises ``LogRewoundError``: the engine is dropped and restored from
 snapshot the log still holds (the snapshots past it, and their archive, are dropped), then
 replays; the state equals a replay of the log, and the label ids the log lost are gone with
 it, so a client's retry of a lost block is applied exactly once.
+
+In a pool (``Pool``: several ``crowdtally engine --pool`` processes, on any machines, over one
+Redis or Redis Cluster) each project is applied by one engine at a time, the holder of its
+lease (``Store.acquire_lease``), renewed every third of the lease. Every state write carries
+the lease's fencing token and is refused once another engine took the project over (an
+engine paused past its lease cannot write after that). Each engine takes up to its share of
+the projects (their number over the engines alive), preferring by rendezvous hashing of its
+id and the project's name, and gives up what is beyond its share when engines join; a dead
+engine's projects are taken over once its leases lapse.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import logging
 import threading
 import time
@@ -34,11 +44,26 @@ import orjson
 
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter
-from app.store.base import LogRewoundError, ProjectRecord, Store
+from app.store.base import LeaseLostError, LogRewoundError, ProjectRecord, Store
 
 log = logging.getLogger("crowdtally.engine")
 
 RETRY_S, RETRY_MAX_S = 1.0, 60.0  # a failed project is tried again after this (doubling)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """This engine's part in a pool of engines sharing a deployment's projects."""
+
+    engine_id: str
+    lease_s: float = 5.0
+
+
+def preference(engine_id: str, project: str) -> int:
+    """Rendezvous hashing: each engine ranks the projects in its own pseudo-random order, so
+    engines asking for their share at the same time mostly ask for different projects."""
+    digest = hashlib.blake2b(f"{engine_id}\0{project}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 @dataclass
@@ -76,8 +101,15 @@ class EngineLoop:
         refine_idle_s: float = 1.0,
         poll_s: float = 0.002,
         snapshotter: Snapshotter | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self.store = store
+        self.pool = pool
+        self._leases: dict[str, int] = {}
+        """The projects this engine of a pool holds, with their fencing tokens."""
+        self._next_claim = 0.0
+        self.leases_lost = 0
+        """Projects this engine of a pool had to let go (their lease lapsed and was taken)."""
         self.snapshotter = snapshotter
         self.batch_entries = batch_entries
         self.refine_passes = refine_passes
@@ -116,6 +148,8 @@ class EngineLoop:
         for gone in set(self.failed) - set(projects):
             del self.failed[gone]
             self.store.set_project_failed(gone, None)
+        if self.pool is not None:
+            projects = self._claim(projects, self.pool)
         done = 0
         now = time.monotonic()
         for name, record in projects.items():
@@ -125,6 +159,10 @@ class EngineLoop:
                 continue  # failed: tried again after its back-off
             try:
                 done += self._step_project(name, record)
+            except LeaseLostError as exc:
+                log.warning("%s: %s; let go", name, exc)
+                self._let_go(name)
+                continue
             except LogRewoundError as exc:
                 self._rewind(name, exc)
                 continue
@@ -138,6 +176,45 @@ class EngineLoop:
                 self.store.set_project_failed(name, None)
                 log.warning("%s: applies its log again", name)
         return done
+
+    def _claim(self, projects: dict[str, ProjectRecord], pool: Pool) -> dict[str, ProjectRecord]:
+        """The projects this engine holds the lease of: renewed, and taken or given up toward
+        its share, every third of the lease."""
+        now = time.monotonic()
+        if now >= self._next_claim:
+            self._next_claim = now + pool.lease_s / 3
+            alive = self.store.engines_alive(pool.engine_id, pool.lease_s)
+            share = -(-len(projects) // max(len(alive), 1))
+            for name, token in list(self._leases.items()):
+                if name not in projects:  # deleted
+                    self._leases.pop(name)
+                elif self.store.acquire_lease(name, pool.engine_id, pool.lease_s) != token:
+                    self.leases_lost += 1  # lapsed (and perhaps another engine wrote since)
+                    self._let_go(name)
+            ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
+            for name in [n for n in ranked if n in self._leases][share:]:  # beyond its share
+                self.store.release_lease(name, pool.engine_id)
+                self._let_go(name)
+            for name in ranked:
+                if len(self._leases) >= share:
+                    break
+                if name not in self._leases:
+                    token = self.store.acquire_lease(name, pool.engine_id, pool.lease_s)
+                    if token:
+                        self._leases[name] = token
+        return {n: r for n, r in projects.items() if n in self._leases}
+
+    def _let_go(self, name: str) -> None:
+        """Forget a project another engine of the pool applies now (SQL keeps its side)."""
+        self._leases.pop(name, None)
+        self._drop(name, forget_sql=False)
+
+    def release_leases(self) -> None:
+        """Give up every lease held (a pool engine stopping: the others take over at once)."""
+        if self.pool is not None:
+            for name in list(self._leases):
+                self.store.release_lease(name, self.pool.engine_id)
+                self._let_go(name)
 
     def _fail(self, name: str, record: ProjectRecord, exc: Exception) -> None:
         """Mark the project failed, drop its (partly updated) engine, retry later."""
@@ -201,6 +278,7 @@ class EngineLoop:
                 eng.mark_all_dirty()
                 first = eng.state_update()
                 first.anchor, first.served = anchor, served
+                first.fence = self._leases.get(name)
                 self.store.write_state(name, first)
                 self._served[name] = eng.position
         anchor = self._anchor.get(name)
@@ -226,6 +304,7 @@ class EngineLoop:
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
         update.anchor, update.served = anchor, self._served.get(name)
+        update.fence = self._leases.get(name)
         if all(e.kind == "labels" for e in entries):  # the pace push-back projects from
             took = (time.perf_counter() - started) / len(entries)
             was = self._entry_s.get(name)
@@ -293,3 +372,4 @@ class EngineLoop:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.release_leases()

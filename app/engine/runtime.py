@@ -3,7 +3,11 @@ snapshotter, from the settings."""
 
 from __future__ import annotations
 
-from app.engine.loop import EngineLoop
+import os
+import secrets
+import socket
+
+from app.engine.loop import EngineLoop, Pool
 from app.engine.snapshots import Snapshotter
 from app.settings import Settings
 from app.store.archive import SnapshotDB
@@ -24,4 +28,11 @@ def make_engine_loop(settings: Settings, store: Store, db: SnapshotDB) -> Engine
         refine_passes=settings.refine_passes,
         refine_idle_s=settings.refine_idle_s,
         snapshotter=snapshotter,
+        pool=Pool(engine_id(), settings.engine_lease_s) if settings.engine_pool else None,
     )
+
+
+def engine_id() -> str:
+    """This process's name in a pool: host, process id and a random part (a restarted engine
+    is a new one, with leases of its own)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"

@@ -44,6 +44,12 @@ class LogRewoundError(Exception):
     that lagged). The engine must drop what it holds and restore from an earlier snapshot."""
 
 
+class LeaseLostError(Exception):
+    """An engine of a pool wrote with a fencing token that is no longer the project's (its
+    lease lapsed and another engine took the project over): the write is refused, and the
+    engine must let the project go."""
+
+
 @dataclass(frozen=True)
 class ProjectRecord:
     name: str
@@ -130,6 +136,9 @@ class StateUpdate:
     they held must be written again). None: not checked."""
     queue_replace: bool = False
     """``queue`` is the whole queue: members not in it are dropped."""
+    fence: int | None = None
+    """An engine pool's fencing token for the project (``acquire_lease``): the write is
+    refused (``LeaseLostError``) unless it is still the project's. None: not checked."""
     entry_s: float | None = None
     """The engine's recent seconds per log entry applied (push-back projects the wait of the
     entries not applied yet from it). None: unchanged."""
@@ -265,6 +274,20 @@ class Store(Protocol):
 
     def failed_projects(self) -> dict[str, str]:
         """Projects the engine could not apply, with the error."""
+        ...
+
+    # engine pools: one engine applies a project at a time
+    def acquire_lease(self, project: str, holder: str, ttl_s: float) -> int:
+        """Take or renew the project's lease for ``ttl_s``: its fencing token (a number that
+        grows with every new holder) if ``holder`` holds it now, else 0."""
+        ...
+
+    def release_lease(self, project: str, holder: str) -> None:
+        """Give the lease up, if ``holder`` holds it."""
+        ...
+
+    def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
+        """Note that ``holder`` is alive now; the engines seen within the last ``ttl_s``."""
         ...
 
     def wait_for_append(self, timeout_s: float) -> None:

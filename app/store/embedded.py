@@ -22,6 +22,7 @@ from app.store.base import (
     EngineBehindError,
     EntryKind,
     KeyRecord,
+    LeaseLostError,
     LogEntry,
     LogRewoundError,
     ProjectExistsError,
@@ -89,6 +90,8 @@ class EmbeddedStore:
         self._state: dict[str, _ProjectState] = {}
         self._keys: dict[str, KeyRecord] = {}
         self._failed: dict[str, str] = {}  # the engine's: in process, like the served state
+        self._leases: dict[str, tuple[str, float, int]] = {}  # project: holder, until, fence
+        self._engines: dict[str, float] = {}
         self._load()
 
     def _load(self) -> None:
@@ -310,6 +313,11 @@ class EmbeddedStore:
             st = self._state.get(project)
             if st is None:
                 return
+            if (
+                update.fence is not None
+                and self._leases.get(project, ("", 0.0, 0))[2] != update.fence
+            ):
+                raise LeaseLostError(f"{project}: another engine holds it now")
             st.globals = _fitted(update.globals)
             st.rows.update(_all_fitted(update.rows))
             st.items.update(_all_fitted(update.items))
@@ -418,6 +426,30 @@ class EmbeddedStore:
     def failed_projects(self) -> dict[str, str]:
         with self._lock:
             return dict(self._failed)
+
+    # engine pools (in one process: threads) ------------------------------------------------
+    def acquire_lease(self, project: str, holder: str, ttl_s: float) -> int:
+        with self._lock:
+            now = time.monotonic()
+            who, until, fence = self._leases.get(project, ("", 0.0, 0))
+            if who == holder or until <= now:
+                fence = fence if who == holder and until > now else fence + 1
+                self._leases[project] = (holder, now + ttl_s, fence)
+                return fence
+            return 0
+
+    def release_lease(self, project: str, holder: str) -> None:
+        with self._lock:
+            who, _, fence = self._leases.get(project, ("", 0.0, 0))
+            if who == holder:
+                self._leases[project] = ("", 0.0, fence)
+
+    def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
+        with self._lock:
+            now = time.monotonic()
+            self._engines[holder] = now
+            self._engines = {h: t for h, t in self._engines.items() if now - t < ttl_s}
+            return sorted(self._engines)
 
     def wait_for_append(self, timeout_s: float) -> None:
         self._appended.wait(timeout_s)  # (one process: the engine runs in the API's)

@@ -22,6 +22,7 @@ from app.store.base import (
     EngineBehindError,
     EntryKind,
     KeyRecord,
+    LeaseLostError,
     LogEntry,
     LogRewoundError,
     ProjectExistsError,
@@ -147,8 +148,46 @@ def new_token() -> int:
 
 _STATE_KEYS = (
     "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks",
-    "restoring",
+    "restoring", "lease", "fence",
 )  # fmt: skip
+
+# KEYS: the project's lease and fence. ARGV: the holder, the lease in ms. The holder renews;
+# a free lease is taken and the fence (the fencing token) grows. Returns the token, or 0 when
+# another engine holds the lease.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('INCR', KEYS[2])
+"""
+
+# KEYS: the project's lease. ARGV: the holder.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+# KEYS: the engines' heartbeats (holder -> Redis time in ms). ARGV: this holder, the time in ms
+# after which a silent engine counts as gone. Returns the engines alive.
+_ALIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now)
+local all = redis.call('HGETALL', KEYS[1])
+local alive = {}
+for i = 1, #all, 2 do
+  if now - tonumber(all[i + 1]) < tonumber(ARGV[2]) then
+    table.insert(alive, all[i])
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return alive
+"""
 
 # KEYS: the project's restore marker. ARGV: the position the state now covers. The served
 # state is rebuilt once it reaches the marker's position.
@@ -180,6 +219,9 @@ class RedisStore:
         self._holds = self.r.register_script(_HOLDS)
         self._read = self.r.register_script(_READ)
         self._trim = self.r.register_script(_TRIM)
+        self._acquire = self.r.register_script(_ACQUIRE)
+        self._release = self.r.register_script(_RELEASE)
+        self._alive = self.r.register_script(_ALIVE)
 
     def _k(self, project: str, what: str) -> str:
         return f"{{{self.prefix}:p:{project}}}:{what}"
@@ -398,6 +440,12 @@ class RedisStore:
             return
         state = self._k(project, "state")
         with self.r.pipeline(transaction=True) as pipe:
+            if update.fence is not None:  # an engine pool's: refused once another took over
+                fence = self._k(project, "fence")
+                pipe.watch(state, fence)
+                if int(pipe.get(fence) or 0) != update.fence:
+                    pipe.reset()
+                    raise LeaseLostError(f"{project}: another engine holds it now")
             if update.anchor is not None:
                 # The state covers the log up to update.position: written only while the log
                 # holds that very entry (checked and written on one connection; a restart of
@@ -412,6 +460,7 @@ class RedisStore:
                         f"{project}: the log no longer holds entry {update.position}, or the "
                         f"served state is at {was}, not {update.served}"
                     )
+            if update.anchor is not None or update.fence is not None:
                 pipe.multi()
             try:
                 self._queue_state(pipe, project, state, update)
@@ -419,6 +468,10 @@ class RedisStore:
             except redis.WatchError as exc:
                 if not self.r.hexists(self._projects_key, project):
                     return  # the project was deleted meanwhile
+                if update.fence is not None:
+                    current = int(self.r.get(self._k(project, "fence")) or 0)
+                    if current != update.fence:
+                        raise LeaseLostError(f"{project}: another engine took it over") from exc
                 # (a connection lost while watching: Redis restarted, perhaps from an older
                 # log; the engine restores and replays, then writes again)
                 raise LogRewoundError(f"{project}: the state write was cut off ({exc})") from exc
@@ -537,6 +590,18 @@ class RedisStore:
     def failed_projects(self) -> dict[str, str]:
         d: dict[bytes, bytes] = self.r.hgetall(self._failed_key)
         return {k.decode(): v.decode() for k, v in d.items()}
+
+    # engine pools ------------------------------------------------------------------------
+    def acquire_lease(self, project: str, holder: str, ttl_s: float) -> int:
+        keys = [self._k(project, "lease"), self._k(project, "fence")]
+        return int(self._acquire(keys=keys, args=[holder, max(int(ttl_s * 1000), 1)]))
+
+    def release_lease(self, project: str, holder: str) -> None:
+        self._release(keys=[self._k(project, "lease")], args=[holder])
+
+    def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
+        alive = self._alive(keys=[f"{self.prefix}:engines"], args=[holder, int(ttl_s * 1000)])
+        return sorted(a.decode() for a in alive)
 
     def wait_for_append(self, timeout_s: float) -> None:
         # BLPOP's timeout is in seconds, fractions allowed (Redis >= 6); 0 would block for good

@@ -14,6 +14,7 @@ import pytest
 from app.store.base import (
     EngineBehindError,
     KeyRecord,
+    LeaseLostError,
     ProjectExistsError,
     ProjectRecord,
     StateUpdate,
@@ -190,3 +191,28 @@ def test_append_after_redis_lost_its_scripts(store: Store) -> None:
         store.r.script_flush()
     assert store.append("p", "labels", b"{}", ["x"]).accepted == 1
     assert store.append("p", "labels", b"{}", ["x"]).duplicates == 1
+
+
+def test_one_engine_of_a_pool_holds_a_project_and_only_its_writes_land(store: Store) -> None:
+    """A lease per project with a fencing token: renewed by its holder, taken by another
+    engine once it lapses (or is given up), and a write with an old token refused."""
+    store.create_project(project())
+    a = store.acquire_lease("p", "A", 0.3)
+    assert a > 0 and store.acquire_lease("p", "B", 0.3) == 0
+    assert store.acquire_lease("p", "A", 0.3) == a  # renewed: the same token
+    store.write_state("p", StateUpdate(1, b"g1", fence=a))
+    time.sleep(0.4)  # A paused past its lease
+    b = store.acquire_lease("p", "B", 5.0)
+    assert b > a
+    with pytest.raises(LeaseLostError):  # A's late write
+        store.write_state("p", StateUpdate(2, b"late", fence=a))
+    assert store.applied_position("p") == 1 and store.get_params("p", [])[0] == b"g1"
+    store.write_state("p", StateUpdate(2, b"g2", fence=b))
+    store.release_lease("p", "A")  # not A's: nothing happens
+    assert store.acquire_lease("p", "A", 5.0) == 0
+    store.release_lease("p", "B")
+    assert store.acquire_lease("p", "A", 5.0) > b
+    assert store.engines_alive("A", 5.0) == ["A"]
+    assert store.engines_alive("B", 5.0) == ["A", "B"]
+    time.sleep(0.3)
+    assert store.engines_alive("B", 0.2) == ["B"]  # A silent for longer than that

@@ -1,0 +1,102 @@
+"""A pool of engines sharing the projects (leases with fencing tokens): each project applied by
+one engine at a time, taken over when its engine stops, and a paused engine's late write
+refused. On each store (the real Redis and the embedded one), engines stepped in turn."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import orjson
+
+from app.engine.loop import EngineLoop, Pool
+from app.engine.project import ProjectEngine
+from app.store.base import LogEntry, ProjectRecord, Store
+from core.nominal import NominalConfig
+
+NAMES = ["p0", "p1", "p2", "p3"]
+LEASE_S = 0.4
+
+
+def labels(rng: np.random.Generator, n: int = 50) -> bytes:
+    return orjson.dumps({
+        "items": [f"i{v}" for v in rng.integers(0, 30, n).tolist()],
+        "workers": [f"w{v}" for v in rng.integers(0, 8, n).tolist()],
+        "labels": rng.integers(0, 3, n).tolist(),
+        "weights": None,
+    })  # fmt: skip
+
+
+def post_everywhere(store: Store, rng: np.random.Generator) -> None:
+    for name in NAMES:
+        store.append(name, "labels", labels(rng))
+
+
+def step_all(*loops: EngineLoop) -> None:
+    for _ in range(3):
+        for loop in loops:
+            loop.step()
+
+
+def settle(loops: tuple[EngineLoop, ...], done: Callable[[], bool]) -> None:
+    """Step the engines in turn until ``done`` (each looks at its leases every third of one)."""
+    deadline = time.monotonic() + 3 * LEASE_S
+    while not done():
+        assert time.monotonic() < deadline, [sorted(loop.engines) for loop in loops]
+        step_all(*loops)
+        time.sleep(LEASE_S / 20)
+
+
+def assert_served_is_a_replay(store: Store) -> None:
+    for name in NAMES:
+        replay = ProjectEngine(store.get_project(name))  # type: ignore[arg-type]
+        for entry in store.read_log(name, 0, 10**6):
+            replay.apply(entry)
+        assert store.applied_position(name) == replay.position == store.log_end(name)
+        served = dict(store.scan_items(name, 0, 10**6)[1])
+        for item, code in replay.items.code.items():
+            assert orjson.loads(served[item])["posterior"] == replay.q[code].tolist()
+
+
+def test_a_pool_shares_projects_takes_over_and_fences_a_paused_engine(store: Store) -> None:
+    warm = ProjectEngine(ProjectRecord("warm", ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    warm.apply(LogEntry(1, "labels", labels(np.random.default_rng(9))))  # kernels loaded: a
+    warm.state_update()  # first step longer than the lease would lose it
+    for name in NAMES:
+        store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
+    b = EngineLoop(store, refine_passes=0, pool=Pool("B", LEASE_S))
+    rng = np.random.default_rng(0)
+    post_everywhere(store, rng)
+    settle((a, b), lambda: len(a.engines) == len(b.engines) == 2)  # a share of 2 each
+    assert sorted([*a.engines, *b.engines]) == NAMES
+    assert_served_is_a_replay(store)
+
+    # A pauses (no renewal) past its lease; B takes its projects over and applies new labels.
+    held_by_a = sorted(a.engines)
+    a._next_claim = float("inf")  # paused: it will not look at its leases again
+    time.sleep(LEASE_S * 1.2)
+    post_everywhere(store, rng)
+    step_all(b)
+    assert sorted(b.engines) == NAMES
+    # A resumes mid-work: it applies the entries it finds and writes with its old token.
+    post_everywhere(store, rng)
+    served_before = {n: store.applied_position(n) for n in held_by_a}
+    a.step()
+    assert not a.engines and a.leases_lost == 0  # let go on the refused write
+    assert {n: store.applied_position(n) for n in held_by_a} == served_before  # nothing landed
+    step_all(b)
+    assert_served_is_a_replay(store)
+
+    # A comes back (its leases checked again): B gives up what is beyond its share.
+    a._next_claim = 0.0
+    settle((a, b), lambda: len(a.engines) == len(b.engines) == 2)
+    post_everywhere(store, rng)
+    step_all(a, b)
+    assert_served_is_a_replay(store)
+    b.release_leases()  # B stops: A takes everything once B no longer counts as alive
+    post_everywhere(store, rng)
+    settle((a,), lambda: sorted(a.engines) == NAMES)
+    step_all(a)
+    assert_served_is_a_replay(store)
