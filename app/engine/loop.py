@@ -189,7 +189,8 @@ class EngineLoop:
                 if name not in projects:  # deleted
                     self._leases.pop(name)
                 elif self.store.acquire_lease(name, pool.engine_id, pool.lease_s) != token:
-                    self.leases_lost += 1  # lapsed (and perhaps another engine wrote since)
+                    log.warning("%s: its lease lapsed; let go", name)  # (another may have
+                    self.leases_lost += 1  # written since: what this engine holds is stale)
                     self._let_go(name)
             ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
             for name in [n for n in ranked if n in self._leases][share:]:  # beyond its share

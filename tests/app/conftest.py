@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -104,12 +105,9 @@ def client(store: Store, tmp_path: Path) -> Iterator[TestClient]:
 PG_ADMIN_URL = os.environ.get("CROWDTALLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database: a SQLite file, or a fresh database on the real PostgreSQL."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
-        return
+@contextmanager
+def fresh_postgres() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL (dropped afterwards): its SQLAlchemy URL."""
     import psycopg
 
     name = f"ct_test_{uuid.uuid4().hex[:12]}"
@@ -124,3 +122,13 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     finally:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database: a SQLite file, or a fresh database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+        return
+    with fresh_postgres() as url:
+        yield url

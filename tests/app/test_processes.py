@@ -21,6 +21,19 @@ from tests.app.conftest import ADMIN, REDIS_URL
 CLI = [sys.executable, "-m", "app.cli"]
 
 
+def wait_healthy(client: httpx.Client, timeout_s: float) -> None:
+    """Until the API answers /healthz."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.get("/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.1)
+
+
 class Layout:
     """``crowdtally serve --no-engine`` and ``crowdtally engine`` as child processes."""
 
@@ -50,15 +63,7 @@ class Layout:
         return subprocess.Popen([*CLI, *args], env=self.env, cwd=self.workdir)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:  # a first start compiles kernels
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if self.client.get("/healthz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.2)
+        wait_healthy(self.client, timeout_s)
 
     def kill_engine(self) -> None:
         self.engine.kill()

@@ -111,12 +111,16 @@ def whole_log(
 
 
 def check_against_replay(
-    store: RedisStore, db: SnapshotDB, held: ProjectEngine | None, want_ids: set[str]
+    store: RedisStore,
+    db: SnapshotDB,
+    held: ProjectEngine | None,
+    want_ids: set[str],
+    project: str = "p",
 ) -> ProjectEngine:
     """The log holds every wanted id exactly once; the served state and the engine's memory
     (``held``, when in this process) are those of a fresh replay of the log."""
-    end = store.log_end("p")
-    log = whole_log(store, db, end=end)
+    end = store.log_end(project)
+    log = whole_log(store, db, project, end=end)
     assert [e.position for e in log] == list(range(1, end + 1))
     applied: list[str] = []
     for e in log:
@@ -125,12 +129,12 @@ def check_against_replay(
             applied += [i for i, k in zip(ids, e.keep, strict=True) if k == ord("1")]
     assert len(applied) == len(set(applied)), "a label was applied twice"
     assert set(applied) == want_ids, "an acknowledged (and retried) label is missing"
-    replay = ProjectEngine(store.get_project("p"))  # type: ignore[arg-type]
+    replay = ProjectEngine(store.get_project(project))  # type: ignore[arg-type]
     for e in log:
         replay.apply(e)
     assert replay.labels.n_labels == len(want_ids)
-    assert replay.position == store.applied_position("p")
-    served = dict(store.scan_items("p", 0, 10**7)[1])
+    assert replay.position == store.applied_position(project)
+    served = dict(store.scan_items(project, 0, 10**7)[1])
     assert len(served) == replay.items_count
     for name, code in replay.items.code.items():
         assert orjson.loads(served[name])["posterior"] == replay.q[code].tolist(), name
