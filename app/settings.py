@@ -22,6 +22,12 @@ class Settings(BaseSettings):
     redis_cluster: bool = False
     """``redis_url`` names one node of a Redis Cluster (docs/deploy.md): a project's keys share
     one hash slot, so its scripts and transactions run on the node that holds it."""
+    redis_wait_replicas: int = Field(0, ge=0)
+    """A 202 for labels waits until this many replicas of the project's Redis primary have
+    the block (``WAIT``): acknowledged blocks then survive the failover of that primary."""
+    redis_wait_timeout_ms: int = Field(1000, ge=1)
+    """... for at most this long: fewer replicas answer 503 (the block is in the log; the
+    client posts it again with the same ids)."""
     redis_prefix: str = "ct"
     """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
     redis_timeout_s: float = Field(10.0, ge=0)

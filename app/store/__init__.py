@@ -17,6 +17,8 @@ def open_store(settings: Settings) -> Store:
             settings.redis_prefix,
             settings.redis_timeout_s,
             cluster=settings.redis_cluster,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_ms=settings.redis_wait_timeout_ms,
         )
     from app.store.embedded import EmbeddedStore
 

@@ -9,6 +9,7 @@ on it (``wait_for_append``).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from typing import Any
@@ -198,21 +199,35 @@ return 0
 """
 
 
+class NotReplicatedError(redis.exceptions.TimeoutError):
+    """Fewer replicas than asked have an appended block (the API's 503 store_unavailable)."""
+
+
 class RedisStore:
     log_in_sql = False
 
     def __init__(
-        self, url: str, prefix: str = "ct", timeout_s: float | None = 10.0, cluster: bool = False
+        self,
+        url: str,
+        prefix: str = "ct",
+        timeout_s: float | None = 10.0,
+        cluster: bool = False,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         """``timeout_s``: how long one command may wait for Redis (connecting included)
         before it raises redis' TimeoutError (the API's 503); None or 0 waits forever.
         ``cluster``: ``url`` names one node of a Redis Cluster (the client finds the others
-        and follows the slots as they move)."""
+        and follows the slots as they move). ``wait_replicas``: an append returns once that
+        many replicas of the project's primary have it (``WAIT``, up to ``wait_timeout_ms``;
+        fewer raise ``NotReplicatedError``, a 503: the block is in the log, to be re-posted)."""
         wait = timeout_s or None
         client = RedisCluster if cluster else redis.Redis
         self.r: Any = client.from_url(  # untyped client: replies are bytes
             url, socket_timeout=wait, socket_connect_timeout=wait
         )
+        self.cluster = cluster
+        self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND)
         self._lag = self.r.register_script(_LAG)
@@ -349,6 +364,8 @@ class RedisStore:
         first, a second round trip per append."""
 
         def run() -> Any:
+            if self.wait_replicas:
+                return self._append_replicated(keys, args)
             pipe = self.r.pipeline(transaction=False)
             # (execute_command: redis-py's cluster pipeline refuses its evalsha method, yet
             # routes the command itself by the keys' slot)
@@ -362,6 +379,46 @@ class RedisStore:
         except redis.exceptions.NoScriptError:  # a restarted Redis: the script is gone
             self.r.script_load(_APPEND)
             return run()
+
+    def _append_replicated(self, keys: list[str], args: list[Any]) -> Any:
+        """The append script, then ``WAIT`` on the same connection (it counts the replicas
+        that have this connection's writes): on a cluster, the connection to the primary
+        that holds the project's slot."""
+        node = (
+            self.r.get_redis_connection(self.r.get_node_from_key(keys[0]))
+            if self.cluster
+            else self.r
+        )
+
+        def append_then_wait() -> Any:
+            pipe = node.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self._append.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            return pipe.execute()
+
+        try:
+            try:
+                result, replicas = append_then_wait()
+            except redis.exceptions.NoScriptError:  # a promoted replica: a script cache is
+                node.script_load(_APPEND)  # not replicated
+                result, replicas = append_then_wait()
+        except (redis.exceptions.ResponseError, redis.exceptions.ConnectionError) as exc:
+            moved = isinstance(exc, redis.exceptions.ResponseError) and "MOVED" in str(exc)
+            if not self.cluster or not (moved or isinstance(exc, redis.ConnectionError)):
+                raise
+            with contextlib.suppress(redis.RedisError):  # the slot moved (a failover): the
+                self.r.nodes_manager.initialize()  # next try asks the new primary
+            raise redis.exceptions.ConnectionError(f"the project's primary moved ({exc})") from exc
+        wake = self.r.pipeline(transaction=False)
+        wake.lpush(self._wake_key, b"1")
+        wake.ltrim(self._wake_key, 0, 0)
+        wake.execute()
+        if int(replicas) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"{int(replicas)} of {self.wait_replicas} replicas acknowledged the block "
+                f"within {self.wait_timeout_ms} ms; it is in the log: post it again (same ids)"
+            )
+        return result
 
     def read_log(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 import redis
 from fastapi.testclient import TestClient
 
@@ -21,10 +22,10 @@ from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB
 from app.store.base import LogRewoundError
-from app.store.redis_store import RedisStore
+from app.store.redis_store import NotReplicatedError, RedisStore
 from app.store.sql import sql_engine, upgrade
 from bench.datasets import DEFAULT_ROOT
-from tests.app.conftest import ADMIN, cluster_url, service_settings
+from tests.app.conftest import ADMIN, REDIS_URL, cluster_url, service_settings
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay
 from tests.redis_cluster import LocalCluster
 
@@ -117,3 +118,57 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
         store.close()
         db.close()
         cluster.stop()
+
+
+def test_with_wait_replicas_an_acknowledged_block_survives_its_primary_s_failover(
+    tmp_path: Path,
+) -> None:
+    """CROWDTALLY_REDIS_WAIT_REPLICAS=1: each append returns once the replica has it, so a
+    primary SIGKILLed right after an acknowledgement loses nothing (no re-post needed)."""
+    cluster = LocalCluster(tmp_path / "cluster").start()
+    store = RedisStore(cluster.url, "wr", timeout_s=2.0, cluster=True, wait_replicas=1)
+    try:
+        store.create_project(RECORD)
+        rng = np.random.default_rng(6)
+        blocks = [block(n, rng) for n in range(30)]
+        for body, ids in blocks:
+            assert store.append("p", "labels", body, ids).accepted == 100
+        primary = store.r.get_node_from_key(store._k("p", "log"))
+        cluster.procs[primary.port].kill()  # at once after the last acknowledgement
+        cluster.wait_healthy()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                end = store.log_end("p")
+                break
+            except redis.RedisError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert end == 30
+        assert [e.position for e in store.read_log("p", 0, 100)] == list(range(1, 31))
+        # The new primary has no replica left (its old primary is dead): no promise to give.
+        with pytest.raises(NotReplicatedError, match="0 of 1 replicas"):
+            store.append("p", "labels", *blocks[29])
+        store.wait_replicas = 0
+        again = store.append("p", "labels", *blocks[29])  # its ids are known: duplicates
+        assert (again.accepted, again.duplicates) == (0, 100)
+    finally:
+        store.close()
+        cluster.stop()
+
+
+def test_an_append_not_on_enough_replicas_is_refused_yet_logged() -> None:
+    """The machine's Redis has no replica: WAIT finds none in time. The answer is an error
+    (the API's 503) though the block is in the log: posted again, its labels are duplicates."""
+    store = RedisStore(REDIS_URL, f"nr-{uuid.uuid4().hex[:8]}", wait_replicas=1, wait_timeout_ms=50)
+    try:
+        store.create_project(RECORD)
+        body, ids = block(0, np.random.default_rng(7))
+        with pytest.raises(NotReplicatedError, match="0 of 1 replicas"):
+            store.append("p", "labels", body, ids)
+        assert store.log_end("p") == 1
+        store.wait_replicas = 0
+        assert store.append("p", "labels", body, ids).duplicates == 100
+    finally:
+        store.flush_prefix()
+        store.close()
