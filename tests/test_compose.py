@@ -90,8 +90,54 @@ def _named_volume_at(compose: dict[str, Any], service: dict[str, Any], target: s
     raise AssertionError(f"no volume mounted at {target}")
 
 
-def test_the_four_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"redis", "postgres", "api", "engine"}
+CLUSTER_NODES = [f"redis-node-{n}" for n in range(1, 7)]
+API_CLUSTER_COMMAND = [*API_COMMAND, "--workers", "2"]
+ENGINE_POOL_COMMAND = ["crowdtally", "engine", "--pool"]
+
+
+def test_the_four_services_and_the_cluster_profile(services: dict[str, Any]) -> None:
+    default = {n for n, svc in services.items() if not svc.get("profiles")}
+    assert default == {"redis", "postgres", "api", "engine"}
+    cluster = {n for n, svc in services.items() if svc.get("profiles") == ["cluster"]}
+    assert cluster == {*CLUSTER_NODES, "redis-cluster-init", "api-cluster", "engine-pool"}
+
+
+def test_the_cluster_profile_s_redis_nodes(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    """Six nodes with cluster mode and an append-only file each, made one cluster with a
+    replica per primary by the init service, which the API and engines wait for."""
+    for name in CLUSTER_NODES:
+        node = services[name]
+        assert node["image"] == "redis:7"
+        cmd = node["command"]
+        pairs = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+        assert pairs["--cluster-enabled"] == "yes" and pairs["--appendonly"] == "yes"
+        assert pairs["--cluster-announce-hostname"] == name
+        assert _named_volume_at(compose, node, "/data")
+    create = services["redis-cluster-init"]["command"][0]
+    assert "--cluster create" in create and "--cluster-replicas 1" in create
+    assert all(f"{name}:6379" in create for name in CLUSTER_NODES)
+    for name in ("api-cluster", "engine-pool"):
+        dep = services[name]["depends_on"]["redis-cluster-init"]
+        assert dep["condition"] == "service_completed_successfully"
+
+
+def test_the_cluster_profile_s_api_and_engine_pool(
+    services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, pool = services["api-cluster"], services["engine-pool"]
+    assert api["command"] == API_CLUSTER_COMMAND and api["ports"] == ["8001:8000"]
+    assert pool["command"] == ENGINE_POOL_COMMAND and pool["deploy"]["replicas"] == 3
+    assert api["image"] == pool["image"] == services["api"]["image"]
+    for key in list(os.environ):
+        if key.startswith("CROWDTALLY_") or key == "REDIS_URL":
+            monkeypatch.delenv(key)
+    for key, value in _env(pool).items():
+        monkeypatch.setenv(key, "k" if key == "CROWDTALLY_ADMIN_KEY" else value)
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.redis_cluster and settings.redis_url == "redis://redis-node-1:6379/0"
+    assert settings.redis_wait_replicas == 1
 
 
 def test_redis_keeps_an_append_only_file(compose: dict[str, Any], services: dict[str, Any]) -> None:
@@ -171,8 +217,11 @@ def test_service_environment(
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"), [("api", API_COMMAND), ("engine", ENGINE_COMMAND)], ids=["api", "engine"]
-)
+    ("name", "expected"),
+    [("api", API_COMMAND), ("engine", ENGINE_COMMAND), ("api-cluster", API_CLUSTER_COMMAND),
+     ("engine-pool", ENGINE_POOL_COMMAND)],
+    ids=["api", "engine", "api-cluster", "engine-pool"],
+)  # fmt: skip
 def test_commands_are_what_the_cli_accepts(
     services: dict[str, Any], name: str, expected: list[str]
 ) -> None:
