@@ -107,6 +107,10 @@ class EngineLoop:
         self.pool = pool
         self._leases: dict[str, int] = {}
         """The projects this engine of a pool holds, with their fencing tokens."""
+        self._lapsed: set[str] = set()
+        """Held projects whose lease a renewal found lost (let go at the next step)."""
+        self._lease_lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
         self._next_claim = 0.0
         self.leases_lost = 0
         """Projects this engine of a pool had to let go (their lease lapsed and was taken)."""
@@ -150,6 +154,7 @@ class EngineLoop:
             self.store.set_project_failed(gone, None)
         if self.pool is not None:
             projects = self._claim(projects, self.pool)
+            projects = {n: r for n, r in projects.items() if n not in self._lapsed}
         done = 0
         now = time.monotonic()
         for name, record in projects.items():
@@ -185,13 +190,14 @@ class EngineLoop:
             self._next_claim = now + pool.lease_s / 3
             alive = self.store.engines_alive(pool.engine_id, pool.lease_s)
             share = -(-len(projects) // max(len(alive), 1))
-            for name, token in list(self._leases.items()):
-                if name not in projects:  # deleted
-                    self._leases.pop(name)
-                elif self.store.acquire_lease(name, pool.engine_id, pool.lease_s) != token:
-                    log.warning("%s: its lease lapsed; let go", name)  # (another may have
-                    self.leases_lost += 1  # written since: what this engine holds is stale)
-                    self._let_go(name)
+            with self._lease_lock:
+                for name in [n for n in self._leases if n not in projects]:  # deleted
+                    del self._leases[name]
+            self.renew_leases()
+            for name in list(self._lapsed):  # another may have written since: what this
+                log.warning("%s: its lease lapsed; let go", name)  # engine holds is stale
+                self.leases_lost += 1
+                self._let_go(name)
             ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
             for name in [n for n in ranked if n in self._leases][share:]:  # beyond its share
                 self.store.release_lease(name, pool.engine_id)
@@ -202,12 +208,35 @@ class EngineLoop:
                 if name not in self._leases:
                     token = self.store.acquire_lease(name, pool.engine_id, pool.lease_s)
                     if token:
-                        self._leases[name] = token
+                        with self._lease_lock:
+                            self._leases[name] = token
         return {n: r for n, r in projects.items() if n in self._leases}
+
+    def renew_leases(self) -> None:
+        """Renew every lease held, in one round trip; note the ones found lost. Called by each
+        look at the leases and, while the loop runs, by a thread every third of a lease, so
+        that a long step (a restore, a sweep over every label) does not let them lapse."""
+        if self.pool is None:
+            return
+        with self._lease_lock:
+            held = dict(self._leases)
+            tokens = self.store.renew_leases(list(held), self.pool.engine_id, self.pool.lease_s)
+            for (name, token), now in zip(held.items(), tokens, strict=True):
+                if now != token and self._leases.get(name) == token:
+                    self._lapsed.add(name)
+
+    def _renew_while_running(self, lease_s: float) -> None:
+        while not self._stop.wait(lease_s / 3):
+            try:
+                self.renew_leases()
+            except Exception:  # the store unreachable: the next look at the leases decides
+                log.exception("renewing the leases failed")
 
     def _let_go(self, name: str) -> None:
         """Forget a project another engine of the pool applies now (SQL keeps its side)."""
-        self._leases.pop(name, None)
+        with self._lease_lock:
+            self._leases.pop(name, None)
+            self._lapsed.discard(name)
         self._drop(name, forget_sql=False)
 
     def release_leases(self) -> None:
@@ -349,6 +378,14 @@ class EngineLoop:
         raise TimeoutError("the engine did not become idle")
 
     def run_forever(self) -> None:
+        if self.pool is not None and self._renewer is None:
+            self._renewer = threading.Thread(
+                target=self._renew_while_running,
+                args=(self.pool.lease_s,),
+                name="crowdtally-leases",
+                daemon=True,
+            )
+            self._renewer.start()
         idle_wait = self.poll_s
         while not self._stop.is_set():
             try:

@@ -282,6 +282,10 @@ class Store(Protocol):
         grows with every new holder) if ``holder`` holds it now, else 0."""
         ...
 
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
+        """``acquire_lease`` of many projects in one round trip: their tokens (0: not held)."""
+        ...
+
     def release_lease(self, project: str, holder: str) -> None:
         """Give the lease up, if ``holder`` holds it."""
         ...

@@ -438,6 +438,9 @@ class EmbeddedStore:
                 return fence
             return 0
 
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
+        return [self.acquire_lease(p, holder, ttl_s) for p in projects]
+
     def release_lease(self, project: str, holder: str) -> None:
         with self._lock:
             who, _, fence = self._leases.get(project, ("", 0.0, 0))

@@ -653,6 +653,19 @@ class RedisStore:
         keys = [self._k(project, "lease"), self._k(project, "fence")]
         return int(self._acquire(keys=keys, args=[holder, max(int(ttl_s * 1000), 1)]))
 
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
+        if not projects:
+            return []
+        ms = max(int(ttl_s * 1000), 1)
+        pipe = self.r.pipeline(transaction=False)
+        for project in projects:
+            keys = [self._k(project, "lease"), self._k(project, "fence")]
+            pipe.execute_command("EVALSHA", self._acquire.sha, len(keys), *keys, holder, ms)
+        try:
+            return [int(t) for t in pipe.execute()]
+        except redis.exceptions.NoScriptError:  # (one by one: each loads it where it runs)
+            return [self.acquire_lease(p, holder, ttl_s) for p in projects]
+
     def release_lease(self, project: str, holder: str) -> None:
         self._release(keys=[self._k(project, "lease")], args=[holder])
 

@@ -21,7 +21,7 @@ from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
 from app.store.sql import upgrade
-from tests.redis_cluster import LocalCluster
+from bench.local_cluster import LocalCluster
 
 REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN = "test-admin-key"

@@ -100,3 +100,28 @@ def test_a_pool_shares_projects_takes_over_and_fences_a_paused_engine(store: Sto
     settle((a,), lambda: sorted(a.engines) == NAMES)
     step_all(a)
     assert_served_is_a_replay(store)
+
+
+def test_an_engine_in_a_long_step_keeps_its_leases(store: Store) -> None:
+    """While a step takes longer than the lease (a restore, a sweep over every label), a
+    thread of the running engine renews its leases: no other engine takes the project."""
+    store.create_project(ProjectRecord("p0", ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
+    quick = a._step_project
+    slow = [True]
+
+    def long_step(name: str, record: ProjectRecord) -> int:
+        if slow.pop() if slow else False:
+            time.sleep(3 * LEASE_S)
+        return quick(name, record)
+
+    a._step_project = long_step  # type: ignore[method-assign]
+    a.start()
+    try:
+        time.sleep(1.5 * LEASE_S)  # A is in its long step, past one lease
+        b = EngineLoop(store, refine_passes=0, pool=Pool("B", LEASE_S))
+        b.step()
+        assert not b.engines and store.acquire_lease("p0", "B", LEASE_S) == 0
+    finally:
+        a.stop()
+    assert a.leases_lost == 0

@@ -1,4 +1,4 @@
-"""The service on a Redis Cluster (6 local nodes, tests/redis_cluster.py), chosen by
+"""The service on a Redis Cluster (6 local nodes, bench/local_cluster.py), chosen by
 configuration: the same answers as on the embedded store, bit for bit; and a primary lost
 mid-stream, its replica taking over."""
 
@@ -27,7 +27,7 @@ from app.store.sql import sql_engine, upgrade
 from bench.datasets import DEFAULT_ROOT
 from tests.app.conftest import ADMIN, REDIS_URL, cluster_url, service_settings
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay
-from tests.redis_cluster import LocalCluster
+from bench.local_cluster import LocalCluster
 
 
 def dog_blocks(n_blocks: int = 6, size: int = 500) -> list[list[dict[str, str]]]:

@@ -1,5 +1,5 @@
 """One contract, every backend: the embedded store, the real Redis server and a local Redis
-Cluster of 6 nodes (tests/redis_cluster.py)."""
+Cluster of 6 nodes (bench/local_cluster.py)."""
 
 from __future__ import annotations
 

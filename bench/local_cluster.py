@@ -1,6 +1,6 @@
-"""A local Redis Cluster for the tests: 6 ``redis-server`` processes (3 primaries, 3 replicas)
-from the same binary as the machine's Redis, on free ports, made a cluster by
-``redis-cli --cluster create``; nothing kept on disk."""
+"""A local Redis Cluster for the tests and bench.scale: 6 ``redis-server`` processes (3
+primaries, 3 replicas) from the same binary as the machine's Redis, on free ports, made a
+cluster by ``redis-cli --cluster create``; nothing kept on disk."""
 
 from __future__ import annotations
 

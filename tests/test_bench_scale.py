@@ -1,0 +1,19 @@
+"""bench.scale end to end, small: one API and two pool engines on the real Redis, two
+projects, a second per phase; every acknowledged label applied once, figures filled in."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+from bench.scale import parse_args, run_one
+
+
+def test_a_short_scale_run_applies_every_label_once(tmp_path: Path) -> None:
+    args = parse_args(["--projects", "2", "--seconds", "1.5", "--saturate", "4000",
+                       "--rate", "1000", "--block", "200"])  # fmt: skip
+    row = asyncio.run(run_one("redis", 2, args, tmp_path))
+    assert row.exactly_once and row.acked_s > 0 and row.applied_s > 0
+    assert row.redis_ops > 0 and row.redis_bytes > 0 and row.engine_us > 0
+    assert not math.isnan(row.p99_ms) and row.p99_ms < 10_000
