@@ -1,7 +1,9 @@
 """A pool of 3 ``crowdtally engine --pool`` processes and an API process on a local Redis
-Cluster (6 nodes), while clients stream labels with ids into 3 projects: engines SIGKILLed
-mid-work and restarted, one SIGSTOPped past its lease and resumed, one killed for good and its
-projects taken over. Afterwards every acknowledged label is applied exactly once and every
+Cluster (6 nodes, its own), while clients stream labels with ids into 3 projects: engines
+SIGKILLed mid-work and restarted, one SIGSTOPped past its lease and resumed, the Redis primary
+of a project's slot SIGKILLed (its replica takes over), and one engine killed for good, its
+projects taken over. The clients retry what failed and, after the failover, post their blocks
+again (same ids: docs/deploy.md). Afterwards every label is applied exactly once and every
 served posterior is that of a fresh replay of the log."""
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import orjson
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
-from tests.app.conftest import ADMIN, cluster_url, fresh_postgres
+from bench.local_cluster import LocalCluster
+from tests.app.conftest import ADMIN, fresh_postgres
 from tests.app.test_processes import CLI, wait_healthy
 from tests.app.test_redis_rollback import check_against_replay
 
@@ -33,10 +36,10 @@ BLOCKS, BLOCK = 60, 150  # posted over about 10 s: the faults land while it stre
 
 
 class Pool:
-    def __init__(self, workdir: Path, database_url: str) -> None:
+    def __init__(self, workdir: Path, database_url: str, redis_url: str) -> None:
         self.prefix = f"pool-{uuid.uuid4().hex[:8]}"
         self.env = {
-            **os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": cluster_url(),
+            **os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": redis_url,
             "CROWDTALLY_REDIS_CLUSTER": "true", "CROWDTALLY_REDIS_PREFIX": self.prefix,
             "CROWDTALLY_ADMIN_KEY": ADMIN, "CROWDTALLY_REFINE_PASSES": "0",
             "CROWDTALLY_DATA_DIR": str(workdir), "CROWDTALLY_DATABASE_URL": database_url,
@@ -79,7 +82,9 @@ def blocks_of(project: str) -> list[list[dict[str, str]]]:
     return [rows[lo : lo + BLOCK] for lo in range(0, len(rows), BLOCK)]
 
 
-def stream(pool: Pool, keys: dict[str, dict[str, str]], acked: set[str]) -> None:
+def stream(
+    pool: Pool, keys: dict[str, dict[str, str]], acked: set[str], pace_s: float = 0.15
+) -> None:
     """Each project's blocks in turn, each retried until acknowledged (same ids)."""
     per_project = {p: blocks_of(p) for p in PROJECTS}
     for n in range(BLOCKS):
@@ -95,7 +100,7 @@ def stream(pool: Pool, keys: dict[str, dict[str, str]], acked: set[str]) -> None
                 except httpx.TransportError:
                     pass
                 time.sleep(0.05)
-        time.sleep(0.15)
+        time.sleep(pace_s)
 
 
 def wait_caught_up(pool: Pool, keys: dict[str, dict[str, str]], timeout_s: float) -> float:
@@ -107,8 +112,10 @@ def wait_caught_up(pool: Pool, keys: dict[str, dict[str, str]], timeout_s: float
 
 
 def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "cluster").start()
     with fresh_postgres() as database_url:
-        pool = Pool(tmp_path, database_url)
+        pool = Pool(tmp_path, database_url, cluster.url)
+        store = RedisStore(cluster.url, pool.prefix, cluster=True)
         try:
             wait_healthy(pool.http, 240)
             keys = {}
@@ -130,9 +137,12 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
             paused.send_signal(signal.SIGSTOP)  # past its lease: its projects taken over
             time.sleep(2.5 * LEASE_S)
             paused.send_signal(signal.SIGCONT)  # its late writes are refused
+            primary = store.r.get_node_from_key(store._k("b", "log"))
+            cluster.procs[primary.port].kill()  # its replica takes over in about 3 s
             assert writer.is_alive()  # the faults came while labels streamed in
             writer.join(timeout=120)
             assert not writer.is_alive()
+            stream(pool, keys, acked, 0.0)  # all again after the outage: duplicates count once
             wait_caught_up(pool, keys, 60)
             # one engine killed for good: its projects are picked up by the other two
             pool.engines[0].kill()
@@ -144,7 +154,6 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
             took = wait_caught_up(pool, keys, 30)
             assert took < 2 * LEASE_S + 5, took
             acked |= {"probe"}
-            store = RedisStore(cluster_url(), pool.prefix, cluster=True)
             db = SnapshotDB(sql_engine(database_url), pool.prefix)
             try:
                 for p in PROJECTS:
@@ -152,7 +161,7 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
                     check_against_replay(store, db, None, want, project=p)
             finally:
                 db.close()
-                store.flush_prefix()
-                store.close()
         finally:
+            store.close()
             pool.close()
+            cluster.stop()
