@@ -7,9 +7,12 @@ import asyncio
 import math
 from pathlib import Path
 
+import pytest
+
 from bench.scale import parse_args, run_one
 
 
+@pytest.mark.slow
 def test_a_short_scale_run_applies_every_label_once(tmp_path: Path) -> None:
     args = parse_args(["--projects", "2", "--seconds", "1.5", "--saturate", "4000",
                        "--rate", "1000", "--block", "200"])  # fmt: skip

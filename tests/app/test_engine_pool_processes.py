@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import pytest
 
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
@@ -111,6 +112,7 @@ def wait_caught_up(pool: Pool, keys: dict[str, dict[str, str]], timeout_s: float
     return time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "cluster").start()
     with fresh_postgres() as database_url:

@@ -25,9 +25,9 @@ from app.store.base import LogRewoundError
 from app.store.redis_store import NotReplicatedError, RedisStore
 from app.store.sql import sql_engine, upgrade
 from bench.datasets import DEFAULT_ROOT
+from bench.local_cluster import LocalCluster
 from tests.app.conftest import ADMIN, REDIS_URL, cluster_url, service_settings
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay
-from bench.local_cluster import LocalCluster
 
 
 def dog_blocks(n_blocks: int = 6, size: int = 500) -> list[list[dict[str, str]]]:
@@ -68,6 +68,7 @@ def test_the_service_on_a_redis_cluster_answers_as_on_the_embedded_store(tmp_pat
     assert on_cluster["queue"] == embedded["queue"]
 
 
+@pytest.mark.slow
 def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
     tmp_path: Path,
 ) -> None:
@@ -120,6 +121,7 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
         cluster.stop()
 
 
+@pytest.mark.slow
 def test_with_wait_replicas_an_acknowledged_block_survives_its_primary_s_failover(
     tmp_path: Path,
 ) -> None:
