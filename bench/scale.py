@@ -126,7 +126,7 @@ def redis_layout(layout: str, folder: Path) -> Iterator[tuple[str, list[redis.Re
 
 @contextlib.contextmanager
 def processes(
-    url: str, is_cluster: bool, engines: int, db_url: str, prefix: str
+    url: str, is_cluster: bool, engines: int, db_url: str, prefix: str, pool: bool = True
 ) -> Iterator[Cluster]:
     env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": url,
            "CROWDTALLY_REDIS_CLUSTER": "true" if is_cluster else "false",
@@ -139,7 +139,7 @@ def processes(
     try:
         procs.start("api", ["serve", "--host", HOST, "--port", str(procs.port), "--no-engine"])
         for n in range(engines):
-            procs.start(f"engine{n}", ["engine", "--pool"])
+            procs.start(f"engine{n}", ["engine", "--pool" if pool else "--no-pool"])
         yield procs
     finally:
         procs.stop()
@@ -157,7 +157,7 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
     with (
         redis_layout(layout, folder) as (url, nodes, is_cluster),
         database(args.pg_admin_url) as db_url,
-        processes(url, is_cluster, engines, db_url, prefix) as procs,
+        processes(url, is_cluster, engines, db_url, prefix, args.pool) as procs,
     ):
         await wait_healthy(procs.port, procs, timeout=240)
         names = [f"p{n}" for n in range(args.projects)]
@@ -231,6 +231,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=8_000.0, help="labels/s offered, fresh")
     p.add_argument("--block", type=int, default=500)
     p.add_argument("--pg-admin-url", default=PG_ADMIN)
+    p.add_argument(
+        "--pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines started with --pool (default); --no-pool: without (one engine only)",
+    )
     return p.parse_args(argv)
 
 
