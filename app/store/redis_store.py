@@ -147,6 +147,20 @@ def new_token() -> int:
     return secrets.randbits(62) | 2
 
 
+# KEYS: the project's log, seq, state and fence. ARGV: the position and token a state write
+# ends at (position 0: not checked). What a state write checks, read in one round trip:
+# whether the log holds that entry (as _HOLDS), the applied position served, the fence.
+_CHECK = (
+    "local function holds()\n"
+    + _HOLDS
+    + "\nend\n"
+    + """
+local applied = tonumber(redis.call('HGET', KEYS[3], 'applied') or '0')
+local fence = tonumber(redis.call('GET', KEYS[4]) or '0')
+return {holds(), applied, fence}
+"""
+)
+
 _STATE_KEYS = (
     "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks",
     "restoring", "lease", "fence",
@@ -234,6 +248,7 @@ class RedisStore:
         self._holds = self.r.register_script(_HOLDS)
         self._read = self.r.register_script(_READ)
         self._trim = self.r.register_script(_TRIM)
+        self._check = self.r.register_script(_CHECK)
         self._acquire = self.r.register_script(_ACQUIRE)
         self._release = self.r.register_script(_RELEASE)
         self._alive = self.r.register_script(_ALIVE)
@@ -497,27 +512,25 @@ class RedisStore:
             return
         state = self._k(project, "state")
         with self.r.pipeline(transaction=True) as pipe:
-            if update.fence is not None:  # an engine pool's: refused once another took over
+            if update.anchor is not None or update.fence is not None:
+                # The state covers the log up to update.position: written only while the log
+                # holds that very entry, the served state is where the writer left it, and (a
+                # pool's engine) its fencing token is still the project's; checked and written
+                # on one connection (a change or a restart of Redis in between fails it).
                 fence = self._k(project, "fence")
                 pipe.watch(state, fence)
-                if int(pipe.get(fence) or 0) != update.fence:
+                keys = [self._k(project, "log"), self._k(project, "seq"), state, fence]
+                at = [update.position, update.anchor] if update.anchor is not None else [0, 0]
+                holds, was, token = self._evalsha(pipe, self._check, keys, at)
+                if update.fence is not None and int(token) != update.fence:
                     pipe.reset()
                     raise LeaseLostError(f"{project}: another engine holds it now")
-            if update.anchor is not None:
-                # The state covers the log up to update.position: written only while the log
-                # holds that very entry (checked and written on one connection; a restart of
-                # Redis in between fails the transaction).
-                pipe.watch(state)
-                keys = [self._k(project, "log"), self._k(project, "seq")]
-                holds = self._evalsha(pipe, self._holds, keys, [update.position, update.anchor])
-                was = int(pipe.hget(state, "applied") or 0)
-                if not holds or (update.served is not None and was != update.served):
+                if not holds or (update.served is not None and int(was) != update.served):
                     pipe.reset()
                     raise LogRewoundError(
                         f"{project}: the log no longer holds entry {update.position}, or the "
                         f"served state is at {was}, not {update.served}"
                     )
-            if update.anchor is not None or update.fence is not None:
                 pipe.multi()
             try:
                 self._queue_state(pipe, project, state, update)
