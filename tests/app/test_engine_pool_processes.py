@@ -1,8 +1,8 @@
 """A pool of 3 ``crowdtally engine --pool`` processes and an API process on a local Redis
-Cluster (6 nodes, its own), while clients stream labels with ids into 3 projects: engines
-SIGKILLed mid-work and restarted, one SIGSTOPped past its lease and resumed, the Redis primary
-of a project's slot SIGKILLed (its replica takes over), and one engine killed for good, its
-projects taken over. The clients retry what failed and, after the failover, post their blocks
+Cluster (6 nodes, its own), while clients stream labels with ids into 3 projects: an engine
+SIGKILLed mid-work and restarted, 20 times; one SIGSTOPped past its lease and resumed; the
+Redis primary of a project's slot SIGKILLed (its replica takes over); and one engine killed
+for good, its projects taken over. The clients retry what failed and, after the failover, post their blocks
 again (same ids: docs/deploy.md). Afterwards every label is applied exactly once and every
 served posterior is that of a fresh replay of the log."""
 
@@ -33,7 +33,8 @@ from tests.app.test_redis_rollback import check_against_replay
 
 PROJECTS = ["a", "b", "c"]
 LEASE_S = 1.0
-BLOCKS, BLOCK = 60, 150  # posted over about 10 s: the faults land while it streams
+BLOCKS, BLOCK = 90, 150  # posted over about 15 s: the faults land while it streams
+KILLS = 20
 
 
 class Pool:
@@ -129,12 +130,12 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
             writer.start()
             chaos = random.Random(0)
             time.sleep(0.5)
-            for _ in range(5):  # SIGKILL mid-work, restarted at once
+            for _ in range(KILLS):  # SIGKILL mid-work, restarted at once
                 n = chaos.randrange(3)
                 pool.engines[n].kill()
                 pool.engines[n].wait()
                 pool.engines[n] = pool.spawn("engine", "--pool")
-                time.sleep(chaos.uniform(0.3, 1.0))
+                time.sleep(chaos.uniform(0.2, 0.6))
             paused = pool.engines[chaos.randrange(3)]
             paused.send_signal(signal.SIGSTOP)  # past its lease: its projects taken over
             time.sleep(2.5 * LEASE_S)
