@@ -137,7 +137,12 @@ async def loader(port: int, project: str, key: str, bodies: list[bytes], rate_bl
     async def one(raw: bytes) -> None:
         conn = await pool.get()
         try:
-            status, body = await conn.request(raw)
+            try:
+                status, body = await conn.request(raw)
+            except (asyncio.IncompleteReadError, ConnectionError):  # closed while idle (the
+                conn.close()  # API's keep-alive timeout, 5 s): again on a new connection
+                conn = await Conn(port).open()
+                status, body = await conn.request(raw)
         finally:
             pool.put_nowait(conn)
         if status == 202:

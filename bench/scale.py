@@ -148,7 +148,10 @@ def processes(
             for key in list(client.scan_iter(match=pattern, count=1000)):
                 client.delete(key)
         client.close()
-        procs.remove_logs()
+        if os.environ.get("BENCH_KEEP_LOGS"):
+            print(f"server logs: {procs.logdir}", file=sys.stderr)
+        else:
+            procs.remove_logs()
 
 
 async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: Path) -> Row:

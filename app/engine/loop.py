@@ -119,6 +119,8 @@ class EngineLoop:
         self._load: dict[str, float] = {}
         """Labels/s per held project (a moving average over looks at the leases)."""
         self._free_since: dict[str, float] = {}
+        self.given_up = 0
+        """Projects this engine of a pool gave up to share the load."""
         self.leases_lost = 0
         """Projects this engine of a pool had to let go (their lease lapsed and was taken)."""
         self.snapshotter = snapshotter
@@ -213,8 +215,12 @@ class EngineLoop:
                 # Above its share, it gives up a project lighter than its excess over the
                 # others' average (so that the busiest engine's load falls with every move
                 # and the shares settle), least preferred first.
+                # (a margin: the sums' rounding must not make an engine give up its own share)
                 excess = held - (total - held) / others
-                if len(self._leases) > 1 and held > target and weight[name] < 0.9 * excess:
+                over = len(alive) > 1 and held > 1.01 * target and weight[name] < 0.9 * excess
+                if len(self._leases) > 1 and over:
+                    log.info("%s: given up (share %.0f, held %.0f)", name, target, held)
+                    self.given_up += 1
                     self.store.release_lease(name, pool.engine_id)
                     self._let_go(name)
                     held -= weight[name]

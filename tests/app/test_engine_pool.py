@@ -155,3 +155,19 @@ def test_shares_follow_load_not_only_count(store: Store) -> None:
         busy_round()
         step_all(a, b)
         time.sleep(LEASE_S / 10)
+
+
+def test_a_pool_of_one_keeps_every_project_whatever_their_loads(store: Store) -> None:
+    """Alone, an engine never gives a project up (each give-up costs a restore and a replay):
+    its share is everything, whatever the rounding of the loads' sums."""
+    names = [f"r{n}" for n in range(7)]
+    for name in names:
+        store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
+    rng = np.random.default_rng(4)
+    for k in range(30):
+        for n, name in enumerate(names):
+            store.append(name, "labels", labels(rng, 1 + (37 * n * (k + 3)) % 301))
+        step_all(a)
+        time.sleep(LEASE_S / 12)
+    assert sorted(a.engines) == names and a.given_up == 0 and a.leases_lost == 0
