@@ -120,6 +120,7 @@ class EngineLoop:
         """Labels/s per held project (a moving average over looks at the leases)."""
         self._free_since: dict[str, float] = {}
         self.given_up = 0
+        self._give_up_after = 0.0
         """Projects this engine of a pool gave up to share the load."""
         self.leases_lost = 0
         """Projects this engine of a pool had to let go (their lease lapsed and was taken)."""
@@ -211,19 +212,21 @@ class EngineLoop:
             ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
             total, others = sum(weight.values()), max(len(alive) - 1, 1)
             held = sum(weight[n] for n in self._leases)
-            for name in reversed([n for n in ranked if n in self._leases]):
-                # Above its share, it gives up a project lighter than its excess over the
-                # others' average (so that the busiest engine's load falls with every move
-                # and the shares settle), least preferred first.
-                # (a margin: the sums' rounding must not make an engine give up its own share)
-                excess = held - (total - held) / others
-                over = len(alive) > 1 and held > 1.01 * target and weight[name] < 0.9 * excess
-                if len(self._leases) > 1 and over:
-                    log.info("%s: given up (share %.0f, held %.0f)", name, target, held)
-                    self.given_up += 1
-                    self.store.release_lease(name, pool.engine_id)
-                    self._let_go(name)
-                    held -= weight[name]
+            excess = held - (total - held) / others
+            # A move costs the taker a restore and a replay: only an engine 20% above its
+            # share gives up a project, one per lease at most (the loads then measured again),
+            # lighter than 3/4 of its excess over the others' average (so that the busiest
+            # engine's load falls with every move and the shares settle), least preferred.
+            if len(alive) > 1 and held > 1.2 * target and now >= self._give_up_after:
+                for name in reversed([n for n in ranked if n in self._leases]):
+                    if len(self._leases) > 1 and weight[name] < 0.75 * excess:
+                        log.info("%s: given up (share %.0f, held %.0f)", name, target, held)
+                        self.given_up += 1
+                        self._give_up_after = now + pool.lease_s
+                        self.store.release_lease(name, pool.engine_id)
+                        self._let_go(name)
+                        held -= weight[name]
+                        break
             for name in ranked:
                 if name in self._leases:
                     continue
@@ -249,7 +252,7 @@ class EngineLoop:
         for name in self._leases:
             rate = self._applied.pop(name, 0) / elapsed if elapsed > 0 else 0.0
             was = self._load.get(name)
-            measured[name] = self._load[name] = rate if was is None else 0.5 * (was + rate)
+            measured[name] = self._load[name] = rate if was is None else 0.75 * was + 0.25 * rate
         loads = self.store.project_loads(measured)
         load = {n: loads.get(n, 0.0) for n in projects}
         floor = max(sum(load.values()), 1.0) / (4 * max(len(projects), 1))
@@ -369,6 +372,7 @@ class EngineLoop:
         force_snapshot = False
         started = time.perf_counter()
         labels_before = eng.labels.n_labels
+        replaying = eng.position < self._catch_up.get(name, 0)  # (old traffic: not its load)
         for entry in entries:
             eng.apply(entry)
             force_snapshot |= entry.kind == "snapshot"
@@ -377,7 +381,7 @@ class EngineLoop:
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
-        if self.pool is not None:
+        if self.pool is not None and not replaying:
             self._applied[name] = self._applied.get(name, 0) + eng.labels.n_labels - labels_before
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()

@@ -40,8 +40,9 @@ def step_all(*loops: EngineLoop) -> None:
 
 
 def settle(loops: tuple[EngineLoop, ...], done: Callable[[], bool]) -> None:
-    """Step the engines in turn until ``done`` (each looks at its leases every third of one)."""
-    deadline = time.monotonic() + 3 * LEASE_S
+    """Step the engines in turn until ``done`` (each looks at its leases every third of one,
+    and gives up at most one project a lease)."""
+    deadline = time.monotonic() + 8 * LEASE_S
     while not done():
         assert time.monotonic() < deadline, [sorted(loop.engines) for loop in loops]
         step_all(*loops)
