@@ -24,9 +24,8 @@ Redis or Redis Cluster) each project is applied by one engine at a time, the hol
 lease (``Store.acquire_lease``), renewed every third of the lease. Every state write carries
 the lease's fencing token and is refused once another engine took the project over (an
 engine paused past its lease cannot write after that). Each engine takes up to its share of
-the load (the projects' labels/s, recorded by their holders, over the engines alive),
-preferring by rendezvous hashing of its id and the project's name, and gives up what is
-beyond its share when engines join; a dead engine's projects are taken over once its leases
+the projects (their number over the engines alive), preferring by rendezvous hashing of its
+id and the project's name, and gives up what is beyond its share when engines join; a dead engine's projects are taken over once its leases
 lapse (docs/deploy.md, "A pool of engines").
 """
 
@@ -113,14 +112,7 @@ class EngineLoop:
         self._lease_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
         self._next_claim = 0.0
-        self._claimed_at = 0.0
-        self._applied: dict[str, int] = {}
-        """Labels applied per held project since the last look at the leases."""
-        self._load: dict[str, float] = {}
-        """Labels/s per held project (a moving average over looks at the leases)."""
-        self._free_since: dict[str, float] = {}
         self.given_up = 0
-        self._give_up_after = 0.0
         """Projects this engine of a pool gave up to share the load."""
         self.leases_lost = 0
         """Projects this engine of a pool had to let go (their lease lapsed and was taken)."""
@@ -194,7 +186,7 @@ class EngineLoop:
 
     def _claim(self, projects: dict[str, ProjectRecord], pool: Pool) -> dict[str, ProjectRecord]:
         """The projects this engine holds the lease of: renewed, and taken or given up toward
-        its share of the load, every third of the lease."""
+        its share, every third of the lease."""
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + pool.lease_s / 3
@@ -207,56 +199,22 @@ class EngineLoop:
                 log.warning("%s: its lease lapsed; let go", name)  # engine holds is stale
                 self.leases_lost += 1
                 self._let_go(name)
-            weight = self._weights(projects, now)
-            target = sum(weight.values()) / max(len(alive), 1)
+            share = -(-len(projects) // max(len(alive), 1))
             ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
-            total, others = sum(weight.values()), max(len(alive) - 1, 1)
-            held = sum(weight[n] for n in self._leases)
-            excess = held - (total - held) / others
-            # A move costs the taker a restore and a replay: only an engine 20% above its
-            # share gives up a project, one per lease at most (the loads then measured again),
-            # lighter than 3/4 of its excess over the others' average (so that the busiest
-            # engine's load falls with every move and the shares settle), least preferred.
-            if len(alive) > 1 and held > 1.2 * target and now >= self._give_up_after:
-                for name in reversed([n for n in ranked if n in self._leases]):
-                    if len(self._leases) > 1 and weight[name] < 0.75 * excess:
-                        log.info("%s: given up (share %.0f, held %.0f)", name, target, held)
-                        self.given_up += 1
-                        self._give_up_after = now + pool.lease_s
-                        self.store.release_lease(name, pool.engine_id)
-                        self._let_go(name)
-                        held -= weight[name]
-                        break
+            for name in [n for n in ranked if n in self._leases][share:]:  # beyond its share
+                log.info("%s: given up (a share of %d projects)", name, share)
+                self.given_up += 1
+                self.store.release_lease(name, pool.engine_id)
+                self._let_go(name)
             for name in ranked:
-                if name in self._leases:
-                    continue
-                starved = now - self._free_since.setdefault(name, now) > pool.lease_s
-                if not self._leases or held + weight[name] <= 1.25 * target or starved:
+                if len(self._leases) >= share:
+                    break
+                if name not in self._leases:
                     token = self.store.acquire_lease(name, pool.engine_id, pool.lease_s)
                     if token:
                         with self._lease_lock:
                             self._leases[name] = token
-                        held += weight[name]
-                        self._free_since.pop(name, None)
-                    else:
-                        self._free_since.pop(name, None)  # another engine holds it
         return {n: r for n, r in projects.items() if n in self._leases}
-
-    def _weights(self, projects: dict[str, ProjectRecord], now: float) -> dict[str, float]:
-        """Each project's weight in the shares: its labels/s (measured by its holder and
-        recorded in the store), plus an equal part for every project, so that idle projects
-        are shared by count."""
-        elapsed = now - self._claimed_at
-        self._claimed_at = now
-        measured = {}
-        for name in self._leases:
-            rate = self._applied.pop(name, 0) / elapsed if elapsed > 0 else 0.0
-            was = self._load.get(name)
-            measured[name] = self._load[name] = rate if was is None else 0.75 * was + 0.25 * rate
-        loads = self.store.project_loads(measured)
-        load = {n: loads.get(n, 0.0) for n in projects}
-        floor = max(sum(load.values()), 1.0) / (4 * max(len(projects), 1))
-        return {n: v + floor for n, v in load.items()}
 
     def renew_leases(self) -> None:
         """Renew every lease held, in one round trip; note the ones found lost. Called by each
@@ -283,8 +241,6 @@ class EngineLoop:
         with self._lease_lock:
             self._leases.pop(name, None)
             self._lapsed.discard(name)
-        self._applied.pop(name, None)
-        self._load.pop(name, None)
         self._drop(name, forget_sql=False)
 
     def release_leases(self) -> None:
@@ -371,8 +327,6 @@ class EngineLoop:
             return 0
         force_snapshot = False
         started = time.perf_counter()
-        labels_before = eng.labels.n_labels
-        replaying = eng.position < self._catch_up.get(name, 0)  # (old traffic: not its load)
         for entry in entries:
             eng.apply(entry)
             force_snapshot |= entry.kind == "snapshot"
@@ -381,8 +335,6 @@ class EngineLoop:
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
-        if self.pool is not None and not replaying:
-            self._applied[name] = self._applied.get(name, 0) + eng.labels.n_labels - labels_before
         self._anchor[name] = anchor = entries[-1].token
         update = eng.state_update()
         update.anchor, update.served = anchor, self._served.get(name)

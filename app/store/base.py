@@ -286,11 +286,6 @@ class Store(Protocol):
         """``acquire_lease`` of many projects in one round trip: their tokens (0: not held)."""
         ...
 
-    def project_loads(self, measured: dict[str, float]) -> dict[str, float]:
-        """Record the labels/s of the projects an engine of a pool applies (``measured``);
-        every project's latest recorded labels/s."""
-        ...
-
     def release_lease(self, project: str, holder: str) -> None:
         """Give the lease up, if ``holder`` holds it."""
         ...

@@ -92,7 +92,6 @@ class EmbeddedStore:
         self._failed: dict[str, str] = {}  # the engine's: in process, like the served state
         self._leases: dict[str, tuple[str, float, int]] = {}  # project: holder, until, fence
         self._engines: dict[str, float] = {}
-        self._loads: dict[str, float] = {}
         self._load()
 
     def _load(self) -> None:
@@ -441,11 +440,6 @@ class EmbeddedStore:
 
     def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
         return [self.acquire_lease(p, holder, ttl_s) for p in projects]
-
-    def project_loads(self, measured: dict[str, float]) -> dict[str, float]:
-        with self._lock:
-            self._loads.update(measured)
-            return dict(self._loads)
 
     def release_lease(self, project: str, holder: str) -> None:
         with self._lock:

@@ -679,15 +679,6 @@ class RedisStore:
         except redis.exceptions.NoScriptError:  # (one by one: each loads it where it runs)
             return [self.acquire_lease(p, holder, ttl_s) for p in projects]
 
-    def project_loads(self, measured: dict[str, float]) -> dict[str, float]:
-        key = f"{self.prefix}:loads"
-        pipe = self.r.pipeline(transaction=False)
-        if measured:
-            pipe.hset(key, mapping={n: f"{v:.3f}" for n, v in measured.items()})
-        pipe.hgetall(key)
-        loads: dict[bytes, bytes] = pipe.execute()[-1]
-        return {n.decode(): float(v) for n, v in loads.items()}
-
     def release_lease(self, project: str, holder: str) -> None:
         self._release(keys=[self._k(project, "lease")], args=[holder])
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import orjson
 
-from app.engine.loop import EngineLoop, Pool, preference
+from app.engine.loop import EngineLoop, Pool
 from app.engine.project import ProjectEngine
 from app.store.base import LogEntry, ProjectRecord, Store
 from core.nominal import NominalConfig
@@ -40,9 +40,8 @@ def step_all(*loops: EngineLoop) -> None:
 
 
 def settle(loops: tuple[EngineLoop, ...], done: Callable[[], bool]) -> None:
-    """Step the engines in turn until ``done`` (each looks at its leases every third of one,
-    and gives up at most one project a lease)."""
-    deadline = time.monotonic() + 8 * LEASE_S
+    """Step the engines in turn until ``done`` (each looks at its leases every third of one)."""
+    deadline = time.monotonic() + 4 * LEASE_S
     while not done():
         assert time.monotonic() < deadline, [sorted(loop.engines) for loop in loops]
         step_all(*loops)
@@ -128,39 +127,9 @@ def test_an_engine_in_a_long_step_keeps_its_leases(store: Store) -> None:
     assert a.leases_lost == 0
 
 
-def test_shares_follow_load_not_only_count(store: Store) -> None:
-    """Two busy projects and two idle ones: each engine ends with one busy project, even
-    where the engines' own orders (counted alone) would leave both with the same engine."""
-    candidates = [f"q{n}" for n in range(40)]
-    by_a = sorted(candidates, key=lambda n: preference("A", n), reverse=True)
-    busy, idle = by_a[:2], by_a[-2:]  # A prefers the busy ones most, the idle ones least
-    for name in busy + idle:
-        store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
-    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
-    b = EngineLoop(store, refine_passes=0, pool=Pool("B", LEASE_S))
-    rng = np.random.default_rng(3)
-
-    def busy_round() -> None:
-        for name in busy:
-            store.append(name, "labels", labels(rng, 400))
-        for name in idle:
-            store.append(name, "labels", labels(rng, 2))
-
-    deadline = time.monotonic() + 10 * LEASE_S
-    for _ in range(8):  # A alone: it holds all four and measures their load
-        busy_round()
-        step_all(a)
-        time.sleep(LEASE_S / 10)
-    while not (len(set(a.engines) & set(busy)) == len(set(b.engines) & set(busy)) == 1):
-        assert time.monotonic() < deadline, (sorted(a.engines), sorted(b.engines), busy)
-        busy_round()
-        step_all(a, b)
-        time.sleep(LEASE_S / 10)
-
-
 def test_a_pool_of_one_keeps_every_project_whatever_their_loads(store: Store) -> None:
-    """Alone, an engine never gives a project up (each give-up costs a restore and a replay):
-    its share is everything, whatever the rounding of the loads' sums."""
+    """Alone, an engine never gives a project up (each give-up costs a restore and a replay),
+    whatever traffic its projects get."""
     names = [f"r{n}" for n in range(7)]
     for name in names:
         store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
