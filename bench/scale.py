@@ -95,7 +95,8 @@ HEADER = (
 
 
 @contextlib.contextmanager
-def database(admin_url: str) -> Iterator[str]:
+def fresh_database(admin_url: str) -> Iterator[str]:
+    """A new PostgreSQL database (dropped afterwards): its SQLAlchemy URL."""
     import psycopg
 
     name = f"bench_scale_{secrets.token_hex(4)}"
@@ -159,7 +160,7 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
     prefix = f"scale-{secrets.token_hex(4)}"
     with (
         redis_layout(layout, folder) as (url, nodes, is_cluster),
-        database(args.pg_admin_url) as db_url,
+        fresh_database(args.pg_admin_url) as db_url,
         processes(url, is_cluster, engines, db_url, prefix, args.pool) as procs,
     ):
         await wait_healthy(procs.port, procs, timeout=240)

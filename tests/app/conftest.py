@@ -22,6 +22,7 @@ from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
 from app.store.sql import upgrade
 from bench.local_cluster import LocalCluster
+from bench.scale import fresh_database
 
 REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN = "test-admin-key"
@@ -110,18 +111,12 @@ def fresh_postgres() -> Iterator[str]:
     """A fresh database on the real PostgreSQL (dropped afterwards): its SQLAlchemy URL."""
     import psycopg
 
-    name = f"ct_test_{uuid.uuid4().hex[:12]}"
     try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
+        psycopg.connect(PG_ADMIN_URL).close()
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (see .ci/run): {exc}")
-    admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
+    with fresh_database(PG_ADMIN_URL) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
