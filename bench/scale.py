@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from redis.cluster import RedisCluster
 
+from app.store.redis_store import RedisStore
 from bench.freshness import Phase, load_bodies, loader, prober, wait_applied
 from bench.freshness import stats as project_stats
 from bench.local_cluster import LocalCluster
@@ -144,11 +144,9 @@ def processes(
         yield procs
     finally:
         procs.stop()
-        client = RedisCluster.from_url(url) if is_cluster else redis.Redis.from_url(url)
-        for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
-            for key in list(client.scan_iter(match=pattern, count=1000)):
-                client.delete(key)
-        client.close()
+        store = RedisStore(url, prefix, cluster=is_cluster)
+        store.flush_prefix()
+        store.close()
         if os.environ.get("BENCH_KEEP_LOGS"):
             print(f"server logs: {procs.logdir}", file=sys.stderr)
         else:

@@ -23,6 +23,7 @@ import pytest
 
 from app.io.triples import read_triples
 from tests.app.conftest import ADMIN
+from tests.app.test_processes import wait_healthy
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -61,15 +62,7 @@ def served_dog(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if client.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and api.poll() is None, "the API did not start"
-            time.sleep(0.1)
+        wait_healthy(client, 60, api)
         triples = read_triples(datasets_root / "dog" / "answers.csv")
         classes = sorted({str(x) for x in triples.labels})
         r = client.post("/v1/projects", json={"name": "dog", "labels": classes})

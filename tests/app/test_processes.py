@@ -21,8 +21,10 @@ from tests.app.conftest import ADMIN, REDIS_URL
 CLI = [sys.executable, "-m", "app.cli"]
 
 
-def wait_healthy(client: httpx.Client, timeout_s: float) -> None:
-    """Until the API answers /healthz."""
+def wait_healthy(
+    client: httpx.Client, timeout_s: float, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until the API answers /healthz (failing at once if its ``process`` exits)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -30,7 +32,8 @@ def wait_healthy(client: httpx.Client, timeout_s: float) -> None:
                 return
         except httpx.TransportError:
             pass
-        assert time.monotonic() < deadline, "the API did not start"
+        alive = process is None or process.poll() is None
+        assert time.monotonic() < deadline and alive, "the API did not start"
         time.sleep(0.1)
 
 
