@@ -8,7 +8,10 @@ worker, ``NominalParams.worker_confusion(slots)`` for given workers).
 * ``error_probability`` (eq. A1), ``entropy`` (A2), ``margin`` (A3): uncertainty of q_i.
 * ``value_of_information`` (A4-A6): the expected drop of the chance that the item's most
   likely label is wrong after ``lookahead`` more labels from a worker with confusion C.
+* ``priority``: the queue's ranking, one score per item for a named policy (what the service
+  serves and ``bench.active`` replays): VOI with its look-ahead tie-breaks, or an uncertainty.
 * ``StoppingRule`` (A7): target confidence, at most so many labels per item, a budget.
+* ``labels_to_confidence`` (A8): Wald's estimate of the labels an item still needs.
 * ``select``: the best-scoring items that are not finished (and, for a worker asking for
   work, that the worker has not labelled yet).
 """
@@ -16,6 +19,7 @@ worker, ``NominalParams.worker_confusion(slots)`` for given workers).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +32,11 @@ BoolArray = npt.NDArray[np.bool_]
 
 MAX_SEQUENCES = 4096
 """``value_of_information`` sums over K^lookahead answer sequences; at most this many."""
+
+Policy = Literal["voi", "uncertainty", "entropy", "margin", "uniform"]
+
+TIE_BREAK_CLASSES = 6
+"""``priority("voi")`` breaks VOI_1's ties by VOI_2 up to this many classes (K^3 work an item)."""
 
 
 def _as_posteriors(posteriors: npt.ArrayLike) -> FloatArray:
@@ -127,6 +136,102 @@ def _voi_kernel(
                 break
             seq[j] += 1
         out[i] = max(total - best_now, 0.0)
+
+
+def priority(
+    policy: Policy, posteriors: npt.ArrayLike, n_labels: npt.ArrayLike, confusion: npt.ArrayLike
+) -> FloatArray:
+    """The queue's ranking: higher = label sooner. Items of equal priority are served in the
+    order they arrived (the caller keeps that order; ``select`` takes the lower index).
+
+    ``voi``: VOI_1 (A5) under ``confusion``; its ties, which are many (one label cannot flip
+    an item at q = (0.9, 0.1)), broken by VOI_2 (A6, up to ``TIE_BREAK_CLASSES`` classes),
+    then by entropy (A2). ``uncertainty``: e(q) (A1); ``entropy``: H(q) (A2); ``margin``:
+    the smallest margin (A3) first; ``uniform``: the fewest labels first.
+    """
+    q = _as_posteriors(posteriors)
+    if policy == "voi":
+        K = q.shape[1]
+        C = np.ascontiguousarray(confusion, dtype=np.float64)
+        if C.shape != (K, K):
+            raise ValueError(f"confusion must be ({K}, {K})")
+        out: FloatArray = np.empty(q.shape[0])
+        _voi_priority_kernel(np.ascontiguousarray(q), C, K <= TIE_BREAK_CLASSES, out)
+        return out
+    if policy == "uncertainty":
+        return error_probability(q)
+    if policy == "entropy":
+        return entropy(q)
+    if policy == "margin":
+        return -margin(q)
+    if policy == "uniform":
+        return -np.asarray(n_labels, dtype=np.float64)
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+@jit
+def _voi_priority_kernel(
+    q: FloatArray, C: FloatArray, two: bool, out: FloatArray
+) -> None:  # pragma: no cover - compiled
+    """out[i] = VOI_1 + 1e-3 VOI_2 (if ``two``) + 1e-6 H(q_i), in one pass over item i."""
+    n, K = q.shape
+    for i in range(n):
+        best_now = 0.0
+        h = 0.0
+        for z in range(K):
+            best_now = max(best_now, q[i, z])
+            if q[i, z] > 0:
+                h -= q[i, z] * np.log(q[i, z])
+        one = 0.0
+        for a in range(K):
+            best = 0.0
+            for z in range(K):
+                best = max(best, q[i, z] * C[z, a])
+            one += best
+        score = max(one - best_now, 0.0)
+        if two:
+            total = 0.0
+            for a in range(K):
+                for b in range(K):
+                    best = 0.0
+                    for z in range(K):
+                        best = max(best, q[i, z] * C[z, a] * C[z, b])
+                    total += best
+            score += 1e-3 * max(total - best_now, 0.0)
+        out[i] = score + 1e-6 * h
+
+
+def labels_to_confidence(
+    posteriors: npt.ArrayLike, confusion: npt.ArrayLike, target: float
+) -> FloatArray:
+    """(A8) Wald's estimate of the labels item i still needs before max_z q_iz >= ``target``,
+    from workers with confusion C, if its most likely class z* is the truth.
+
+    Each answer l moves the log-odds of z* against the rest by log(C_{z*l} / r_l), where r is
+    the rest's answer distribution (Σ_{z≠z*} q_z C_{zl} / (1 - q_z*)); its mean is the
+    Kullback-Leibler divergence D(C_{z*·} || r). The expected number of labels to climb from
+    logit(q_z*) to logit(target) is then (Wald, 1945) the distance over that drift, rounded
+    up: 0 for an item already there, inf where answers carry no information (D = 0).
+    """
+    q = _as_posteriors(posteriors)
+    C = np.asarray(confusion, dtype=np.float64)
+    n, K = q.shape
+    if C.shape != (K, K):
+        raise ValueError(f"confusion must be ({K}, {K})")
+    if not 0.0 < target < 1.0:
+        return np.where(q.max(axis=1) >= target, 0.0, np.inf)
+    top = q.argmax(axis=1)
+    top_q = q[np.arange(n), top]
+    own = C[top]
+    r = (q @ C - top_q[:, None] * own) / np.maximum(1.0 - top_q, 1e-300)[:, None]
+    log_c = np.log(np.maximum(C, 1e-300))
+    drift = np.sum(own * (log_c[top] - np.log(np.maximum(r, 1e-300))), axis=1)
+    p = np.clip(top_q, 1e-12, 1 - 1e-12)
+    distance = np.log(target / (1 - target)) - np.log(p / (1 - p))
+    with np.errstate(divide="ignore"):
+        need = np.where(drift > 1e-12, np.ceil(distance / np.maximum(drift, 1e-12)), np.inf)
+    out: FloatArray = np.where(distance <= 0, 0.0, need)
+    return out
 
 
 @dataclass(frozen=True)

@@ -224,11 +224,29 @@ class QueueItem(BaseModel):
     n_labels: int
 
 
+class QueueProgress(BaseModel):
+    """The stopping rule's account of the campaign (docs/active.md eq. A8); gold items left out."""
+
+    done: int = Field(0, description="Items finished (confident enough, capped, or no budget).")
+    expected_accuracy: float | None = Field(
+        None,
+        description="Mean served confidence of the finished items: the share of them expected "
+        "right. Null: none finished yet.",
+    )
+    open: int = Field(0, description="Items not finished.")
+    labels_to_finish: float | None = Field(
+        None,
+        description="Labels the open items are expected to need to finish (Wald's estimate "
+        "under the typical worker). Null: some cannot reach the target under the model.",
+    )
+
+
 class QueuePage(BaseModel):
     items: list[QueueItem]
     size: int = Field(description="Items in the queue (not finished).")
     policy: str
     worker: str | None
+    progress: QueueProgress
 
 
 class Histogram(BaseModel):

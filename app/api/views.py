@@ -37,7 +37,7 @@ from app.serving.nominal import (
 from app.serving.predictions import PairPredictions
 from app.store.archive import SnapshotInfo
 from app.store.base import ProjectRecord
-from core.acquisition import value_of_information
+from core.acquisition import priority
 
 
 def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
@@ -203,7 +203,12 @@ def queue_settings(svc: Service, project: str) -> QueueSettings:
 
 
 def queue_for(
-    svc: Service, record: ProjectRecord, settings: QueueSettings, limit: int, worker: str | None
+    svc: Service,
+    record: ProjectRecord,
+    settings: QueueSettings,
+    limit: int,
+    worker: str | None,
+    g: Globals | None = None,
 ) -> list[QueueItem]:
     classes = record.labels
     want = limit if worker is None else max(5 * limit, 50)
@@ -218,7 +223,7 @@ def queue_for(
         if len(rows) >= limit or len(top) < want:
             break
         want *= 4  # this worker labelled many of the best: look further down
-    g = globals_of(svc, record)
+    g = g if g is not None else globals_of(svc, record)
     served = stored_posteriors([d for _, _, d in rows], g).tolist()
     rows = [
         (name, score, {**d, "posterior": p})
@@ -232,7 +237,7 @@ def queue_for(
             gblob, row = svc.store.get_params(record.name, [slot])
             conf = confusions(Globals.parse(gblob, cfg), slot_rows(row, cfg.n_classes))[0]
             q = np.array([r[2]["posterior"] for r in rows])
-            own = value_of_information(q, conf)
+            own = priority("voi", q, np.zeros(len(rows)), conf)
             order = np.argsort(-own, kind="stable")
             rows = [(rows[i][0], float(own[i]), rows[i][2]) for i in order.tolist()]
     out = []

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
-from app.engine.queue import QueueSettings
+from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
@@ -106,6 +106,7 @@ class ProjectEngine:
         self.position = 0
         self.computed_at = time.time()
         self.queue_settings = QueueSettings()
+        self.progress = Progress()
         self.em_iterations = 0  # batch EM iterations run by refits (a metric)
         self.refine_due = False  # labels or gold applied since the last refinement sweep
         self._queue_all = True
@@ -441,16 +442,13 @@ class ProjectEngine:
         pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
-        s = queue_scores(
-            self.queue_settings,
-            self.calibration.from_posteriors(self.q[codes], self.weight[codes]),
-            self.labels.count[codes],
-            self.gold[codes],
-            used,
-            confusion,
-        )
-        names = self.items.names
+        served = self.calibration.from_posteriors(self.q[codes], self.weight[codes])
+        count, gold = self.labels.count[codes], self.gold[codes]
+        s = queue_scores(self.queue_settings, served, count, gold, used, confusion)
         keep = np.isfinite(s)
+        to_go = labels_to_finish(self.queue_settings, served, count, confusion)
+        self.progress.update(codes, ~keep, gold < 0, served.max(axis=1), to_go)
+        names = self.items.names
         queue = {
             queue_member(i, names[i]): v
             for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)
@@ -485,6 +483,7 @@ class ProjectEngine:
                 "calibration": self.calibration.to_dict(),
                 "evidence": (p.evidence if p.evidence is not None else np.zeros(0)).tolist(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
+                "queue": self.progress.report(),
             }
         )
 

@@ -6,21 +6,23 @@ keeps them ordered; a queue request reads the top of that order.
 
 Items of equal score come out in the order they arrived. A store orders equal scores by member,
 descending (Redis's ZREVRANGE; the embedded store does the same), so an item's member is its
-arrival number counted down from the largest, at a fixed width, then its id: ``member`` and
-``item_of`` convert.
+arrival number counted down from the largest, at a fixed width, then its id: ``member``,
+``item_of`` and ``arrival_of`` convert.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from core import acquisition
 from core.blocks import FloatArray, IntArray
 
-Policy = Literal["voi", "uncertainty", "entropy", "margin", "uniform"]
+BoolArray = acquisition.BoolArray
+
+Policy = acquisition.Policy
 
 _WIDTH = 10  # hex digits of the arrival number: 16^10 - 1 items per project at most
 _LAST = 16**_WIDTH - 1
@@ -34,6 +36,12 @@ def member(arrival: int, item: str) -> str:
 def item_of(member: str) -> str:
     """The item id of a queue member."""
     return member[_WIDTH + 1 :]
+
+
+def arrival_of(member: str) -> int:
+    """The arrival number of a queue member's item (0 first)."""
+    arrival: int = _LAST - int(member[:_WIDTH], 16)
+    return arrival
 
 
 @dataclass(frozen=True)
@@ -65,19 +73,68 @@ def scores(
     labels_used: int,
     confusion: FloatArray,
 ) -> FloatArray:
-    """Higher = label sooner; NaN = finished (gold, confident enough, capped, or no budget)."""
-    q = posteriors
-    policy = settings.policy
-    if policy == "voi":
-        s = acquisition.value_of_information(q, confusion)
-    elif policy == "uncertainty":
-        s = acquisition.error_probability(q)
-    elif policy == "entropy":
-        s = acquisition.entropy(q)
-    elif policy == "margin":
-        s = -acquisition.margin(q)
-    else:  # uniform: fewest labels first (ties: the order items came in, see ``member``)
-        s = -n_labels.astype(np.float64)
-    done = settings.rule().finished(q, n_labels, labels_used) | (known >= 0)
+    """Higher = label sooner (``core.acquisition.priority``); NaN = finished (gold, confident
+    enough, capped, or no budget)."""
+    s = acquisition.priority(settings.policy, posteriors, n_labels, confusion)
+    done = settings.rule().finished(posteriors, n_labels, labels_used) | (known >= 0)
     out: FloatArray = np.where(done, np.nan, s)
     return out
+
+
+def labels_to_finish(
+    settings: QueueSettings, posteriors: FloatArray, n_labels: IntArray, confusion: FloatArray
+) -> FloatArray:
+    """Labels each item is expected to need before it is finished (eq. A8, capped by
+    ``max_labels_per_item``); 0 for an item already finished by confidence."""
+    need = acquisition.labels_to_confidence(posteriors, confusion, settings.target_confidence)
+    cap = settings.max_labels_per_item
+    if cap is not None:
+        need = np.minimum(need, np.maximum(cap - np.asarray(n_labels), 0))
+    return need
+
+
+class Progress:
+    """Where a project's campaign stands, per item as last scored: finished or not, the served
+    confidence max_z q_iz, and the labels still expected (A8). Gold items are left out: the
+    promise of ``target_confidence`` is about the items the model labels."""
+
+    def __init__(self) -> None:
+        self.finished: BoolArray = np.zeros(0, dtype=np.bool_)
+        self.counted: BoolArray = np.zeros(0, dtype=np.bool_)
+        self.confidence: FloatArray = np.zeros(0)
+        self.to_go: FloatArray = np.zeros(0)
+
+    def update(
+        self,
+        codes: IntArray,
+        finished: BoolArray,
+        counted: BoolArray,
+        confidence: FloatArray,
+        to_go: FloatArray,
+    ) -> None:
+        n = int(codes.max()) + 1 if codes.size else 0
+        if n > self.finished.size:
+            grow = max(n, 2 * self.finished.size, 1024) - self.finished.size
+            self.finished = np.concatenate([self.finished, np.zeros(grow, np.bool_)])
+            self.counted = np.concatenate([self.counted, np.zeros(grow, np.bool_)])
+            self.confidence = np.concatenate([self.confidence, np.zeros(grow)])
+            self.to_go = np.concatenate([self.to_go, np.zeros(grow)])
+        self.finished[codes] = finished
+        self.counted[codes] = counted
+        self.confidence[codes] = confidence
+        self.to_go[codes] = np.where(finished, 0.0, to_go)
+
+    def report(self) -> dict[str, Any]:
+        """``done``: items finished; ``expected_accuracy``: the mean served confidence of those
+        (the share of them expected right, if the posteriors are calibrated); ``open``: items
+        not finished; ``labels_to_finish``: labels they are expected to need in all (null when
+        some cannot reach the target: their answers carry no information under the model)."""
+        done = self.finished & self.counted
+        open_ = ~self.finished & self.counted
+        to_go = float(self.to_go[open_].sum())
+        return {
+            "done": int(done.sum()),
+            "expected_accuracy": float(self.confidence[done].mean()) if done.any() else None,
+            "open": int(open_.sum()),
+            "labels_to_finish": to_go if np.isfinite(to_go) else None,
+        }

@@ -40,6 +40,8 @@ class Globals:
     calibration: Calibration = field(default_factory=Calibration)
     evidence: FloatArray | None = None
     """The prequential evidence of the calibration's tempering (docs/model.md eq. 22)."""
+    queue: dict[str, Any] | None = None
+    """The campaign's progress under the stopping rule (``app.engine.queue.Progress``)."""
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -59,6 +61,7 @@ class Globals:
             d.get("dyadic_examples", 0),
             Calibration.from_dict(d.get("calibration")),
             np.asarray(d["evidence"]) if d.get("evidence") else None,
+            d.get("queue"),
         )
 
 

@@ -28,7 +28,7 @@ from app.serving.nominal import Globals, item_slots, recompute_posterior, stored
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from core import _dyadic_kernels, _kernels
-from core.acquisition import value_of_information
+from core.acquisition import priority
 from core.blocks import LabelBlocks
 from core.itemlabels import ItemLabels
 from core.nominal import NominalConfig, NominalParams
@@ -73,10 +73,10 @@ def nominal(refit: bool = True) -> None:
 
 def serving_extras() -> None:
     """What publishing the engine's state and the API's first read call beyond learning: the
-    queue's value of information and the calibration's log-likelihoods (no learning needed,
+    queue's ranking (value of information) and the calibration's log-likelihoods (no learning needed,
     so the first start compiles them beside the nominal model's learning)."""
     K = _CONFIG.n_classes
-    value_of_information(np.full((2, K), 1.0 / K), np.eye(K))
+    priority("voi", np.full((2, K), 1.0 / K), np.zeros(2), np.eye(K))
     blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
     log_likelihoods(NominalParams.initial(_CONFIG), blocks)
 

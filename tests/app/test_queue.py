@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.app.test_api import make_project
@@ -156,3 +158,37 @@ def test_ties_come_out_in_the_order_items_arrived(client: TestClient) -> None:
     settings(client, key, policy="uniform")
     assert [x["item"] for x in queue(client, key, limit=10)["items"]] == ["a", "q7", "b", "m", "zz"]
     assert [x["item"] for x in queue(client, key, limit=2)["items"]] == ["a", "q7"]
+
+
+def test_the_queue_reports_what_the_stopping_rule_promises(client: TestClient) -> None:
+    """``progress``: the finished items, their mean served confidence (the share expected
+    right), the open items and the labels they are expected to need (docs/active.md A8)."""
+    key = make_project(client)
+    sure = [
+        {"item": f"s{i}", "worker": f"w{j}", "label": "white"} for i in range(4) for j in range(6)
+    ]
+    split = [
+        {"item": f"u{i}", "worker": f"w{j}", "label": ("white", "asian")[(i + j) % 2]}
+        for i in range(3)
+        for j in range(2)
+    ]
+    lone = [{"item": f"one{i}", "worker": "w0", "label": "black"} for i in range(2)]
+    post(client, key, "labels", sure + split + lone)
+    post(client, key, "gold", [{"item": "s0", "label": "white"}])
+    settings(client, key, target_confidence=0.9)
+    q = queue(client, key, limit=100)
+    page = client.get("/v1/projects/census/items", params={"limit": 1000}, headers=key).json()
+    served = {x["item"]: x["probability"] for x in page["items"] if x["gold"] is None}
+    done = [p for p in served.values() if p >= 0.9]
+    progress = q["progress"]
+    assert done and len(done) < len(served)
+    assert progress["done"] == len(done) and progress["open"] == q["size"] == len(served) - len(
+        done
+    )
+    assert progress["expected_accuracy"] == pytest.approx(np.mean(done), abs=1e-9)
+    assert progress["labels_to_finish"] >= progress["open"]  # every open item needs one more
+    settings(client, key, target_confidence=0.9, max_labels_per_item=2)
+    capped = queue(client, key, limit=100)["progress"]
+    # the capped split items are finished; each lone item needs at most 1 more
+    assert capped["open"] == 2 and capped["labels_to_finish"] <= 2
+    assert capped["done"] == len(served) - 2

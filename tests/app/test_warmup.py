@@ -72,7 +72,7 @@ EXTRAS_THEN_ENGINE = textwrap.dedent(
     from core import _calibration_kernels, acquisition
 
     def signatures():
-        return {str(s) for d in (acquisition._voi_kernel, _calibration_kernels.item_log_likelihoods)
+        return {str(s) for d in (acquisition._voi_priority_kernel, _calibration_kernels.item_log_likelihoods)
                 for s in d.signatures}
 
     warmup.serving_extras()

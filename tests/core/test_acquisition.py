@@ -1,4 +1,4 @@
-"""Acquisition scores (docs/active.md, eq. A1-A7): hand-checked values and their invariants."""
+"""Acquisition scores (docs/active.md, eq. A1-A8): hand-checked values and their invariants."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.acquisition import (
     StoppingRule,
     entropy,
     error_probability,
+    labels_to_confidence,
     margin,
+    priority,
     select,
     value_of_information,
 )
@@ -149,3 +153,91 @@ def test_voi_with_an_index_picks_each_items_matrix() -> None:
         value_of_information(q, confs, index=np.array([0, 1, 2, 3, 0, 0]))
     with pytest.raises(ValueError):
         value_of_information(q, confs)  # 3 matrices for 6 items and no index
+
+
+def test_voi_priority_breaks_the_ties_one_label_leaves() -> None:
+    """At (0.9, 0.1) and (0.85, 0.15) one answer of an 80% worker flips nothing (VOI_1 = 0
+    for both); two answers can flip the less certain item sooner, so it comes first."""
+    q = np.array([[0.9, 0.1], [0.85, 0.15], [0.99, 0.01]])
+    C = symmetric(2, 0.8)
+    assert np.all(value_of_information(q, C) == 0)
+    p = priority("voi", q, np.zeros(3), C)
+    assert p[1] > p[0] > p[2] > 0
+    # beyond the tie-break's class limit the entropy still orders them
+    q10 = np.full((2, 10), 0.01)
+    q10[0, 0], q10[1, 0] = 0.91, 0.91
+    q10[1, 1:] = [0.05, 0.04] + [0.0] * 7
+    p10 = priority("voi", q10, np.zeros(2), symmetric(10, 0.6))
+    assert p10[0] != p10[1]
+
+
+@pytest.mark.parametrize("policy", ["voi", "uncertainty", "entropy", "margin", "uniform"])
+def test_priority_ranks_the_more_uncertain_item_first(policy: str) -> None:
+    q = np.array([[0.55, 0.45], [0.97, 0.03]])
+    p = priority(policy, q, np.array([1, 4]), symmetric(2, 0.7))  # type: ignore[arg-type]
+    assert p[0] > p[1]
+
+
+def test_priority_rejects_an_unknown_policy() -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        priority("random", np.full((1, 2), 0.5), np.zeros(1), symmetric(2, 0.7))  # type: ignore[arg-type]
+
+
+def test_labels_to_confidence_hand_checked() -> None:
+    """Two classes, a 75% worker: each label adds log 3 = 1.0986 to the log-odds on average
+    times D = 0.75 log 3 - 0.25 log 3 = 0.5 log 3 (the KL divergence of the rows)."""
+    C = symmetric(2, 0.75)
+    q = np.array([[0.5, 0.5], [0.75, 0.25], [0.96, 0.04], [0.2, 0.8]])
+    need = labels_to_confidence(q, C, 0.95)
+    drift = 0.5 * np.log(3)
+    target = np.log(19)
+    assert need[0] == np.ceil(target / drift)
+    assert need[1] == np.ceil((target - np.log(3)) / drift)
+    assert need[2] == 0
+    assert need[3] == np.ceil((target - np.log(4)) / drift)
+    assert np.all(np.isinf(labels_to_confidence(q[:2], np.full((2, 2), 0.5), 0.95)))  # spammer
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 5),
+    st.floats(0.55, 0.95),
+    st.floats(0.0, 1.0),
+    st.sampled_from([0.8, 0.9, 0.95, 0.99]),
+)
+def test_labels_to_confidence_shrinks_with_confidence_and_worker_accuracy(
+    K: int, right: float, lean: float, target: float
+) -> None:
+    C = symmetric(K, max(right, 1.0 / K + 0.05))
+    top = 1.0 / K + lean * (1 - 1.0 / K) * 0.999
+    q = np.full((1, K), (1 - top) / (K - 1))
+    q[0, 0] = top
+    need = labels_to_confidence(q, C, target)[0]
+    surer = q.copy()
+    surer[0, 0] = top + (1 - top) / 2
+    surer[0, 1:] = (1 - surer[0, 0]) / (K - 1)
+    assert labels_to_confidence(surer, C, target)[0] <= need
+    better = symmetric(K, min(C[0, 0] + 0.04, 0.999))
+    assert labels_to_confidence(q, better, target)[0] <= need
+    assert (need == 0) == (top >= target)
+
+
+def test_labels_to_confidence_is_near_the_simulated_number() -> None:
+    """Simulate answers of the worker the model assumes, the truth the most likely class,
+    Bayes' rule after each; the mean number of labels until the target is reached is within
+    one label (plus 25%) of Wald's estimate (which ignores the overshoot of the last step)."""
+    rng = np.random.default_rng(0)
+    for K, right, start, target in [(2, 0.7, 0.6, 0.95), (3, 0.8, 0.5, 0.9), (4, 0.65, 0.4, 0.95)]:
+        C = symmetric(K, right)
+        q0 = np.full(K, (1 - start) / (K - 1))
+        q0[0] = start
+        counts = []
+        for _ in range(400):
+            q, n = q0.copy(), 0
+            while q.max() < target and n < 1000:
+                q = q * C[:, rng.choice(K, p=C[0])]
+                q /= q.sum()
+                n += 1
+            counts.append(n)
+        wald = labels_to_confidence(q0[None], C, target)[0]
+        assert abs(np.mean(counts) - wald) <= 1 + 0.25 * wald, (K, np.mean(counts), wald)

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Query, Request
 from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ERRORS
-from app.api.schemas import Accepted, ItemIn, QueuePage, QueueSettingsBody
-from app.api.views import queue_for, queue_settings
+from app.api.schemas import Accepted, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
+from app.api.views import globals_of, queue_for, queue_settings
 from app.engine.queue import QueueSettings
 
 router = APIRouter()
@@ -94,7 +94,12 @@ def get_queue(
     not the items this worker labelled, ranked by the worker's own confusion (voi)."""
     record = svc.project(project)
     settings = queue_settings(svc, project)
-    items = queue_for(svc, record, settings, limit, worker)
+    g = globals_of(svc, record)
+    items = queue_for(svc, record, settings, limit, worker, g)
     return QueuePage(
-        items=items, size=svc.store.queue_size(project), policy=settings.policy, worker=worker
+        items=items,
+        size=svc.store.queue_size(project),
+        policy=settings.policy,
+        worker=worker,
+        progress=QueueProgress(**(g.queue or {})),
     )
