@@ -57,6 +57,10 @@ class Crowd:
     """Original worker ids (what the service hashes into slots); codes as str when empty."""
     oracle: F64 | None = field(default=None, repr=False)
     """(n_items, K) exact posteriors under the true parameters (synthetic crowds only)."""
+    answer_loglik: F64 | None = field(default=None, repr=False)
+    """(n_answers, K): log p(label_j | true class z) under the true parameters, and
+    ``log_prior`` (K,): the oracle posterior of any subset of the answers (synthetic only)."""
+    log_prior: F64 | None = field(default=None, repr=False)
     synthetic: bool = False
 
     @property
@@ -205,6 +209,8 @@ def _finish(
         classes=tuple(str(k) for k in range(K)),
         gold=truth.copy(),
         oracle=oracle,
+        answer_loglik=loglik[perm],
+        log_prior=log_prior,
         synthetic=True,
     )
 
