@@ -29,6 +29,7 @@ X = TypeVar("X")
 Order = Literal["best", "worst"]
 By = Literal["informativeness", "accuracy"]
 ExportFormat = Literal["jsonl", "csv"]
+Policy = Literal["voi", "uncertainty", "entropy", "margin", "uniform"]
 MAX_PAIRS = 10_000  # the service's limit per predictions request
 
 
@@ -324,6 +325,49 @@ def boundary(
     else:
         params["item"] = _core.as_text(item, "item")
     return Req("GET", f"{_project(project)}/boundary", models.BoundaryPage.model_validate, params)
+
+
+# ---------------------------------------------------------------- queue
+def register_items(
+    project: str, items: Iterable[Any], wait: bool, batch_size: int
+) -> Plan[models.PostResult]:
+    """Items without labels, into the queue; registering an item again changes nothing, so
+    the blocks are retried as reads."""
+    if isinstance(items, str | bytes):
+        raise ValueError(f"items must be a collection of ids, got {items!r}")
+    entries = [{"item": _core.as_text(x, f"item {n}")} for n, x in enumerate(items)]
+    return (yield from _post_blocks(f"{_project(project)}/items", entries, batch_size, wait, True))
+
+
+def queue(project: str, limit: int, worker: Any) -> Req[models.QueuePage]:
+    params: dict[str, Any] = {"limit": limit}
+    if worker is not None:
+        params["worker"] = _core.as_text(worker, "worker")
+    return Req("GET", f"{_project(project)}/queue", models.QueuePage.model_validate, params)
+
+
+def queue_settings(project: str) -> Req[models.QueueSettings]:
+    path = f"{_project(project)}/queue/settings"
+    return Req("GET", path, models.QueueSettings.model_validate)
+
+
+def set_queue_settings(
+    project: str,
+    policy: Policy,
+    target_confidence: float,
+    max_labels_per_item: int | None,
+    budget: int | None,
+    wait: bool,
+) -> Req[models.QueueSettings]:
+    """A PUT (retried as a read): it replaces the settings; answers the settings in force."""
+    body = {
+        "policy": policy,
+        "target_confidence": float(target_confidence),
+        "max_labels_per_item": None if max_labels_per_item is None else int(max_labels_per_item),
+        "budget": None if budget is None else int(budget),
+    }
+    path = f"{_project(project)}/queue/settings"
+    return Req("PUT", path, models.QueueSettings.model_validate, _wait(wait), body)
 
 
 # ---------------------------------------------------------------- snapshots

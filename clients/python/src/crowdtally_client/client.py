@@ -18,7 +18,7 @@ import httpx
 from crowdtally_client import _core
 from crowdtally_client import _requests as _req
 from crowdtally_client._core import IdMode, LabelLike, RetryPolicy, TransportError
-from crowdtally_client._requests import By, ExportFormat, Order, Page, Req
+from crowdtally_client._requests import By, ExportFormat, Order, Page, Policy, Req
 from crowdtally_client.models import (
     Accepted,
     BoundaryPage,
@@ -31,6 +31,8 @@ from crowdtally_client.models import (
     Prediction,
     Project,
     ProjectCreated,
+    QueuePage,
+    QueueSettings,
     Snapshot,
     Worker,
     WorkerPage,
@@ -325,6 +327,40 @@ class Client(_Base):
         one worker (among the items still queued) or one item (among the workers)."""
         return self._call(_req.boundary(project, worker, item, limit, candidates))
 
+    # ---------------------------------------------------------------- queue
+    def register_items(
+        self, project: str, items: Iterable[Any], *, wait: bool = False
+    ) -> PostResult:
+        """Items with no labels yet (ids: text, integers, numpy scalars): they enter the
+        queue. Sent in blocks of ``batch_size``; registering an item again changes nothing."""
+        return self._run(_req.register_items(project, items, wait, self.batch_size))
+
+    def queue(self, project: str, *, limit: int = 10, worker: Any = None) -> QueuePage:
+        """The items to label next, best first (finished items never appear), and the
+        campaign's ``progress``. With ``worker``: not the items that worker labelled."""
+        return self._call(_req.queue(project, limit, worker))
+
+    def queue_settings(self, project: str) -> QueueSettings:
+        return self._call(_req.queue_settings(project))
+
+    def set_queue_settings(
+        self,
+        project: str,
+        *,
+        policy: Policy = "voi",
+        target_confidence: float = 0.95,
+        max_labels_per_item: int | None = None,
+        budget: int | None = None,
+        wait: bool = False,
+    ) -> QueueSettings:
+        """Replace the queue's settings (what is not given takes its default); answers the
+        settings in force (with ``wait=True``, read back once the engine applied them)."""
+        return self._call(
+            _req.set_queue_settings(
+                project, policy, target_confidence, max_labels_per_item, budget, wait
+            )
+        )
+
     # ---------------------------------------------------------------- snapshots
     def list_snapshots(self, project: str) -> list[Snapshot]:
         return self._call(_req.list_snapshots(project))
@@ -597,6 +633,33 @@ class AsyncClient(_Base):
         candidates: int = 200,
     ) -> BoundaryPage:
         return await self._call(_req.boundary(project, worker, item, limit, candidates))
+
+    async def register_items(
+        self, project: str, items: Iterable[Any], *, wait: bool = False
+    ) -> PostResult:
+        return await self._run(_req.register_items(project, items, wait, self.batch_size))
+
+    async def queue(self, project: str, *, limit: int = 10, worker: Any = None) -> QueuePage:
+        return await self._call(_req.queue(project, limit, worker))
+
+    async def queue_settings(self, project: str) -> QueueSettings:
+        return await self._call(_req.queue_settings(project))
+
+    async def set_queue_settings(
+        self,
+        project: str,
+        *,
+        policy: Policy = "voi",
+        target_confidence: float = 0.95,
+        max_labels_per_item: int | None = None,
+        budget: int | None = None,
+        wait: bool = False,
+    ) -> QueueSettings:
+        return await self._call(
+            _req.set_queue_settings(
+                project, policy, target_confidence, max_labels_per_item, budget, wait
+            )
+        )
 
     async def list_snapshots(self, project: str) -> list[Snapshot]:
         return await self._call(_req.list_snapshots(project))

@@ -178,3 +178,39 @@ class BoundaryPage(_Answer):
     item: str | None = None
     candidates: int
     position: int
+
+
+class QueueItem(_Answer):
+    item: str
+    score: float = Field(description="Higher: label sooner (the policy's score).")
+    label: str | None = Field(description="The most probable label; None: no labels yet.")
+    probability: float | None = None
+    n_labels: int
+
+
+class QueueProgress(_Answer):
+    """The stopping rule's account of the campaign (gold items left out)."""
+
+    done: int = Field(0, description="Items finished (confident enough, capped, or no budget).")
+    expected_accuracy: float | None = Field(
+        None, description="Mean served confidence of the finished items; None: none yet."
+    )
+    open: int = Field(0, description="Items not finished.")
+    labels_to_finish: float | None = Field(
+        None, description="Labels the open items are expected to need; None: some never finish."
+    )
+
+
+class QueuePage(_Answer):
+    items: list[QueueItem]
+    size: int = Field(description="Items in the queue (not finished).")
+    policy: str
+    worker: str | None = None
+    progress: QueueProgress = Field(default_factory=QueueProgress)
+
+
+class QueueSettings(_Answer):
+    policy: str
+    target_confidence: float
+    max_labels_per_item: int | None = None
+    budget: int | None = Field(None, description="Labels to spend on the project in all.")
