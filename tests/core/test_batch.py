@@ -111,3 +111,46 @@ def test_max_iter_bounds_the_e_steps(synthetic: Synthetic) -> None:
         fitted, _ = BatchEM(cfg, max_iter=max_iter, tol=0.0).fit(blocks, n_workers=40)
         assert fitted.n_iter <= max_iter + 1
         assert np.all(np.isfinite(fitted.probas))
+
+
+def _crowd(seed: int, n_items: int, K: int, n_workers: int, per_item: np.ndarray) -> LabelBlocks:
+    """Items with per_item[i] answers from distinct workers who are right 70% of the time."""
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, K, n_items)
+    items, workers, labels = [], [], []
+    for i in range(n_items):
+        for w in rng.choice(n_workers, per_item[i], replace=False):
+            right = rng.random() < 0.7
+            items.append(i)
+            workers.append(w)
+            labels.append(truth[i] if right else (truth[i] + rng.integers(1, K)) % K)
+    return LabelBlocks.group(items, workers, labels, np.ones(len(items)), n_blocks=n_items)
+
+
+def test_one_answer_per_item_gives_the_answers_not_a_collapse() -> None:
+    """Single answers inform only each worker's answer frequencies: fitted on them, every item
+    went to one class (dog: 28.8% right where the answers are 71%). They now fit nothing."""
+    K, n = 4, 600
+    blocks = _crowd(0, n, K, 40, np.ones(n, dtype=np.int64))
+    fit, _ = BatchEM(NominalConfig(n_classes=K)).fit(blocks, 40)
+    assert np.array_equal(fit.labels, blocks.labels)
+
+
+def test_single_answer_items_do_not_move_the_parameters() -> None:
+    """The parameters fitted with and without the single-answer items are the same, and those
+    items get the posterior of their answer under them; gold items count with one answer."""
+    K, n = 3, 400
+    per_item = np.where(np.arange(n) % 3 == 0, 1, 4)
+    blocks = _crowd(1, n, K, 30, per_item)
+    em = BatchEM(NominalConfig(n_classes=K))
+    fit, params = em.fit(blocks, 30)
+    multi = np.flatnonzero(per_item >= 2)
+    fit_multi, params_multi = em.fit(blocks.take(multi), 30)
+    assert np.array_equal(params.worker, params_multi.worker)
+    assert np.array_equal(fit.probas[multi], fit_multi.probas)
+    single = np.flatnonzero(per_item == 1)
+    assert np.mean(fit.labels[single] == blocks.labels[blocks.ptr[single]]) > 0.95
+    known = np.full(n, -1)
+    known[single[:20]] = 0
+    _, with_gold = em.fit(blocks, 30, known=known)
+    assert not np.array_equal(with_gold.worker, params.worker)  # gold singles inform
