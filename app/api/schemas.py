@@ -271,6 +271,7 @@ class Summary(BaseModel):
     workers: list[SummaryWorker]
     queue: list[QueueItem] = Field(description="The first items of the active-learning queue.")
     queue_size: int
+    queue_progress: QueueProgress
     computed_at: str
 
 

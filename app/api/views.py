@@ -328,8 +328,9 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     view = project_view(svc, record)
     settings = queue_settings(svc, record.name)
     return {
-        "queue": queue_for(svc, record, settings, 10, None),
+        "queue": queue_for(svc, record, settings, 10, None, g),
         "queue_size": svc.store.queue_size(record.name),
+        "queue_progress": g.queue or {},
         "project": record.name,
         "labels": list(record.labels),
         "stats": view["stats"],

@@ -97,6 +97,8 @@ def test_summary_endpoint(served_dog: tuple[str, str]) -> None:
     assert sum(s["label_counts"].values()) == 807
     assert len(s["workers"]) == 25
     assert len(s["queue"]) == 10 and s["queue_size"] > 10
+    progress = s["queue_progress"]
+    assert progress["open"] == s["queue_size"] and progress["done"] + progress["open"] <= 807
     infos = [w["informativeness"] for w in s["workers"]]
     assert infos == sorted(infos)  # least informative first
     assert all(
@@ -194,6 +196,7 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             assert "project dog" in page.locator("#status").inner_text()
             assert page.locator("#queue tbody tr").count() == 10  # the first of the queue
             assert "items still need labels" in page.locator("#queue-size").inner_text()
+            assert "items finished, expected" in page.locator("#queue-progress").inner_text()
             assert "40 gold items: ECE" in page.locator("#calibration-text").inner_text()
             check_plots(page)
 

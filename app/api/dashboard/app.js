@@ -305,6 +305,14 @@ function renderSummary(s) {
     xTitle: "most likely label", yTitle: "items", legend: "items", tip: (i) => s.labels[i],
   });
   $("queue-size").textContent = `${s.queue_size.toLocaleString()} items still need labels`;
+  const pr = s.queue_progress;
+  const finished = pr.done
+    ? `${pr.done.toLocaleString()} items finished, expected ${(100 * pr.expected_accuracy).toFixed(1)}% right`
+    : "no item finished yet";
+  const toGo = pr.labels_to_finish === null
+    ? "some open items cannot reach the target confidence under the model"
+    : `about ${Math.round(pr.labels_to_finish).toLocaleString()} more labels to finish the ${pr.open.toLocaleString()} open`;
+  $("queue-progress").textContent = `${finished}; ${toGo}`;
   const qbody = $("queue").querySelector("tbody");
   qbody.replaceChildren();
   for (const q of s.queue) {
