@@ -4,14 +4,6 @@ Batch EM maximises the same objective F = sum_i F_i as the online model, to conv
 with each worker's own confusion matrix (exact worker indices, no hashing). Results are
 shaped like crowd-kit's: ``probas`` (item x class), ``labels``, ``errors`` (worker
 confusion), ``priors``.
-
-The parameters are fitted on the items that inform them: those with two labels or more, and
-gold items. An item's single answer l from worker w enters the likelihood only through
-Σ_z π_z C_w[z, l], the worker's answer marginal, so a fit that counts such items is pulled
-toward parameters that reproduce each worker's answer frequencies: with one answer per item
-every class is put on one class and each worker's row on its answer distribution (on dog,
-28.8% accurate where the answers themselves are 71%). The other items then get their
-posteriors from the fitted parameters in a last E-step.
 """
 
 from __future__ import annotations
@@ -91,12 +83,8 @@ class BatchEM:
         (n_workers, K, K), A = scale * stored) replaces the majority-vote start: the first
         E-step is taken at those parameters (a warm start, e.g. from the online model).
         """
-        informative, known_sub = _informative(blocks, known)
-        if informative is None:
-            result, params, _ = self._run(blocks, n_workers, progress, known, start)
-            return result, params
-        sub, params, _ = self._run(blocks.take(informative), n_workers, progress, known_sub, start)
-        return self._complete(blocks, params, known, sub), params
+        result, params, _ = self._run(blocks, n_workers, progress, known, start)
+        return result, params
 
     def improve(
         self,
@@ -109,30 +97,8 @@ class BatchEM:
         combined by SQUAREM as in ``fit``, from ``start`` instead of majority vote. Returns the
         parameters after the last accepted M-step (no E-step taken there) and the number of
         E-steps run."""
-        informative, known_sub = _informative(blocks, known)
-        if informative is not None:
-            blocks, known = blocks.take(informative), known_sub
         result, _, mapped = self._run(blocks, n_workers, None, known, start)
         return mapped, result.n_iter
-
-    def _complete(
-        self,
-        blocks: LabelBlocks,
-        params: NominalParams,
-        known: IntArray | None,
-        fitted: AggregationResult,
-    ) -> AggregationResult:
-        """Every item's posterior at the parameters fitted on the informative items."""
-        clarity = np.zeros(blocks.n_blocks)
-        known_codes = None if known is None else np.asarray(known, dtype=np.int64)
-        q, b, _ = self._e_step(blocks, params, clarity, known_codes)
-        return AggregationResult(
-            probas=q,
-            priors=fitted.priors,
-            errors=fitted.errors,
-            clarity=b if self.config.difficulty else None,
-            objective=fitted.objective,
-        )
 
     def _run(
         self,
@@ -381,17 +347,3 @@ def into_slots(
     return NominalParams(
         params.class_logits.copy(), params.population.copy(), worker, np.array([1.0, step])
     )
-
-
-def _informative(
-    blocks: LabelBlocks, known: IntArray | None
-) -> tuple[IntArray | None, IntArray | None]:
-    """The items with two labels or more, or gold, and their gold codes; (None, None) when
-    that is every item."""
-    keep = blocks.sizes() >= 2
-    if known is not None:
-        keep |= np.asarray(known) >= 0
-    if keep.all():
-        return None, None
-    items = np.flatnonzero(keep)
-    return items, None if known is None else np.asarray(known, dtype=np.int64)[items]

@@ -51,14 +51,6 @@ class LabelBlocks:
     def sizes(self) -> IntArray:
         return np.diff(self.ptr)
 
-    def take(self, blocks: IntArray) -> LabelBlocks:
-        """These blocks only, in this order (their labels in their order)."""
-        sizes = self.sizes()[blocks]
-        ptr = np.zeros(blocks.size + 1, dtype=np.int64)
-        np.cumsum(sizes, out=ptr[1:])
-        idx = np.repeat(self.ptr[blocks], sizes) + np.arange(ptr[-1]) - np.repeat(ptr[:-1], sizes)
-        return LabelBlocks(ptr, self.slots[idx], self.labels[idx], self.weights[idx])
-
     def total_weight(self) -> FloatArray:
         """Sum of importance weights per block (0 for a block without labels)."""
         block_of = np.repeat(np.arange(self.n_blocks), self.sizes())
