@@ -58,7 +58,7 @@ TOLERANCE = 0.005  # "within 0.5 point" of full-data batch EM
 BUDGETS = (0.25, 0.5, 0.75)  # fixed budgets, shares of the campaign's answers
 REFINE_PASSES = 3  # the engine's idle sweep (EngineLoop.refine_passes)
 DEFAULT_POLICY = "voi"  # QueueSettings' default: what every project's queue serves
-QUEUE_POLICIES = ("voi", "uncertainty", "entropy", "margin", "uniform")
+QUEUE_POLICIES = ("voi", "lookahead", "uncertainty", "entropy", "margin", "uniform")
 
 
 def load_crowd(name: str, seed: int = 0) -> Crowd:

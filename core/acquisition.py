@@ -33,7 +33,7 @@ BoolArray = npt.NDArray[np.bool_]
 MAX_SEQUENCES = 4096
 """``value_of_information`` sums over K^lookahead answer sequences; at most this many."""
 
-Policy = Literal["voi", "uncertainty", "entropy", "margin", "uniform"]
+Policy = Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"]
 
 TIE_BREAK_CLASSES = 6
 """``priority("voi")`` breaks VOI_1's ties by VOI_2 up to this many classes (K^3 work an item)."""
@@ -150,13 +150,14 @@ def priority(
     the smallest margin (A3) first; ``uniform``: the fewest labels first.
     """
     q = _as_posteriors(posteriors)
-    if policy == "voi":
+    if policy in ("voi", "lookahead"):
         K = q.shape[1]
         C = np.ascontiguousarray(confusion, dtype=np.float64)
         if C.shape != (K, K):
             raise ValueError(f"confusion must be ({K}, {K})")
         out: FloatArray = np.empty(q.shape[0])
-        _voi_priority_kernel(np.ascontiguousarray(q), C, K <= TIE_BREAK_CLASSES, out)
+        two = K <= TIE_BREAK_CLASSES
+        _voi_priority_kernel(np.ascontiguousarray(q), C, two, policy == "lookahead", out)
         return out
     if policy == "uncertainty":
         return error_probability(q)
@@ -171,9 +172,10 @@ def priority(
 
 @jit
 def _voi_priority_kernel(
-    q: FloatArray, C: FloatArray, two: bool, out: FloatArray
+    q: FloatArray, C: FloatArray, two: bool, star: bool, out: FloatArray
 ) -> None:  # pragma: no cover - compiled
-    """out[i] = VOI_1 + 1e-3 VOI_2 (if ``two``) + 1e-6 H(q_i), in one pass over item i."""
+    """out[i] = VOI_1 + 1e-3 VOI_2 (if ``two``) + 1e-6 H(q_i), in one pass over item i;
+    ``star``: max(VOI_1, VOI_2 / 2) + 1e-6 H(q_i) instead (KG(*), the value per label)."""
     n, K = q.shape
     for i in range(n):
         best_now = 0.0
@@ -197,7 +199,8 @@ def _voi_priority_kernel(
                     for z in range(K):
                         best = max(best, q[i, z] * C[z, a] * C[z, b])
                     total += best
-            score += 1e-3 * max(total - best_now, 0.0)
+            two_labels = max(total - best_now, 0.0)
+            score = max(score, two_labels / 2) if star else score + 1e-3 * two_labels
         out[i] = score + 1e-6 * h
 
 

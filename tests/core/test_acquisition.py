@@ -241,3 +241,22 @@ def test_labels_to_confidence_is_near_the_simulated_number() -> None:
             counts.append(n)
         wald = labels_to_confidence(q0[None], C, target)[0]
         assert abs(np.mean(counts) - wald) <= 1 + 0.25 * wald, (K, np.mean(counts), wald)
+
+
+def test_lookahead_priority_is_the_value_per_label_of_one_or_two_labels() -> None:
+    """KG(*) (Frazier & Powell 2010): max(VOI_1, VOI_2 / 2), so an item one label cannot
+    flip but two can is valued at what two labels give, per label."""
+    rng = np.random.default_rng(0)
+    for K in (2, 3, 5):
+        q = rng.dirichlet(np.ones(K), size=50)
+        C = rng.dirichlet(np.ones(K), size=K) * 0.4 + 0.6 * np.eye(K)
+        one = value_of_information(q, C)
+        two = value_of_information(q, C, lookahead=2)
+        want = np.maximum(one, two / 2) + 1e-6 * entropy(q)
+        assert np.allclose(priority("lookahead", q, np.zeros(50), C), want, rtol=0, atol=1e-12)
+    q = np.array([[0.8, 0.2]])  # one answer of a 75% worker cannot flip it, two can
+    C = symmetric(2, 0.75)
+    assert value_of_information(q, C)[0] == 0
+    assert value_of_information(q, C, lookahead=2)[0] == pytest.approx(0.0625)
+    assert priority("lookahead", q, np.zeros(1), C)[0] == pytest.approx(0.03125, abs=1e-6)
+    assert priority("voi", q, np.zeros(1), C)[0] == pytest.approx(6.25e-5, abs=1e-6)

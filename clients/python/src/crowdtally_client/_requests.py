@@ -29,7 +29,7 @@ X = TypeVar("X")
 Order = Literal["best", "worst"]
 By = Literal["informativeness", "accuracy"]
 ExportFormat = Literal["jsonl", "csv"]
-Policy = Literal["voi", "uncertainty", "entropy", "margin", "uniform"]
+Policy = Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"]
 MAX_PAIRS = 10_000  # the service's limit per predictions request
 
 
