@@ -731,7 +731,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_csv is not None:
-        curves = {}
+        curves: Curves = {}
         for path in args.from_csv:  # runs of other policies on the same sets add up
             for name, by_policy in read_csv(path).items():
                 curves.setdefault(name, {}).update(by_policy)
