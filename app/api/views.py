@@ -229,7 +229,7 @@ def queue_for(
         (name, score, {**d, "posterior": p})
         for (name, score, d), p in zip(rows, served, strict=True)
     ]
-    if worker is not None and settings.policy == "voi" and rows:
+    if worker is not None and settings.policy in ("voi", "lookahead") and rows:
         stats = svc.store.get_worker(record.name, worker)
         if stats is not None:  # rank by what this worker's answer would tell
             cfg = svc.config(record)
@@ -237,7 +237,7 @@ def queue_for(
             gblob, row = svc.store.get_params(record.name, [slot])
             conf = confusions(Globals.parse(gblob, cfg), slot_rows(row, cfg.n_classes))[0]
             q = np.array([r[2]["posterior"] for r in rows])
-            own = priority("voi", q, np.zeros(len(rows)), conf)
+            own = priority(settings.policy, q, np.zeros(len(rows)), conf)
             order = np.argsort(-own, kind="stable")
             rows = [(rows[i][0], float(own[i]), rows[i][2]) for i in order.tolist()]
     out = []
