@@ -91,7 +91,7 @@ def get_queue(
     worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
 ) -> QueuePage:
     """The items to label next, best first; finished items never appear. With ``worker``:
-    not the items this worker labelled, ranked by the worker's own confusion (voi)."""
+    not the items this worker labelled, ranked by the worker's own confusion (voi, lookahead)."""
     record = svc.project(project)
     settings = queue_settings(svc, project)
     g = globals_of(svc, record)
