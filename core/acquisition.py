@@ -35,8 +35,9 @@ MAX_SEQUENCES = 4096
 
 Policy = Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"]
 
-TIE_BREAK_CLASSES = 6
-"""``priority("voi")`` breaks VOI_1's ties by VOI_2 up to this many classes (K^3 work an item)."""
+LOOKAHEAD_CLASSES = 6
+"""``priority`` uses VOI_2 (K^3 work an item) up to this many classes: ``voi`` to break VOI_1's
+ties, ``lookahead`` in max(VOI_1, VOI_2 / 2); with more classes both rank by VOI_1 and entropy."""
 
 
 def _as_posteriors(posteriors: npt.ArrayLike) -> FloatArray:
@@ -145,7 +146,7 @@ def priority(
     order they arrived (the caller keeps that order; ``select`` takes the lower index).
 
     ``voi``: VOI_1 (A5) under ``confusion``; its ties, which are many (one label cannot flip
-    an item at q = (0.9, 0.1)), broken by VOI_2 (A6, up to ``TIE_BREAK_CLASSES`` classes),
+    an item at q = (0.9, 0.1)), broken by VOI_2 (A6, up to ``LOOKAHEAD_CLASSES`` classes),
     then by entropy (A2). ``uncertainty``: e(q) (A1); ``entropy``: H(q) (A2); ``margin``:
     the smallest margin (A3) first; ``uniform``: the fewest labels first.
     """
@@ -156,7 +157,7 @@ def priority(
         if C.shape != (K, K):
             raise ValueError(f"confusion must be ({K}, {K})")
         out: FloatArray = np.empty(q.shape[0])
-        two = K <= TIE_BREAK_CLASSES
+        two = K <= LOOKAHEAD_CLASSES
         _voi_priority_kernel(np.ascontiguousarray(q), C, two, policy == "lookahead", out)
         return out
     if policy == "uncertainty":
