@@ -57,7 +57,7 @@ OUT = Path(__file__).resolve().parent / "out"
 TOLERANCE = 0.005  # "within 0.5 point" of full-data batch EM
 BUDGETS = (0.25, 0.5, 0.75)  # fixed budgets, shares of the campaign's answers
 REFINE_PASSES = 3  # the engine's idle sweep (EngineLoop.refine_passes)
-DEFAULT_POLICY = "voi"  # QueueSettings' default: what every project's queue serves
+DEFAULT_POLICY = "lookahead"  # QueueSettings' default: what every project's queue serves
 QUEUE_POLICIES = ("voi", "lookahead", "uncertainty", "entropy", "margin", "uniform")
 
 

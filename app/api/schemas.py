@@ -204,7 +204,7 @@ class WorkerPage(BaseModel):
 class QueueSettingsBody(Strict):
     """Which items the queue puts first, and when an item is finished (docs/active.md)."""
 
-    policy: Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"] = "voi"
+    policy: Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"] = "lookahead"
     target_confidence: float = Field(0.95, gt=0, le=1)
     max_labels_per_item: int | None = Field(None, ge=1, le=MAX_COUNT)
     budget: int | None = Field(

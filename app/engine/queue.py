@@ -48,7 +48,7 @@ def arrival_of(member: str) -> int:
 class QueueSettings:
     """A project's queue policy and stopping rule (docs/active.md)."""
 
-    policy: Policy = "voi"
+    policy: Policy = "lookahead"
     target_confidence: float = 0.95
     max_labels_per_item: int | None = None
     budget: int | None = None

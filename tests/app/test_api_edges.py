@@ -217,7 +217,7 @@ def test_out_of_range_numbers_in_queue_settings_are_422(client: TestClient) -> N
         r = client.put(path, content=body, headers={**key, "content-type": "application/json"})
         assert _error(r, 422, "invalid_request")["field"] == field
     # nothing of it was applied
-    assert client.get(path, headers=key).json()["policy"] == "voi"
+    assert client.get(path, headers=key).json()["policy"] == "lookahead"
     r = client.put(path, params={"wait": True}, json={"budget": 2**53 - 1}, headers=key)
     assert r.status_code == 202 and r.json()["budget"] == 2**53 - 1
 

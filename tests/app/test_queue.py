@@ -40,7 +40,7 @@ def test_queue_loop(client: TestClient) -> None:
     key = make_project(client)
     post(client, key, "items", [{"item": f"new{i}"} for i in range(5)])
     q = queue(client, key, limit=10)
-    assert q["size"] == 5 and q["policy"] == "voi"
+    assert q["size"] == 5 and q["policy"] == "lookahead"
     assert {x["item"] for x in q["items"]} == {f"new{i}" for i in range(5)} and all(
         x["n_labels"] == 0 for x in q["items"]
     )
@@ -124,7 +124,7 @@ def test_put_settings_answers_the_settings_in_force(client: TestClient) -> None:
     path = "/v1/projects/census/queue/settings"
     default = client.get(path, headers=key).json()
     assert default == {
-        "policy": "voi",
+        "policy": "lookahead",
         "target_confidence": 0.95,
         "max_labels_per_item": None,
         "budget": None,
@@ -145,7 +145,7 @@ def test_ties_come_out_in_the_order_items_arrived(client: TestClient) -> None:
     key = make_project(client)
     arrived = ["m", "zz", "a", "q7", "b"]  # neither sorted nor reverse-sorted
     post(client, key, "items", [{"item": x} for x in arrived])
-    for policy in ("voi", "uniform", "uncertainty"):
+    for policy in ("lookahead", "voi", "uniform", "uncertainty"):
         settings(client, key, policy=policy)
         assert [x["item"] for x in queue(client, key, limit=10)["items"]] == arrived, policy
     # labels on the first two: under uniform the unlabelled come first, still in arrival order

@@ -54,7 +54,7 @@ def post_like_the_bench(
     assert r.status_code == 202, r.text
 
 
-@pytest.mark.parametrize("policy", ["voi", "uniform"])
+@pytest.mark.parametrize("policy", ["lookahead", "voi", "uniform"])
 def test_the_served_queue_is_the_ranking_the_bench_replays(
     store: Store, tmp_path: Path, datasets_root: Path, policy: str
 ) -> None:

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
     from conftest import LiveServer
 
 CLASSES = ["asian", "black", "hispanic", "white", "other"]
-DEFAULT = {"policy": "voi", "target_confidence": 0.95, "max_labels_per_item": None, "budget": None}
+DEFAULT = {
+    "policy": "lookahead",
+    "target_confidence": 0.95,
+    "max_labels_per_item": None,
+    "budget": None,
+}
 FIVE = [("new0", f"w{j}", "white") for j in range(5)]  # agreeing: new0 is finished
 SPLIT = [("new1", "w0", "white"), ("new1", "w1", "asian")]
 
@@ -45,7 +50,7 @@ def test_register_label_and_read_the_queue(live_server: LiveServer) -> None:
         assert (got.accepted, got.duplicates, got.blocks, got.applied) == (6, 0, 1, True)
         page = c.queue(name)
         check_page(page)
-        assert (page.size, page.policy, page.worker) == (6, "voi", None)
+        assert (page.size, page.policy, page.worker) == (6, "lookahead", None)
         assert {x.item for x in page.items} == {"new0", "new1", "new2", "new3", "new4", "7"}
         assert all(x.n_labels == 0 and x.label is None for x in page.items)
         assert page.progress.done == 0 and page.progress.expected_accuracy is None
