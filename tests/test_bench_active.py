@@ -86,9 +86,9 @@ def test_budget_accuracy_and_labels_needed_read_the_curve() -> None:
 
 
 def test_a_short_run_writes_its_tables_and_figure(tmp_path: Path) -> None:
-    main(["--datasets", "temp", "--policies", "uniform,voi,fixed3", "--seeds", "2",
+    main(["--datasets", "temp", "--policies", "uniform,lookahead,fixed3", "--seeds", "2",
           "--step", "0.05", "--checkpoint", "0.05", "--jobs", "1", "--out", str(tmp_path)])  # fmt: skip
     table = (tmp_path / "active.md").read_text()
-    assert "| temp | 4620 | 462 |" in table and "voi (the default): mean saving" in table
+    assert "| temp | 4620 | 462 |" in table and "lookahead (the default): mean saving" in table
     assert (tmp_path / "active.png").stat().st_size > 10_000
-    assert (tmp_path / "active.csv").read_text().count("temp,voi,1,") > 5
+    assert (tmp_path / "active.csv").read_text().count("temp,lookahead,1,") > 5
