@@ -19,6 +19,7 @@ import numpy as np
 
 from core import acquisition
 from core.blocks import FloatArray, IntArray
+from core.itemlabels import grow
 
 BoolArray = acquisition.BoolArray
 
@@ -96,13 +97,18 @@ def labels_to_finish(
 class Progress:
     """Where a project's campaign stands, per item as last scored: finished or not, the served
     confidence max_z q_iz, and the labels still expected (A8). Gold items are left out: the
-    promise of ``target_confidence`` is about the items the model labels."""
+    promise of ``target_confidence`` is about the items the model labels.
+
+    The totals are kept as the items are rescored (the engine writes them on every step, so
+    the report costs nothing per item)."""
 
     def __init__(self) -> None:
         self.finished: BoolArray = np.zeros(0, dtype=np.bool_)
         self.counted: BoolArray = np.zeros(0, dtype=np.bool_)
         self.confidence: FloatArray = np.zeros(0)
         self.to_go: FloatArray = np.zeros(0)
+        self.n_done = self.n_open = self.n_unreachable = 0
+        self.confidence_sum = self.to_go_sum = 0.0
 
     def update(
         self,
@@ -112,29 +118,40 @@ class Progress:
         confidence: FloatArray,
         to_go: FloatArray,
     ) -> None:
+        """Rescored items (distinct codes) replace their earlier account."""
         n = int(codes.max()) + 1 if codes.size else 0
         if n > self.finished.size:
-            grow = max(n, 2 * self.finished.size, 1024) - self.finished.size
-            self.finished = np.concatenate([self.finished, np.zeros(grow, np.bool_)])
-            self.counted = np.concatenate([self.counted, np.zeros(grow, np.bool_)])
-            self.confidence = np.concatenate([self.confidence, np.zeros(grow)])
-            self.to_go = np.concatenate([self.to_go, np.zeros(grow)])
+            cap = max(n, 2 * self.finished.size, 1024)
+            self.finished = grow(self.finished, cap, False)
+            self.counted = grow(self.counted, cap, False)
+            self.confidence = grow(self.confidence, cap, 0.0)
+            self.to_go = grow(self.to_go, cap, 0.0)
+        self._tally(codes, -1)
         self.finished[codes] = finished
         self.counted[codes] = counted
         self.confidence[codes] = confidence
         self.to_go[codes] = np.where(finished, 0.0, to_go)
+        self._tally(codes, 1)
+
+    def _tally(self, codes: IntArray, sign: int) -> None:
+        finished, counted = self.finished[codes], self.counted[codes]
+        done, open_ = finished & counted, ~finished & counted
+        to_go = self.to_go[codes][open_]
+        unreachable = np.isinf(to_go)
+        self.n_done += sign * int(done.sum())
+        self.n_open += sign * int(open_.sum())
+        self.n_unreachable += sign * int(unreachable.sum())
+        self.confidence_sum += sign * float(self.confidence[codes][done].sum())
+        self.to_go_sum += sign * float(to_go[~unreachable].sum())
 
     def report(self) -> dict[str, Any]:
         """``done``: items finished; ``expected_accuracy``: the mean served confidence of those
         (the share of them expected right, if the posteriors are calibrated); ``open``: items
         not finished; ``labels_to_finish``: labels they are expected to need in all (null when
         some cannot reach the target: their answers carry no information under the model)."""
-        done = self.finished & self.counted
-        open_ = ~self.finished & self.counted
-        to_go = float(self.to_go[open_].sum())
         return {
-            "done": int(done.sum()),
-            "expected_accuracy": float(self.confidence[done].mean()) if done.any() else None,
-            "open": int(open_.sum()),
-            "labels_to_finish": to_go if np.isfinite(to_go) else None,
+            "done": self.n_done,
+            "expected_accuracy": self.confidence_sum / self.n_done if self.n_done else None,
+            "open": self.n_open,
+            "labels_to_finish": None if self.n_unreachable else max(self.to_go_sum, 0.0),
         }
