@@ -121,12 +121,17 @@ class Campaign:
 
     def remaining_answers(self) -> tuple[IntArray, IntArray]:
         """Every unrevealed answer index and its item."""
-        n = self.counts - self.revealed
-        ptr = np.zeros(n.size + 1, dtype=np.int64)
-        np.cumsum(n, out=ptr[1:])
-        within = np.arange(ptr[-1]) - np.repeat(ptr[:-1], n)
+        return self._answers(self.start[:-1] + self.revealed, self.counts - self.revealed)
+
+    def revealed_answers(self) -> tuple[IntArray, IntArray]:
+        """Every revealed answer index and its item."""
+        return self._answers(self.start[:-1], self.revealed)
+
+    def _answers(self, first: IntArray, n: IntArray) -> tuple[IntArray, IntArray]:
+        """order[first[i] : first[i] + n[i]] of every item i, and the item of each."""
         items = np.repeat(np.arange(n.size), n)
-        return self.order[self.start[items] + self.revealed[items] + within], items
+        ptr = np.cumsum(n) - n
+        return self.order[first[items] + np.arange(items.size) - ptr[items]], items
 
     def served(self) -> FloatArray:
         """Every item's posterior as the service serves it (calibrated, docs/model.md eq. 24)."""
@@ -222,13 +227,6 @@ class Campaign:
         post = np.exp(logpost - logpost.max(axis=1, keepdims=True))
         out: FloatArray = post / post.sum(axis=1, keepdims=True)
         return out
-
-    def revealed_answers(self) -> tuple[IntArray, IntArray]:
-        n = self.revealed
-        ptr = np.zeros(n.size + 1, dtype=np.int64)
-        np.cumsum(n, out=ptr[1:])
-        within = np.arange(ptr[-1]) - np.repeat(ptr[:-1], n)
-        return self.order[np.repeat(self.start, np.append(n, 0)) + within], ptr
 
 
 # A policy picks the items to reveal next (and optionally which of their real answers).
