@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
+from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
@@ -55,19 +56,19 @@ class _Codes:
         self.names: list[str] = []
 
     def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
-        """Codes of ``ids`` and the ids that were new (one dict look-up per distinct id)."""
-        uniq, first, inverse = np.unique(np.asarray(ids, dtype=np.str_), True, True)
+        """Codes of ``ids`` and the ids that were new (one dict look-up per distinct id; the
+        per-id work is done by dict and map in C)."""
+        distinct = dict.fromkeys(ids)  # first-appearance order
         new: list[str] = []
-        codes = np.empty(uniq.size, dtype=np.int64)
-        for n in np.argsort(first, kind="stable").tolist():  # first-appearance order
-            name = str(uniq[n])
-            c = self.code.get(name)
+        code, names = self.code, self.names
+        for name in distinct:
+            c = code.get(name)
             if c is None:
-                c = self.code[name] = len(self.names)
-                self.names.append(name)
+                c = code[name] = len(names)
+                names.append(name)
                 new.append(name)
-            codes[n] = c
-        return codes[inverse.ravel()], new
+            distinct[name] = c
+        return np.fromiter(map(distinct.__getitem__, ids), np.int64, len(ids)), new
 
 
 @dataclass
@@ -92,6 +93,7 @@ class ProjectEngine:
         self.items = _Codes()
         self.workers = _Codes()
         self.labels = ItemLabels()
+        self.label_lists = LabelLists()  # the served label lists, encoded once per label
         self.q = np.empty((0, self.K))
         self.b = np.empty(0)
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
@@ -488,38 +490,34 @@ class ProjectEngine:
         )
 
     def items_json(self, codes: IntArray) -> dict[str, bytes]:
-        """``item_json`` of many items with one gather (the engine's write path)."""
+        """``item_json`` of many items (the engine's write path); each label list is encoded
+        once per label (``LabelLists``)."""
         if not codes.size:
             return {}
-        blocks, pos = self.labels.gather(codes)
-        names = self.workers.names
-        workers = [names[w] for w in self.labels.worker[pos].tolist()]
-        labels, weights = blocks.labels.tolist(), blocks.weights.tolist()
-        ptr = blocks.ptr.tolist()
+        label_lists = self.label_lists.of(codes, self.labels, self.workers.names)
         gold = self.gold[codes]
         posterior = np.where(gold[:, None] >= 0, np.eye(self.K)[np.maximum(gold, 0)], self.q[codes])
-        out = {}
-        for n, (i, g, p, c) in enumerate(
-            zip(
-                codes.tolist(),
-                gold.tolist(),
-                posterior.tolist(),
-                self.b[codes].tolist(),
-                strict=True,
-            )
-        ):
-            lo, hi = ptr[n], ptr[n + 1]
-            out[self.items.names[i]] = orjson.dumps(
+        names = self.items.names
+        return {
+            names[i]: orjson.dumps(
                 {
                     "posterior": p,
                     "clarity": c,
-                    "labels": [[workers[r], labels[r], weights[r]] for r in range(lo, hi)],
+                    "labels": labels,
                     "gold": g if g >= 0 else None,
                     "position": self.position,
                     "computed_at": self.computed_at,
                 }
             )
-        return out
+            for i, g, p, c, labels in zip(
+                codes.tolist(),
+                gold.tolist(),
+                posterior.tolist(),
+                self.b[codes].tolist(),
+                label_lists,
+                strict=True,
+            )
+        }
 
     def item_json(self, i: int) -> bytes:
         return self.items_json(np.array([i], dtype=np.int64))[self.items.names[i]]

@@ -1,0 +1,67 @@
+"""Each item's served label list, ``[[worker, label, weight], ...]``, encoded to JSON once per
+label.
+
+An item's labels only grow (``core.itemlabels.ItemLabels`` is append-only), so the engine
+keeps every item's list already encoded and, on each write, encodes only the labels that
+arrived since: an update of an item with n labels costs O(new labels), not O(n). The bytes
+are those ``orjson.dumps`` gives for the whole list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+
+from core.blocks import IntArray
+from core.itemlabels import ItemLabels, grow
+
+
+class LabelLists:
+    """The encoded label lists of a project's items (dense codes 0..n-1), grown on demand."""
+
+    def __init__(self) -> None:
+        self._encoded: list[bytes] = []  # an item's elements, comma-separated, no brackets
+        self._count = np.zeros(0, dtype=np.int64)  # labels encoded per item
+
+    def of(
+        self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]
+    ) -> list[orjson.Fragment]:
+        """The label list of each item in ``codes``, as JSON ready to embed."""
+        self._make_room(int(codes.max()) + 1 if codes.size else 0)
+        self._encode_new(codes, labels, workers)
+        encoded = self._encoded
+        return [orjson.Fragment(b"[" + encoded[i] + b"]") for i in codes.tolist()]
+
+    def _make_room(self, n_items: int) -> None:
+        if n_items > self._count.size:
+            self._count = grow(self._count, max(n_items, 2 * self._count.size), 0)
+            self._encoded.extend([b""] * (self._count.size - len(self._encoded)))
+
+    def _encode_new(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> None:
+        done = self._count[codes]
+        stale = np.flatnonzero(labels.count[codes] > done)
+        if not stale.size:
+            return
+        items = np.unique(codes[stale])  # (a code asked twice is encoded once)
+        done = self._count[items]
+        blocks, positions = labels.gather(items)
+        sizes = np.diff(blocks.ptr)
+        # the labels after the first ``done`` of each item's chain (arrival order)
+        rank = np.arange(positions.size) - np.repeat(blocks.ptr[:-1], sizes)
+        new = positions[rank >= np.repeat(done, sizes)]
+        rows = list(
+            zip(
+                [workers[w] for w in labels.worker[new].tolist()],
+                labels.label[new].tolist(),
+                labels.weight[new].tolist(),
+                strict=True,
+            )
+        )
+        ptr = np.concatenate(([0], np.cumsum(sizes - done))).tolist()
+        encoded = self._encoded
+        for n, i in enumerate(items.tolist()):
+            tail = orjson.dumps(rows[ptr[n] : ptr[n + 1]])[1:-1]
+            encoded[i] = encoded[i] + b"," + tail if encoded[i] else tail
+        self._count[items] = labels.count[items]
