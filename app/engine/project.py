@@ -94,6 +94,7 @@ class ProjectEngine:
         self.workers = _Codes()
         self.labels = ItemLabels()
         self.label_lists = LabelLists()  # the served label lists, encoded once per label
+        self._members: list[str] = []  # the queue member of each item
         self.q = np.empty((0, self.K))
         self.b = np.empty(0)
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
@@ -416,7 +417,7 @@ class ProjectEngine:
             self.calibration, self._queue_all = calibration, True
         items = self.items_json(dirty)
         queue, queue_remove, replace = self._queue_update(dirty)
-        workers = {self.workers.names[w]: self.worker_json(w) for w in sorted(self._dirty_workers)}
+        workers = self.workers_json(np.array(sorted(self._dirty_workers), dtype=np.int64))
         self._dirty_items.clear()
         self._dirty_workers.clear()
         self._dirty_rows.clear()
@@ -450,12 +451,15 @@ class ProjectEngine:
         keep = np.isfinite(s)
         to_go = labels_to_finish(self.queue_settings, served, count, confusion)
         self.progress.update(codes, ~keep, gold < 0, served.max(axis=1), to_go)
-        names = self.items.names
-        queue = {
-            queue_member(i, names[i]): v
-            for i, v in zip(codes[keep].tolist(), s[keep].tolist(), strict=True)
-        }
-        return queue, [queue_member(i, names[i]) for i in codes[~keep].tolist()], replace
+        member = self._queue_members().__getitem__
+        queue = dict(zip(map(member, codes[keep].tolist()), s[keep].tolist(), strict=True))
+        return queue, list(map(member, codes[~keep].tolist())), replace
+
+    def _queue_members(self) -> list[str]:
+        """Every item's queue member (by item code), made once per item."""
+        members, names = self._members, self.items.names
+        members.extend(queue_member(i, names[i]) for i in range(len(members), len(names)))
+        return members
 
     def _calibrate(self) -> Calibration:
         """The served posteriors' calibration (docs/model.md eq. 24), a function of the
@@ -523,14 +527,23 @@ class ProjectEngine:
         return self.items_json(np.array([i], dtype=np.int64))[self.items.names[i]]
 
     def worker_json(self, w: int) -> bytes:
-        return orjson.dumps(
-            {
-                "slot": int(self.worker_slot[w]),
-                "n_labels": int(self.worker_labels[w]),
-                "gold_seen": int(self.worker_gold_seen[w]),
-                "gold_right": int(self.worker_gold_right[w]),
-            }
-        )
+        return self.workers_json(np.array([w], dtype=np.int64))[self.workers.names[w]]
+
+    def workers_json(self, codes: IntArray) -> dict[str, bytes]:
+        names = self.workers.names
+        return {
+            names[w]: orjson.dumps(
+                {"slot": slot, "n_labels": n, "gold_seen": seen, "gold_right": right}
+            )
+            for w, slot, n, seen, right in zip(
+                codes.tolist(),
+                self.worker_slot[codes].tolist(),
+                self.worker_labels[codes].tolist(),
+                self.worker_gold_seen[codes].tolist(),
+                self.worker_gold_right[codes].tolist(),
+                strict=True,
+            )
+        }
 
 
 def _grow_rows(table: FloatArray, rows: int) -> FloatArray:
