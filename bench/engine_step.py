@@ -1,0 +1,93 @@
+"""What one engine step costs, without the API or a store: ``python -m bench.engine_step``.
+
+A project with labels already applied, then log entries of new labels, each applied and
+turned into the state update the store would write (the engine's whole step but the write).
+Reported per entry: applying it (the per-item EM, the dyadic model's learning), then building
+the update (served items, workers, queue, dyadic rows), and the labels per second of both.
+Items are drawn from ``--items``: fewer items means more labels per item, and an item's EM and
+served label list grow with its labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from app.engine.dyadic import settings_for
+from app.engine.project import ProjectEngine
+from app.store.base import LogEntry, ProjectRecord
+from core.nominal import NominalConfig
+
+LABELS = ("a", "b", "c")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    items: int
+    dyadic: bool
+    apply_ms: float
+    update_ms: float
+    labels_per_s: float
+
+
+def _entry(
+    rng: np.random.Generator, position: int, size: int, items: int, workers: int
+) -> LogEntry:
+    body = {
+        "items": [f"i{x}" for x in rng.integers(0, items, size).tolist()],
+        "workers": [f"w{x}" for x in rng.integers(0, workers, size).tolist()],
+        "labels": rng.integers(0, len(LABELS), size).tolist(),
+        "weights": None,
+    }
+    return LogEntry(position, "labels", orjson.dumps(body), b"")
+
+
+def measure(
+    items: int, dyadic: bool, preload: int = 50_000, entries: int = 100, size: int = 1000,
+    workers: int = 500, seed: int = 0,
+) -> StepCost:  # fmt: skip
+    config = NominalConfig(n_classes=len(LABELS)).to_dict()
+    config["dyadic"] = settings_for(len(LABELS)).to_dict() if dyadic else None
+    eng = ProjectEngine(ProjectRecord("bench", LABELS, config, 0.0))
+    rng = np.random.default_rng(seed)
+    for position in range(1, preload // size + 1):
+        eng.apply(_entry(rng, position, size, items, workers))
+    eng.state_update()
+    timed = [_entry(rng, eng.position + 1 + n, size, items, workers) for n in range(entries)]
+    applying = updating = 0.0
+    for entry in timed:
+        start = time.perf_counter()
+        eng.apply(entry)
+        applied = time.perf_counter()
+        eng.state_update()
+        applying += applied - start
+        updating += time.perf_counter() - applied
+    return StepCost(
+        items, dyadic, 1e3 * applying / entries, 1e3 * updating / entries,
+        entries * size / (applying + updating),
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_step", description=__doc__)
+    parser.add_argument("--items", default="30000,2000", help="item counts, one run each")
+    parser.add_argument("--entries", type=int, default=100, help="timed entries per run")
+    parser.add_argument("--preload", type=int, default=50_000, help="labels applied first")
+    args = parser.parse_args(argv)
+    print(f"engine step, entries of 1,000 labels after {args.preload:,} (500 workers, 3 classes)")
+    print(f"{'items':>7} {'dyadic':>6} {'apply ms':>9} {'update ms':>10} {'labels/s':>10}")
+    for items in (int(x) for x in args.items.split(",")):
+        for dyadic in (True, False):
+            c = measure(items, dyadic, args.preload, args.entries)
+            print(
+                f"{c.items:>7,} {'on' if c.dyadic else 'off':>6} {c.apply_ms:>9.1f} "
+                f"{c.update_ms:>10.1f} {c.labels_per_s:>10,.0f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

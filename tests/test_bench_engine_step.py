@@ -1,0 +1,22 @@
+"""bench.engine_step: a short run times every entry and prints one row per configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import engine_step
+
+
+def test_a_short_run_times_both_halves_of_a_step() -> None:
+    cost = engine_step.measure(items=200, dyadic=True, preload=2000, entries=5, size=100)
+    assert cost.apply_ms > 0 and cost.update_ms > 0
+    total_s = 5 * (cost.apply_ms + cost.update_ms) / 1e3
+    assert cost.labels_per_s == pytest.approx(500 / total_s)
+
+
+def test_the_command_prints_a_row_per_item_count_and_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    engine_step.main(["--items", "300", "--entries", "2", "--preload", "1000"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("300", "on"), ("300", "off")]
