@@ -6,6 +6,13 @@ over every stored label at refinement sweeps while labels have had fewer than ``
 passes on average. Both are functions of the log, so replay is deterministic. The rows of the
 slots an entry touched are published with the engine's state; the API predicts from the rows
 of the pairs it is asked about (app/serving/predictions.py), never from whole tables.
+
+Posteriors first: ``learn`` only queues the labels, and they are learned (in the same order)
+by the first call that needs the model (``catch_up``, which ``update``, ``sweep``,
+``wants_sweep`` and ``capture`` make), so the engine can write an entry's posteriors before
+the dyadic model learns its labels (``app.engine.loop``). Queued labels use rows already
+assigned, and a new slot's row starts from its initial values whenever it is added, so
+learning later gives the same model, bit for bit.
 """
 
 from __future__ import annotations
@@ -73,7 +80,10 @@ class DyadicTrainer:
         self.task_rows = np.empty(0, dtype=np.int64)  # per item code
         self.n_raters = 0
         self.n_tasks = 0
-        self.examples = 0  # labels learned, sweeps included (the sweep rule's counter)
+        self.examples = 0
+        """Labels given to the model, sweeps included, queued ones too (the sweep rule's
+        counter: a function of the log position alone, whenever they are learned)."""
+        self._queued: list[tuple[IntArray, IntArray, IntArray, npt.NDArray[np.float64]]] = []
         self._dirty_raters: list[IntArray] = []  # rows
         self._dirty_tasks: list[IntArray] = []
 
@@ -126,15 +136,27 @@ class DyadicTrainer:
         labels: IntArray,
         weights: npt.NDArray[np.float64],
     ) -> None:
-        """One update per label, in the given (log) order."""
+        """Queue one update per label, in the given (log) order."""
         raters, tasks = self.rater_rows[worker_codes], self.task_rows[item_codes]
-        self.model.learn_many(raters, tasks, labels, weights)
+        self._queued.append((raters, tasks, labels, weights))
         self.examples += labels.size
-        self._dirty_raters.append(np.unique(raters))
-        self._dirty_tasks.append(np.unique(tasks))
+
+    @property
+    def queued(self) -> int:
+        """Labels given to ``learn`` and not learned yet."""
+        return sum(labels.size for _, _, labels, _ in self._queued)
+
+    def catch_up(self) -> None:
+        """Learn the queued labels, in order."""
+        for raters, tasks, labels, weights in self._queued:
+            self.model.learn_many(raters, tasks, labels, weights)
+            self._dirty_raters.append(np.unique(raters))
+            self._dirty_tasks.append(np.unique(tasks))
+        self._queued.clear()
 
     def wants_sweep(self, stored: ItemLabels) -> bool:
         """Labels have had fewer than ``passes`` passes on average."""
+        self.catch_up()
         return stored.n_labels > 0 and self.examples < self.settings.passes * stored.n_labels
 
     def sweep(self, stored: ItemLabels) -> bool:
@@ -143,6 +165,7 @@ class DyadicTrainer:
         if not self.wants_sweep(stored):
             return False
         self.learn(stored.worker[:n], stored.item[:n], stored.label[:n], stored.weight[:n])
+        self.catch_up()
         return True
 
     def mark_all_dirty(self) -> None:
@@ -151,6 +174,7 @@ class DyadicTrainer:
 
     def update(self) -> DyadicUpdate:
         """The rows changed since the last call, by slot (and the shared parameters)."""
+        self.catch_up()
         raters = self._published(RATER, self._raters, self._dirty_raters)
         tasks = self._published(TASK, self._tasks, self._dirty_tasks)
         self._dirty_raters, self._dirty_tasks = [], []
@@ -168,6 +192,7 @@ class DyadicTrainer:
     def hashed_model(self) -> DyadicModel:
         """The model over every hashed slot, as the API's rows describe it (allocates the
         whole tables: for checks and comparisons, not for serving)."""
+        self.catch_up()
         full = DyadicModel(self.config)
         for table, index in ((RATER, self._raters), (TASK, self._tasks)):
             rows = np.arange(index.n, dtype=np.int64)
@@ -178,6 +203,7 @@ class DyadicTrainer:
     # ------------------------------------------------------------------ snapshots
     def capture(self) -> DyadicCapture:
         """Copies of the learned state (plain copies: the engine thread's stall)."""
+        self.catch_up()
         return DyadicCapture(
             self.model.config,
             self.model.arrays(),

@@ -336,15 +336,21 @@ class EngineLoop:
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
         self._anchor[name] = anchor = entries[-1].token
-        update = eng.state_update()
+        # The posteriors first; then the dyadic model learns the labels and its rows are
+        # written, with the applied position (which only the second write moves).
+        update = eng.state_update(dyadic=False)
         update.anchor, update.served = anchor, self._served.get(name)
-        update.fence = self._leases.get(name)
+        update.fence, update.advance = self._leases.get(name), eng.dyadic is None
         if all(e.kind == "labels" for e in entries):  # the pace push-back projects from
             took = (time.perf_counter() - started) / len(entries)
             was = self._entry_s.get(name)
             update.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
         if eng.position >= self._catch_up.get(name, 0):
             self.store.write_state(name, update)
+            extras = eng.dyadic_update()
+            if extras is not None:
+                extras.anchor, extras.served, extras.fence = anchor, update.served, update.fence
+                self.store.write_state(name, extras)
             self._served[name] = eng.position
             if snap is not None:
                 snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)

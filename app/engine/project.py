@@ -404,8 +404,10 @@ class ProjectEngine:
         if self.dyadic is not None:
             self.dyadic.mark_all_dirty()
 
-    def state_update(self) -> StateUpdate:
-        """What changed since the last call, ready for ``Store.write_state``."""
+    def state_update(self, dyadic: bool = True) -> StateUpdate:
+        """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
+        False, without the dyadic model's rows (its queued labels stay queued:
+        ``dyadic_update`` learns them and gives its rows)."""
         p = self.online.params
         changed = range(self.n_rows) if self._all_rows else self._dirty_rows
         slot_of = self.slot_of_row
@@ -423,11 +425,19 @@ class ProjectEngine:
         self._dirty_rows.clear()
         self._all_rows = False
         settings = orjson.dumps(self.queue_settings.to_dict())
-        dyadic = self.dyadic.update() if self.dyadic is not None else None
+        rows_of_dyadic = self.dyadic.update() if self.dyadic is not None and dyadic else None
         return StateUpdate(
             self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
-            dyadic, queue_replace=replace,
+            rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
+
+    def dyadic_update(self) -> StateUpdate | None:
+        """The dyadic model's rows changed since the last update, once it has learned the
+        labels queued (None: no dyadic model): the write that follows a posterior write."""
+        if self.dyadic is None:
+            return None
+        rows = self.dyadic.update()
+        return StateUpdate(self.position, self.globals_json(), dyadic=rows)
 
     def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among

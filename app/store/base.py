@@ -142,6 +142,10 @@ class StateUpdate:
     entry_s: float | None = None
     """The engine's recent seconds per log entry applied (push-back projects the wait of the
     entries not applied yet from it). None: unchanged."""
+    advance: bool = True
+    """The write moves the applied position to ``position``. False: the served items of a
+    step written ahead of the rest (its dyadic rows), which a second write brings with the
+    applied position; readers of the items see the posteriors that much sooner."""
 
 
 class Store(Protocol):

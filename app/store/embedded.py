@@ -337,9 +337,10 @@ class EmbeddedStore:
                 st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
             if update.entry_s is not None:
                 st.entry_s = update.entry_s
-            st.applied_up_to(update.position)
-            if st.applied >= st.restoring:
-                st.restoring = 0
+            if update.advance:
+                st.applied_up_to(update.position)
+                if st.applied >= st.restoring:
+                    st.restoring = 0
 
     def restoring(self) -> dict[str, int]:
         with self._lock:

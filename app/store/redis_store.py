@@ -569,8 +569,11 @@ class RedisStore:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
         if update.entry_s is not None:
             pipe.hset(state, "entry_ms", f"{1000 * update.entry_s:.3f}")
-        pipe.hset(state, "applied", update.position)
-        pipe.execute_command("EVAL", _RESTORED, 1, self._k(project, "restoring"), update.position)
+        if update.advance:
+            pipe.hset(state, "applied", update.position)
+            pipe.execute_command(
+                "EVAL", _RESTORED, 1, self._k(project, "restoring"), update.position
+            )
 
     def _evalsha(self, client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
         """A registered script run on ``client`` (a watching pipeline) by its digest, loaded
