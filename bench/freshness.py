@@ -244,7 +244,12 @@ async def run_store(
     conn = await Conn(port).open()
     try:
         for body in data.bodies:
-            status, out = await conn.request(build("POST", "/v1/projects/fresh/labels", key, body))
+            while True:  # push-back (an engine still starting): the block again, a bit later
+                request = build("POST", "/v1/projects/fresh/labels", key, body)
+                status, out = await conn.request(request)
+                if status != 429:
+                    break
+                await asyncio.sleep(0.5)
             if status != 202:
                 raise RuntimeError(f"preload: HTTP {status}: {out[:200]!r}")
     finally:
