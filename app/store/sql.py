@@ -20,8 +20,10 @@ from sqlalchemy import (
     String,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,11 +116,31 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
+HEAD = "0004"
+"""The newest migration (``migrations/versions``; a test checks it is Alembic's head)."""
+
+
+def schema_revision(url: str) -> str | None:
+    """The database's Alembic revision (None: none recorded, or no database yet)."""
+    engine = sql_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+
+
 def upgrade(
     url: str, revision: str = "head", attempts: int = 3, deployment: str | None = None
 ) -> None:
     """``alembic upgrade`` programmatically (the service runs it on start). The API and the
-    engine may both start on an empty database: the loser of that race retries."""
+    engine may both start on an empty database: the loser of that race retries. A database
+    already at the newest revision is left as it is without loading Alembic (about 0.2 s of
+    each process's start)."""
+    if revision == "head" and schema_revision(url) == HEAD:
+        return
     from alembic import command
     from alembic.config import Config
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,16 @@ from app.engine.snapshots import Snapshotter, capture, encode, restore
 from app.store.archive import SnapshotDB, rebuild_store
 from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
-from app.store.sql import Base, SnapshotRow, downgrade, sql_engine, upgrade
+from app.store.sql import (
+    HEAD,
+    REPO,
+    Base,
+    SnapshotRow,
+    downgrade,
+    schema_revision,
+    sql_engine,
+    upgrade,
+)
 from core.nominal import NominalConfig
 from tests.app.test_engine import RECORD, label_entries
 from tests.conftest import Synthetic
@@ -296,3 +307,21 @@ def test_embedded_service_restarts_from_snapshot(
             time.sleep(0.05)
         after = c.get("/v1/projects/p/items/item-7", headers=key).json()
     assert after["posterior"] == before["posterior"] and after["labels"] == before["labels"]
+
+
+def test_head_is_alembics_and_a_database_at_head_is_not_migrated_again(tmp_path: Path) -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(REPO / "migrations"))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == HEAD
+    url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    assert schema_revision(url) is None
+    upgrade(url)
+    assert schema_revision(url) == HEAD
+    check = (
+        "import sys; from app.store.sql import upgrade; "
+        f"upgrade({url!r}); sys.exit('alembic' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", check], cwd=REPO).returncode == 0
