@@ -72,15 +72,21 @@ class ItemLabels:
     def gather(self, items: IntArray) -> tuple[LabelBlocks, IntArray]:
         """Blocks holding all labels of ``items`` (one block each, arrival order) and the
         position in the table of every gathered label."""
+        ptr, positions = self.positions(items)
+        blocks = LabelBlocks(
+            ptr, self.slot[positions], self.label[positions], self.weight[positions]
+        )
+        return blocks, positions
+
+    def positions(self, items: IntArray) -> tuple[IntArray, IntArray]:
+        """Where each item's labels are in the table, arrival order: item b's are
+        ``positions[ptr[b]:ptr[b + 1]]``."""
         sizes = self.count[items]
         ptr = np.zeros(items.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=ptr[1:])
         positions = np.empty(int(ptr[-1]), dtype=np.int64)
         _walk(items, ptr, self.first, self.next, positions)
-        blocks = LabelBlocks(
-            ptr, self.slot[positions], self.label[positions], self.weight[positions]
-        )
-        return blocks, positions
+        return ptr, positions
 
 
 def grow(a: npt.NDArray[Any], cap: int, fill: float) -> npt.NDArray[Any]:

@@ -46,10 +46,10 @@ class LabelLists:
             return
         items = np.unique(codes[stale])  # (a code asked twice is encoded once)
         done = self._count[items]
-        blocks, positions = labels.gather(items)
-        sizes = np.diff(blocks.ptr)
+        ptr, positions = labels.positions(items)
+        sizes = np.diff(ptr)
         # the labels after the first ``done`` of each item's chain (arrival order)
-        rank = np.arange(positions.size) - np.repeat(blocks.ptr[:-1], sizes)
+        rank = np.arange(positions.size) - np.repeat(ptr[:-1], sizes)
         new = positions[rank >= np.repeat(done, sizes)]
         rows = list(
             zip(
@@ -59,9 +59,9 @@ class LabelLists:
                 strict=True,
             )
         )
-        ptr = np.concatenate(([0], np.cumsum(sizes - done))).tolist()
+        bounds = np.concatenate(([0], np.cumsum(sizes - done))).tolist()
         encoded = self._encoded
         for n, i in enumerate(items.tolist()):
-            tail = orjson.dumps(rows[ptr[n] : ptr[n + 1]])[1:-1]
+            tail = orjson.dumps(rows[bounds[n] : bounds[n + 1]])[1:-1]
             encoded[i] = encoded[i] + b"," + tail if encoded[i] else tail
         self._count[items] = labels.count[items]
