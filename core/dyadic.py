@@ -1,4 +1,4 @@
-"""Dyadic rater-task model with importance-aware updates (issue 5; docs/dyadic.md).
+"""Dyadic rater-task model with importance-aware updates (docs/dyadic.md).
 
 Predicts the label a rater gives a task from the two identifiers alone:
 p = a_r·b_t + α_r + β_t + c per binary scorer (seed 000 parts I-III), with a_r, b_t in R^k in

@@ -1,4 +1,4 @@
-"""The engine's dyadic model: what label a given worker would give a given item (issue 5).
+"""The engine's dyadic model: what label a given worker would give a given item.
 
 ``DyadicTrainer`` trains one project's ``core.dyadic.DyadicModel`` on the project's label
 stream, inside ``ProjectEngine``: each label once as it arrives (in log order), plus a pass
