@@ -90,10 +90,18 @@ HEADER = (
 
 
 # ---------------------------------------------------------------------------------- load
-def load_bodies(items: list[str], n_workers: int, n: int, block: int, seed: int) -> list[bytes]:
-    """``n`` new labels on known items and workers (ids unique to this run), in blocks."""
+def load_bodies(
+    items: list[str], n_workers: int, n: int, block: int, seed: int, per_new_item: int = 0
+) -> list[bytes]:
+    """``n`` new labels on known items and workers (ids unique to this run), in blocks; with
+    ``per_new_item``, on items new to the phase instead, that many labels each (a campaign
+    whose items arrive as it goes, rather than known items gathering ever more labels)."""
     rng = np.random.default_rng(seed)
-    it = rng.integers(0, len(items), n).tolist()
+    if per_new_item:
+        items = [f"new-{seed}-{k}" for k in range(-(-n // per_new_item))]
+        it = (np.arange(n) // per_new_item).tolist()
+    else:
+        it = rng.integers(0, len(items), n).tolist()
     wk = rng.integers(0, n_workers, n).tolist()
     lb = rng.integers(0, 3, n).tolist()
     rows = [
@@ -215,7 +223,7 @@ async def one_phase(port: int, project: str, key: str, offered: float, args: arg
                     items: list[str], seed: int) -> Phase:  # fmt: skip
     phase = Phase(offered)
     n = int(offered * args.seconds)
-    bodies = load_bodies(items, args.workers, n, args.block, seed) if n else []
+    bodies = load_bodies(items, args.workers, n, args.block, seed, args.new_items) if n else []
     before = await stats(port, project, key)
     t0 = time.perf_counter()
     stop_at = t0 + args.seconds
@@ -304,6 +312,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=1_000, help="labels per POST of the loader")
     p.add_argument("--probe-ms", type=float, default=50.0, help="one probe label every so often")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--new-items", type=int, default=0, metavar="R",
+                   help="the load's labels go to items new to each phase, R labels each "
+                   "(default 0: to the preloaded items, which gather ever more labels)")  # fmt: skip
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = p.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -334,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     admin = "bench-admin-" + secrets.token_hex(16)
     print(f"crowdtally freshness bench: {args.preload:,} labels preloaded ({args.workers} "
           f"workers, 3 classes), phases of {args.seconds:g} s at {args.rates} labels/s offered "
-          f"(blocks of {args.block:,}), a probe label every {args.probe_ms:g} ms", flush=True)  # fmt: skip
+          f"(blocks of {args.block:,}), a probe label every {args.probe_ms:g} ms"
+          + (f", the load on new items ({args.new_items} labels each)" if args.new_items else ""),
+          flush=True)  # fmt: skip
     print(HEADER, flush=True)
     for store in args.stores:
         prefix = f"benchfresh-{secrets.token_hex(4)}"

@@ -31,3 +31,14 @@ def test_short_run_serves_every_probe(capsys: pytest.CaptureFixture[str]) -> Non
         assert r[11] == "yes"  # every acknowledged label applied once
     busy = rows[0]
     assert int(busy[2].replace(",", "")) > 1000  # labels acknowledged per second
+
+
+def test_load_on_new_items_gives_each_its_labels_and_no_known_item_any() -> None:
+    bodies = freshness.load_bodies(["a", "b"], 5, 2500, 1000, seed=7, per_new_item=5)
+    rows = [row for body in bodies for row in orjson.loads(body)]
+    per_item: dict[str, int] = {}
+    for r in rows:
+        per_item[r["item"]] = per_item.get(r["item"], 0) + 1
+    assert set(per_item.values()) == {5} and len(per_item) == 500
+    assert not {"a", "b"} & set(per_item)
+    assert len({r["id"] for r in rows}) == 2500
