@@ -341,19 +341,21 @@ class EngineLoop:
         update = eng.state_update(dyadic=False)
         update.anchor, update.served = anchor, self._served.get(name)
         update.fence, update.advance = self._leases.get(name), eng.dyadic is None
-        if all(e.kind == "labels" for e in entries):  # the pace push-back projects from
-            took = (time.perf_counter() - started) / len(entries)
-            was = self._entry_s.get(name)
-            update.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
-        if eng.position >= self._catch_up.get(name, 0):
+        if eng.position < self._catch_up.get(name, 0):
+            return len(entries)  # replaying up to the state already served: nothing to write
+        last = update
+        if eng.dyadic is not None:
             self.store.write_state(name, update)
-            extras = eng.dyadic_update()
-            if extras is not None:
-                extras.anchor, extras.served, extras.fence = anchor, update.served, update.fence
-                self.store.write_state(name, extras)
-            self._served[name] = eng.position
-            if snap is not None:
-                snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
+            last = eng.dyadic_update()
+            last.anchor, last.served, last.fence = anchor, update.served, update.fence
+        if all(e.kind == "labels" for e in entries):  # the pace push-back projects from: the
+            took = (time.perf_counter() - started) / len(entries)  # whole step, per entry
+            was = self._entry_s.get(name)
+            last.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
+        self.store.write_state(name, last)
+        self._served[name] = eng.position
+        if snap is not None:
+            snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

@@ -431,11 +431,11 @@ class ProjectEngine:
             rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
 
-    def dyadic_update(self) -> StateUpdate | None:
+    def dyadic_update(self) -> StateUpdate:
         """The dyadic model's rows changed since the last update, once it has learned the
-        labels queued (None: no dyadic model): the write that follows a posterior write."""
-        if self.dyadic is None:
-            return None
+        labels queued: the write that follows a posterior write (a project with a dyadic
+        model)."""
+        assert self.dyadic is not None, "a project without a dyadic model"
         rows = self.dyadic.update()
         return StateUpdate(self.position, self.globals_json(), dyadic=rows)
 

@@ -4,6 +4,7 @@ bit for bit. On each store (Redis: the real server)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -100,3 +101,30 @@ def test_learning_the_queued_labels_later_gives_the_same_model(
     ours = later.dyadic.hashed_model().arrays()
     for name, arr in at_once.dyadic.hashed_model().arrays().items():
         assert np.array_equal(arr, ours[name]), name
+
+
+class SlowPosteriors:
+    """The store, its posterior writes (the first of a step) taking 50 ms."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write_state(self, project: str, update: StateUpdate) -> None:
+        if not update.advance:
+            time.sleep(0.05)
+        self._store.write_state(project, update)
+
+
+def test_the_pace_push_back_projects_from_counts_the_whole_step(store: Store) -> None:
+    """Posterior write, dyadic learning and all: the seconds per entry the store is given."""
+    store.create_project(RECORD)
+    loop = EngineLoop(SlowPosteriors(store), refine_passes=0)  # type: ignore[arg-type]
+    store.append("p", "labels", labels_body(np.random.default_rng(1), 40, 15, 6))
+    assert loop.step() == 1
+    rng = np.random.default_rng(2)
+    for _ in range(10):  # waiting: at 50 ms or more each, at least 0.5 s of lag projected
+        store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    assert store.lag_seconds("p") >= 0.5
