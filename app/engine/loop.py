@@ -341,8 +341,10 @@ class EngineLoop:
         update = eng.state_update(dyadic=False)
         update.anchor, update.served = anchor, self._served.get(name)
         update.fence, update.advance = self._leases.get(name), eng.dyadic is None
-        if eng.position < self._catch_up.get(name, 0):
-            return len(entries)  # replaying up to the state already served: nothing to write
+        if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
+            if eng.dyadic is not None:  # served: nothing to write (and no queue to let grow)
+                eng.dyadic.catch_up()
+            return len(entries)
         last = update
         if eng.dyadic is not None:
             self.store.write_state(name, update)
