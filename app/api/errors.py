@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from app.api.schemas import ErrorResponse
@@ -143,8 +144,11 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
 
 
-async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning("store unreachable: %s", exc)
+    svc = getattr(request.app.state, "service", None)
+    if svc is not None:  # a cluster's layout read anew (a failover), for the next request
+        await run_in_threadpool(svc.store.recover)
     return ApiError(
         503,
         "store_unavailable",

@@ -235,6 +235,7 @@ class EngineLoop:
                 self.renew_leases()
             except Exception:  # the store unreachable: the next look at the leases decides
                 log.exception("renewing the leases failed")
+                self.store.recover()
 
     def _let_go(self, name: str) -> None:
         """Forget a project another engine of the pool applies now (SQL keeps its side)."""
@@ -410,6 +411,7 @@ class EngineLoop:
             except Exception as exc:  # keep serving; report in /readyz and the log
                 log.exception("engine step failed")
                 self.last_error = repr(exc)
+                self.store.recover()
                 done = 0
                 self._stop.wait(1.0)
             idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s

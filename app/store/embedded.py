@@ -463,6 +463,9 @@ class EmbeddedStore:
         with self._lock:
             return bool(self._db.execute("SELECT 1").fetchone() == (1,))
 
+    def recover(self) -> None:
+        pass  # (one process, one file: nothing to find again)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

@@ -699,6 +699,15 @@ class RedisStore:
         except redis.RedisError:
             return False
 
+    def recover(self) -> None:
+        """On a cluster, its slots and primaries read anew. redis-py looks up the keys of a
+        cluster pipeline's commands on its default node (COMMAND GETKEYS) and, when that
+        primary died, goes on asking it: every pipeline then fails, even once its replica
+        has taken over, until the layout is read again (which picks a live default node)."""
+        if self.cluster:
+            with contextlib.suppress(redis.RedisError):
+                self.r.nodes_manager.initialize()
+
     def close(self) -> None:
         self.r.close()
 

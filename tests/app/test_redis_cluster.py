@@ -174,3 +174,30 @@ def test_an_append_not_on_enough_replicas_is_refused_yet_logged() -> None:
     finally:
         store.flush_prefix()
         store.close()
+
+
+def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_over(
+    tmp_path: Path,
+) -> None:
+    """redis-py looks up a cluster pipeline's keys (lease renewals, state writes, reads) on
+    its default node; once that primary is dead, ``recover`` reads the cluster's layout anew,
+    and the pipelines work again."""
+    cluster = LocalCluster(tmp_path / "cluster").start()
+    store = RedisStore(cluster.url, "dn", timeout_s=2.0, cluster=True)
+    try:
+        store.create_project(RECORD)
+        assert store.renew_leases(["p"], "e1", 5.0)[0] > 0
+        cluster.procs[store.r.get_default_node().port].kill()
+        deadline = time.monotonic() + 30
+        while True:  # as an engine's renewals go on, one a second or so
+            try:
+                token = store.renew_leases(["p"], "e1", 5.0)[0]
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "the cluster's pipelines never worked again"
+                store.recover()  # as the engine loop and the API do after a store error
+                time.sleep(0.2)
+        assert token > 0
+    finally:
+        store.close()
+        cluster.stop()
