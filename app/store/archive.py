@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import orjson
 from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
@@ -245,7 +247,8 @@ class SnapshotDB:
     def save_keys(self, project: str, keys: dict[str, KeyRecord]) -> None:
         """Make the archived keys of ``project`` and the admin keys exactly ``keys`` (a key
         revoked since the last snapshot goes: a rebuilt store must not bring it back)."""
-        with Session(self.engine) as s, s.begin():
+
+        def save(s: Session) -> None:
             s.execute(
                 delete(ApiKeyRow).where(
                     ApiKeyRow.deployment == self.deployment,
@@ -256,11 +259,29 @@ class SnapshotDB:
             for h, k in keys.items():
                 s.merge(_key_row(self.deployment, h, k))
 
+        self._merging(save)
+
     def put_keys(self, keys: dict[str, KeyRecord]) -> None:
         """Archive keys at once (a rotated admin key: not only at the next snapshot)."""
-        with Session(self.engine) as s, s.begin():
+
+        def put(s: Session) -> None:
             for h, k in keys.items():
                 s.merge(_key_row(self.deployment, h, k))
+
+        self._merging(put)
+
+    def _merging(self, work: Callable[[Session], None], attempts: int = 3) -> None:
+        """``work`` in a transaction, again if another one inserted a row it merges in
+        between (engines of a pool snapshot their projects at once, and every project's keys
+        include the admin keys: both find a row absent, both insert it, one fails)."""
+        for attempt in range(attempts):
+            try:
+                with Session(self.engine) as s, s.begin():
+                    work(s)
+                return
+            except IntegrityError:
+                if attempt == attempts - 1:
+                    raise
 
     def delete_keys(self, key_hashes: list[str]) -> None:
         """Revoked keys leave the archive at once (not only at the next snapshot)."""

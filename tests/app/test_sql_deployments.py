@@ -5,6 +5,7 @@ Run on SQLite and on the real PostgreSQL (``sql_url``)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from app.store.base import KeyRecord, ProjectRecord
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from core.nominal import NominalConfig
-from tests.app.conftest import REDIS_URL
+from tests.app.conftest import REDIS_URL, fresh_postgres
 
 
 def deployment(prefix: str, url: str, labels: tuple[str, ...]) -> tuple[RedisStore, SnapshotDB]:
@@ -98,3 +99,40 @@ def test_rows_from_before_the_migration_are_the_upgrading_deployments(
     finally:
         mine.close()
         other.close()
+
+
+def save_keys_at_once(dbs: list[SnapshotDB]) -> list[str]:
+    """Each database handle saves its project's key and the admin key, all at one moment."""
+    admin = {"h-admin": KeyRecord("kid", "admin", None, 1.0)}
+    start = threading.Barrier(len(dbs))
+    failures: list[str] = []
+
+    def save(n: int) -> None:
+        start.wait()
+        key = {f"h{n}": KeyRecord(f"k{n}", "write", f"p{n}", 1.0)}
+        try:
+            dbs[n].save_keys(f"p{n}", {**admin, **key})
+        except Exception as exc:
+            failures.append(repr(exc)[:100])
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(len(dbs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures
+
+
+def test_engines_saving_their_projects_keys_at_once_all_succeed() -> None:
+    """Pool engines snapshot their projects at the same moment: each saves its project's keys
+    and the admin key, which none of them found archived yet (PostgreSQL: each inserts it)."""
+    with fresh_postgres() as url:
+        upgrade(url)
+        failures: list[str] = []
+        for _ in range(10):
+            deployment = f"d-{uuid.uuid4().hex[:8]}"  # nothing archived yet
+            dbs = [SnapshotDB(sql_engine(url), deployment) for _ in range(4)]
+            failures += save_keys_at_once(dbs)
+            for db in dbs:
+                db.close()
+        assert failures == []
