@@ -349,7 +349,7 @@ class EngineLoop:
         last = update
         if eng.dyadic is not None:
             self.store.write_state(name, update)
-            last = eng.dyadic_update()
+            last = eng.dyadic_update(update)
             last.anchor, last.served, last.fence = anchor, update.served, update.fence
         if all(e.kind == "labels" for e in entries):  # the pace push-back projects from: the
             took = (time.perf_counter() - started) / len(entries)  # whole step, per entry

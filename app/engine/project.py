@@ -431,13 +431,13 @@ class ProjectEngine:
             rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
 
-    def dyadic_update(self) -> StateUpdate:
+    def dyadic_update(self, posteriors: StateUpdate) -> StateUpdate:
         """The dyadic model's rows changed since the last update, once it has learned the
-        labels queued: the write that follows a posterior write (a project with a dyadic
-        model)."""
+        labels queued: the write that follows the ``posteriors`` write of the same step (a
+        project with a dyadic model). Its globals are that write's: learning changes none of
+        them (the dyadic examples are counted as they are queued)."""
         assert self.dyadic is not None, "a project without a dyadic model"
-        rows = self.dyadic.update()
-        return StateUpdate(self.position, self.globals_json(), dyadic=rows)
+        return StateUpdate(posteriors.position, posteriors.globals, dyadic=self.dyadic.update())
 
     def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among

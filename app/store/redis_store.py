@@ -421,8 +421,7 @@ class RedisStore:
             moved = isinstance(exc, redis.exceptions.ResponseError) and "MOVED" in str(exc)
             if not self.cluster or not (moved or isinstance(exc, redis.ConnectionError)):
                 raise
-            with contextlib.suppress(redis.RedisError):  # the slot moved (a failover): the
-                self.r.nodes_manager.initialize()  # next try asks the new primary
+            self.recover()  # the slot moved (a failover): the next try asks the new primary
             raise redis.exceptions.ConnectionError(f"the project's primary moved ({exc})") from exc
         wake = self.r.pipeline(transaction=False)
         wake.lpush(self._wake_key, b"1")

@@ -38,6 +38,7 @@ class Recorder:
     def __init__(self, store: Store, loop: list[EngineLoop]) -> None:
         self._store, self._loop = store, loop
         self.writes: list[tuple[int, bool, int, bool, int]] = []
+        self.globals: list[bytes] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -50,6 +51,7 @@ class Recorder:
         self._store.write_state(project, update)
         carried = (len(update.items), update.dyadic is not None)
         self.writes.append((was, update.advance, *carried, queued))
+        self.globals.append(update.globals)
 
 
 def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Store) -> None:
@@ -69,6 +71,8 @@ def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Stor
         assert not advance and items > 0 and not has_dyadic and queued == 40
         assert dyadic[0] == was  # the applied position did not move with the posteriors
         assert dyadic[1] and dyadic[2] == 0 and dyadic[3] and dyadic[4] == 0
+    # the dyadic learning changes no global figure: both writes of a step carry the same
+    assert recorder.globals[::2] == recorder.globals[1::2]
     assert store.applied_position("p") == store.log_end("p") == 3
     _, shared, _, _ = store.get_dyadic("p", [], [])
     replay = ProjectEngine(RECORD)
