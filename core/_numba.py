@@ -13,10 +13,37 @@ each such call compiles the callee, and everything it calls, once more. Kernels 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numba
+
+
+def _load_array_support_without_blas_probe() -> None:
+    """Import numba's array support with its BLAS probe answered "absent".
+
+    At its first compile or cache load, numba imports ``numba.np.arraymath``, whose import
+    probes for BLAS by importing ``scipy.linalg`` when SciPy is installed: 0.25 s of every
+    process start. No kernel here calls BLAS (``np.dot`` or ``@`` inside a kernel), so the
+    probe is skipped: arraymath is imported now, with SciPy's BLAS module hidden for that
+    import only (importing it later, as any other code may, works as usual). A kernel that
+    did call BLAS would fail to compile with numba's "scipy 0.16+ is required" error.
+    """
+    probe = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" in sys.modules or probe in sys.modules:
+        return
+    if importlib.util.find_spec("scipy") is None:
+        return  # the probe fails at once: nothing to save
+    sys.modules[probe] = None  # type: ignore[assignment]  # "import probe" raises ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        del sys.modules[probe]
+
+
+_load_array_support_without_blas_probe()
 
 
 def jit(func: Callable[..., Any]) -> Any:
