@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import shutil
@@ -78,6 +79,7 @@ class Row:
     redis_bytes: float = 0.0
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
+    hot_p99_ms: float = float("nan")
 
     def line(self) -> str:
         return (
@@ -85,6 +87,7 @@ class Row:
             f"{self.catch_up_s:>7.1f} {'yes' if self.exactly_once else 'NO':>5}  "
             f"{self.api_us:>6.1f} {self.engine_us:>7.1f} {self.redis_us:>6.1f} "
             f"{self.redis_ops:>6.2f} {self.redis_bytes:>7.0f}  {self.p50_ms:>7.1f} {self.p99_ms:>7.1f}"
+            + ("" if math.isnan(self.hot_p99_ms) else f" {self.hot_p99_ms:>10.1f}")
         )
 
 
@@ -179,13 +182,13 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
         before = [await project_stats(procs.port, p, keys[p]) for p in names]
         phase = Phase(args.saturate)
         stop_at = time.perf_counter() + args.seconds
-        per = args.saturate / args.projects / args.block
+        share = shares(len(names), args.hot)
         t0 = time.perf_counter()
         await asyncio.gather(*(
             loader(procs.port, p, keys[p],
-                   load_bodies(items, 500, int(args.saturate / args.projects * args.seconds),
-                               args.block, 10 + n), per, phase, stop_at)
-            for n, p in enumerate(names)
+                   load_bodies(items, 500, int(args.saturate * f * args.seconds),
+                               args.block, 10 + n), args.saturate * f / args.block, phase, stop_at)
+            for n, (p, f) in enumerate(zip(names, share, strict=True))
         ))  # fmt: skip
         took = time.perf_counter() - t0
         during = [await project_stats(procs.port, p, keys[p]) for p in names]
@@ -208,19 +211,31 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
             (r1[0] - r0[0]) / max(total, 1),
             (r1[1] - r0[1]) / max(total, 1),
         )
-        fresh = Phase(args.rate)
+        fresh, hot = Phase(args.rate), Phase(0)
         stop_at = time.perf_counter() + args.seconds
-        per = args.rate / args.projects / args.block
+        probed = names[1:] if args.hot else names[:1]  # with a hot project: the others
         await asyncio.gather(
-            prober(procs.port, names[0], keys[names[0]], 0.05, fresh, stop_at, "scale"),
+            *(prober(procs.port, p, keys[p], 0.05 * len(probed), fresh, stop_at, f"scale{p}")
+              for p in probed),
+            *([prober(procs.port, names[0], keys[names[0]], 0.05, hot, stop_at, "hot")]
+              if args.hot else []),
             *(loader(procs.port, p, keys[p],
-                     load_bodies(items, 500, int(args.rate / args.projects * args.seconds),
-                                 args.block, 100 + n), per, fresh, stop_at)
-              for n, p in enumerate(names)),
+                     load_bodies(items, 500, int(args.rate * f * args.seconds),
+                                 args.block, 100 + n), args.rate * f / args.block, fresh, stop_at)
+              for n, (p, f) in enumerate(zip(names, share, strict=True))),
         )  # fmt: skip
         row.p50_ms, row.p99_ms = pct(fresh.fresh_ms, 50), pct(fresh.fresh_ms, 99)
+        if args.hot:
+            row.hot_p99_ms = pct(hot.fresh_ms, 99)
         procs.check_alive()
     return row
+
+
+def shares(n: int, hot: float) -> list[float]:
+    """Each project's share of the offered labels: ``hot`` for the first, the rest evenly."""
+    if not hot:
+        return [1.0 / n] * n
+    return [hot] + [(1.0 - hot) / (n - 1)] * (n - 1)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -232,6 +247,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--saturate", type=float, default=40_000.0, help="labels/s offered, saturate")
     p.add_argument("--rate", type=float, default=8_000.0, help="labels/s offered, fresh")
     p.add_argument("--block", type=int, default=500)
+    p.add_argument(
+        "--hot", type=float, default=0.0,
+        help="share of the labels offered to the first project (the rest share the others "
+        "evenly); fresh p50/p99 are then the other projects', and the first one's p99 is "
+        "shown after them",
+    )  # fmt: skip
     p.add_argument("--pg-admin-url", default=PG_ADMIN)
     p.add_argument(
         "--pool",
@@ -246,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     print(f"{args.projects} projects; saturate {args.saturate:,.0f} labels/s, fresh "
-          f"{args.rate:,.0f} labels/s, {args.seconds:.0f} s each; blocks of {args.block}")  # fmt: skip
-    print(HEADER, flush=True)
+          f"{args.rate:,.0f} labels/s, {args.seconds:.0f} s each; blocks of {args.block}"
+          + (f"; {args.hot:.0%} of the labels to p0 (fresh: the other projects')"
+             if args.hot else ""))  # fmt: skip
+    print(HEADER + (" | p0 p99 ms" if args.hot else ""), flush=True)
     try:
         for layout in args.layouts.split(","):
             for engines in (int(e) for e in args.engines.split(",")):

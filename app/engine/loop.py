@@ -23,10 +23,11 @@ In a pool (``Pool``: several ``crowdtally engine --pool`` processes, on any mach
 Redis or Redis Cluster) each project is applied by one engine at a time, the holder of its
 lease (``Store.acquire_lease``), renewed every third of the lease. Every state write carries
 the lease's fencing token and is refused once another engine took the project over (an
-engine paused past its lease cannot write after that). Each engine takes up to its share of
-the projects (their number over the engines alive), preferring by rendezvous hashing of its
-id and the project's name, and gives up what is beyond its share when engines join; a dead engine's projects are taken over once its leases
-lapse (docs/deploy.md, "A pool of engines").
+engine paused past its lease cannot write after that). The engines share the projects by
+load, the labels applied per second (app/engine/sharing.py): each takes free projects while
+below its share of the pool's load and moves a project to the least loaded engine when that
+evens the two out; a dead engine's projects are taken over once its leases lapse
+(docs/deploy.md, "A pool of engines").
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import hashlib
 import logging
 import threading
 import time
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.engine.project import ProjectEngine
+from app.engine.sharing import UNKNOWN, Rates, plan_share
 from app.engine.snapshots import Snapshotter
 from app.store.base import LeaseLostError, LogRewoundError, ProjectRecord, Store
 
@@ -57,13 +58,6 @@ class Pool:
 
     engine_id: str
     lease_s: float = 5.0
-
-
-def preference(engine_id: str, project: str) -> int:
-    """Rendezvous hashing: each engine ranks the projects in its own pseudo-random order, so
-    engines asking for their share at the same time mostly ask for different projects."""
-    digest = hashlib.blake2b(f"{engine_id}\0{project}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 @dataclass
@@ -112,6 +106,13 @@ class EngineLoop:
         self._lease_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
         self._next_claim = 0.0
+        self._rates = Rates()
+        """Labels/s of each project held (the load the pool shares)."""
+        self._records: dict[str, tuple[str, float]] = {}
+        """Each project's engine and labels/s, as the store last returned them."""
+        self._held_since: dict[str, float] = {}
+        self._blocked: dict[str, float] = {}
+        """Projects this engine gave up, not to be taken back before the time given."""
         self.given_up = 0
         """Projects this engine of a pool gave up to share the load."""
         self.leases_lost = 0
@@ -186,7 +187,7 @@ class EngineLoop:
 
     def _claim(self, projects: dict[str, ProjectRecord], pool: Pool) -> dict[str, ProjectRecord]:
         """The projects this engine holds the lease of: renewed, and taken or given up toward
-        its share, every third of the lease."""
+        its share of the pool's load, every third of the lease."""
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + pool.lease_s / 3
@@ -199,22 +200,56 @@ class EngineLoop:
                 log.warning("%s: its lease lapsed; let go", name)  # engine holds is stale
                 self.leases_lost += 1
                 self._let_go(name)
-            share = -(-len(projects) // max(len(alive), 1))
-            ranked = sorted(projects, key=lambda n: preference(pool.engine_id, n), reverse=True)
-            for name in [n for n in ranked if n in self._leases][share:]:  # beyond its share
-                log.info("%s: given up (a share of %d projects)", name, share)
-                self.given_up += 1
-                self.store.release_lease(name, pool.engine_id)
-                self._let_go(name)
-            for name in ranked:
-                if len(self._leases) >= share:
-                    break
-                if name not in self._leases:
-                    token = self.store.acquire_lease(name, pool.engine_id, pool.lease_s)
-                    if token:
-                        with self._lease_lock:
-                            self._leases[name] = token
+            self._share(projects, alive, pool, now)
         return {n: r for n, r in projects.items() if n in self._leases}
+
+    def _share(
+        self, projects: dict[str, ProjectRecord], alive: list[str], pool: Pool, now: float
+    ) -> None:
+        """Record the load of the projects held; take free ones and give one up toward this
+        engine's share of the pool's load (app/engine/sharing.py)."""
+        me = pool.engine_id
+        for name in self._leases:
+            eng = self.engines.get(name)
+            if eng is not None:
+                prior = self._records.get(name, ("", UNKNOWN))[1]
+                settled = now - self._held_since.get(name, now) >= 2 * pool.lease_s
+                self._rates.observe(name, eng.labels.n_labels, now, prior, settled)
+        held = {  # (a failed project applies nothing)
+            n: 0.0 if n in self.failed else self._rates.rate.get(n, UNKNOWN) for n in self._leases
+        }
+        changes: dict[str, tuple[str, float] | None] = {n: (me, r) for n, r in held.items()}
+        changes.update((n, None) for n in self._records if n not in projects)  # deleted
+        self._records = records = self.store.record_loads(changes)
+        self._blocked = {n: t for n, t in self._blocked.items() if t > now}
+        plan = plan_share(
+            me, alive, records, projects, held,
+            movable=[n for n in held if now - self._held_since.get(n, now) >= pool.lease_s],
+            blocked=self._blocked,
+        )  # fmt: skip
+        moved: dict[str, tuple[str, float] | None] = {}
+        if plan.give_up is not None:
+            name = plan.give_up
+            log.info("%s: given up (%.0f labels/s; load %.0f, share %.0f)", name,
+                     plan.load[name], plan.mine, plan.target)  # fmt: skip
+            self.given_up += 1
+            self.store.release_lease(name, me)
+            self._let_go(name)
+            self._blocked[name] = now + 3 * pool.lease_s
+            moved[name] = ("", held[name])
+        mine = plan.mine
+        for name in plan.take:
+            if mine >= plan.target:
+                break
+            token = self.store.acquire_lease(name, me, pool.lease_s)
+            if token:
+                with self._lease_lock:
+                    self._leases[name] = token
+                self._held_since[name] = now
+                mine += plan.load[name]
+                moved[name] = (me, records.get(name, ("", UNKNOWN))[1])
+        if moved:
+            self._records = self.store.record_loads(moved)
 
     def renew_leases(self) -> None:
         """Renew every lease held, in one round trip; note the ones found lost. Called by each
@@ -242,6 +277,8 @@ class EngineLoop:
         with self._lease_lock:
             self._leases.pop(name, None)
             self._lapsed.discard(name)
+        self._held_since.pop(name, None)
+        self._rates.forget(name)
         self._drop(name, forget_sql=False)
 
     def release_leases(self) -> None:

@@ -11,6 +11,7 @@ part of a key name or a statement.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -296,6 +297,13 @@ class Store(Protocol):
 
     def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
         """Note that ``holder`` is alive now; the engines seen within the last ``ttl_s``."""
+        ...
+
+    def record_loads(
+        self, changes: Mapping[str, tuple[str, float] | None]
+    ) -> dict[str, tuple[str, float]]:
+        """Record, per project, the pool engine that applies it ("": none) and its labels/s
+        (None: forget the project); return every project's record, in one round trip."""
         ...
 
     def wait_for_append(self, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -92,6 +93,7 @@ class EmbeddedStore:
         self._failed: dict[str, str] = {}  # the engine's: in process, like the served state
         self._leases: dict[str, tuple[str, float, int]] = {}  # project: holder, until, fence
         self._engines: dict[str, float] = {}
+        self._loads: dict[str, tuple[str, float]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -454,6 +456,17 @@ class EmbeddedStore:
             self._engines[holder] = now
             self._engines = {h: t for h, t in self._engines.items() if now - t < ttl_s}
             return sorted(self._engines)
+
+    def record_loads(
+        self, changes: Mapping[str, tuple[str, float] | None]
+    ) -> dict[str, tuple[str, float]]:
+        with self._lock:
+            for project, record in changes.items():
+                if record is None:
+                    self._loads.pop(project, None)
+                else:
+                    self._loads[project] = record
+            return dict(self._loads)
 
     def wait_for_append(self, timeout_s: float) -> None:
         self._appended.wait(timeout_s)  # (one process: the engine runs in the API's)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -687,6 +688,20 @@ class RedisStore:
     def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
         alive = self._alive(keys=[f"{self.prefix}:engines"], args=[holder, int(ttl_s * 1000)])
         return sorted(a.decode() for a in alive)
+
+    def record_loads(
+        self, changes: Mapping[str, tuple[str, float] | None]
+    ) -> dict[str, tuple[str, float]]:
+        key = f"{self.prefix}:loads"
+        pipe = self.r.pipeline(transaction=False)
+        kept = {p: orjson.dumps(list(r)) for p, r in changes.items() if r is not None}
+        if kept:
+            pipe.hset(key, mapping=kept)
+        if gone := [p for p, r in changes.items() if r is None]:
+            pipe.hdel(key, *gone)
+        pipe.hgetall(key)
+        records = pipe.execute()[-1]
+        return {p.decode(): tuple(orjson.loads(v)) for p, v in records.items()}
 
     def wait_for_append(self, timeout_s: float) -> None:
         # BLPOP's timeout is in seconds, fractions allowed (Redis >= 6); 0 would block for good

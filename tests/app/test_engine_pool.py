@@ -48,8 +48,8 @@ def settle(loops: tuple[EngineLoop, ...], done: Callable[[], bool]) -> None:
         time.sleep(LEASE_S / 20)
 
 
-def assert_served_is_a_replay(store: Store) -> None:
-    for name in NAMES:
+def assert_served_is_a_replay(store: Store, names: list[str] = NAMES) -> None:
+    for name in names:
         replay = ProjectEngine(store.get_project(name))  # type: ignore[arg-type]
         for entry in store.read_log(name, 0, 10**6):
             replay.apply(entry)
@@ -141,3 +141,32 @@ def test_a_pool_of_one_keeps_every_project_whatever_their_loads(store: Store) ->
         step_all(a)
         time.sleep(LEASE_S / 12)
     assert sorted(a.engines) == names and a.given_up == 0 and a.leases_lost == 0
+
+
+def test_a_pool_shares_by_load_a_hot_project_gets_an_engine_to_itself(store: Store) -> None:
+    """One project takes 100 times the labels of each of four others: the pool of two ends
+    with the hot one alone on one engine and the four on the other (by count it would be
+    two and three), every label applied once."""
+    names = ["hot", "q0", "q1", "q2", "q3"]
+    for name in names:
+        store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
+    b = EngineLoop(store, refine_passes=0, pool=Pool("B", LEASE_S))
+    rng = np.random.default_rng(5)
+    deadline = time.monotonic() + 25 * LEASE_S
+    settled_at = None
+    while settled_at is None or time.monotonic() < settled_at + 3 * LEASE_S:  # and stays so
+        store.append("hot", "labels", labels(rng, 400))
+        for name in names[1:]:
+            store.append(name, "labels", labels(rng, 4))
+        step_all(a, b)
+        hot, cool = (a, b) if "hot" in a.engines else (b, a)
+        if sorted(hot.engines) == ["hot"] and sorted(cool.engines) == names[1:]:
+            settled_at = settled_at or time.monotonic()
+        else:
+            assert settled_at is None, "moved again once settled"
+            assert time.monotonic() < deadline, (sorted(a.engines), sorted(b.engines))
+        time.sleep(LEASE_S / 20)
+    step_all(a, b)
+    assert_served_is_a_replay(store, names)
+    assert a.leases_lost == b.leases_lost == 0
