@@ -113,6 +113,8 @@ class EngineLoop:
         self._held_since: dict[str, float] = {}
         self._blocked: dict[str, float] = {}
         """Projects this engine gave up, not to be taken back before the time given."""
+        self._freed: dict[str, float] = {}
+        """Projects let go since the last record of the loads, with their labels/s."""
         self.given_up = 0
         """Projects this engine of a pool gave up to share the load."""
         self.leases_lost = 0
@@ -220,7 +222,7 @@ class EngineLoop:
         }
         changes: dict[str, tuple[str, float] | None] = {n: (me, r) for n, r in held.items()}
         changes.update((n, None) for n in self._records if n not in projects)  # deleted
-        self._records = records = self.store.record_loads(changes)
+        self._records = records = self._record_freed(changes)
         self._blocked = {n: t for n, t in self._blocked.items() if t > now}
         plan = plan_share(
             me, alive, records, projects, held,
@@ -234,9 +236,8 @@ class EngineLoop:
                      plan.load[name], plan.mine, plan.target)  # fmt: skip
             self.given_up += 1
             self.store.release_lease(name, me)
-            self._let_go(name)
+            self._let_go(name)  # (recorded free below)
             self._blocked[name] = now + 3 * pool.lease_s
-            moved[name] = ("", held[name])
         mine = plan.mine
         for name in plan.take:
             if mine >= plan.target:
@@ -248,8 +249,19 @@ class EngineLoop:
                 self._held_since[name] = now
                 mine += plan.load[name]
                 moved[name] = (me, records.get(name, ("", UNKNOWN))[1])
-        if moved:
-            self._records = self.store.record_loads(moved)
+        if moved or self._freed:
+            self._records = self._record_freed(moved)
+
+    def _record_freed(
+        self, changes: dict[str, tuple[str, float] | None]
+    ) -> dict[str, tuple[str, float]]:
+        """``store.record_loads`` of the changes and of the projects let go since the last
+        record, as free: a project whose record still named this live engine would be taken
+        by no other (a lease lapsed while the store was unreachable, say)."""
+        freed = {n: ("", r) for n, r in self._freed.items() if n not in self._leases}
+        records = self.store.record_loads({**freed, **changes})
+        self._freed.clear()
+        return records
 
     def renew_leases(self) -> None:
         """Renew every lease held, in one round trip; note the ones found lost. Called by each
@@ -278,6 +290,7 @@ class EngineLoop:
             self._leases.pop(name, None)
             self._lapsed.discard(name)
         self._held_since.pop(name, None)
+        self._freed[name] = self._rates.rate.get(name, UNKNOWN)
         self._rates.forget(name)
         self._drop(name, forget_sql=False)
 
@@ -287,6 +300,7 @@ class EngineLoop:
             for name in list(self._leases):
                 self.store.release_lease(name, self.pool.engine_id)
                 self._let_go(name)
+            self._record_freed({})
 
     def _fail(self, name: str, record: ProjectRecord, exc: Exception) -> None:
         """Mark the project failed, drop its (partly updated) engine, retry later."""

@@ -170,3 +170,29 @@ def test_a_pool_shares_by_load_a_hot_project_gets_an_engine_to_itself(store: Sto
     step_all(a, b)
     assert_served_is_a_replay(store, names)
     assert a.leases_lost == b.leases_lost == 0
+
+
+def test_a_project_whose_lease_lapsed_under_a_live_engine_is_taken_over(store: Store) -> None:
+    """A lease lost while its engine lives on (its renewals failed while the store was
+    unreachable): the engine lets the project go and records it free, and the other engine
+    takes it, though the engine that lost it is alive and above its share."""
+    for name in NAMES:
+        store.create_project(ProjectRecord(name, ("a", "b", "c"), NominalConfig(3).to_dict(), 1.0))
+    a = EngineLoop(store, refine_passes=0, pool=Pool("A", LEASE_S))
+    rng = np.random.default_rng(2)
+    post_everywhere(store, rng)
+    step_all(a)
+    assert sorted(a.engines) == NAMES
+    b = EngineLoop(store, refine_passes=0, pool=Pool("B", LEASE_S))
+    b._next_claim = float("inf")  # B is alive and holds nothing, but looks at no lease yet
+    b.store.engines_alive("B", LEASE_S)
+    lost = NAMES[0]
+    a._lapsed.add(lost)  # as a failed renewal finds it
+    a._next_claim = 0.0
+    a.step()
+    assert lost not in a.engines and a.leases_lost == 1
+    b._next_claim = 0.0
+    settle((a, b), lambda: lost in b.engines)
+    post_everywhere(store, rng)
+    step_all(a, b)
+    assert_served_is_a_replay(store)
