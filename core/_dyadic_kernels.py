@@ -34,6 +34,7 @@ HINGE, LOGISTIC, SQUARED, QUANTILE = 0, 1, 2, 3
 # One-against-all and filter tree: h_min is searched up to this weight (a million labels' worth;
 # inf beyond: with L2 and squared or logistic loss, each step there integrates the ODE to its cap).
 H_SEARCH_MAX = 1e6
+_YES, _NO = np.bool_(True), np.bool_(False)  # a literal True/False compiles a callee twice
 
 # Hyperparameter vector layout (DyadicConfig.hyper_vector()).
 (H_ETA, H_T0, H_POWER, H_L2, H_TAU, H_ADAPTIVE, H_LOSS, H_K, H_ODE_TOL, H_L2_LIN, H_DRATE) = range(
@@ -782,13 +783,13 @@ def update_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, si, sj, r, t, 
     adaptive = hyper[H_ADAPTIVE] != 0.0
     bn = _norm2(B, si, t) if adaptive else 0.0
     an = _norm2(A, si, r) if adaptive else 0.0
-    ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, si, r, t, g * g, h, bn, an, True)
+    ed, er, et, ec = _rates(hyper, G, GWR, GWT, GC, GA, GB, si, r, t, g * g, h, bn, an, _YES)
     Q = er + et + ec
     if sj >= 0:
         bn2 = _norm2(B, sj, t) if adaptive else 0.0
         an2 = _norm2(A, sj, r) if adaptive else 0.0
         ed2, er2, et2, ec2 = _rates(
-            hyper, G, GWR, GWT, GC, GA, GB, sj, r, t, g * g, h, bn2, an2, True
+            hyper, G, GWR, GWT, GC, GA, GB, sj, r, t, g * g, h, bn2, an2, _YES
         )
         ed = 0.5 * (ed + ed2)
         Q += er2 + et2 + ec2
@@ -1022,7 +1023,7 @@ def h_min_many(
                 x = tg - 0.5 if tg > pred else tg + 0.5  # the edge of target's cell
             sp, sm, c0 = _pair_stats(A, B, first, alone, r, t)
             ed, er, et, ec = _rates(
-                hyper, G, GWR, GWT, GC, GA, GB, first, r, t, 0.0, 0.0, 0.0, 0.0, False
+                hyper, G, GWR, GWT, GC, GA, GB, first, r, t, 0.0, 0.0, 0.0, 0.0, _NO
             )
             mu = hyper[H_L2_LIN] * er
             L0 = _lin1(WR, WT, WC, first, r, t)
