@@ -216,3 +216,12 @@ def test_one_engine_of_a_pool_holds_a_project_and_only_its_writes_land(store: St
     assert store.engines_alive("B", 5.0) == ["A", "B"]
     time.sleep(0.3)
     assert store.engines_alive("B", 0.2) == ["B"]  # A silent for longer than that
+
+
+def test_pool_load_records_are_shared_changed_and_forgotten(store: Store) -> None:
+    assert store.record_loads({}) == {}
+    seen = store.record_loads({"p": ("A", 1500.5), "q": ("", -1.0)})
+    assert seen == {"p": ("A", 1500.5), "q": ("", -1.0)}
+    seen = store.record_loads({"p": ("B", 20.0), "q": None})  # taken over; q deleted
+    assert seen == {"p": ("B", 20.0)}
+    assert store.record_loads({"gone": None}) == {"p": ("B", 20.0)}
