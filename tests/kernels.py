@@ -12,6 +12,7 @@ them, predictions written, and the grouping of long files.
 
 from __future__ import annotations
 
+import compileall
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,8 @@ from pathlib import Path
 
 ANSWERS = "item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n"
 NOMINAL = "from app.serving.warmup import nominal; nominal()"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "core", "bench", "tests", "clients")
 
 
 def compile_all() -> None:
@@ -54,10 +57,21 @@ def compile_all() -> None:
 
 
 def compile_before_workers() -> None:
-    """Run ``compile_all`` in a process of its own (the xdist controller stays lean)."""
-    done = subprocess.run([sys.executable, "-m", "tests.kernels"], capture_output=True, text=True)
-    if done.returncode != 0:  # the tests will compile what they need, and fail if they must
-        print(f"compiling the kernels beforehand failed:\n{done.stderr}", file=sys.stderr)
+    """Run ``compile_all`` in a process of its own (the xdist controller stays lean), and
+    meanwhile write the bytecode of the repository's modules: where PYTHONDONTWRITEBYTECODE
+    is set (as on the CI machines), every worker and every service a test starts would
+    otherwise compile them from source, about 0.2 s of CPU a process."""
+    kernels = subprocess.Popen(
+        [sys.executable, "-m", "tests.kernels"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for package in PACKAGES:
+        compileall.compile_dir(REPO / package, quiet=1)
+    _, errors = kernels.communicate()
+    if kernels.returncode != 0:  # the tests will compile what they need, and fail if they must
+        print(f"compiling the kernels beforehand failed:\n{errors}", file=sys.stderr)
 
 
 if __name__ == "__main__":
