@@ -4,10 +4,10 @@ On a fresh clone nothing is cached: without this, both xdist workers and the ser
 tests start compile the same kernels side by side, and the crash test's engines, killed
 every second, compile them again each time (about 80 s of CPU more than a warm run).
 
-``python -m tests.kernels``: every kernel the service calls (in two processes, as
-``crowdtally serve`` does it on a first start, but split for all of them rather than for the
-first posterior), then online and batch EM (with the per-item clarity too) as ``crowdtally extract`` runs
-them, predictions written, and the grouping of long files.
+``python -m tests.kernels``: every kernel the service calls, and online and batch EM (with the
+per-item clarity too) as ``crowdtally extract`` runs them, predictions written and the
+grouping of long files; in two processes, as ``crowdtally serve`` does it on a first start,
+but split for all of them rather than for the first posterior.
 """
 
 from __future__ import annotations
@@ -21,37 +21,54 @@ from io import StringIO
 from pathlib import Path
 
 ANSWERS = "item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n"
-NOMINAL = "from app.serving.warmup import nominal; nominal()"
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "core", "bench", "tests", "clients")
 
 
 def compile_all() -> None:
-    import numpy as np
-
-    from app.cli import app
     from app.serving import warmup
     from app.serving.predictions import warm_up as warmup_predictions
-    from core.blocks import LARGE, canonical_order
 
-    # Two halves of about 11 s each on a fresh clone: the nominal model (learning, refits,
-    # reads) in a second process; here the dyadic model's learning, then its predictions and
-    # h_min (which reuse the learning's compiled step).
-    second = subprocess.Popen([sys.executable, "-c", NOMINAL])
+    # Two halves of about 10 s each on a fresh clone: here the dyadic model's learning, then
+    # its predictions and h_min (which reuse the learning's compiled step), batch EM and the
+    # grouping of long files; in a second process the nominal model (learning, refits,
+    # reads) and the online ``extract``.
+    second = subprocess.Popen([sys.executable, "-m", "tests.kernels", "nominal"])
     warmup.dyadic_learning()
     warmup_predictions()
+    _grouping()
+    _extract(["--batch"], ["--batch", "--difficulty"])
     second.wait()
     warmup.everything()  # loads what the other process compiled (and compiles what failed there)
+
+
+def compile_nominal() -> None:
+    from app.serving import warmup
+
+    warmup.nominal()
+    _extract([])
+
+
+def _extract(*options: list[str]) -> None:
+    from app.cli import app
+
     with tempfile.TemporaryDirectory() as folder:
         answers = Path(folder) / "answers.csv"
         answers.write_text(ANSWERS)
         written = str(Path(folder) / "predictions.csv")
-        for extra in ([], ["--batch"], ["--batch", "--difficulty"]):
+        for extra in options:
             with redirect_stdout(StringIO()):
                 app(
                     ["extract", str(answers), "--predictions", written, *extra],
                     standalone_mode=False,
                 )
+
+
+def _grouping() -> None:
+    import numpy as np
+
+    from core.blocks import LARGE, canonical_order
+
     codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
     canonical_order(codes, codes, codes, np.ones(LARGE))
 
@@ -75,4 +92,4 @@ def compile_before_workers() -> None:
 
 
 if __name__ == "__main__":
-    compile_all()
+    compile_nominal() if sys.argv[1:] == ["nominal"] else compile_all()
