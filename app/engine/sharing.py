@@ -3,21 +3,23 @@
 Each engine measures the labels/s of the projects it applies (``Rates``) and records them in
 the store with its name; every engine reads every project's record, so all see the same loads
 and which engine carries which. A project counts at least ``FLOOR`` labels/s, so idle
-projects spread by count. With L the pool's load and n the engines alive, the target of each
-is S = L / n, and at each look at its leases an engine (``plan_share``):
+projects spread by count; one not measured yet (``UNKNOWN``: its new holder is still
+replaying the backlog a takeover leaves) counts as the median of the measured ones. With L
+the pool's load and n the engines alive, the target of each is S = L / n, and at each look at
+its leases an engine (``plan_share``):
 
 - takes free projects (no live engine carries them) while its load is below S, in its own
   rendezvous order, so that engines taking at the same moment mostly ask for different ones;
-- gives one project up when its load is above S and the gap g between its load and the least
-  loaded engine's exceeds (1 + ``SLACK``) times that project's load p, choosing the project
-  that maximises p (g - p): the drop of the sum of the engines' squared loads when it moves
-  there; and only once it has measured every project it holds (a guess moves nothing). That sum only falls, so with steady rates the moves end; the slack keeps a move
-  that would merely swap the two engines' loads from happening. A project held for less
-  than a lease is not moved (each move costs a restore and a replay), and a project given
-  up is not taken back by the same engine for three leases.
+- gives one project up when its load is above S, it has measured every project it holds (a
+  guess moves nothing), and the gap g between its load and the least loaded engine's
+  exceeds (1 + ``SLACK``) times that project's load p; of those, the project that maximises
+  p (g - p), the drop of the sum of the engines' squared loads when it moves there.
 
-A project larger than S stays where it is and the others spread around it; an engine alone
-never gives a project up.
+That sum only falls, so with steady rates the moves end; the slack keeps a move that would
+merely swap two engines' loads from happening. A project held for less than a lease is not
+moved (each move costs a restore and a replay), and a project given up is not taken back by
+the same engine for three leases. A project larger than S stays where it is and the others
+spread around it; an engine alone never gives a project up.
 """
 
 from __future__ import annotations
