@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.engine.project import ProjectEngine
-from app.engine.sharing import UNKNOWN, Rates, plan_share
+from app.engine.sharing import UNKNOWN, Rates, acquire, plan_share
 from app.engine.snapshots import Snapshotter
 from app.store.base import LeaseLostError, LogRewoundError, ProjectRecord, Store
 
@@ -238,17 +238,17 @@ class EngineLoop:
             self.store.release_lease(name, me)
             self._let_go(name)  # (recorded free below)
             self._blocked[name] = now + 3 * pool.lease_s
-        mine = plan.mine
-        for name in plan.take:
-            if mine >= plan.target:
-                break
+
+        def lease(name: str) -> bool:
             token = self.store.acquire_lease(name, me, pool.lease_s)
             if token:
                 with self._lease_lock:
                     self._leases[name] = token
                 self._held_since[name] = now
-                mine += plan.load[name]
                 moved[name] = (me, records.get(name, ("", UNKNOWN))[1])
+            return bool(token)
+
+        acquire(plan, lease)
         if moved or self._freed:
             self._records = self._record_freed(moved)
 

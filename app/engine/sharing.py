@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 FLOOR = 1.0
@@ -80,7 +80,8 @@ class Rates:
 @dataclass(frozen=True)
 class Plan:
     take: list[str]
-    """Free projects to ask for, in order, while the engine's load stays below ``target``."""
+    """Free projects to ask for, in order, while the engine's load stays below ``target``
+    (``Plan.acquire``)."""
     give_up: str | None
     """A project to give up, or None."""
     load: dict[str, float]
@@ -140,3 +141,16 @@ def plan_share(
         }
         give_up = max(gains, key=lambda p: (gains[p], preference(me, p)), default=None)
     return Plan(take if mine < target else [], give_up, load, mine, target)
+
+
+def acquire(plan: Plan, lease: Callable[[str], bool]) -> list[str]:
+    """Ask for the plan's free projects in order (``lease``: True when taken) until this
+    engine's load reaches the target; the projects taken."""
+    mine, taken = plan.mine, []
+    for project in plan.take:
+        if mine >= plan.target:
+            break
+        if lease(project):
+            taken.append(project)
+            mine += plan.load[project]
+    return taken

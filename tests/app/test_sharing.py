@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.sharing import FLOOR, SLACK, UNKNOWN, Rates, plan_share
+from app.engine.sharing import FLOOR, SLACK, UNKNOWN, Rates, acquire, plan_share
 
 
 def simulate(
@@ -33,14 +33,13 @@ def simulate(
                 blocked[e][plan.give_up] = r + 3
                 moves += 1
                 changed = True
-            mine = plan.mine
-            for p in plan.take:
-                if mine >= plan.target:
-                    break
-                if holders.get(p, "") == "":  # its lease is free: acquired
-                    holders[p] = e
-                    mine += plan.load[p]
-                    changed = True
+
+            def lease(p: str) -> bool:
+                return holders.get(p, "") == ""  # its lease is free: acquired
+
+            for p in acquire(plan, lease):
+                holders[p] = e
+                changed = True
         quiet = 0 if changed else quiet + 1
         if quiet > 3:  # past every block
             return holders, moves
@@ -131,3 +130,13 @@ def test_rates_follow_a_steady_stream() -> None:
     assert math.isclose(rates.rate["p"], 600.0, rel_tol=1e-6)
     rates.observe("p", 12_000, 25.0, prior=7.0)  # idle for 5 s: decays toward 0
     assert rates.rate["p"] < 600.0 * math.exp(-2.0) + 1e-9
+
+
+def test_acquire_stops_at_the_target_and_skips_a_refused_lease() -> None:
+    loads = {p: 10.0 for p in "abcd"}
+    plan = plan_share("A", ["A", "B"], {"d": ("B", 10.0)}, loads, {}, [])
+    assert plan.target == 20.0 and sorted(plan.take) == ["a", "b", "c"]
+    refused = plan.take[0]
+    taken = acquire(plan, lambda p: p != refused)
+    assert taken == plan.take[1:]  # two of 10 reach the target of 20: no third asked for
+    assert acquire(plan, lambda p: True) == plan.take[:2]
