@@ -12,7 +12,7 @@ from contextlib import closing
 from pathlib import Path
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 NODES = 6
 
@@ -35,7 +35,8 @@ def _free_pair() -> int:
 
 
 class LocalCluster:
-    """``start`` it, read ``url`` (any one node: the client discovers the others), ``stop``."""
+    """``start`` it, read ``url`` (every node, comma-separated: the client starts from any
+    that answers and discovers the others), ``stop``."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -44,7 +45,7 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports[0]}/0"
+        return ",".join(f"redis://127.0.0.1:{port}/0" for port in self.ports)
 
     def start(self, timeout_s: float = 30) -> LocalCluster:
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
@@ -128,7 +129,7 @@ class LocalCluster:
             time.sleep(0.1)
 
     def client(self) -> RedisCluster:
-        return RedisCluster.from_url(self.url)
+        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports])
 
     def stop(self) -> None:
         for proc in self.procs.values():

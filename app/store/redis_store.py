@@ -14,10 +14,11 @@ import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from app.store.base import (
     AppendResult,
@@ -218,6 +219,13 @@ class NotReplicatedError(redis.exceptions.TimeoutError):
     """Fewer replicas than asked have an appended block (the API's 503 store_unavailable)."""
 
 
+def _node(url: str) -> ClusterNode:
+    parts = urlsplit(url if "//" in url else f"redis://{url}")
+    if not parts.hostname:
+        raise ValueError(f"REDIS_URL: {url!r} names no host")
+    return ClusterNode(parts.hostname, parts.port or 6379)  # type: ignore[no-untyped-call]
+
+
 class RedisStore:
     log_in_sql = False
 
@@ -232,15 +240,23 @@ class RedisStore:
     ) -> None:
         """``timeout_s``: how long one command may wait for Redis (connecting included)
         before it raises redis' TimeoutError (the API's 503); None or 0 waits forever.
-        ``cluster``: ``url`` names one node of a Redis Cluster (the client finds the others
-        and follows the slots as they move). ``wait_replicas``: an append returns once that
+        ``cluster``: ``url`` names one node of a Redis Cluster, or several separated by
+        commas (the first one's credentials apply to all); the client starts from any that
+        answers, finds the others and follows the slots as they move. ``wait_replicas``: an append returns once that
         many replicas of the project's primary have it (``WAIT``, up to ``wait_timeout_ms``;
         fewer raise ``NotReplicatedError``, a 503: the block is in the log, to be re-posted)."""
         wait = timeout_s or None
+        first, *more = [u.strip() for u in url.split(",") if u.strip()] or [url]
+        if more and not cluster:
+            raise ValueError(
+                f"REDIS_URL lists {len(more) + 1} nodes: a list is for a Redis Cluster "
+                "(CROWDTALLY_REDIS_CLUSTER=true); a single Redis takes one URL"
+            )
+        options: dict[str, Any] = {"socket_timeout": wait, "socket_connect_timeout": wait}
+        if cluster:  # any listed node that answers tells the client the others
+            options["startup_nodes"] = [_node(u) for u in more]
         client = RedisCluster if cluster else redis.Redis
-        self.r: Any = client.from_url(  # untyped client: replies are bytes
-            url, socket_timeout=wait, socket_connect_timeout=wait
-        )
+        self.r: Any = client.from_url(first, **options)  # untyped client: replies are bytes
         self.cluster = cluster
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self.prefix = prefix

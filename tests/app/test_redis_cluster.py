@@ -5,6 +5,7 @@ mid-stream, its replica taking over."""
 from __future__ import annotations
 
 import csv
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -201,3 +202,20 @@ def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_ov
     finally:
         store.close()
         cluster.stop()
+
+
+def test_redis_url_may_list_several_cluster_nodes_and_any_live_one_will_do() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # nothing listens there
+    store = RedisStore(f"{dead},{cluster_url()}", f"nodes-{uuid.uuid4().hex[:8]}", cluster=True)
+    try:
+        store.create_project(RECORD)
+        assert store.get_project("p") == RECORD
+    finally:
+        store.flush_prefix()
+        store.close()
+    with pytest.raises(redis.exceptions.RedisClusterException, match="reachable node"):
+        RedisStore(dead, "x", cluster=True)
+    with pytest.raises(ValueError, match="a list is for a Redis Cluster"):
+        RedisStore(f"{REDIS_URL},{REDIS_URL}", "x")

@@ -1,13 +1,15 @@
-"""Redis restarted with AOF on (as in docker-compose.yml): acknowledged labels come back.
+"""Redis restarted with AOF on (as in docker-compose.yml): acknowledged labels come back. An
+engine started while its Redis is down waits for it.
 
-The machine's own Redis runs without persistence, so this test starts its own redis-server
-with ``--appendonly yes --appendfsync everysec`` on a free port, SIGKILLs it and restarts it.
+The machine's own Redis runs without persistence, so these tests start their own redis-server
+with ``--appendonly yes --appendfsync everysec`` on a free port, SIGKILL it and restart it.
 With ``everysec`` the documented window is one second: labels acknowledged more than a
 second before the crash are never lost.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -18,6 +20,7 @@ import orjson
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
 from core.nominal import NominalConfig
+from tests.app.test_processes import CLI
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
@@ -69,3 +72,28 @@ def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_engine_started_before_its_redis_waits_for_it(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": f"redis://127.0.0.1:{port}/0",
+           "CROWDTALLY_DATA_DIR": str(tmp_path)}  # fmt: skip
+    engine = subprocess.Popen([*CLI, "engine"], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    proc = None
+    try:
+        assert engine.stderr is not None
+        first = engine.stderr.readline().decode()
+        assert first.startswith("crowdtally engine: the store cannot be reached"), first
+        proc = start_redis(port, tmp_path)
+        lines = iter(engine.stderr.readline, b"")
+        started = next(x.decode() for x in lines if b"cannot be reached" not in x)
+        assert started.startswith("crowdtally engine: redis store"), started
+        assert engine.poll() is None
+    finally:
+        engine.kill()
+        engine.communicate()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
