@@ -16,6 +16,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -146,7 +147,9 @@ def test_the_cluster_profile_s_api_and_engine_pool(
     for key, value in _env(pool).items():
         monkeypatch.setenv(key, "k" if key == "CROWDTALLY_ADMIN_KEY" else value)
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    assert settings.redis_cluster and settings.redis_url == "redis://redis-node-1:6379/0"
+    assert settings.redis_cluster
+    nodes = [urlsplit(url).hostname for url in settings.redis_url.split(",")]
+    assert len(nodes) >= 2 and all(n in services and "redis-node" in n for n in nodes), nodes
     assert settings.redis_wait_replicas == 1
 
 
