@@ -249,19 +249,21 @@ class EngineLoop:
             return bool(token)
 
         acquire(plan, lease)
-        if moved or self._freed:
-            self._records = self._record_freed(moved)
+        if moved or self._freed:  # written, and kept here: the next look reads them all
+            self._records.update(self._record_freed(moved, read=False))
 
     def _record_freed(
-        self, changes: dict[str, tuple[str, float] | None]
+        self, changes: dict[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:
         """``store.record_loads`` of the changes and of the projects let go since the last
         record, as free: a project whose record still named this live engine would be taken
-        by no other (a lease lapsed while the store was unreachable, say)."""
+        by no other (a lease lapsed while the store was unreachable, say). Returns every
+        project's record, or with ``read=False`` only those written."""
         freed = {n: ("", r) for n, r in self._freed.items() if n not in self._leases}
-        records = self.store.record_loads({**freed, **changes})
+        written = {**freed, **changes}
+        records = self.store.record_loads(written, read)
         self._freed.clear()
-        return records
+        return records if read else {n: r for n, r in written.items() if r is not None}
 
     def renew_leases(self) -> None:
         """Renew every lease held, in one round trip; note the ones found lost. Called by each
@@ -300,7 +302,7 @@ class EngineLoop:
             for name in list(self._leases):
                 self.store.release_lease(name, self.pool.engine_id)
                 self._let_go(name)
-            self._record_freed({})
+            self._record_freed({}, read=False)
 
     def _fail(self, name: str, record: ProjectRecord, exc: Exception) -> None:
         """Mark the project failed, drop its (partly updated) engine, retry later."""

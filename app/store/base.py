@@ -300,10 +300,12 @@ class Store(Protocol):
         ...
 
     def record_loads(
-        self, changes: Mapping[str, tuple[str, float] | None]
+        self, changes: Mapping[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:
         """Record, per project, the pool engine that applies it ("": none) and its labels/s
-        (None: forget the project); return every project's record, in one round trip."""
+        (None: forget the project); return every project's record, in one round trip (with
+        ``read=False``, write only and return {}: reading every record costs with the pool's
+        number of projects)."""
         ...
 
     def wait_for_append(self, timeout_s: float) -> None:

@@ -458,7 +458,7 @@ class EmbeddedStore:
             return sorted(self._engines)
 
     def record_loads(
-        self, changes: Mapping[str, tuple[str, float] | None]
+        self, changes: Mapping[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:
         with self._lock:
             for project, record in changes.items():
@@ -466,7 +466,7 @@ class EmbeddedStore:
                     self._loads.pop(project, None)
                 else:
                     self._loads[project] = record
-            return dict(self._loads)
+            return dict(self._loads) if read else {}
 
     def wait_for_append(self, timeout_s: float) -> None:
         self._appended.wait(timeout_s)  # (one process: the engine runs in the API's)

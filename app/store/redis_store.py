@@ -706,7 +706,7 @@ class RedisStore:
         return sorted(a.decode() for a in alive)
 
     def record_loads(
-        self, changes: Mapping[str, tuple[str, float] | None]
+        self, changes: Mapping[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:
         key = f"{self.prefix}:loads"
         pipe = self.r.pipeline(transaction=False)
@@ -715,6 +715,9 @@ class RedisStore:
             pipe.hset(key, mapping=kept)
         if gone := [p for p, r in changes.items() if r is None]:
             pipe.hdel(key, *gone)
+        if not read:
+            pipe.execute()
+            return {}
         pipe.hgetall(key)
         records = pipe.execute()[-1]
         return {p.decode(): tuple(orjson.loads(v)) for p, v in records.items()}

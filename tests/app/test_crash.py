@@ -103,13 +103,17 @@ def test_engine_sigkilled_mid_work_10_times_loses_nothing(tmp_path: Path, sql_ur
         acked = 0
         kills = 0
 
+        per_kill = len(blocks) // (KILLS + 1)
+
         def post() -> None:
             nonlocal acked
-            for body in blocks:
+            for n, body in enumerate(blocks):
+                while kills < KILLS and n >= (kills + 1) * per_kill:
+                    time.sleep(0.05)  # no further ahead of the kills: each has entries to apply
                 r = lay.client.post("/v1/projects/p/labels", content=body, headers=key)
                 acked += r.json()["accepted"]
-                if kills < KILLS:  # new entries all through the kills (32 s of them: on a
-                    time.sleep(0.16)  # loaded machine 10 restarts took 25 s, past 16 s of posts)
+                if kills < KILLS:  # new entries all through the kills
+                    time.sleep(0.16)
 
         def applied() -> int:
             return int(lay.client.get("/v1/projects/p", headers=key).json()["stats"]["applied"])

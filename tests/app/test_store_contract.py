@@ -225,3 +225,5 @@ def test_pool_load_records_are_shared_changed_and_forgotten(store: Store) -> Non
     seen = store.record_loads({"p": ("B", 20.0), "q": None})  # taken over; q deleted
     assert seen == {"p": ("B", 20.0)}
     assert store.record_loads({"gone": None}) == {"p": ("B", 20.0)}
+    assert store.record_loads({"r": ("C", 3.0), "p": None}, read=False) == {}  # written only
+    assert store.record_loads({}) == {"r": ("C", 3.0)}
