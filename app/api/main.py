@@ -39,7 +39,7 @@ from app.api.routes import (
 from app.engine.runtime import make_engine_loop
 from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
-from app.store import open_store
+from app.store import open_store_when_reachable
 from app.store.archive import open_snapshot_db, rebuild_store
 from app.store.base import Store
 
@@ -55,15 +55,22 @@ def _announce_admin_key(st: Store, settings: Settings) -> None:
 
 
 def lifespan(settings: Settings, store: Store | None) -> Lifespan:
-    """Open the store (unless given) and the snapshot database, rebuild a wiped store, start
-    the engine in process (if so set); close them on shutdown."""
+    """Open the store (unless given; waiting while Redis cannot be reached) and the snapshot
+    database, rebuild a wiped store, start the engine in process (if so set); close them on
+    shutdown."""
 
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
-        st = store if store is not None else open_store(settings)
-        _announce_admin_key(st, settings)
         db = open_snapshot_db(settings)
-        rebuilt = rebuild_store(st, db)
+
+        def first_use(st: Store) -> list[str]:
+            _announce_admin_key(st, settings)
+            return rebuild_store(st, db)
+
+        if store is None:
+            st, rebuilt = open_store_when_reachable(settings, first_use, "crowdtally")
+        else:
+            st, rebuilt = store, first_use(store)
         if rebuilt:
             print(f"crowdtally: rebuilt {rebuilt} from the SQL snapshots", file=sys.stderr)
         _announce_admin_key(st, settings)

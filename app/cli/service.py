@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from app.cli.common import load_settings
 from app.io.triples import InputError
-
-if TYPE_CHECKING:
-    from app.settings import Settings
-    from app.store.archive import SnapshotDB
-    from app.store.base import Store
 
 
 def serve(
@@ -93,7 +87,8 @@ def engine_command(
     import signal
 
     from app.engine.runtime import make_engine_loop
-    from app.store.archive import open_snapshot_db
+    from app.store import open_store_when_reachable
+    from app.store.archive import open_snapshot_db, rebuild_store
 
     os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
     if pool is not None:
@@ -102,8 +97,10 @@ def engine_command(
     from app import logs
 
     logs.configure(settings.log_format, settings.log_level)
-    db = open_snapshot_db(settings)
-    st = _store_when_reachable(settings, db)
+    db = open_snapshot_db(settings)  # (the store's projects rebuilt from it if Redis lost them)
+    st, _ = open_store_when_reachable(
+        settings, lambda st: rebuild_store(st, db), "crowdtally engine"
+    )
     from app.serving.warmup import warm_up
 
     warm_up()  # the kernels, compiled in two processes on a first start
@@ -116,26 +113,3 @@ def engine_command(
             loop.run_forever()
         finally:
             loop.release_leases()
-
-
-def _store_when_reachable(settings: Settings, db: SnapshotDB) -> Store:
-    """The store, its projects rebuilt from the SQL side where it lost them (a wiped Redis);
-    while Redis cannot be reached (down, or every node that REDIS_URL lists), said on stderr
-    and tried again every second."""
-    from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
-
-    from app.store import open_store
-    from app.store.archive import rebuild_store
-
-    while True:
-        st = None
-        try:
-            st = open_store(settings)
-            rebuild_store(st, db)
-            return st
-        except (ConnectionError, TimeoutError, RedisClusterException) as exc:
-            if st is not None:
-                st.close()
-            print(f"crowdtally engine: the store cannot be reached ({exc}); trying again in 1 s",
-                  file=sys.stderr)  # fmt: skip
-            time.sleep(1)

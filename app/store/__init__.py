@@ -4,8 +4,15 @@ the snapshots, label archive and catalogue (``archive``)."""
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 from app.settings import Settings
 from app.store.base import Store
+
+T = TypeVar("T")
 
 
 def open_store(settings: Settings) -> Store:
@@ -23,3 +30,24 @@ def open_store(settings: Settings) -> Store:
     from app.store.embedded import EmbeddedStore
 
     return EmbeddedStore(settings.data_dir / "crowdtally.sqlite3")
+
+
+def open_store_when_reachable(
+    settings: Settings, first_use: Callable[[Store], T], who: str
+) -> tuple[Store, T]:
+    """``open_store`` and ``first_use`` of it (its first commands); while Redis cannot be
+    reached (down, or every node that REDIS_URL lists), said on stderr as ``who`` and tried
+    again every second, so that a process started before its Redis waits for it."""
+    from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
+
+    while True:
+        st = None
+        try:
+            st = open_store(settings)
+            return st, first_use(st)
+        except (ConnectionError, TimeoutError, RedisClusterException) as exc:
+            if st is not None:
+                st.close()
+            print(f"{who}: the store cannot be reached ({exc}); trying again in 1 s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(1)

@@ -1,5 +1,5 @@
 """Redis restarted with AOF on (as in docker-compose.yml): acknowledged labels come back. An
-engine started while its Redis is down waits for it.
+API and an engine started while their Redis is down wait for it.
 
 The machine's own Redis runs without persistence, so these tests start their own redis-server
 with ``--appendonly yes --appendfsync everysec`` on a free port, SIGKILL it and restart it.
@@ -15,12 +15,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
 from core.nominal import NominalConfig
-from tests.app.test_processes import CLI
+from tests.app.conftest import ADMIN
+from tests.app.test_processes import CLI, wait_healthy
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
@@ -74,26 +76,41 @@ def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> N
         proc.wait()
 
 
-def test_an_engine_started_before_its_redis_waits_for_it(tmp_path: Path) -> None:
+def test_an_api_and_an_engine_started_before_their_redis_wait_for_it(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": f"redis://127.0.0.1:{port}/0",
-           "CROWDTALLY_DATA_DIR": str(tmp_path)}  # fmt: skip
-    engine = subprocess.Popen([*CLI, "engine"], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+           "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        api_port = int(s.getsockname()[1])
+    started = [
+        subprocess.Popen([*CLI, *args], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+        for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
+    ]
     proc = None
     try:
-        assert engine.stderr is not None
-        first = engine.stderr.readline().decode()
-        assert first.startswith("crowdtally engine: the store cannot be reached"), first
+        for p, who in zip(started, ("crowdtally engine", "crowdtally"), strict=True):
+            assert p.stderr is not None
+            lines = (x.decode() for x in iter(p.stderr.readline, b""))
+            waiting = next(x for x in lines if not x.startswith("crowdtally: redis store"))
+            assert waiting.startswith(f"{who}: the store cannot be reached"), waiting
         proc = start_redis(port, tmp_path)
-        lines = iter(engine.stderr.readline, b"")
-        started = next(x.decode() for x in lines if b"cannot be reached" not in x)
-        assert started.startswith("crowdtally engine: redis store"), started
-        assert engine.poll() is None
+        engine_err = started[0].stderr
+        assert engine_err is not None
+        lines = (x.decode() for x in iter(engine_err.readline, b""))
+        up = next(x for x in lines if "cannot be reached" not in x)
+        assert up.startswith("crowdtally engine: redis store"), up
+        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}") as client:
+            wait_healthy(client, 60, started[1])
+        assert all(p.poll() is None for p in started)
     finally:
-        engine.kill()
-        engine.communicate()
+        for p in started:
+            p.kill()
+            p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
         if proc is not None:
             proc.kill()
             proc.wait()
