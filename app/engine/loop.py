@@ -142,11 +142,22 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self._projects: dict[str, ProjectRecord] = {}
+        self._catalogue_token: str | None = None
+
+    def _catalogue(self) -> dict[str, ProjectRecord]:
+        """Every project's record, read again only when a project was created or deleted
+        (reading them costs with their number: 0.14 s for 10,000 on Redis)."""
+        token = self.store.catalogue_token()  # (before the records: a change after it is
+        if token is None or token != self._catalogue_token:  # seen at the next step)
+            self._projects = {r.name: r for r in self.store.list_projects()}
+            self._catalogue_token = token
+        return dict(self._projects)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> int:
         """Apply what is waiting in every project's log; return how many entries."""
-        projects = {r.name: r for r in self.store.list_projects()}
+        projects = self._catalogue()
         dropped = set(self.engines) - set(projects)
         for name in dropped:
             # Deleted (the API drops its SQL side), or a wiped Redis, which SQL must rebuild:

@@ -94,6 +94,7 @@ class EmbeddedStore:
         self._leases: dict[str, tuple[str, float, int]] = {}  # project: holder, until, fence
         self._engines: dict[str, float] = {}
         self._loads: dict[str, tuple[str, float]] = {}
+        self._catalogue_changes = 0
         self._load()
 
     def _load(self) -> None:
@@ -130,6 +131,7 @@ class EmbeddedStore:
             )
             self._projects[record.name] = record
             self._state[record.name] = _ProjectState()
+            self._catalogue_changes += 1
 
     def get_project(self, name: str) -> ProjectRecord | None:
         return self._projects.get(name)
@@ -154,7 +156,11 @@ class EmbeddedStore:
             del self._projects[name]
             del self._state[name]
             self._failed.pop(name, None)
+            self._catalogue_changes += 1
             return True
+
+    def catalogue_token(self) -> str | None:
+        return str(self._catalogue_changes)  # (one process: the engine runs in the API's)
 
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
         with self._lock:

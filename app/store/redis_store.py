@@ -293,6 +293,16 @@ class RedisStore:
     def create_project(self, record: ProjectRecord) -> None:
         if not self.r.hsetnx(self._projects_key, record.name, record.to_json()):
             raise ProjectExistsError(record.name)
+        self._catalogue_changed()
+
+    def _catalogue_changed(self) -> None:
+        """A new random token after the change (not a counter: a wiped Redis would count
+        again from the start and could repeat a token an engine holds)."""
+        self.r.set(f"{self._projects_key}:token", secrets.token_hex(8))
+
+    def catalogue_token(self) -> str | None:
+        token = self.r.get(f"{self._projects_key}:token")
+        return token.decode() if token is not None else None
 
     def get_project(self, name: str) -> ProjectRecord | None:
         blob = self.r.hget(self._projects_key, name)
@@ -305,6 +315,7 @@ class RedisStore:
     def delete_project(self, name: str) -> bool:
         if not self.r.hdel(self._projects_key, name):
             return False
+        self._catalogue_changed()
         keys: dict[bytes, bytes] = self.r.hgetall(self._keys_key)
         doomed = [h for h, b in keys.items() if orjson.loads(b).get("project") == name]
         pipe = self.r.pipeline()

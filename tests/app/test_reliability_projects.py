@@ -228,3 +228,31 @@ def test_the_engine_survives_a_failed_idle_wait(store: Store) -> None:
         assert loop._thread is not None and loop._thread.is_alive()
     finally:
         loop.stop()
+
+
+def test_the_engine_reads_the_project_records_only_when_they_change(store: Store) -> None:
+    """Each step asks for the catalogue's token; the records themselves (a read that grows
+    with the number of projects) only after a project was created or deleted."""
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    reads = []
+    real = store.list_projects
+
+    def list_projects() -> list[ProjectRecord]:
+        reads.append(1)
+        return real()
+
+    store.list_projects = list_projects  # type: ignore[method-assign]
+    labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
+    loop = EngineLoop(store, refine_passes=0)
+    store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
+    store.append("p", "labels", labels)
+    for _ in range(5):
+        loop.step()
+    assert len(reads) == 1 and store.applied_position("p") == 1
+    store.create_project(ProjectRecord("q", ("a", "b"), cfg, 1.0))
+    store.append("q", "labels", labels)
+    loop.step()
+    assert len(reads) == 2 and store.applied_position("q") == 1
+    store.delete_project("p")
+    loop.step()
+    assert len(reads) == 3 and sorted(loop.engines) == ["q"]

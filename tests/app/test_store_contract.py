@@ -46,6 +46,24 @@ def test_projects_create_read_list_delete(store: Store) -> None:
     assert [r.name for r in store.list_projects()] == ["q"]
 
 
+def test_the_catalogue_token_changes_with_the_projects_and_only_with_them(store: Store) -> None:
+    seen = [store.catalogue_token()]
+    store.create_project(project("p"))
+    seen.append(store.catalogue_token())
+    store.append("p", "labels", b"{}")
+    store.set_project_failed("p", "boom")
+    assert store.catalogue_token() == seen[-1]  # the records unchanged: still valid
+    with pytest.raises(ProjectExistsError):
+        store.create_project(project("p"))
+    store.create_project(project("q"))
+    seen.append(store.catalogue_token())
+    assert not store.delete_project("absent")
+    assert store.catalogue_token() == seen[-1]
+    assert store.delete_project("p")
+    seen.append(store.catalogue_token())
+    assert None not in seen[1:] and len(set(seen)) == len(seen), seen
+
+
 def test_keys_and_admin_key(store: Store) -> None:
     assert store.admin_key_hash() is None
     assert store.set_admin_key_hash("h-admin")
