@@ -144,6 +144,7 @@ class EngineLoop:
         self.last_error: str | None = None
         self._projects: dict[str, ProjectRecord] = {}
         self._catalogue_token: str | None = None
+        self._quiet: set[str] = set()
 
     def _catalogue(self) -> dict[str, ProjectRecord]:
         """Every project's record, read again only when a project was created or deleted
@@ -171,6 +172,11 @@ class EngineLoop:
         if self.pool is not None:
             projects = self._claim(projects, self.pool)
             projects = {n: r for n, r in projects.items() if n not in self._lapsed}
+        self._quiet = self.store.quiet_logs({  # one round trip instead of one per project
+            n: (eng.position, self._anchor.get(n), self._served.get(n))
+            for n in projects
+            if (eng := self.engines.get(n)) and (n in self._anchor or not eng.position)
+        })  # fmt: skip
         done = 0
         now = time.monotonic()
         for name, record in projects.items():
@@ -359,6 +365,7 @@ class EngineLoop:
         if eng is not None and eng.record.created_at != record.created_at:
             self._drop(name)  # another project under the same name: nothing of the old one
             eng = None
+        quiet = eng is not None and name in self._quiet  # (as the step began)
         if eng is None:
             eng, anchor = (
                 snap.load_anchored(record) if snap is not None else (ProjectEngine(record), None)
@@ -382,7 +389,11 @@ class EngineLoop:
                 self._served[name] = eng.position
         anchor = self._anchor.get(name)
         read = snap.read_log if snap is not None else self.store.read_log
-        entries = read(name, eng.position, self.batch_entries, anchor, self._served.get(name))
+        entries = (
+            []
+            if quiet  # (entries appended since the step began wait for the next one)
+            else read(name, eng.position, self.batch_entries, anchor, self._served.get(name))
+        )
         now = time.monotonic()
         if not entries:
             if snap is not None and eng.position >= self._catch_up.get(name, 0):

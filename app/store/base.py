@@ -239,6 +239,13 @@ class Store(Protocol):
         ...
 
     def log_end(self, project: str) -> int: ...
+    def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
+        """The projects of ``heads`` (project -> position, its entry's token or None at
+        position 0, served position or None) whose log ends at that very entry (or is empty)
+        and whose served state is at that position: those where ``read_log(project,
+        position, _, token, served)`` would return nothing and raise nothing. In one round
+        trip."""
+        ...
 
     # served state
     def write_state(self, project: str, update: StateUpdate) -> None: ...

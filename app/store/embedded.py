@@ -310,6 +310,9 @@ class EmbeddedStore:
         st = self._state.get(project)
         return st.log_end if st else 0
 
+    def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
+        return {p for p, (position, _, _) in heads.items() if self.log_end(p) == position}
+
     def lag_seconds(self, project: str) -> float:
         with self._lock:
             st = self._state.get(project)

@@ -188,6 +188,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 
+# KEYS: log stream, state hash. ARGV: the id of the entry the engine is at ('' at position 0),
+# its served position ('' unchecked). 1 when the log ends at that entry (or is empty at 0) and
+# the state is served at that position: a read would return nothing and raise nothing.
+_QUIET = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if (last and last[1] or '') ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '' and (redis.call('HGET', KEYS[2], 'applied') or '0') ~= ARGV[2] then
+  return 0
+end
+return 1
+"""
+
 # KEYS: the engines' heartbeats (holder -> Redis time in ms). ARGV: this holder, the time in ms
 # after which a silent engine counts as gone. Returns the engines alive.
 _ALIVE = """
@@ -269,6 +281,7 @@ class RedisStore:
         self._acquire = self.r.register_script(_ACQUIRE)
         self._release = self.r.register_script(_RELEASE)
         self._alive = self.r.register_script(_ALIVE)
+        self._quiet = self.r.register_script(_QUIET)
 
     def _k(self, project: str, what: str) -> str:
         return f"{{{self.prefix}:p:{project}}}:{what}"
@@ -528,6 +541,20 @@ class RedisStore:
     def log_end(self, project: str) -> int:
         v = self.r.get(self._k(project, "seq"))
         return int(v) if v else 0
+
+    def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
+        if not heads:
+            return set()
+        pipe = self.r.pipeline(transaction=False)  # (on a cluster: one round trip per node)
+        for project, (position, token, served) in heads.items():
+            at = f"{position}-{token}" if position else ""  # (entry ids: position-token)
+            keys = [self._k(project, "log"), self._k(project, "state")]
+            args = [at, "" if served is None else served]
+            if self.cluster:  # (redis-py's cluster pipelines refuse EVALSHA)
+                pipe.execute_command("EVAL", _QUIET, 2, *keys, *args)
+            else:
+                self._quiet(keys=keys, args=args, client=pipe)
+        return {p for p, quiet in zip(heads, pipe.execute(), strict=True) if quiet}
 
     def lag_seconds(self, project: str) -> float:
         keys = [self._k(project, what) for what in ("log", "state", "seq")]

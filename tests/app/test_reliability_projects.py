@@ -15,7 +15,7 @@ from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB, rebuild_store
-from app.store.base import ProjectRecord, Store
+from app.store.base import LogEntry, ProjectRecord, Store
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from core.nominal import NominalConfig
@@ -232,16 +232,22 @@ def test_the_engine_survives_a_failed_idle_wait(store: Store) -> None:
 
 def test_the_engine_reads_the_project_records_only_when_they_change(store: Store) -> None:
     """Each step asks for the catalogue's token; the records themselves (a read that grows
-    with the number of projects) only after a project was created or deleted."""
+    with the number of projects) only after a project was created or deleted. And a quiet
+    project's log is not read: one call for all projects tells which have new entries."""
     cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
-    reads = []
-    real = store.list_projects
+    reads, log_reads = [], []
+    real, real_log = store.list_projects, store.read_log
 
     def list_projects() -> list[ProjectRecord]:
         reads.append(1)
         return real()
 
+    def read_log(project: str, *args: Any) -> list[LogEntry]:
+        log_reads.append(project)
+        return real_log(project, *args)
+
     store.list_projects = list_projects  # type: ignore[method-assign]
+    store.read_log = read_log  # type: ignore[method-assign]
     labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
     loop = EngineLoop(store, refine_passes=0)
     store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
@@ -249,6 +255,7 @@ def test_the_engine_reads_the_project_records_only_when_they_change(store: Store
     for _ in range(5):
         loop.step()
     assert len(reads) == 1 and store.applied_position("p") == 1
+    assert log_reads == ["p"]  # its entry; then nothing to read, known without reading
     store.create_project(ProjectRecord("q", ("a", "b"), cfg, 1.0))
     store.append("q", "labels", labels)
     loop.step()

@@ -46,6 +46,23 @@ def test_projects_create_read_list_delete(store: Store) -> None:
     assert [r.name for r in store.list_projects()] == ["q"]
 
 
+def test_quiet_logs_are_those_ending_at_the_entry_the_engine_is_at(store: Store) -> None:
+    store.create_project(project("p"))
+    store.create_project(project("q"))
+    assert store.quiet_logs({}) == set()
+    assert store.quiet_logs({"p": (0, None, None), "q": (0, None, None)}) == {"p", "q"}
+    store.append("p", "labels", b"{}")
+    store.append("p", "labels", b"{}")
+    first, last = store.read_log("p", 0, 10)
+    heads = {"p": (2, last.token, None), "q": (0, None, None)}
+    assert store.quiet_logs(heads) == {"p", "q"}
+    assert store.quiet_logs({"p": (1, first.token, None)}) == set()  # entries to read
+    assert store.quiet_logs({"p": (0, None, None)}) == set()
+    if isinstance(store, RedisStore):  # the checks of its anchored read_log
+        assert store.quiet_logs({"p": (2, last.token ^ 4, None)}) == set()  # another entry 2
+        assert store.quiet_logs({"p": (2, last.token, 2)}) == set()  # state not served at 2
+
+
 def test_the_catalogue_token_changes_with_the_projects_and_only_with_them(store: Store) -> None:
     seen = [store.catalogue_token()]
     store.create_project(project("p"))

@@ -1,0 +1,73 @@
+"""What an engine step costs when most projects are quiet: ``python -m bench.idle_projects``.
+
+A deployment holds many projects and most of them get no labels at a given moment, yet every
+step of the engine looks at each. On the Redis store, each project has one entry applied;
+then steps with nothing new are timed. ``lean`` is the engine as it runs: the project records
+read again only when the catalogue's token changed, and one round trip telling which logs
+have new entries. The peer, in the same run, is what the engine did before: every record and
+one log read per project at every step. The ratio is peer over lean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import orjson
+
+from app.engine.loop import EngineLoop
+from app.store.base import ProjectRecord
+from app.store.redis_store import RedisStore
+from core.nominal import NominalConfig
+
+ENTRY = orjson.dumps({"items": ["i0", "i1"], "workers": ["w0", "w1"], "labels": [0, 1],
+                      "weights": None})  # fmt: skip
+
+
+def step_ms(store: RedisStore, steps: int, lean: bool) -> float:
+    """Median ms of ``steps`` engine steps over the store's (quiet) projects."""
+    if not lean:  # every record, every log read, at every step
+        store.catalogue_token = lambda: None  # type: ignore[method-assign]
+        store.quiet_logs = lambda heads: set()  # type: ignore[method-assign]
+    loop = EngineLoop(store, refine_passes=0)
+    loop.step()  # each project's entry applied
+    took = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loop.step()
+        took.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(took)
+
+
+def measure(projects: int, steps: int, url: str) -> tuple[float, float]:
+    """(lean, peer) median step ms with ``projects`` quiet projects."""
+    prefix = f"bench-idle-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(url, prefix)
+    config = NominalConfig(3).to_dict()
+    try:
+        for k in range(projects):
+            store.create_project(ProjectRecord(f"p{k}", ("a", "b", "c"), config, 1.0))
+            store.append(f"p{k}", "labels", ENTRY)
+        return step_ms(store, steps, True), step_ms(RedisStore(url, prefix), steps, False)
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.idle_projects", description=__doc__)
+    parser.add_argument("--projects", default="1000,10000", help="project counts, one run each")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    args = parser.parse_args(argv)
+    print("engine step with quiet projects (one entry each), Redis store, median ms")
+    print(f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10}")
+    for n in (int(x) for x in args.projects.split(",")):
+        lean, peer = measure(n, args.steps, args.redis_url)
+        print(f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""bench.idle_projects: a short run prints one row per project count, both ways timed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import idle_projects
+
+
+def test_the_command_prints_a_row_per_project_count(capsys: pytest.CaptureFixture[str]) -> None:
+    idle_projects.main(["--projects", "3,30", "--steps", "2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["3", "30"]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
