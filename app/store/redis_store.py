@@ -188,17 +188,24 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 
-# KEYS: log stream, state hash. ARGV: the id of the entry the engine is at ('' at position 0),
-# its served position ('' unchecked). 1 when the log ends at that entry (or is empty at 0) and
-# the state is served at that position: a read would return nothing and raise nothing.
+# KEYS: (log stream, state hash) per project. ARGV: per project, the id of the entry the engine
+# is at ('' at position 0) and its served position ('' unchecked). Per project 1 when the log
+# ends at that entry (or is empty at 0) and the state is served at that position: a read
+# would return nothing and raise nothing.
 _QUIET = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
-if (last and last[1] or '') ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' and (redis.call('HGET', KEYS[2], 'applied') or '0') ~= ARGV[2] then
-  return 0
+local out = {}
+for i = 1, #KEYS, 2 do
+  local last = redis.call('XREVRANGE', KEYS[i], '+', '-', 'COUNT', 1)[1]
+  local quiet = (last and last[1] or '') == ARGV[i]
+  if quiet and ARGV[i + 1] ~= '' then
+    quiet = (redis.call('HGET', KEYS[i + 1], 'applied') or '0') == ARGV[i + 1]
+  end
+  out[#out + 1] = quiet and 1 or 0
 end
-return 1
+return out
 """
+QUIET_BATCH = 1000
+"""Projects checked by one call of the script (it blocks Redis for a few ms at most)."""
 
 # KEYS: the engines' heartbeats (holder -> Redis time in ms). ARGV: this holder, the time in ms
 # after which a silent engine counts as gone. Returns the engines alive.
@@ -543,18 +550,22 @@ class RedisStore:
         return int(v) if v else 0
 
     def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
-        if not heads:
-            return set()
-        pipe = self.r.pipeline(transaction=False)  # (on a cluster: one round trip per node)
+        names = list(heads)
+        keys, args = [], []
         for project, (position, token, served) in heads.items():
-            at = f"{position}-{token}" if position else ""  # (entry ids: position-token)
-            keys = [self._k(project, "log"), self._k(project, "state")]
-            args = [at, "" if served is None else served]
-            if self.cluster:  # (redis-py's cluster pipelines refuse EVALSHA)
-                pipe.execute_command("EVAL", _QUIET, 2, *keys, *args)
-            else:
-                self._quiet(keys=keys, args=args, client=pipe)
-        return {p for p, quiet in zip(heads, pipe.execute(), strict=True) if quiet}
+            keys += [self._k(project, "log"), self._k(project, "state")]
+            args += [f"{position}-{token}" if position else "", "" if served is None else served]
+        pipe = self.r.pipeline(transaction=False)  # one round trip (on a cluster, per node)
+        if self.cluster:  # a script's keys share a slot: one call a project (EVAL: redis-py's
+            for n in range(len(names)):  # cluster pipelines refuse EVALSHA)
+                pipe.execute_command("EVAL", _QUIET, 2, *keys[2 * n : 2 * n + 2],
+                                     *args[2 * n : 2 * n + 2])  # fmt: skip
+        else:
+            for lo in range(0, 2 * len(names), 2 * QUIET_BATCH):
+                hi = lo + 2 * QUIET_BATCH
+                self._quiet(keys=keys[lo:hi], args=args[lo:hi], client=pipe)
+        found = [q for call in pipe.execute() for q in call] if names else []
+        return {p for p, quiet in zip(names, found, strict=True) if quiet}
 
     def lag_seconds(self, project: str) -> float:
         keys = [self._k(project, what) for what in ("log", "state", "seq")]

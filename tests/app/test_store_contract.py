@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from app.store import redis_store
 from app.store.base import (
     EngineBehindError,
     KeyRecord,
@@ -46,7 +47,9 @@ def test_projects_create_read_list_delete(store: Store) -> None:
     assert [r.name for r in store.list_projects()] == ["q"]
 
 
-def test_quiet_logs_are_those_ending_at_the_entry_the_engine_is_at(store: Store) -> None:
+def test_quiet_logs_are_those_ending_at_the_entry_the_engine_is_at(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store.create_project(project("p"))
     store.create_project(project("q"))
     assert store.quiet_logs({}) == set()
@@ -61,6 +64,8 @@ def test_quiet_logs_are_those_ending_at_the_entry_the_engine_is_at(store: Store)
     if isinstance(store, RedisStore):  # the checks of its anchored read_log
         assert store.quiet_logs({"p": (2, last.token ^ 4, None)}) == set()  # another entry 2
         assert store.quiet_logs({"p": (2, last.token, 2)}) == set()  # state not served at 2
+        monkeypatch.setattr(redis_store, "QUIET_BATCH", 1)  # a script call per project
+        assert store.quiet_logs({**heads, "r": (0, None, None)}) == {"p", "q", "r"}
 
 
 def test_the_catalogue_token_changes_with_the_projects_and_only_with_them(store: Store) -> None:
