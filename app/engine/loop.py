@@ -50,6 +50,10 @@ from app.store.base import LeaseLostError, LogRewoundError, ProjectRecord, Store
 log = logging.getLogger("crowdtally.engine")
 
 RETRY_S, RETRY_MAX_S = 1.0, 60.0  # a failed project is tried again after this (doubling)
+SWEEPS_AT_ONCE = 1
+"""Idle sweeps (refinement, dyadic passes: log entries) waiting to be applied, over all the
+projects of an engine: with many projects gone quiet at once, their sweeps come one after
+another instead of all in the same steps, ahead of new labels."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class EngineLoop:
         self._last_label: dict[str, float] = {}
         self._refine_due: dict[str, bool] = {}
         self._sweep_pending: dict[str, bool] = {}
+        self._sweeping: set[str] = set()
         self.failed: dict[str, Failure] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -329,6 +334,7 @@ class EngineLoop:
         error = f"{type(exc).__name__}: {exc}"[:500]
         self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
         self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
+        self._sweeping.discard(name)
         self._catch_up.pop(name, None)
         give_back_freed_memory()
         self.store.set_project_failed(name, error)
@@ -352,6 +358,7 @@ class EngineLoop:
             held.pop(name, None)
         self._anchor.pop(name, None)
         self._served.pop(name, None)
+        self._sweeping.discard(name)
         self.failed.pop(name, None)
         if self.snapshotter is not None:
             if forget_sql:
@@ -408,6 +415,8 @@ class EngineLoop:
             force_snapshot |= entry.kind == "snapshot"
             if entry.kind == "dyadic":
                 self._sweep_pending[name] = False
+            if entry.kind in ("refine", "dyadic"):
+                self._sweeping.discard(name)
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
@@ -438,15 +447,18 @@ class EngineLoop:
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
         """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic
-        pass while its labels have had fewer passes than configured (one entry at a time)."""
-        if self.refine_passes <= 0:
+        pass while its labels have had fewer passes than configured (one entry at a time;
+        ``SWEEPS_AT_ONCE`` over all the projects)."""
+        if self.refine_passes <= 0 or len(self._sweeping) >= SWEEPS_AT_ONCE:
             return
         if self._refine_due.get(name):
             self._refine_due[name] = False
             self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
+            self._sweeping.add(name)
         elif not self._sweep_pending.get(name) and eng.wants_dyadic_sweep():
             self._sweep_pending[name] = True
             self.store.append(name, "dyadic", b"{}")
+            self._sweeping.add(name)
 
     def sweeps_pending(self) -> bool:
         """Idle sweeps still to come (what ``run_until_idle`` waits for)."""

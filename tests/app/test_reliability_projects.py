@@ -263,3 +263,25 @@ def test_the_engine_reads_the_project_records_only_when_they_change(store: Store
     store.delete_project("p")
     loop.step()
     assert len(reads) == 3 and sorted(loop.engines) == ["q"]
+
+
+def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: Store) -> None:
+    """Idle sweeps are log entries; queued for every quiet project at once, new labels would
+    wait behind all of them. At most one waits at a time, and every project gets its own."""
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
+    names = [f"p{n}" for n in range(4)]
+    loop = EngineLoop(store, refine_passes=1, refine_idle_s=0.0)
+    for name in names:
+        store.create_project(ProjectRecord(name, ("a", "b"), cfg, 1.0))
+        store.append(name, "labels", labels)
+
+    def sweeps() -> int:
+        return sum(e.kind != "labels" for n in names for e in store.read_log(n, 0, 100))
+
+    loop.step()  # the labels applied
+    for k in range(len(names)):
+        loop.step()
+        assert sweeps() == k + 1  # one more each step: the last one applied, then a new one
+    loop.run_until_idle()
+    assert all(e.kind == "refine" for n in names for e in store.read_log(n, 1, 100)[:1])
