@@ -203,14 +203,11 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
         row.exactly_once = total == phase.acknowledged
         r1 = meter.read()
         cpu1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
-        per_label = 1e6 / max(total, 1)
-        row.api_us = (cpu1["api"] - cpu0["api"]) * per_label
-        row.engine_us = sum(cpu1[n] - cpu0[n] for n in pids if n != "api") * per_label
-        row.redis_us = (r1[2] - r0[2]) * per_label
-        row.redis_ops, row.redis_bytes = (
-            (r1[0] - r0[0]) / max(total, 1),
-            (r1[1] - r0[1]) / max(total, 1),
-        )
+        row.api_us = 1e6 * per_label(cpu1["api"] - cpu0["api"], total)
+        row.engine_us = 1e6 * per_label(sum(cpu1[n] - cpu0[n] for n in pids if n != "api"), total)
+        row.redis_us = 1e6 * per_label(r1[2] - r0[2], total)
+        row.redis_ops = per_label(r1[0] - r0[0], total)
+        row.redis_bytes = per_label(r1[1] - r0[1], total)
         fresh, hot = Phase(args.rate), Phase(0)
         stop_at = time.perf_counter() + args.seconds
         probed = names[1:] if args.hot else names[:1]  # with a hot project: the others
@@ -229,6 +226,12 @@ async def run_one(layout: str, engines: int, args: argparse.Namespace, folder: P
             row.hot_p99_ms = pct(hot.fresh_ms, 99)
         procs.check_alive()
     return row
+
+
+def per_label(amount: float, labels: int) -> float:
+    """``amount`` per label applied; NaN when none was (a rate too low for any block to be
+    posted during the phase), rather than a figure divided by nothing."""
+    return amount / labels if labels else float("nan")
 
 
 def shares(n: int, hot: float) -> list[float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scale import parse_args, run_one, shares
+from bench.scale import parse_args, per_label, run_one, shares
 
 
 @pytest.mark.slow
@@ -29,3 +29,8 @@ def test_shares_give_the_hot_project_its_part_and_the_rest_evenly() -> None:
     assert shares(4, 0.0) == [0.25] * 4
     hot = shares(5, 0.6)
     assert hot[0] == 0.6 and math.isclose(sum(hot), 1.0) and len(set(hot[1:])) == 1
+
+
+def test_per_label_figures_are_nan_when_no_label_was_applied() -> None:
+    assert per_label(3.0, 2) == 1.5
+    assert math.isnan(per_label(3.0, 0))
