@@ -261,9 +261,10 @@ class RedisStore:
         before it raises redis' TimeoutError (the API's 503); None or 0 waits forever.
         ``cluster``: ``url`` names one node of a Redis Cluster, or several separated by
         commas (the first one's credentials apply to all); the client starts from any that
-        answers, finds the others and follows the slots as they move. ``wait_replicas``: an append returns once that
-        many replicas of the project's primary have it (``WAIT``, up to ``wait_timeout_ms``;
-        fewer raise ``NotReplicatedError``, a 503: the block is in the log, to be re-posted)."""
+        answers, finds the others and follows the slots as they move. ``wait_replicas``: an
+        append returns once that many replicas of the project's primary have it (``WAIT``, up
+        to ``wait_timeout_ms``; fewer raise ``NotReplicatedError``, a 503: the block is in the
+        log, to be re-posted)."""
         wait = timeout_s or None
         first, *more = [u.strip() for u in url.split(",") if u.strip()] or [url]
         if more and not cluster:
