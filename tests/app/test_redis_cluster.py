@@ -5,7 +5,6 @@ mid-stream, its replica taking over."""
 from __future__ import annotations
 
 import csv
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from app.store.archive import SnapshotDB
 from app.store.base import LogRewoundError
 from app.store.redis_store import NotReplicatedError, RedisStore
 from app.store.sql import sql_engine, upgrade
+from app.testing import free_port
 from bench.datasets import DEFAULT_ROOT
 from bench.local_cluster import LocalCluster
 from tests.app.conftest import ADMIN, REDIS_URL, cluster_url, service_settings
@@ -205,9 +205,7 @@ def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_ov
 
 
 def test_redis_url_may_list_several_cluster_nodes_and_any_live_one_will_do() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # nothing listens there
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     store = RedisStore(f"{dead},{cluster_url()}", f"nodes-{uuid.uuid4().hex[:8]}", cluster=True)
     try:
         store.create_project(RECORD)

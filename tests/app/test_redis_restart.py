@@ -10,7 +10,6 @@ second before the crash are never lost.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import orjson
 
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
+from app.testing import free_port
 from core.nominal import NominalConfig
 from tests.app.conftest import ADMIN
 from tests.app.test_processes import CLI, wait_healthy
@@ -41,9 +41,7 @@ def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
 
 
 def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     proc = start_redis(port, tmp_path)
     try:
         store = RedisStore(f"redis://127.0.0.1:{port}/0")
@@ -77,14 +75,10 @@ def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> N
 
 
 def test_an_api_and_an_engine_started_before_their_redis_wait_for_it(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": f"redis://127.0.0.1:{port}/0",
            "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        api_port = int(s.getsockname()[1])
+    api_port = free_port()
     started = [
         subprocess.Popen([*CLI, *args], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
         for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
