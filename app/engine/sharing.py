@@ -81,7 +81,7 @@ class Rates:
 class Plan:
     take: list[str]
     """Free projects to ask for, in order, while the engine's load stays below ``target``
-    (``Plan.acquire``)."""
+    (``acquire``)."""
     give_up: str | None
     """A project to give up, or None."""
     load: dict[str, float]
