@@ -145,12 +145,7 @@ async def loader(port: int, project: str, key: str, bodies: list[bytes], rate_bl
     async def one(raw: bytes) -> None:
         conn = await pool.get()
         try:
-            try:
-                status, body = await conn.request(raw)
-            except (asyncio.IncompleteReadError, ConnectionError):  # closed while idle (the
-                conn.close()  # API's keep-alive timeout, 5 s): again on a new connection
-                conn = await Conn(port).open()
-                status, body = await conn.request(raw)
+            status, body = await conn.request_reopening(raw)  # the blocks carry ids
         finally:
             pool.put_nowait(conn)
         if status == 202:
@@ -179,10 +174,11 @@ async def loader(port: int, project: str, key: str, bodies: list[bytes], rate_bl
 async def prober(port: int, project: str, key: str, every_s: float, phase: Phase,
                  stop_at: float, tag: str) -> None:  # fmt: skip
     """One new item at a time: POST its label, then GET it every ms until served (each probe
-    on new connections: the API closes one left idle for 5 s, e.g. while refusing)."""
+    on new connections: the API closes one left idle for 5 s, e.g. while refusing; the GETs'
+    connection is opened once the POST is answered, which may take longer than that)."""
     k = 0
     while time.perf_counter() < stop_at:
-        get = await Conn(port).open()
+        get = Conn(port)
         try:
             started = time.perf_counter()
             item = f"probe-{tag}-{k}"
@@ -203,8 +199,9 @@ async def prober(port: int, project: str, key: str, every_s: float, phase: Phase
             else:
                 phase.probes_acked += 1
                 raw = build("GET", f"/v1/projects/{project}/items/{item}", key)
+                await get.open()
                 while True:
-                    status, _ = await get.request(raw)
+                    status, _ = await get.request_reopening(raw)
                     now = time.perf_counter()
                     if status == 200:
                         phase.fresh_ms.append(1e3 * (now - acked))

@@ -138,6 +138,17 @@ class Conn:
         body = await self.reader.readexactly(int(lower[at + 17 : end]))
         return status, body
 
+    async def request_reopening(self, raw: bytes) -> tuple[int, bytes]:
+        """``request``, sent once more on a new connection if the server had closed this one
+        (the API closes a connection left idle for 5 s: uvicorn's keep-alive timeout). Only
+        for requests that are safe to send twice (reads, label blocks with ids)."""
+        try:
+            return await self.request(raw)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.close()
+            await self.open()
+            return await self.request(raw)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()

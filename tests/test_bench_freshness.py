@@ -42,3 +42,34 @@ def test_load_on_new_items_gives_each_its_labels_and_no_known_item_any() -> None
     assert set(per_item.values()) == {5} and len(per_item) == 500
     assert not {"a", "b"} & set(per_item)
     assert len({r["id"] for r in rows}) == 2500
+
+
+def test_a_request_on_a_connection_the_server_closed_is_sent_again_on_a_new_one() -> None:
+    """The API closes a connection left idle for 5 s; the bench's clients send again on a
+    new one instead of failing the run (asyncio.IncompleteReadError)."""
+    import asyncio
+
+    from bench.service import Conn
+
+    async def scenario() -> tuple[tuple[int, bytes], int]:
+        connections = 0
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            await reader.readuntil(b"\r\n\r\n")
+            if connections > 1:  # the first one is closed under the request, as when idle
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            conn = await Conn(port).open()
+            answer = await conn.request_reopening(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            conn.close()
+        return answer, connections
+
+    answer, connections = asyncio.run(scenario())
+    assert answer == (200, b"ok") and connections == 2
