@@ -7,15 +7,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import orjson
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB, rebuild_store
-from app.store.base import LogEntry, ProjectRecord, Store
+from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from core.nominal import NominalConfig
@@ -230,39 +232,33 @@ def test_the_engine_survives_a_failed_idle_wait(store: Store) -> None:
         loop.stop()
 
 
-def test_the_engine_reads_the_project_records_only_when_they_change(store: Store) -> None:
+def test_the_engine_reads_the_project_records_only_when_they_change(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each step asks for the catalogue's token; the records themselves (a read that grows
     with the number of projects) only after a project was created or deleted. And a quiet
     project's log is not read: one call for all projects tells which have new entries."""
     cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
-    reads, log_reads = [], []
-    real, real_log = store.list_projects, store.read_log
-
-    def list_projects() -> list[ProjectRecord]:
-        reads.append(1)
-        return real()
-
-    def read_log(project: str, *args: Any) -> list[LogEntry]:
-        log_reads.append(project)
-        return real_log(project, *args)
-
-    store.list_projects = list_projects  # type: ignore[method-assign]
-    store.read_log = read_log  # type: ignore[method-assign]
+    reads = mock.Mock(wraps=store.list_projects)
+    log_reads = mock.Mock(wraps=store.read_log)
+    monkeypatch.setattr(store, "list_projects", reads)
+    monkeypatch.setattr(store, "read_log", log_reads)
     labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
     loop = EngineLoop(store, refine_passes=0)
     store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
     store.append("p", "labels", labels)
     for _ in range(5):
         loop.step()
-    assert len(reads) == 1 and store.applied_position("p") == 1
-    assert log_reads == ["p"]  # its entry; then nothing to read, known without reading
+    assert reads.call_count == 1 and store.applied_position("p") == 1
+    # its entry; then nothing to read, known without reading
+    assert [c.args[0] for c in log_reads.call_args_list] == ["p"]
     store.create_project(ProjectRecord("q", ("a", "b"), cfg, 1.0))
     store.append("q", "labels", labels)
     loop.step()
-    assert len(reads) == 2 and store.applied_position("q") == 1
+    assert reads.call_count == 2 and store.applied_position("q") == 1
     store.delete_project("p")
     loop.step()
-    assert len(reads) == 3 and sorted(loop.engines) == ["q"]
+    assert reads.call_count == 3 and sorted(loop.engines) == ["q"]
 
 
 def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: Store) -> None:
