@@ -55,6 +55,9 @@ SWEEPS_AT_ONCE = 1
 """Idle sweeps (refinement, dyadic passes: log entries) waiting to be applied, over all the
 projects of an engine: with many projects gone quiet at once, their sweeps come one after
 another instead of all in the same steps, ahead of new labels."""
+QUIET_RECHECK_S = 5.0
+"""Every project's log is looked at again after this long, moved or not (``_quiet_logs``):
+the bound on how late an append whose record in the moves was lost is seen."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ class EngineLoop:
         self._projects: dict[str, ProjectRecord] = {}
         self._catalogue_token: str | None = None
         self._quiet: set[str] = set()
+        # (project -> the heads it was found quiet at; the moves' cursor; the next full look)
+        self._known_quiet: dict[str, tuple[int, int | None, int | None]] = {}
+        self._moves_cursor: str | None = None
+        self._recheck_at = 0.0
 
     def _catalogue(self) -> Mapping[str, ProjectRecord]:
         """Every project's record, read again only when a project was created or deleted
@@ -160,7 +167,27 @@ class EngineLoop:
         if token is None or token != self._catalogue_token:  # seen at the next step)
             self._projects = {r.name: r for r in self.store.list_projects()}
             self._catalogue_token = token
+            self._recheck_at = 0.0  # (a restored store: every log looked at)
         return self._projects
+
+    def _quiet_logs(self, heads: dict[str, tuple[int, int | None, int | None]]) -> set[str]:
+        """The projects of ``heads`` whose log has nothing new (``Store.quiet_logs``). The
+        store is asked about those that moved since the last step (``Store.moved_since``,
+        read first: an append after it is among the next step's moves) or whose heads
+        changed here; one found quiet, with the same heads and not moved since, still is.
+        Every project is asked when the store cannot tell what moved, and every
+        QUIET_RECHECK_S."""
+        self._moves_cursor, moved = self.store.moved_since(self._moves_cursor)
+        now = time.monotonic()
+        ask = heads
+        if moved is None or now >= self._recheck_at:
+            self._recheck_at = now + QUIET_RECHECK_S
+        else:
+            known = self._known_quiet
+            ask = {n: h for n, h in heads.items() if n in moved or known.get(n) != h}
+        quiet = self.store.quiet_logs(ask) | {n for n in heads if n not in ask}
+        self._known_quiet = {n: heads[n] for n in quiet}
+        return quiet
 
     # ------------------------------------------------------------------ one step
     def step(self) -> int:
@@ -179,7 +206,7 @@ class EngineLoop:
         if self.pool is not None:
             projects = self._claim(projects, self.pool)
             projects = {n: r for n, r in projects.items() if n not in self._lapsed}
-        self._quiet = self.store.quiet_logs({  # one round trip instead of one per project
+        self._quiet = self._quiet_logs({  # one round trip instead of one per project
             n: (eng.position, self._anchor.get(n), self._served.get(n))
             for n in projects
             if (eng := self.engines.get(n)) and (n in self._anchor or not eng.position)

@@ -247,6 +247,14 @@ class Store(Protocol):
         trip."""
         ...
 
+    def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
+        """The projects whose log took an entry after ``cursor`` (what the previous call
+        returned; None: from now on), and the cursor for the next call. None instead of the
+        set when the store cannot tell (the first call; a store that keeps no record of
+        appends; a record that may have lost some): then any project may have moved. In one
+        round trip."""
+        ...
+
     # served state
     def write_state(self, project: str, update: StateUpdate) -> None: ...
     def applied_position(self, project: str) -> int: ...

@@ -313,6 +313,9 @@ class EmbeddedStore:
     def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
         return {p for p, (position, _, _) in heads.items() if self.log_end(p) == position}
 
+    def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
+        return None, None  # no record of appends: quiet_logs is a look at memory here
+
     def lag_seconds(self, project: str) -> float:
         with self._lock:
             st = self._state.get(project)

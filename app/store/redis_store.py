@@ -4,7 +4,8 @@ Keys of one project share the hash tag ``{prefix:p:name}`` so multi-key scripts 
 transactions stay in one Redis Cluster slot. Project names are checked by the API
 (``[A-Za-z0-9_.-]``); item and worker ids are only ever hash fields, never key names.
 ``{prefix}:wake`` holds at most one token, pushed after every append: the idle engine blocks
-on it (``wait_for_append``).
+on it (``wait_for_append``). ``{prefix}:moves`` is a stream of the projects appended to (the
+last minute of it): an engine asks only those whether their log has news (``moved_since``).
 """
 
 from __future__ import annotations
@@ -207,6 +208,19 @@ return out
 QUIET_BATCH = 1000
 """Projects checked by one call of the script (it blocks Redis for a few ms at most)."""
 
+MOVES_KEPT_MS = 60_000
+"""How long the moves stream keeps an append's record (trimmed by Redis' clock)."""
+MOVES_READ = 10_000
+"""Records read by one ``moved_since`` (more wait for the next call)."""
+
+# KEYS: the moves stream. ARGV: the project, MOVES_KEPT_MS. Records the append, and trims the
+# records older than MOVES_KEPT_MS by Redis' own clock (whole nodes only: '~').
+_MOVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('XADD', KEYS[1], 'MINID', '~', tostring(now - tonumber(ARGV[2])), '*', 'p', ARGV[1])
+"""
+
 # KEYS: the engines' heartbeats (holder -> Redis time in ms). ARGV: this holder, the time in ms
 # after which a silent engine counts as gone. Returns the engines alive.
 _ALIVE = """
@@ -301,6 +315,10 @@ class RedisStore:
     @property
     def _wake_key(self) -> str:
         return f"{self.prefix}:wake"
+
+    @property
+    def _moves_key(self) -> str:
+        return f"{self.prefix}:moves"
 
     @property
     def _failed_key(self) -> str:
@@ -411,7 +429,7 @@ class RedisStore:
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
         keys = [self._k(project, what) for what in ("ids", "log", "seq", "state")]
-        position, accepted = self._append_and_wake(keys, args)
+        position, accepted = self._append_and_wake(project, keys, args)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
         n = len(ids) if ids is not None else 0
@@ -421,22 +439,27 @@ class RedisStore:
             n - int(accepted) if ids is not None else 0,
         )
 
-    def _append_and_wake(self, keys: list[str], args: list[Any]) -> Any:
-        """The append script, then a token on the engines' wake list (kept to one: a waiting
-        engine wakes at once, a busy one finds it at its next idle wait), in one round trip.
-        EVALSHA rather than the script object: in a pipeline that one asks SCRIPT EXISTS
-        first, a second round trip per append."""
+    def _append_and_wake(self, project: str, keys: list[str], args: list[Any]) -> Any:
+        """The append script, then the project's record in the moves stream and a token on
+        the engines' wake list (kept to one: a waiting engine wakes at once, a busy one finds
+        it at its next idle wait), in one round trip. EVALSHA rather than the script object:
+        in a pipeline that one asks SCRIPT EXISTS first, a second round trip per append. On a
+        cluster, the record and the token follow the append's answer: they live on other
+        nodes, and a pipeline keeps the order of its commands on each node only."""
 
         def run() -> Any:
             if self.wait_replicas:
-                return self._append_replicated(keys, args)
+                return self._append_replicated(project, keys, args)
             pipe = self.r.pipeline(transaction=False)
             # (execute_command: redis-py's cluster pipeline refuses its evalsha method, yet
             # routes the command itself by the keys' slot)
             pipe.execute_command("EVALSHA", self._append.sha, len(keys), *keys, *args)
-            pipe.lpush(self._wake_key, b"1")
-            pipe.ltrim(self._wake_key, 0, 0)
-            return pipe.execute()[0]
+            if not self.cluster:
+                self._moved(pipe, project)
+            answer = pipe.execute()[0]
+            if self.cluster:
+                self._moved(self.r.pipeline(transaction=False), project).execute()
+            return answer
 
         try:
             return run()
@@ -444,7 +467,16 @@ class RedisStore:
             self.r.script_load(_APPEND)
             return run()
 
-    def _append_replicated(self, keys: list[str], args: list[Any]) -> Any:
+    def _moved(self, pipe: Any, project: str) -> Any:
+        """Queue on ``pipe``: the project's record in the moves stream (EVAL: a script cache
+        lost with a restart would fail EVALSHA after the append went through), then the
+        engines' wake token."""
+        pipe.execute_command("EVAL", _MOVE, 1, self._moves_key, project, MOVES_KEPT_MS)
+        pipe.lpush(self._wake_key, b"1")
+        pipe.ltrim(self._wake_key, 0, 0)
+        return pipe
+
+    def _append_replicated(self, project: str, keys: list[str], args: list[Any]) -> Any:
         """The append script, then ``WAIT`` on the same connection (it counts the replicas
         that have this connection's writes): on a cluster, the connection to the primary
         that holds the project's slot."""
@@ -472,10 +504,7 @@ class RedisStore:
                 raise
             self.recover()  # the slot moved (a failover): the next try asks the new primary
             raise redis.exceptions.ConnectionError(f"the project's primary moved ({exc})") from exc
-        wake = self.r.pipeline(transaction=False)
-        wake.lpush(self._wake_key, b"1")
-        wake.ltrim(self._wake_key, 0, 0)
-        wake.execute()
+        self._moved(self.r.pipeline(transaction=False), project).execute()
         if int(replicas) < self.wait_replicas:
             raise NotReplicatedError(
                 f"{int(replicas)} of {self.wait_replicas} replicas acknowledged the block "
@@ -523,6 +552,7 @@ class RedisStore:
         if end:  # served once the engine's state reaches the end (see ``restoring``)
             pipe.set(self._k(project, "restoring"), end)
         pipe.execute()
+        self._moved(self.r.pipeline(transaction=False), project).execute()
 
     def log_start(self, project: str) -> int:
         pipe = self.r.pipeline(transaction=True)
@@ -567,6 +597,28 @@ class RedisStore:
                 self._quiet(keys=keys[lo:hi], args=args[lo:hi], client=pipe)
         found = [q for call in pipe.execute() for q in call] if names else []
         return {p for p, quiet in zip(names, found, strict=True) if quiet}
+
+    def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
+        # The cursor is the id of the last record read ("0-0": none was kept, so whether
+        # records came and went since cannot be told). Records older than MOVES_KEPT_MS
+        # before the newest may be trimmed: a cursor older than half that may have missed
+        # some (an engine that did not look for 30 s looks at everything).
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xrevrange(self._moves_key, count=1)
+        if cursor is not None:
+            pipe.xrange(self._moves_key, min=f"({cursor}", count=MOVES_READ)
+        newest, *read = pipe.execute()
+        last = _stream_id(newest[0][0]) if newest else (0, 0)
+        if cursor is None:
+            return _id_text(last), None
+        since = _stream_id(cursor)
+        if not newest:  # nothing kept: none appended yet, or a Redis that lost the stream
+            return "0-0", (set() if since == (0, 0) else None)
+        if last < since or last[0] - since[0] > MOVES_KEPT_MS // 2:
+            return _id_text(last), None
+        records = read[0]
+        moved = {fields[b"p"].decode() for _, fields in records}
+        return (records[-1][0].decode() if records else cursor), moved
 
     def lag_seconds(self, project: str) -> float:
         keys = [self._k(project, what) for what in ("log", "state", "seq")]
@@ -799,3 +851,13 @@ class RedisStore:
         for pattern in (f"{self.prefix}:*", f"{{{self.prefix}:*"):
             for key in self.r.scan_iter(match=pattern, count=1000):
                 self.r.delete(key)
+
+
+def _stream_id(raw: bytes | str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq") as a pair that orders as Redis orders ids."""
+    ms, _, seq = (raw.decode() if isinstance(raw, bytes) else raw).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _id_text(sid: tuple[int, int]) -> str:
+    return f"{sid[0]}-{sid[1]}"

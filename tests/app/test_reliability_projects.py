@@ -261,6 +261,42 @@ def test_the_engine_reads_the_project_records_only_when_they_change(
     assert reads.call_count == 3 and sorted(loop.engines) == ["q"]
 
 
+@pytest.mark.parametrize("store", ["redis"], indirect=True)
+def test_the_engine_asks_only_about_the_logs_that_moved(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quiet project's log is looked at again when its project moved (an append since the
+    last step); every QUIET_RECHECK_S, all are, so an append whose move was lost is seen."""
+    assert isinstance(store, RedisStore)
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
+    names = ["p", "q", "r"]
+    for name in names:
+        store.create_project(ProjectRecord(name, ("a", "b"), cfg, 1.0))
+        store.append(name, "labels", labels)
+    loop = EngineLoop(store, refine_passes=0)
+    asked = mock.Mock(wraps=store.quiet_logs)
+    monkeypatch.setattr(store, "quiet_logs", asked)
+
+    def step_asking() -> list[str]:
+        asked.reset_mock()
+        loop.step()
+        return sorted(asked.call_args.args[0])
+
+    loop.step()  # every entry applied
+    loop.step()  # every project found quiet
+    assert step_asking() == []
+    store.append("q", "labels", labels)
+    assert step_asking() == ["q"] and store.applied_position("q") == 2
+    assert step_asking() == ["q"]  # its heads moved with its new entry: found quiet again
+    assert step_asking() == []
+    monkeypatch.setattr(store, "_moved", lambda pipe, project: pipe)  # an append's move lost
+    store.append("r", "labels", labels)
+    assert step_asking() == [] and store.applied_position("r") == 1  # not seen yet
+    monkeypatch.setattr(loop, "_recheck_at", 0.0)  # QUIET_RECHECK_S later
+    assert step_asking() == names and store.applied_position("r") == 2
+
+
 def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: Store) -> None:
     """Idle sweeps are log entries; queued for every quiet project at once, new labels would
     wait behind all of them. At most one waits at a time, and every project gets its own."""

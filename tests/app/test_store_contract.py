@@ -86,6 +86,32 @@ def test_the_catalogue_token_changes_with_the_projects_and_only_with_them(store:
     assert None not in seen[1:] and len(set(seen)) == len(seen), seen
 
 
+def test_moved_since_names_the_projects_appended_to_since_the_cursor(store: Store) -> None:
+    store.create_project(project("p"))
+    store.create_project(project("q"))
+    cursor, moved = store.moved_since(None)
+    assert moved is None  # a first look: anything may have moved
+    if not isinstance(store, RedisStore):
+        assert store.moved_since(cursor) == (None, None)  # no record kept: always unknown
+        return
+    assert store.moved_since(cursor) == (cursor, set())  # nothing appended: none moved
+    store.append("p", "labels", b"{}")
+    cursor, moved = store.moved_since(cursor)
+    assert moved is None  # the stream's first records: those before them cannot be told
+    store.append("p", "labels", b"{}")
+    store.append("q", "labels", b"{}", ["x"])
+    store.append("p", "labels", b"{}")
+    cursor, moved = store.moved_since(cursor)
+    assert moved == {"p", "q"}
+    assert store.moved_since(cursor) == (cursor, set())
+    store.append("q", "labels", b"{}", ["x"])  # a duplicate still reads as a move (harmless)
+    assert store.moved_since(cursor)[1] == {"q"}
+    # a cursor older than half of what the stream keeps may have missed trimmed records
+    assert store.moved_since("1-0")[1] is None
+    store.r.delete(store._moves_key)  # a Redis that lost the stream
+    assert store.moved_since(cursor)[1] is None
+
+
 def test_keys_and_admin_key(store: Store) -> None:
     assert store.admin_key_hash() is None
     assert store.set_admin_key_hash("h-admin")
