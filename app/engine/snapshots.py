@@ -289,6 +289,10 @@ class Snapshotter:
             return entries
         return self.db.read_archive(project, after, limit)
 
+    def covers(self, eng: ProjectEngine) -> bool:
+        """A snapshot at the engine's position was taken (so none is due until it moves)."""
+        return self._last.get(eng.record.name, (0.0, 0, 0))[2] >= eng.position
+
     def maybe_snapshot(
         self, eng: ProjectEngine, force: bool = False, token: int | None = None
     ) -> Future[SnapshotInfo | None] | None:

@@ -297,6 +297,33 @@ def test_the_engine_asks_only_about_the_logs_that_moved(
     assert step_asking() == names and store.applied_position("r") == 2
 
 
+def test_a_quiet_project_with_nothing_left_to_do_is_not_stepped_until_it_moves(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its sweeps are done, a quiet project's step is skipped (visiting each of
+    thousands of quiet projects cost more than the rest of a step); new labels wake it."""
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
+    store.create_project(ProjectRecord("p", ("a", "b"), cfg, 1.0))
+    store.append("p", "labels", labels)
+    loop = EngineLoop(store, refine_passes=1, refine_idle_s=0.0)
+    stepped = mock.Mock(wraps=loop._step_project)
+    monkeypatch.setattr(loop, "_step_project", stepped)
+    loop.run_until_idle()  # the labels, their refinement sweep, the dyadic passes
+    kinds = [e.kind for e in store.read_log("p", 0, 100)]
+    assert kinds[:2] == ["labels", "refine"] and store.applied_position("p") == len(kinds)
+    loop.step()
+    stepped.reset_mock()
+    for _ in range(3):
+        loop.step()
+    assert stepped.call_count == 0  # dormant
+    store.append("p", "labels", labels)
+    loop.step()
+    assert stepped.call_count == 1 and store.applied_position("p") == len(kinds) + 1
+    loop.run_until_idle()  # and its sweeps come again
+    assert [e.kind for e in store.read_log("p", len(kinds) + 1, 100)][:1] == ["refine"]
+
+
 def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: Store) -> None:
     """Idle sweeps are log entries; queued for every quiet project at once, new labels would
     wait behind all of them. At most one waits at a time, and every project gets its own."""
