@@ -184,8 +184,9 @@ class EngineLoop:
         full = moved is None or now >= self._recheck_at
         if full:
             self._recheck_at, self._known_quiet = now + QUIET_RECHECK_S, {}
-        asleep = set() if moved is None or full else {
-            n for n in self._dormant if n not in moved and n in projects
+        changed = moved or set()
+        asleep = set() if full else {
+            n for n in self._dormant if n not in changed and n in projects
         }  # fmt: skip
         heads = {
             n: (eng.position, self._anchor.get(n), self._served.get(n))
@@ -195,7 +196,6 @@ class EngineLoop:
             and (n in self._anchor or not eng.position)
         }
         known = self._known_quiet
-        changed = set(moved or ())
         ask = (
             heads if full else {n: h for n, h in heads.items() if n in changed or known.get(n) != h}
         )
