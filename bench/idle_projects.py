@@ -5,7 +5,9 @@ step of the engine looks at each. On the Redis store, each project has one entry
 then steps with nothing new are timed. ``lean`` is the engine as it runs: the project records
 read again only when the catalogue's token changed, and one round trip telling which logs
 have new entries. The peer, in the same run, is what the engine did before: every record and
-one log read per project at every step. The ratio is peer over lean.
+one log read per project at every step. The ratio is peer over lean. Then the reads behind
+``/readyz`` and ``/metrics``: every project's progress in one ``Store.progress`` call, against
+five reads a project.
 """
 
 from __future__ import annotations
@@ -41,8 +43,25 @@ def step_ms(store: RedisStore, steps: int, lean: bool) -> float:
     return statistics.median(took)
 
 
-def measure(projects: int, steps: int, url: str) -> tuple[float, float]:
-    """(lean, peer) median step ms with ``projects`` quiet projects."""
+def reads_ms(store: RedisStore, names: list[str], steps: int, lean: bool) -> float:
+    """Median ms of reading every project's progress as /readyz and /metrics do: one
+    ``Store.progress`` call (lean), or five reads a project (the peer: as they did before)."""
+    took = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        if lean:
+            store.progress(names)
+        else:
+            for n in names:
+                store.log_end(n), store.applied_position(n), store.lag_seconds(n)
+                store.queue_size(n), store.get_params(n, [])
+        took.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(took)
+
+
+def measure(projects: int, steps: int, url: str) -> tuple[float, float, float, float]:
+    """(lean, peer) median step ms with ``projects`` quiet projects, then (lean, peer) median
+    ms of the reads of their progress."""
     prefix = f"bench-idle-{uuid.uuid4().hex[:8]}"
     store = RedisStore(url, prefix)
     config = NominalConfig(3).to_dict()
@@ -50,7 +69,13 @@ def measure(projects: int, steps: int, url: str) -> tuple[float, float]:
         for k in range(projects):
             store.create_project(ProjectRecord(f"p{k}", ("a", "b", "c"), config, 1.0))
             store.append(f"p{k}", "labels", ENTRY)
-        return step_ms(store, steps, True), step_ms(RedisStore(url, prefix), steps, False)
+        names = [f"p{k}" for k in range(projects)]
+        return (
+            step_ms(store, steps, True),
+            step_ms(RedisStore(url, prefix), steps, False),
+            reads_ms(store, names, steps, True),
+            reads_ms(store, names, min(steps, 3), False),
+        )
     finally:
         store.flush_prefix()
         store.close()
@@ -62,11 +87,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args(argv)
-    print("engine step with quiet projects (one entry each), Redis store, median ms")
-    print(f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10}")
+    print("engine step with quiet projects (one entry each), Redis store, median ms;")
+    print("then every project's progress read as /readyz and /metrics read it (reads)")
+    print(f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10} {'reads':>9} {'peer':>9}")
     for n in (int(x) for x in args.projects.split(",")):
-        lean, peer = measure(n, args.steps, args.redis_url)
-        print(f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f}")
+        lean, peer, reads, reads_peer = measure(n, args.steps, args.redis_url)
+        print(
+            f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f} {reads:>9.1f}"
+            f" {reads_peer:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

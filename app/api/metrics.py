@@ -95,18 +95,17 @@ class _StoreCollector(Collector):
         )
         if svc is not None and svc.store.ping():
             errors = svc.store.failed_projects()
-            for r in svc.store.list_projects():
-                failed.add_metric([r.name], 1.0 if r.name in errors else 0.0)
-                e, a = svc.store.log_end(r.name), svc.store.applied_position(r.name)
-                lag.add_metric([r.name], max(e - a, 0))
-                lag_s.add_metric([r.name], svc.store.lag_seconds(r.name))
-                end.add_metric([r.name], e)
-                queue.add_metric([r.name], svc.store.queue_size(r.name))
-                blob = svc.store.get_params(r.name, [])[0]
-                if blob:
-                    g = orjson.loads(blob)
-                    steps.add_metric([r.name], g["scalars"][1])
-                    em.add_metric([r.name], g.get("em_iterations", 0))
+            names = [r.name for r in svc.store.list_projects()]
+            for name, p in svc.store.progress(names).items():  # (one round trip for all)
+                failed.add_metric([name], 1.0 if name in errors else 0.0)
+                lag.add_metric([name], max(p.log_end - p.applied, 0))
+                lag_s.add_metric([name], p.lag_s)
+                end.add_metric([name], p.log_end)
+                queue.add_metric([name], p.queue_size)
+                if p.globals:
+                    g = orjson.loads(p.globals)
+                    steps.add_metric([name], g["scalars"][1])
+                    em.add_metric([name], g.get("em_iterations", 0))
         age = GaugeMetricFamily(
             "crowdtally_snapshot_age_seconds", "Age of the latest snapshot", labels=["project"]
         )

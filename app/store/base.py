@@ -11,7 +11,7 @@ part of a key name or a statement.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -86,6 +86,18 @@ class AppendResult:
     """Log position of the entry (the current end of the log when nothing was new)."""
     accepted: int
     duplicates: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a project's log and served state are (``/readyz``, ``/metrics``)."""
+
+    log_end: int
+    applied: int
+    lag_s: float
+    queue_size: int
+    globals: bytes | None
+    """The served shared parameters (``get_params``), None before the first write."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +251,12 @@ class Store(Protocol):
         ...
 
     def log_end(self, project: str) -> int: ...
+    def progress(self, projects: Sequence[str]) -> dict[str, Progress]:
+        """``Progress`` of each project (absent ones left out): what ``log_end``,
+        ``applied_position``, ``lag_seconds``, ``queue_size`` and ``get_params`` give, for
+        all of them in one round trip."""
+        ...
+
     def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
         """The projects of ``heads`` (project -> position, its entry's token or None at
         position 0, served position or None) whose log ends at that very entry (or is empty)

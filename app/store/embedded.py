@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,6 +26,7 @@ from app.store.base import (
     LeaseLostError,
     LogEntry,
     LogRewoundError,
+    Progress,
     ProjectExistsError,
     ProjectRecord,
     StateUpdate,
@@ -315,6 +316,16 @@ class EmbeddedStore:
 
     def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
         return None, None  # no record of appends: quiet_logs is a look at memory here
+
+    def progress(self, projects: Sequence[str]) -> dict[str, Progress]:
+        out = {}
+        for p in projects:
+            if p in self._state:
+                end, applied, lag_s = self.log_end(p), self.applied_position(p), self.lag_seconds(p)
+                out[p] = Progress(
+                    end, applied, lag_s, self.queue_size(p), self.get_params(p, [])[0]
+                )
+        return out
 
     def lag_seconds(self, project: str) -> float:
         with self._lock:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +29,7 @@ from app.store.base import (
     LeaseLostError,
     LogEntry,
     LogRewoundError,
+    Progress,
     ProjectExistsError,
     ProjectRecord,
     StateUpdate,
@@ -623,6 +624,27 @@ class RedisStore:
     def lag_seconds(self, project: str) -> float:
         keys = [self._k(project, what) for what in ("log", "state", "seq")]
         return int(self._lag(keys=keys)) / 1000
+
+    def progress(self, projects: Sequence[str]) -> dict[str, Progress]:
+        if not projects:
+            return {}
+        pipe = self.r.pipeline(transaction=False)  # one round trip (on a cluster, per node)
+        pipe.hmget(self._projects_key, list(projects))
+        for p in projects:
+            pipe.get(self._k(p, "seq"))
+            pipe.hmget(self._k(p, "state"), ["applied", "globals"])
+            lag_keys = [self._k(p, what) for what in ("log", "state", "seq")]
+            pipe.execute_command("EVAL", _LAG, 3, *lag_keys)  # (a cluster pipeline: no EVALSHA)
+            pipe.zcard(self._k(p, "queue"))
+        found, *rest = pipe.execute()
+        out = {}
+        for n, p in enumerate(projects):
+            end, (applied, blob), lag_ms, queued = rest[4 * n : 4 * n + 4]
+            if found[n] is not None:
+                out[p] = Progress(
+                    int(end or 0), int(applied or 0), int(lag_ms) / 1000, int(queued), blob
+                )
+        return out
 
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:

@@ -178,6 +178,23 @@ def test_served_state(store: Store) -> None:
     assert seen == items
 
 
+def test_progress_of_many_projects_is_what_each_read_gives(store: Store) -> None:
+    store.create_project(project("p"))
+    store.create_project(project("q"))
+    for _ in range(3):
+        store.append("p", "labels", b"{}")
+    store.write_state("p", StateUpdate(2, b"g2", {}, {"i": b"{}"}, {}, queue={"i": 0.5}))
+    got = store.progress(["p", "q", "absent"])
+    assert sorted(got) == ["p", "q"]  # an unknown project is left out
+    for name, p in got.items():
+        assert (p.log_end, p.applied) == (store.log_end(name), store.applied_position(name))
+        assert (p.queue_size, p.globals) == (store.queue_size(name), store.get_params(name, [])[0])
+        assert abs(p.lag_s - store.lag_seconds(name)) < 1.0
+    assert (got["p"].log_end, got["p"].applied, got["p"].queue_size) == (3, 2, 1)
+    assert got["p"].globals == b"g2" and got["q"].globals is None
+    assert store.progress([]) == {}
+
+
 def test_queue_orders_ties_by_member_descending_and_can_be_replaced(store: Store) -> None:
     store.create_project(project())
     store.write_state("p", StateUpdate(1, b"g", queue={"b": 0.5, "c": 0.5, "a": 0.9, "d": 0.1}))

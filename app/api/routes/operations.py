@@ -21,14 +21,8 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", operation_id="readyz", tags=["operations"])
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
-    lag = (
-        {
-            r.name: svc.store.log_end(r.name) - svc.store.applied_position(r.name)
-            for r in svc.store.list_projects()
-        }
-        if ok
-        else {}
-    )
+    names = [r.name for r in svc.store.list_projects()] if ok else []
+    lag = {name: p.log_end - p.applied for name, p in svc.store.progress(names).items()}
     failed = svc.store.failed_projects() if ok else {}
     # Served state still being rebuilt (a restore from SQL, a restart): items may answer 404.
     restoring = {
