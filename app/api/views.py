@@ -36,11 +36,15 @@ from app.serving.nominal import (
 )
 from app.serving.predictions import PairPredictions
 from app.store.archive import SnapshotInfo
-from app.store.base import ProjectRecord
+from app.store.base import Progress, ProjectRecord
 from core.acquisition import priority
 
 
-def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
+def project_view(
+    svc: Service, record: ProjectRecord, progress: Progress | None = None
+) -> dict[str, Any]:
+    """The project as served; ``progress``: its positions and parameters already read (a
+    listing of every project reads them for all in one round trip)."""
     cfg = dict(record.config)
     slots = cfg.pop("n_worker_slots")
     cfg.pop("n_classes")
@@ -49,8 +53,12 @@ def project_view(svc: Service, record: ProjectRecord) -> dict[str, Any]:
     # The positions first, then the counts: the engine writes the counts with the applied
     # position (one transaction), so they are of that position or a later one, never of an
     # earlier state (stats showing the log applied with a state from before it).
-    log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
-    g = globals_of(svc, record)
+    if progress is None:
+        log_end, applied = svc.store.log_end(record.name), svc.store.applied_position(record.name)
+        g = globals_of(svc, record)
+    else:
+        log_end, applied = progress.log_end, progress.applied
+        g = Globals.parse(progress.globals, svc.config(record))
     return {
         "name": record.name,
         "labels": list(record.labels),

@@ -183,6 +183,16 @@ def test_project_admin(client: TestClient) -> None:
     assert [p["name"] for p in client.get("/v1/projects").json()] == ["two"]
 
 
+def test_the_listing_shows_each_project_as_its_own_page_does(client: TestClient) -> None:
+    """The listing reads every project's positions and parameters in one round trip."""
+    assert post(client, make_project(client, "one"), triples(20), "one").status_code == 202
+    make_project(client, "two")
+    listed = client.get("/v1/projects").json()
+    assert [p["stats"]["n_labels"] for p in listed] == [20, 0]
+    for p in listed:
+        assert p == client.get(f"/v1/projects/{p['name']}").json()
+
+
 def test_hyperparameters_and_slots(client: TestClient) -> None:
     r = client.post(
         "/v1/projects",

@@ -109,7 +109,9 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
     dependencies=[require("admin", per_project=False)],
 )
 def list_projects(svc: ServiceDep) -> list[dict[str, Any]]:
-    return [project_view(svc, r) for r in svc.store.list_projects()]
+    records = svc.store.list_projects()
+    progress = svc.store.progress([r.name for r in records])  # (one round trip for all)
+    return [project_view(svc, r, progress.get(r.name)) for r in records]
 
 
 @router.get(
