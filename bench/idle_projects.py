@@ -6,8 +6,8 @@ then steps with nothing new are timed. ``lean`` is the engine as it runs: the pr
 read again only when the catalogue's token changed, and one round trip telling which logs
 have new entries. The peer, in the same run, is what the engine did before: every record and
 one log read per project at every step. The ratio is peer over lean. Then the reads behind
-``/readyz`` and ``/metrics``: every project's progress in one ``Store.progress`` call, against
-five reads a project.
+``/metrics`` and ``/readyz``: every project's progress in one ``Store.progress`` call, against
+five reads a project; its positions in one ``Store.positions`` call, against two.
 """
 
 from __future__ import annotations
@@ -43,25 +43,29 @@ def step_ms(store: RedisStore, steps: int, lean: bool) -> float:
     return statistics.median(took)
 
 
-def reads_ms(store: RedisStore, names: list[str], steps: int, lean: bool) -> float:
-    """Median ms of reading every project's progress as /readyz and /metrics do: one
-    ``Store.progress`` call (lean), or five reads a project (the peer: as they did before)."""
+def reads_ms(store: RedisStore, names: list[str], steps: int, how: str) -> float:
+    """Median ms of reading every project's progress: as /metrics does (``progress``: one
+    ``Store.progress`` call; ``progress-peer``: five reads a project, as it did before) or as
+    /readyz does (``positions``: one ``Store.positions`` call; ``positions-peer``: two reads a
+    project)."""
     took = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        if lean:
+        if how == "progress":
             store.progress(names)
-        else:
-            for n in names:
-                store.log_end(n), store.applied_position(n), store.lag_seconds(n)
-                store.queue_size(n), store.get_params(n, [])
+        elif how == "positions":
+            store.positions(names)
+        for n in names if how.endswith("-peer") else []:
+            store.log_end(n), store.applied_position(n)
+            if how == "progress-peer":
+                store.lag_seconds(n), store.queue_size(n), store.get_params(n, [])
         took.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(took)
 
 
-def measure(projects: int, steps: int, url: str) -> tuple[float, float, float, float]:
+def measure(projects: int, steps: int, url: str) -> tuple[float, ...]:
     """(lean, peer) median step ms with ``projects`` quiet projects, then (lean, peer) median
-    ms of the reads of their progress."""
+    ms of the reads of their progress for /metrics, then for /readyz."""
     prefix = f"bench-idle-{uuid.uuid4().hex[:8]}"
     store = RedisStore(url, prefix)
     config = NominalConfig(3).to_dict()
@@ -73,8 +77,10 @@ def measure(projects: int, steps: int, url: str) -> tuple[float, float, float, f
         return (
             step_ms(store, steps, True),
             step_ms(RedisStore(url, prefix), steps, False),
-            reads_ms(store, names, steps, True),
-            reads_ms(store, names, min(steps, 3), False),
+            reads_ms(store, names, steps, "progress"),
+            reads_ms(store, names, min(steps, 3), "progress-peer"),
+            reads_ms(store, names, steps, "positions"),
+            reads_ms(store, names, min(steps, 3), "positions-peer"),
         )
     finally:
         store.flush_prefix()
@@ -88,13 +94,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args(argv)
     print("engine step with quiet projects (one entry each), Redis store, median ms;")
-    print("then every project's progress read as /readyz and /metrics read it (reads)")
-    print(f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10} {'reads':>9} {'peer':>9}")
+    print("then every project's progress read as /metrics and /readyz read it, and the peer")
+    print(
+        f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10} {'metrics':>9} {'peer':>9}"
+        f" {'readyz':>9} {'peer':>9}"
+    )
     for n in (int(x) for x in args.projects.split(",")):
-        lean, peer, reads, reads_peer = measure(n, args.steps, args.redis_url)
+        lean, peer, *reads = measure(n, args.steps, args.redis_url)
         print(
-            f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f} {reads:>9.1f}"
-            f" {reads_peer:>9.1f}"
+            f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f}"
+            + "".join(f" {r:>9.1f}" for r in reads)
         )
 
 

@@ -11,4 +11,4 @@ def test_the_command_prints_a_row_per_project_count(capsys: pytest.CaptureFixtur
     idle_projects.main(["--projects", "3,30", "--steps", "2"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
     assert [r[0] for r in rows] == ["3", "30"]
-    assert all(float(r[k]) > 0 for r in rows for k in (1, 2, 4, 5))
+    assert all(float(r[k]) > 0 for r in rows for k in (1, 2, 4, 5, 6, 7))

@@ -257,6 +257,11 @@ class Store(Protocol):
         all of them in one round trip."""
         ...
 
+    def positions(self, projects: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(``log_end``, ``applied_position``) of each project (absent ones left out), for all
+        of them in one round trip: ``progress`` without its costlier reads."""
+        ...
+
     def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
         """The projects of ``heads`` (project -> position, its entry's token or None at
         position 0, served position or None) whose log ends at that very entry (or is empty)

@@ -317,6 +317,11 @@ class EmbeddedStore:
     def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
         return None, None  # no record of appends: quiet_logs is a look at memory here
 
+    def positions(self, projects: Sequence[str]) -> dict[str, tuple[int, int]]:
+        return {
+            p: (self.log_end(p), self.applied_position(p)) for p in projects if p in self._state
+        }
+
     def progress(self, projects: Sequence[str]) -> dict[str, Progress]:
         out = {}
         for p in projects:

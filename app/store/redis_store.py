@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -625,26 +625,46 @@ class RedisStore:
         keys = [self._k(project, what) for what in ("log", "state", "seq")]
         return int(self._lag(keys=keys)) / 1000
 
+    def positions(self, projects: Sequence[str]) -> dict[str, tuple[int, int]]:
+        def reads(pipe: Any, p: str) -> None:
+            pipe.get(self._k(p, "seq"))
+            pipe.hget(self._k(p, "state"), "applied")
+
+        return {
+            p: (int(end or 0), int(applied or 0))
+            for p, (end, applied) in self._read_each(projects, reads, 2)
+        }
+
     def progress(self, projects: Sequence[str]) -> dict[str, Progress]:
-        if not projects:
-            return {}
-        pipe = self.r.pipeline(transaction=False)  # one round trip (on a cluster, per node)
-        pipe.hmget(self._projects_key, list(projects))
-        for p in projects:
+        def reads(pipe: Any, p: str) -> None:
             pipe.get(self._k(p, "seq"))
             pipe.hmget(self._k(p, "state"), ["applied", "globals"])
             lag_keys = [self._k(p, what) for what in ("log", "state", "seq")]
             pipe.execute_command("EVAL", _LAG, 3, *lag_keys)  # (a cluster pipeline: no EVALSHA)
             pipe.zcard(self._k(p, "queue"))
+
+        return {
+            p: Progress(int(end or 0), int(applied or 0), int(lag_ms) / 1000, int(queued), blob)
+            for p, (end, (applied, blob), lag_ms, queued) in self._read_each(projects, reads, 4)
+        }
+
+    def _read_each(
+        self, projects: Sequence[str], reads: Callable[[Any, str], None], per: int
+    ) -> list[tuple[str, list[Any]]]:
+        """In one pipelined round trip (on a cluster, one per node): which projects exist, and
+        ``reads`` queued for each (``per`` replies); the replies of those that exist."""
+        if not projects:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(self._projects_key, list(projects))
+        for p in projects:
+            reads(pipe, p)
         found, *rest = pipe.execute()
-        out = {}
-        for n, p in enumerate(projects):
-            end, (applied, blob), lag_ms, queued = rest[4 * n : 4 * n + 4]
-            if found[n] is not None:
-                out[p] = Progress(
-                    int(end or 0), int(applied or 0), int(lag_ms) / 1000, int(queued), blob
-                )
-        return out
+        return [
+            (p, rest[per * n : per * (n + 1)])
+            for n, p in enumerate(projects)
+            if found[n] is not None
+        ]
 
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:

@@ -193,6 +193,8 @@ def test_progress_of_many_projects_is_what_each_read_gives(store: Store) -> None
     assert (got["p"].log_end, got["p"].applied, got["p"].queue_size) == (3, 2, 1)
     assert got["p"].globals == b"g2" and got["q"].globals is None
     assert store.progress([]) == {}
+    assert store.positions(["p", "q", "absent"]) == {"p": (3, 2), "q": (0, 0)}
+    assert store.positions([]) == {}
 
 
 def test_queue_orders_ties_by_member_descending_and_can_be_replaced(store: Store) -> None:

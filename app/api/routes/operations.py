@@ -22,7 +22,7 @@ def healthz() -> dict[str, str]:
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
     names = [r.name for r in svc.store.list_projects()] if ok else []
-    lag = {name: p.log_end - p.applied for name, p in svc.store.progress(names).items()}
+    lag = {name: end - applied for name, (end, applied) in svc.store.positions(names).items()}
     failed = svc.store.failed_projects() if ok else {}
     # Served state still being rebuilt (a restore from SQL, a restart): items may answer 404.
     restoring = {
