@@ -588,14 +588,10 @@ class RedisStore:
             keys += [self._k(project, "log"), self._k(project, "state")]
             args += [f"{position}-{token}" if position else "", "" if served is None else served]
         pipe = self.r.pipeline(transaction=False)  # one round trip (on a cluster, per node)
-        if self.cluster:  # a script's keys share a slot: one call a project (EVAL: redis-py's
-            for n in range(len(names)):  # cluster pipelines refuse EVALSHA)
-                pipe.execute_command("EVAL", _QUIET, 2, *keys[2 * n : 2 * n + 2],
-                                     *args[2 * n : 2 * n + 2])  # fmt: skip
-        else:
-            for lo in range(0, 2 * len(names), 2 * QUIET_BATCH):
-                hi = lo + 2 * QUIET_BATCH
-                self._quiet(keys=keys[lo:hi], args=args[lo:hi], client=pipe)
+        # a script's keys share a slot: on a cluster one call a project
+        batch = 2 if self.cluster else 2 * QUIET_BATCH
+        for lo in range(0, 2 * len(names), batch):
+            self._queue_script(pipe, self._quiet, keys[lo : lo + batch], args[lo : lo + batch])
         found = [q for call in pipe.execute() for q in call] if names else []
         return {p for p, quiet in zip(names, found, strict=True) if quiet}
 
@@ -640,13 +636,22 @@ class RedisStore:
             pipe.get(self._k(p, "seq"))
             pipe.hmget(self._k(p, "state"), ["applied", "globals"])
             lag_keys = [self._k(p, what) for what in ("log", "state", "seq")]
-            pipe.execute_command("EVAL", _LAG, 3, *lag_keys)  # (a cluster pipeline: no EVALSHA)
+            self._queue_script(pipe, self._lag, lag_keys, [])
             pipe.zcard(self._k(p, "queue"))
 
         return {
             p: Progress(int(end or 0), int(applied or 0), int(lag_ms) / 1000, int(queued), blob)
             for p, (end, (applied, blob), lag_ms, queued) in self._read_each(projects, reads, 4)
         }
+
+    def _queue_script(self, pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
+        """Queue a registered script on ``pipe``: by its hash (loaded first if Redis lacks
+        it), or on a cluster by its source (EVAL: redis-py's cluster pipelines refuse
+        EVALSHA)."""
+        if self.cluster:
+            pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+        else:
+            script(keys=keys, args=args, client=pipe)
 
     def _read_each(
         self, projects: Sequence[str], reads: Callable[[Any, str], None], per: int
