@@ -48,6 +48,12 @@ def reads_ms(store: RedisStore, names: list[str], steps: int, how: str) -> float
     ``Store.progress`` call; ``progress-peer``: five reads a project, as it did before) or as
     /readyz does (``positions``: one ``Store.positions`` call; ``positions-peer``: two reads a
     project)."""
+
+    def one_by_one(name: str) -> None:
+        store.log_end(name), store.applied_position(name)
+        if how == "progress-peer":
+            store.lag_seconds(name), store.queue_size(name), store.get_params(name, [])
+
     took = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -55,10 +61,9 @@ def reads_ms(store: RedisStore, names: list[str], steps: int, how: str) -> float
             store.progress(names)
         elif how == "positions":
             store.positions(names)
-        for n in names if how.endswith("-peer") else []:
-            store.log_end(n), store.applied_position(n)
-            if how == "progress-peer":
-                store.lag_seconds(n), store.queue_size(n), store.get_params(n, [])
+        else:
+            for name in names:
+                one_by_one(name)
         took.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(took)
 
