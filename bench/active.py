@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from scipy import special, stats
 
 from app.engine.project import ProjectEngine
 from app.engine.queue import arrival_of
@@ -274,6 +273,8 @@ def fixed(r: int) -> Pick:
 def _prob_largest(alpha: FloatArray) -> FloatArray:
     """P(θ_k is the largest | θ ~ Dirichlet(α)) per row: for two classes the Beta tail, else
     ∫ f_Γ(x; α_k) Π_{j≠k} F_Γ(x; α_j) dx (θ = normalised Gammas), by quadrature."""
+    from scipy import special, stats  # here: scipy.stats alone takes about 1 s to import
+
     if alpha.shape[1] == 2:
         p0 = special.betainc(alpha[:, 1], alpha[:, 0], 0.5)  # P(θ_0 > 1/2)
         out: FloatArray = np.stack([p0, 1 - p0], axis=1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from bench.active import (
     Campaign,
@@ -38,6 +37,8 @@ def test_hmin_policy_reveals_unrevealed_real_answers(datasets_root: Path) -> Non
 
 
 def test_the_chance_a_class_is_largest_under_a_dirichlet() -> None:
+    from scipy import stats  # (about 1 s to import: not for every worker's collection)
+
     rng = np.random.default_rng(0)
     alpha = np.array([[1.0, 1.0], [4.0, 2.0], [1.0, 7.0]])
     two = _prob_largest(alpha)

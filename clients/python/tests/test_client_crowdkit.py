@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import crowdkit.aggregation as crowdkit
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,6 +40,8 @@ def test_dog_round_trips_with_crowdkits_dtypes(
         ours = c.to_pandas(name)
         assert c.get_item(name, df.task.iloc[0]).n_labels == 10  # a numpy id
         assert c.get_worker(name, np.int64(df.worker.iloc[0])).n_labels > 0
+
+    import crowdkit.aggregation as crowdkit  # (0.5 s to import: not at every collection)
 
     ds = crowdkit.DawidSkene(n_iter=100).fit(df)
     mv = crowdkit.MajorityVote().fit(df)

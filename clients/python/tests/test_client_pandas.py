@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import crowdkit.aggregation as crowdkit
 import numpy as np
 from crowdtally_client import AsyncClient, Client
 
@@ -28,6 +27,7 @@ def synthetic(seed: int = 3) -> list[tuple[str, str, str]]:
 
 
 def test_to_pandas_matches_crowdkit_shapes(live_server: LiveServer) -> None:
+    import crowdkit.aggregation as crowdkit  # (0.5 s to import: not at every collection)
     from crowdtally_client.frames import labels_frame
 
     triples = synthetic()
