@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -37,6 +36,7 @@ from app.api.routes import (
     workers,
 )
 from app.engine.runtime import make_engine_loop
+from app.serving.warmup import freeze_what_is_loaded
 from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
 from app.store import open_store_when_reachable
@@ -82,10 +82,7 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
             engine = make_engine_loop(settings, st, db)
             engine.start()
         app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db)
-        # numba and llvmlite bring ~10^6 long-lived objects; a full GC pass over them stalls
-        # requests for ~0.1 s. Freeze them out of the collector's sight.
-        gc.collect()
-        gc.freeze()
+        freeze_what_is_loaded()
         metrics.bind(app.state.service)
         try:
             yield

@@ -101,10 +101,11 @@ def engine_command(
     st, _ = open_store_when_reachable(
         settings, lambda st: rebuild_store(st, db), "crowdtally engine"
     )
-    from app.serving.warmup import warm_up
+    from app.serving.warmup import freeze_what_is_loaded, warm_up
 
     warm_up()  # the kernels, compiled in two processes on a first start
     loop = make_engine_loop(settings, st, db)
+    freeze_what_is_loaded()
     where = f" (pool engine {loop.pool.engine_id})" if loop.pool is not None else ""
     print(f"crowdtally engine: {settings.store} store{where}", file=sys.stderr)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: leases given up

@@ -13,6 +13,7 @@ API make, with the same argument types, so the cached signatures are the ones us
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -157,6 +158,14 @@ def warm_up() -> float:
     took = time.perf_counter() - start
     threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()
     return took
+
+
+def freeze_what_is_loaded() -> None:
+    """Freeze the long-lived objects out of the cyclic collector's sight (after the warm-up,
+    before serving). numba and llvmlite bring about 10^5-10^6 of them, and each full
+    collection walked them all: a stall of 0.04-0.1 s in a request or an engine step."""
+    gc.collect()
+    gc.freeze()
 
 
 def _load_the_rest(second: subprocess.Popen[bytes]) -> None:
