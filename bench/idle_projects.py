@@ -5,7 +5,9 @@ step of the engine looks at each. On the Redis store, each project has one entry
 then steps with nothing new are timed. ``lean`` is the engine as it runs: the project records
 read again only when the catalogue's token changed, and one round trip telling which logs
 have new entries. The peer, in the same run, is what the engine did before: every record and
-one log read per project at every step. The ratio is peer over lean. Then the reads behind
+one log read per project at every step. The ratio is peer over lean. ``worst``: the longest
+of the lean engine's steps over QUIET_RECHECK_S and a bit more, as it runs (``poll_s`` apart),
+a window that holds its re-check of every log. Then the reads behind
 ``/metrics`` and ``/readyz``: every project's progress in one ``Store.progress`` call, against
 five reads a project; its positions in one ``Store.positions`` call, against two.
 """
@@ -19,7 +21,7 @@ import uuid
 
 import orjson
 
-from app.engine.loop import EngineLoop
+from app.engine.loop import QUIET_RECHECK_S, EngineLoop
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
 from core.nominal import NominalConfig
@@ -41,6 +43,20 @@ def step_ms(store: RedisStore, steps: int, lean: bool) -> float:
         loop.step()
         took.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(took)
+
+
+def worst_step_ms(store: RedisStore, seconds: float) -> float:
+    """The longest of the engine's quiet steps over ``seconds`` of them, ``poll_s`` apart."""
+    loop = EngineLoop(store, refine_passes=0)
+    loop.step()  # each project's entry applied
+    loop.step()
+    worst, end = 0.0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        loop.step()
+        worst = max(worst, (time.perf_counter() - t0) * 1e3)
+        time.sleep(loop.poll_s)
+    return worst
 
 
 def reads_ms(store: RedisStore, names: list[str], steps: int, how: str) -> float:
@@ -68,9 +84,10 @@ def reads_ms(store: RedisStore, names: list[str], steps: int, how: str) -> float
     return statistics.median(took)
 
 
-def measure(projects: int, steps: int, url: str) -> tuple[float, ...]:
-    """(lean, peer) median step ms with ``projects`` quiet projects, then (lean, peer) median
-    ms of the reads of their progress for /metrics, then for /readyz."""
+def measure(projects: int, steps: int, url: str, window_s: float) -> tuple[float, ...]:
+    """(lean, peer) median step ms with ``projects`` quiet projects, the lean engine's worst
+    step, then (lean, peer) median ms of the reads of their progress for /metrics, then for
+    /readyz."""
     prefix = f"bench-idle-{uuid.uuid4().hex[:8]}"
     store = RedisStore(url, prefix)
     config = NominalConfig(3).to_dict()
@@ -82,6 +99,7 @@ def measure(projects: int, steps: int, url: str) -> tuple[float, ...]:
         return (
             step_ms(store, steps, True),
             step_ms(RedisStore(url, prefix), steps, False),
+            worst_step_ms(store, window_s),
             reads_ms(store, names, steps, "progress"),
             reads_ms(store, names, min(steps, 3), "progress-peer"),
             reads_ms(store, names, steps, "positions"),
@@ -97,15 +115,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--projects", default="1000,10000", help="project counts, one run each")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=QUIET_RECHECK_S + 1.5,
+        help="seconds of steps the worst one is taken over (default: the re-check's period "
+        "and a bit more)",
+    )
     args = parser.parse_args(argv)
-    print("engine step with quiet projects (one entry each), Redis store, median ms;")
+    print("engine step with quiet projects (one entry each), Redis store, median ms, and the")
+    print(f"lean engine's worst step over {args.window:g} s of them;")
     print("then every project's progress read as /metrics and /readyz read it, and the peer")
     print(
-        f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10} {'metrics':>9} {'peer':>9}"
-        f" {'readyz':>9} {'peer':>9}"
+        f"{'projects':>9} {'lean':>9} {'peer':>9} {'peer/lean':>10} {'worst':>9} {'metrics':>9}"
+        f" {'peer':>9} {'readyz':>9} {'peer':>9}"
     )
     for n in (int(x) for x in args.projects.split(",")):
-        lean, peer, *reads = measure(n, args.steps, args.redis_url)
+        lean, peer, *reads = measure(n, args.steps, args.redis_url, args.window)
         print(
             f"{n:>9,} {lean:>9.1f} {peer:>9.1f} {peer / lean:>10.1f}"
             + "".join(f" {r:>9.1f}" for r in reads)

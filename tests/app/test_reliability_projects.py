@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.engine.loop import EngineLoop
+from app.engine.loop import QUIET_RECHECK_S, EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB, rebuild_store
 from app.store.base import ProjectRecord, Store
@@ -266,7 +266,8 @@ def test_the_engine_asks_only_about_the_logs_that_moved(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A quiet project's log is looked at again when its project moved (an append since the
-    last step); every QUIET_RECHECK_S, all are, so an append whose move was lost is seen."""
+    last step); each is in its turn, a share of them a step, all within QUIET_RECHECK_S, so an
+    append whose move was lost is seen."""
     assert isinstance(store, RedisStore)
     cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
     labels = orjson.dumps({"items": ["i"], "workers": ["w"], "labels": [0], "weights": None})
@@ -293,8 +294,18 @@ def test_the_engine_asks_only_about_the_logs_that_moved(
     monkeypatch.setattr(store, "_moved", lambda pipe, project: pipe)  # an append's move lost
     store.append("r", "labels", labels)
     assert step_asking() == [] and store.applied_position("r") == 1  # not seen yet
-    monkeypatch.setattr(loop, "_recheck_at", 0.0)  # QUIET_RECHECK_S later
-    assert step_asking() == names and store.applied_position("r") == 2
+
+    def step_asking_later(share: float) -> list[str]:
+        """A step that many QUIET_RECHECK_S after the last one."""
+        assert loop._recheck_clock is not None
+        monkeypatch.setattr(loop, "_recheck_clock", loop._recheck_clock - share * QUIET_RECHECK_S)
+        return step_asking()
+
+    assert step_asking_later(1 / 3 + 1e-6) == ["p"]  # a third of them in a third of the time
+    assert step_asking_later(1 / 3 + 1e-6) == ["q"]
+    assert store.applied_position("r") == 1
+    assert step_asking_later(1 / 3 + 1e-6) == ["r"] and store.applied_position("r") == 2
+    assert step_asking_later(1.0) == names  # every one of them within QUIET_RECHECK_S
 
 
 def test_a_quiet_project_with_nothing_left_to_do_is_not_stepped_until_it_moves(
