@@ -97,7 +97,6 @@ SHARED_SERVICE = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Every test module imported: what they hold (numba's, llvmlite's, the web stack's
     objects, about 10^6) is frozen out of the cyclic collector's sight, as the service does
@@ -106,6 +105,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests (marked ``slow``) first, then the sets sharing a service (10-25 s each
     on one worker), then the rest: under xdist (``--dist loadgroup``, each worker taking the

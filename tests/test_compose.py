@@ -276,6 +276,7 @@ def test_dockerfile() -> None:
     assert ".git" in ignored and ".env" in ignored
 
 
+@pytest.mark.slow
 def test_dockerfile_warm_up_runs(tmp_path: Path) -> None:
     """The image compiles the numba kernels at build time (CLI runs on a small answer file and
     a python -c line); they must keep working as the code changes: run them here."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.testing import running_service
 
@@ -52,6 +53,7 @@ def json_values(out: str) -> list[Any]:
     return found
 
 
+@pytest.mark.slow
 def test_readme_walk_through(tmp_path: Path, datasets_root: Path) -> None:
     run = tmp_path / "run"
     (run / "crowdtally-data").mkdir(parents=True)

@@ -172,6 +172,7 @@ def test_engine_sigkilled_mid_work_10_times_loses_nothing(tmp_path: Path, sql_ur
         lay.close()
 
 
+@pytest.mark.slow
 def test_api_sigkilled_mid_request_then_retried(tmp_path: Path) -> None:
     lay = Layout(tmp_path)
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import pytest
 
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
@@ -109,6 +110,7 @@ def wait_acked(client: Client, n: int, timeout_s: float = 30) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_processes_and_redis_crash_mid_stream_lose_nothing(tmp_path: Path) -> None:
     (tmp_path / "redis").mkdir()
     redis_ = RedisWithAof(tmp_path / "redis")

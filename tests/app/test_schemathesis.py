@@ -14,6 +14,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
@@ -96,6 +97,7 @@ def _fuzz(
     return sent
 
 
+@pytest.mark.slow
 def test_schemathesis_every_operation(tmp_path: Path) -> None:
     app = create_app(service_settings(tmp_path, max_block_labels=50))
     # the admin key reaches every operation (a project's key is refused its keys, its deletion)

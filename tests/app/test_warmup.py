@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SESSION = textwrap.dedent(
     """
     import os, random, sys, tempfile, time
@@ -58,6 +60,7 @@ SESSION = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_warm_up_reaches_every_kernel_the_service_calls() -> None:
     out = subprocess.run(
         [sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=300, check=False
