@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from app.engine.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
-from app.io.triples import MAX_ID_LENGTH
+from app.io.input import MAX_ID_LENGTH
 from core.dyadic import LOSSES, REDUCTIONS
 from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig

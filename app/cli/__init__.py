@@ -14,8 +14,8 @@ import typer
 
 from app.cli import extract, service, snapshots, transfer
 from app.cli.layout import HELP_MAX_WIDTH, ArgvCommand, HelpCommand, HelpGroup
+from app.io.input import InputError
 from app.io.model_file import ModelFileError
-from app.io.triples import InputError
 
 # Plain (click) help, not rich panels: it wraps to the terminal's width (HelpGroup; 120 columns
 # when not a terminal) instead of cutting option names and help with "…", shows boolean flags

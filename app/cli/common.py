@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.io.triples import InputError
+from app.io.input import InputError
 
 if TYPE_CHECKING:  # imported when a command needs them: extract stays light
     from app.settings import Settings

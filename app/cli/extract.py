@@ -10,12 +10,9 @@ import numpy as np
 import typer
 
 from app.cli.layout import as_typed
-from app.io import extract as job
-from app.io.codes import read_codes, use_system_allocator
-from app.io.model_file import SavedModel, load_model, save_model
-from app.io.predictions_file import write_predictions
-from app.io.triples import InputError, read_truth
+from app.io.input import InputError
 from core.nominal import NominalConfig
+from core.online import LaterPasses
 
 DEFAULTS = NominalConfig(n_classes=2)
 
@@ -98,13 +95,13 @@ def extract(
     ] = None,
     passes: Annotated[int, typer.Option("--passes", min=1, help="Passes over the items.")] = 1,
     later_passes: Annotated[
-        job.LaterPasses,
+        LaterPasses,
         typer.Option(
             "--later-passes",
             help="Passes 2..N: revisit items one by one (progressive-validation table) or "
             "sweep by trust-region Newton toward batch EM's optimum (docs/model.md eq. 17-20).",
         ),
-    ] = job.LaterPasses.revisit,
+    ] = LaterPasses.revisit,
     shuffle: Annotated[
         int | None,
         typer.Option(
@@ -160,7 +157,7 @@ def extract(
         raise InputError(test_only_flag, None, "needs a model to test: give --load FILE")
     if test_only and batch:
         raise InputError(test_only_flag, None, "cannot be combined with --batch")
-    if later_passes is job.LaterPasses.newton and test_only:
+    if later_passes is LaterPasses.newton and test_only:
         raise InputError(
             "--later-passes", None, f"newton learns: it cannot be used with {test_only_flag}"
         )
@@ -176,6 +173,13 @@ def extract(
     if shuffle is not None and shuffle < 0:
         raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
     out = sys.stdout
+    # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
+    from app.io import extract as job
+    from app.io.codes import read_codes, use_system_allocator
+    from app.io.model_file import SavedModel, load_model, save_model
+    from app.io.predictions_file import write_predictions
+    from app.io.triples import read_truth
+
     use_system_allocator()
     answers = read_codes(path)
     saved = load_model(load) if load is not None else None
@@ -206,7 +210,7 @@ def extract(
             n_items=n_items if n_items is not None else float(encoded.n_items),
             difficulty=difficulty,
         )
-    if later_passes is job.LaterPasses.newton and config.difficulty:
+    if later_passes is LaterPasses.newton and config.difficulty:
         raise InputError("--later-passes", None, "newton needs a model without difficulty")
     print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
     if batch:

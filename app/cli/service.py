@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from app.cli.common import load_settings
-from app.io.triples import InputError
+from app.io.input import InputError
 
 
 def serve(

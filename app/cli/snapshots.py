@@ -10,7 +10,7 @@ import typer
 
 from app.cli.common import load_settings, snapshot_db
 from app.cli.layout import HelpCommand, HelpGroup
-from app.io.triples import InputError
+from app.io.input import InputError
 
 snapshots_app = typer.Typer(
     cls=HelpGroup,

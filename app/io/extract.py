@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import TextIO
@@ -16,12 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from app.io.codes import AnswerCodes, read_codes
-from app.io.triples import InputError, answer_line, read_truth
+from app.io.input import InputError
+from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
-from core.online import BlockResult, OnlineEM
+from core.online import BlockResult, LaterPasses, OnlineEM
 
 
 @dataclass(frozen=True)
@@ -240,13 +240,6 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
         yield lo, hi
         lo = hi
         edge *= 2
-
-
-class LaterPasses(StrEnum):
-    """How passes after the first move the online model (``--later-passes``)."""
-
-    revisit = "revisit"
-    newton = "newton"
 
 
 @dataclass

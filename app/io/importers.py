@@ -6,7 +6,7 @@ source row becomes a ``Record`` whose ``id`` is derived from the source (a Tolok
 assignment, a Label Studio annotation, the content of a generic row), so importing the same
 file again, or a later export that repeats it, counts every answer once.
 
-Problems raise ``app.io.triples.InputError`` (``FILE:LINE: reason``), before anything is sent.
+Problems raise ``app.io.input.InputError`` (``FILE:LINE: reason``), before anything is sent.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.io.triples import MAX_ID_LENGTH, InputError
+from app.io.input import MAX_ID_LENGTH, InputError
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "crowdkit", "toloka", "mturk", "labelstudio")
 MAP_KEYS = ("item", "worker", "label", "id", "weight", "gold")

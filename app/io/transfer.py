@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from app.io import importers
 from app.io.importers import Record
-from app.io.triples import InputError, read_truth
+from app.io.input import InputError
 
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
@@ -182,6 +182,8 @@ def run_import(
     t0 = time.perf_counter()
     parsed = importers.read(path, format, mapping)
     if truth is not None:
+        from app.io.triples import read_truth  # pyarrow: loaded only for a truth file
+
         parsed.records.extend(
             Record(item, "", label, None, gold=True) for item, label in read_truth(truth).items()
         )

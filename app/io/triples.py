@@ -19,21 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-MAX_ID_LENGTH = 512
+from app.io.input import MAX_ID_LENGTH, InputError
+
 CHUNK_BYTES = 1 << 24
 """Bytes of CSV (about 1M short answers) or, over 16, Parquet rows read at a time."""
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _WHITESPACE = re.compile(r"[\t ]+")
-
-
-class InputError(ValueError):
-    """A malformed input file: ``path:line: reason``."""
-
-    def __init__(self, path: str | Path, line: int | None, reason: str) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {reason}")
-        self.path, self.line, self.reason = str(path), line, reason
 
 
 @dataclass(frozen=True)

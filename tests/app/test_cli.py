@@ -19,7 +19,7 @@ import pytest
 
 from app.io import extract as job
 from app.io.codes import read_codes
-from app.io.triples import InputError
+from app.io.input import InputError
 from core.nominal import NominalConfig
 from tests.cli_in_process import run_cli
 

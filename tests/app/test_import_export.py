@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from app.api import create_app
 from app.cli import app as cli_app
 from app.io import importers, transfer
-from app.io.triples import InputError, read_truth
+from app.io.input import InputError
+from app.io.triples import read_truth
 from app.store.embedded import EmbeddedStore
 from app.testing import cli_command, running_service
 from tests.app.conftest import ADMIN, service_settings

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.io import triples
-from app.io.triples import InputError, Triples, read_triples
+from app.io.input import InputError
+from app.io.triples import Triples, read_triples
 
 
 def outcome(read: object, path: Path) -> Triples | str:
