@@ -95,7 +95,7 @@ class _StoreCollector(Collector):
         )
         if svc is not None and svc.store.ping():
             errors = svc.store.failed_projects()
-            names = [r.name for r in svc.store.list_projects()]
+            names = svc.store.project_names()
             for name, p in svc.store.progress(names).items():  # (one round trip for all)
                 failed.add_metric([name], 1.0 if name in errors else 0.0)
                 lag.add_metric([name], max(p.log_end - p.applied, 0))

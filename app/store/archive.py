@@ -398,7 +398,7 @@ def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:
     restore_log = getattr(store, "restore_log", None)
     if restore_log is None:
         return []
-    have = {r.name for r in store.list_projects()}
+    have = set(store.project_names())
     keys = db.keys()
     rebuilt = []
     for record in db.projects():

@@ -141,6 +141,10 @@ class EmbeddedStore:
         with self._lock:
             return sorted(self._projects.values(), key=lambda r: r.name)
 
+    def project_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._projects)
+
     def delete_project(self, name: str) -> bool:
         with self._lock:
             if name not in self._projects:

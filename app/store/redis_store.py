@@ -352,6 +352,9 @@ class RedisStore:
         blobs: dict[bytes, bytes] = self.r.hgetall(self._projects_key)
         return sorted((ProjectRecord.from_json(b) for b in blobs.values()), key=lambda r: r.name)
 
+    def project_names(self) -> list[str]:
+        return sorted(k.decode() for k in self.r.hkeys(self._projects_key))
+
     def delete_project(self, name: str) -> bool:
         if not self.r.hdel(self._projects_key, name):
             return False
@@ -819,7 +822,7 @@ class RedisStore:
             self.r.hset(self._failed_key, project, error)
 
     def restoring(self) -> dict[str, int]:
-        names = [r.name for r in self.list_projects()]
+        names = self.project_names()
         pipe = self.r.pipeline(transaction=False)
         for name in names:
             pipe.get(self._k(name, "restoring"))

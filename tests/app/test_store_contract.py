@@ -41,10 +41,12 @@ def test_projects_create_read_list_delete(store: Store) -> None:
         store.create_project(project("p"))
     assert store.get_project("p") == project("p")
     assert [r.name for r in store.list_projects()] == ["p", "q"]
+    assert store.project_names() == ["p", "q"]
     assert store.delete_project("p")
     assert not store.delete_project("p")
     assert store.get_project("p") is None
     assert [r.name for r in store.list_projects()] == ["q"]
+    assert store.project_names() == ["q"]
 
 
 def test_quiet_logs_are_those_ending_at_the_entry_the_engine_is_at(

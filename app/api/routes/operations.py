@@ -21,7 +21,7 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", operation_id="readyz", tags=["operations"])
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
-    names = [r.name for r in svc.store.list_projects()] if ok else []
+    names = svc.store.project_names() if ok else []
     lag = {name: end - applied for name, (end, applied) in svc.store.positions(names).items()}
     failed = svc.store.failed_projects() if ok else {}
     # Served state still being rebuilt (a restore from SQL, a restart): items may answer 404.
