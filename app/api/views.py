@@ -5,6 +5,7 @@ predictions, the dashboard's summary and snapshots.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -206,22 +207,48 @@ def workers_view(
 
 
 def queue_settings(svc: Service, project: str) -> QueueSettings:
-    blob = svc.store.queue_settings(project)
+    return _settings(svc.store.queue_settings(project))
+
+
+def _settings(blob: bytes | None) -> QueueSettings:
     return QueueSettings(**orjson.loads(blob)) if blob else QueueSettings()
 
 
-def queue_for(
+@dataclass(frozen=True)
+class QueueRead:
+    """A page of the queue with its size, settings and the parameters it was served under,
+    all as of one write of the engine (``Store.queue_head``)."""
+
+    items: list[QueueItem]
+    size: int
+    settings: QueueSettings
+    globals: Globals
+
+
+def queue_for(svc: Service, record: ProjectRecord, limit: int, worker: str | None) -> QueueRead:
+    """The ``limit`` items to label next, best first; with ``worker``, those it has not
+    labelled, ranked by its own confusion (voi, lookahead)."""
+    want = limit if worker is None else max(5 * limit, 50)
+    head = svc.store.queue_head(record.name, want)
+    settings = _settings(head.settings)
+    g = Globals.parse(head.globals, svc.config(record))
+    items = _queue_items(svc, record, settings, limit, worker, g, head.top, want)
+    return QueueRead(items, head.size, settings, g)
+
+
+def _queue_items(
     svc: Service,
     record: ProjectRecord,
     settings: QueueSettings,
     limit: int,
     worker: str | None,
-    g: Globals | None = None,
+    g: Globals,
+    members: list[tuple[str, float]],
+    want: int,
 ) -> list[QueueItem]:
     classes = record.labels
-    want = limit if worker is None else max(5 * limit, 50)
     while True:
-        top = [(item_of(m), score) for m, score in svc.store.read_queue(record.name, want)]
+        top = [(item_of(m), score) for m, score in members]
         blobs = svc.store.get_items(record.name, [name for name, _ in top])
         rows = [
             (name, score, orjson.loads(b)) for (name, score), b in zip(top, blobs, strict=True) if b
@@ -231,7 +258,7 @@ def queue_for(
         if len(rows) >= limit or len(top) < want:
             break
         want *= 4  # this worker labelled many of the best: look further down
-    g = g if g is not None else globals_of(svc, record)
+        members = svc.store.read_queue(record.name, want)
     served = stored_posteriors([d for _, _, d in rows], g).tolist()
     rows = [
         (name, score, {**d, "posterior": p})
@@ -334,11 +361,11 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     views = workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
     views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
     view = project_view(svc, record)
-    settings = queue_settings(svc, record.name)
+    queue = queue_for(svc, record, 10, None)
     return {
-        "queue": queue_for(svc, record, settings, 10, None, g),
-        "queue_size": svc.store.queue_size(record.name),
-        "queue_progress": g.queue or {},
+        "queue": queue.items,
+        "queue_size": queue.size,
+        "queue_progress": queue.globals.queue or {},
         "project": record.name,
         "labels": list(record.labels),
         "stats": view["stats"],

@@ -101,6 +101,20 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class QueueHead:
+    """The head of a project's queue and what a page of it reports, read together (one
+    transaction on Redis): the queue's size and progress are those of the same write."""
+
+    top: list[tuple[str, float]]
+    """The highest-scored members, best first (``read_queue``)."""
+    size: int
+    globals: bytes | None
+    """The served shared parameters (``get_params``; their ``queue`` is the progress)."""
+    settings: bytes | None
+    """The queue's settings (``queue_settings``), None for the defaults."""
+
+
+@dataclass(frozen=True)
 class LogEntry:
     position: int
     kind: EntryKind
@@ -309,6 +323,11 @@ class Store(Protocol):
         ...
 
     def queue_size(self, project: str) -> int: ...
+    def queue_head(self, project: str, count: int) -> QueueHead:
+        """``read_queue``, ``queue_size``, the shared parameters and the queue's settings, as
+        of one write of the engine."""
+        ...
+
     def get_items(self, project: str, items: list[str]) -> list[bytes | None]: ...
     def queue_settings(self, project: str) -> bytes | None: ...
 

@@ -29,6 +29,7 @@ from app.store.base import (
     Progress,
     ProjectExistsError,
     ProjectRecord,
+    QueueHead,
     StateUpdate,
 )
 from app.store.sql import upgrade
@@ -426,13 +427,26 @@ class EmbeddedStore:
             st = self._state.get(project)
             if st is None or not st.queue:
                 return []
-            if st._ranked is None:  # rebuilt once per change of the queue
-                names = sorted(st.queue, reverse=True)  # ties: by member, descending, as Redis
-                values = np.array([st.queue[n] for n in names])
-                order = np.argsort(-values, kind="stable")
-                st._ranked = ([names[i] for i in order.tolist()], values[order])
-            names, values = st._ranked
-            return [(names[i], float(values[i])) for i in range(min(count, len(names)))]
+            return self._ranked(st, count)
+
+    def queue_head(self, project: str, count: int) -> QueueHead:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return QueueHead([], 0, None, None)
+            top = self._ranked(st, count) if st.queue else []
+            return QueueHead(top, len(st.queue), st.globals, st.queue_settings)
+
+    @staticmethod
+    def _ranked(st: _ProjectState, count: int) -> list[tuple[str, float]]:
+        """The ``count`` best of a non-empty queue (the lock held)."""
+        if st._ranked is None:  # rebuilt once per change of the queue
+            names = sorted(st.queue, reverse=True)  # ties: by member, descending, as Redis
+            values = np.array([st.queue[n] for n in names])
+            order = np.argsort(-values, kind="stable")
+            st._ranked = ([names[i] for i in order.tolist()], values[order])
+        names, values = st._ranked
+        return [(names[i], float(values[i])) for i in range(min(count, len(names)))]
 
     def queue_size(self, project: str) -> int:
         st = self._state.get(project)

@@ -32,6 +32,7 @@ from app.store.base import (
     Progress,
     ProjectExistsError,
     ProjectRecord,
+    QueueHead,
     StateUpdate,
 )
 
@@ -800,6 +801,14 @@ class RedisStore:
 
     def queue_size(self, project: str) -> int:
         return int(self.r.zcard(self._k(project, "queue")))
+
+    def queue_head(self, project: str, count: int) -> QueueHead:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zrevrange(self._k(project, "queue"), 0, count - 1, withscores=True)
+        pipe.zcard(self._k(project, "queue"))
+        pipe.hmget(self._k(project, "state"), ["globals", "queue_settings"])
+        rows, size, (blob, settings) = pipe.execute()
+        return QueueHead([(k.decode(), float(v)) for k, v in rows], int(size), blob, settings)
 
     def get_items(self, project: str, items: list[str]) -> list[bytes | None]:
         if not items:

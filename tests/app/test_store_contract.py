@@ -18,6 +18,7 @@ from app.store.base import (
     LeaseLostError,
     ProjectExistsError,
     ProjectRecord,
+    QueueHead,
     StateUpdate,
     Store,
 )
@@ -210,6 +211,23 @@ def test_queue_orders_ties_by_member_descending_and_can_be_replaced(store: Store
     assert store.queue_size("p") == 2
     store.write_state("p", StateUpdate(4, b"g", queue_replace=True))  # nothing queued
     assert store.read_queue("p", 10) == [] and store.queue_size("p") == 0
+
+
+def test_queue_head_is_the_queue_its_size_parameters_and_settings_of_one_write(
+    store: Store,
+) -> None:
+    store.create_project(project())
+    assert store.queue_head("p", 2) == QueueHead([], 0, None, None)
+    queue = {"b": 0.5, "c": 0.5, "a": 0.9}
+    store.write_state("p", StateUpdate(1, b"g1", queue=queue, queue_settings=b'{"policy":"voi"}'))
+    head = store.queue_head("p", 2)
+    assert head == QueueHead([("a", 0.9), ("c", 0.5)], 3, b"g1", b'{"policy":"voi"}')
+    assert head.top == store.read_queue("p", 2) and head.size == store.queue_size("p")
+    store.write_state("p", StateUpdate(2, b"g2", queue={"d": 1.0}, queue_remove=["a", "b"]))
+    assert store.queue_head("p", 5) == QueueHead(
+        [("d", 1.0), ("c", 0.5)], 2, b"g2", b'{"policy":"voi"}'
+    )
+    assert store.queue_head("absent", 5) == QueueHead([], 0, None, None)
 
 
 def test_delete_project_drops_log_and_state(store: Store) -> None:

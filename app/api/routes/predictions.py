@@ -15,7 +15,6 @@ from app.api.views import (
     nearest_first,
     prediction_rows,
     queue_for,
-    queue_settings,
 )
 from app.serving.predictions import MAX_PAIRS, predict_pairs
 
@@ -67,8 +66,7 @@ def nearest_boundary(
     if (worker is None) == (item is None):
         raise ApiError(422, "invalid_query", "give exactly one of worker and item")
     if worker is not None:
-        qs = queue_settings(svc, project)
-        items = [q.item for q in queue_for(svc, record, qs, candidates, worker)]
+        items = [q.item for q in queue_for(svc, record, candidates, worker).items]
         workers = [worker] * len(items)
     else:
         assert item is not None

@@ -11,7 +11,7 @@ from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ERRORS
 from app.api.schemas import Accepted, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
-from app.api.views import globals_of, queue_for, queue_settings
+from app.api.views import queue_for, queue_settings
 from app.engine.queue import QueueSettings
 
 router = APIRouter()
@@ -92,14 +92,11 @@ def get_queue(
 ) -> QueuePage:
     """The items to label next, best first; finished items never appear. With ``worker``:
     not the items this worker labelled, ranked by the worker's own confusion (voi, lookahead)."""
-    record = svc.project(project)
-    settings = queue_settings(svc, project)
-    g = globals_of(svc, record)
-    items = queue_for(svc, record, settings, limit, worker, g)
+    queue = queue_for(svc, record=svc.project(project), limit=limit, worker=worker)
     return QueuePage(
-        items=items,
-        size=svc.store.queue_size(project),
-        policy=settings.policy,
+        items=queue.items,
+        size=queue.size,
+        policy=queue.settings.policy,
         worker=worker,
-        progress=QueueProgress(**(g.queue or {})),
+        progress=QueueProgress(**(queue.globals.queue or {})),
     )
