@@ -359,6 +359,8 @@ class Results:
     post_ms: list[float] = field(default_factory=list)
     accepted: int = 0
     duplicates: int = 0
+    refused: int = 0
+    """Blocks refused by push-back (429 engine_behind), sent again after RETRY_S."""
     lag_s: float = float("nan")
     behind_at_ack: int = 0
     refine_s: float | None = None
@@ -438,6 +440,10 @@ async def warm_up(port: int, admin: str, cluster: Cluster, data: Dataset) -> Non
     await call(port, build("DELETE", f"/v1/projects/{name}", admin), 204)
 
 
+RETRY_S = 1.0
+"""A block refused with 429 is sent again after this long (the shortest Retry-After)."""
+
+
 async def post_phase(
     port: int, project: str, key: str, data: Dataset, connections: int, res: Results
 ) -> int:
@@ -453,6 +459,10 @@ async def post_phase(
         for n in todo:
             t = time.perf_counter()
             status, body = await conn.request(requests[n])
+            while status == 429:  # push-back: as a client would, send it again later
+                res.refused += 1
+                await asyncio.sleep(RETRY_S)
+                status, body = await conn.request(requests[n])
             last_ack = time.perf_counter()
             if status != 202:
                 raise RuntimeError(f"POST block {n}: HTTP {status}: {body[:300]!r}")
@@ -686,7 +696,8 @@ def report(args: argparse.Namespace, res: Results) -> bool:
         print(line((r[0].ljust(w[0]), r[1].rjust(w[1]), r[2].ljust(w[2]), r[3])))
     print()
     print(
-        f"POST: {res.accepted:,} labels accepted ({res.duplicates:,} duplicates) in "
+        f"POST: {res.accepted:,} labels accepted ({res.duplicates:,} duplicates"
+        f"{f'; {res.refused:,} blocks refused by push-back, sent again' if res.refused else ''}) in "
         f"{res.post_seconds:.2f} s; per-block latency p50 {pct(res.post_ms, 50):.1f} ms, "
         f"p99 {pct(res.post_ms, 99):.1f} ms; CPU {res.cpu.get('POST', '?')}"
     )

@@ -7,16 +7,33 @@ field are named in the error. ``array_body`` gives such a route its OpenAPI requ
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, NotRequired
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from app.api.errors import ApiError
 from app.api.schemas import GoldIn, ItemIn, LabelIn, PairIn
 from app.store.base import ProjectRecord
 
-LABELS = TypeAdapter(list[LabelIn])
+
+def entries_of(model: type[BaseModel]) -> Any:
+    """A TypedDict with ``model``'s fields, constraints and config: a block validated into
+    plain dicts skips building a model instance per entry (half of a label block's
+    validation). Fields with a default may be absent: read them with ``.get``."""
+    fields = {}
+    for name, info in model.model_fields.items():
+        kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[name] = kind if info.is_required() else NotRequired[kind]
+    entry = TypedDict(model.__name__, fields)  # type: ignore[misc]
+    entry.__pydantic_config__ = model.model_config  # type: ignore[attr-defined]
+    return entry
+
+
+LABELS: TypeAdapter[list[dict[str, Any]]] = TypeAdapter(list[entries_of(LabelIn)])  # type: ignore[misc]
+WEIGHT = LabelIn.model_fields["weight"].default
 GOLD = TypeAdapter(list[GoldIn])
 ITEMS = TypeAdapter(list[ItemIn])
 PAIRS = TypeAdapter(list[PairIn])
@@ -24,33 +41,45 @@ BODIES: dict[str, type[BaseModel]] = {m.__name__: m for m in (LabelIn, GoldIn, I
 """The entries of the bodies read by hand, by their schema's name."""
 
 
-def parse_block(
-    raw: bytes,
-    adapter: TypeAdapter[Any],
-    limit: int,
-    what: str = "label",
-    *,
-    max_weight: float | None = None,
-) -> list[Any]:
-    """The block's entries, validated; with ``max_weight``, an entry's ``weight`` above it is
+@dataclass(frozen=True)
+class LabelColumns:
+    """A block of labels, validated, as columns."""
+
+    items: list[str]
+    workers: list[str]
+    labels: list[str]
+    weights: list[float]
+    ids: list[str | None]
+
+
+def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
+    """A block of labels (``LabelIn``), validated; a ``weight`` above ``max_weight`` is
     refused too (422 naming the entry and field ``weight``)."""
-    out = _parse_block(raw, adapter, limit, what)
-    if max_weight is not None:
-        for entry, x in enumerate(out):
-            weight = getattr(x, "weight", None)
-            if weight is not None and weight > max_weight:
-                raise ApiError(
-                    422,
-                    f"invalid_{what}",
-                    f"entry {entry}, field 'weight': {weight:g} is above the largest weight "
-                    f"one {what} may carry, {max_weight:g} (CROWDTALLY_MAX_LABEL_WEIGHT)",
-                    entry,
-                    "weight",
-                )
-    return out
+    out = parse_block(raw, LABELS, limit)
+    weights = [x.get("weight", WEIGHT) for x in out]
+    if max(weights) > max_weight:
+        entry = next(n for n, w in enumerate(weights) if w > max_weight)
+        raise ApiError(
+            422,
+            "invalid_label",
+            f"entry {entry}, field 'weight': {weights[entry]:g} is above the largest weight "
+            f"one label may carry, {max_weight:g} (CROWDTALLY_MAX_LABEL_WEIGHT)",
+            entry,
+            "weight",
+        )
+    return LabelColumns(
+        [x["item"] for x in out],
+        [x["worker"] for x in out],
+        [x["label"] for x in out],
+        weights,
+        [x.get("id") for x in out],
+    )
 
 
-def _parse_block(raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str) -> list[Any]:
+def parse_block(
+    raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str = "label"
+) -> list[Any]:
+    """The block's entries, validated (422 naming the first bad entry and field)."""
     if len(raw) > limit * 2048:
         raise ApiError(
             413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} {what}s"

@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.api.bodies import LABELS, parse_block
+from app.api.bodies import label_block
 from app.api.errors import ApiError
 from app.api.views import item_view
 from app.settings import Settings
@@ -97,9 +97,9 @@ def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
         {"item": "i0", "worker": "w0", "label": "a", "weight": 10.0},
         {"item": "i1", "worker": "w0", "label": "a", "weight": 10.5},
     ]
-    assert len(parse_block(orjson.dumps(block[:1]), LABELS, 50, max_weight=10.0)) == 1
+    assert label_block(orjson.dumps(block[:1]), 50, max_weight=10.0).weights == [10.0]
     with pytest.raises(ApiError) as refused:
-        parse_block(orjson.dumps(block), LABELS, 50, max_weight=10.0)
+        label_block(orjson.dumps(block), 50, max_weight=10.0)
     err = refused.value
     assert (err.status, err.code, err.entry, err.field) == (422, "invalid_label", 1, "weight")
     assert "entry 1, field 'weight'" in err.message and "10.5" in err.message

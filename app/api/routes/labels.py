@@ -8,10 +8,10 @@ import orjson
 from fastapi import APIRouter, Request
 
 from app.api import metrics
-from app.api.bodies import GOLD, LABELS, array_body, label_codes, parse_block
+from app.api.bodies import GOLD, array_body, label_block, label_codes, parse_block
 from app.api.deps import Service, ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ENGINE_BEHIND, ERRORS, engine_behind
-from app.api.schemas import Accepted, ErrorResponse, GoldIn, LabelIn
+from app.api.schemas import Accepted, ErrorResponse, GoldIn
 from app.store.base import AppendResult, EngineBehindError
 
 router = APIRouter()
@@ -72,25 +72,17 @@ async def post_labels(
     record = svc.project(project)
     body = await request.body()
     await refuse_if_behind(svc, project, "labels", body)
-    labels: list[LabelIn] = parse_block(
-        body,
-        LABELS,
-        svc.settings.max_block_labels,
-        max_weight=svc.settings.max_label_weight,
-    )
-    codes = label_codes(record, [x.label for x in labels])
-    weights = [x.weight for x in labels]
-    ids = [x.id for x in labels]
+    block = label_block(body, svc.settings.max_block_labels, svc.settings.max_label_weight)
     payload = orjson.dumps(
         {
-            "items": [x.item for x in labels],
-            "workers": [x.worker for x in labels],
-            "labels": codes,
-            "weights": None if all(w == 1.0 for w in weights) else weights,
-            "ids": ids,  # kept in the archive: a wiped Redis gets its seen ids back
+            "items": block.items,
+            "workers": block.workers,
+            "labels": label_codes(record, block.labels),
+            "weights": None if all(w == 1.0 for w in block.weights) else block.weights,
+            "ids": block.ids,  # kept in the archive: a wiped Redis gets its seen ids back
         }
     )
-    result = await append_block(svc, project, "labels", payload, ids)
+    result = await append_block(svc, project, "labels", payload, block.ids)
     metrics.LABELS.labels(project, "accepted").inc(result.accepted)
     metrics.LABELS.labels(project, "duplicate").inc(result.duplicates)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
