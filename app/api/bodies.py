@@ -48,7 +48,8 @@ class LabelColumns:
     items: list[str]
     workers: list[str]
     labels: list[str]
-    weights: list[float]
+    weights: list[float] | None
+    """None when every label weighs 1 (the default)."""
     ids: list[str | None]
 
 
@@ -57,7 +58,8 @@ def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
     refused too (422 naming the entry and field ``weight``)."""
     out = parse_block(raw, LABELS, limit)
     weights = [x.get("weight", WEIGHT) for x in out]
-    if max(weights) > max_weight:
+    heaviest = max(weights)
+    if heaviest > max_weight:
         entry = next(n for n, w in enumerate(weights) if w > max_weight)
         raise ApiError(
             422,
@@ -71,7 +73,7 @@ def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
         [x["item"] for x in out],
         [x["worker"] for x in out],
         [x["label"] for x in out],
-        weights,
+        None if heaviest == min(weights) == 1.0 else weights,
         [x.get("id") for x in out],
     )
 

@@ -425,21 +425,18 @@ class EmbeddedStore:
     def read_queue(self, project: str, count: int) -> list[tuple[str, float]]:
         with self._lock:
             st = self._state.get(project)
-            if st is None or not st.queue:
-                return []
-            return self._ranked(st, count)
+            return self._ranked(st, count) if st is not None else []
 
     def queue_head(self, project: str, count: int) -> QueueHead:
         with self._lock:
             st = self._state.get(project)
             if st is None:
                 return QueueHead([], 0, None, None)
-            top = self._ranked(st, count) if st.queue else []
-            return QueueHead(top, len(st.queue), st.globals, st.queue_settings)
+            return QueueHead(self._ranked(st, count), len(st.queue), st.globals, st.queue_settings)
 
     @staticmethod
     def _ranked(st: _ProjectState, count: int) -> list[tuple[str, float]]:
-        """The ``count`` best of a non-empty queue (the lock held)."""
+        """The ``count`` best of the queue (the lock held)."""
         if st._ranked is None:  # rebuilt once per change of the queue
             names = sorted(st.queue, reverse=True)  # ties: by member, descending, as Redis
             values = np.array([st.queue[n] for n in names])

@@ -98,6 +98,10 @@ def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
         {"item": "i1", "worker": "w0", "label": "a", "weight": 10.5},
     ]
     assert label_block(orjson.dumps(block[:1]), 50, max_weight=10.0).weights == [10.0]
+    plain = [{"item": "i0", "worker": "w0", "label": "a"}, {**block[0], "weight": 1}]
+    assert label_block(orjson.dumps(plain), 50, max_weight=10.0).weights is None  # all weigh 1
+    mixed = [plain[0], block[0]]
+    assert label_block(orjson.dumps(mixed), 50, max_weight=10.0).weights == [1.0, 10.0]
     with pytest.raises(ApiError) as refused:
         label_block(orjson.dumps(block), 50, max_weight=10.0)
     err = refused.value

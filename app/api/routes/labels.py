@@ -78,7 +78,7 @@ async def post_labels(
             "items": block.items,
             "workers": block.workers,
             "labels": label_codes(record, block.labels),
-            "weights": None if all(w == 1.0 for w in block.weights) else block.weights,
+            "weights": block.weights,
             "ids": block.ids,  # kept in the archive: a wiped Redis gets its seen ids back
         }
     )
