@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -28,8 +27,9 @@ from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
 from bench.local_cluster import LocalCluster
 from tests.app.conftest import ADMIN, fresh_postgres
-from tests.app.test_processes import CLI, wait_healthy
+from tests.app.test_processes import wait_healthy
 from tests.app.test_redis_rollback import check_against_replay
+from tests.forked import Forked, crowdtally
 
 PROJECTS = ["a", "b", "c"]
 LEASE_S = 1.0
@@ -58,8 +58,8 @@ class Pool:
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
         )
 
-    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([*CLI, *args], env=self.env, cwd=self.workdir)
+    def spawn(self, *args: str) -> Forked:
+        return crowdtally(*args, env=self.env, cwd=self.workdir)
 
     def lags(self, keys: dict[str, dict[str, str]]) -> list[int]:
         return [

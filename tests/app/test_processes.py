@@ -17,13 +17,12 @@ import pytest
 
 from app.store.redis_store import RedisStore
 from tests.app.conftest import ADMIN, REDIS_URL
+from tests.forked import Process, crowdtally
 
 CLI = [sys.executable, "-m", "app.cli"]
 
 
-def wait_healthy(
-    client: httpx.Client, timeout_s: float, process: subprocess.Popen[bytes] | None = None
-) -> None:
+def wait_healthy(client: httpx.Client, timeout_s: float, process: Process | None = None) -> None:
     """Until the API answers /healthz (failing at once if its ``process`` exits)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -38,9 +37,11 @@ def wait_healthy(
 
 
 class Layout:
-    """``crowdtally serve --no-engine`` and ``crowdtally engine`` as child processes."""
+    """``crowdtally serve --no-engine`` and ``crowdtally engine`` as child processes: forked
+    from a warm parent (tests/forked.py), or with ``forked=False`` the command executed."""
 
-    def __init__(self, workdir: Path, **env: str) -> None:
+    def __init__(self, workdir: Path, forked: bool = True, **env: str) -> None:
+        self.forked = forked
         self.prefix = f"test-proc-{uuid.uuid4().hex[:8]}"
         self.env = {
             **os.environ,
@@ -62,7 +63,9 @@ class Layout:
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
         )
 
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, *args: str) -> Process:
+        if self.forked:
+            return crowdtally(*args, env=self.env, cwd=self.workdir)
         return subprocess.Popen([*CLI, *args], env=self.env, cwd=self.workdir)
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:  # a first start compiles kernels
@@ -85,7 +88,7 @@ class Layout:
 
 @pytest.fixture
 def layout(tmp_path: Path) -> Iterator[Layout]:
-    lay = Layout(tmp_path)
+    lay = Layout(tmp_path, forked=False)  # the commands themselves, as deployed
     try:
         lay.wait_ready()
         yield lay
