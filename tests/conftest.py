@@ -5,6 +5,7 @@ the dashboard test (installed if missing, see tests/chromium.py)."""
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,12 @@ import pytest
 from bench.datasets import find_datasets_root
 from tests.chromium import ChromiumMissingError, ensure_chromium
 from tests.kernels import compile_before_workers
+
+# One BLAS thread per process: the suite runs four workers (and the services they start) on
+# two cores, where OpenBLAS's own threads only spin beside them (tests/test_datasets.py: 6.6
+# CPU-s with them, 4.9 without). The workers, started after this import, inherit it.
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = find_datasets_root()
