@@ -572,7 +572,8 @@ class EngineLoop:
         """Apply entries, refinement sweeps included, until nothing is left (tests, CLI)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.step() == 0:
+            rewinds = self.rewinds  # a project dropped at a rewind is reloaded at the next step
+            if self.step() == 0 and self.rewinds == rewinds:
                 if not self.sweeps_pending():
                     return
                 time.sleep(self.poll_s)

@@ -249,3 +249,30 @@ def test_redis_rolled_back_past_state_writes_only(tmp_path: Path) -> None:
         store.close()
         db.close()
         redis_.close()
+
+
+def test_running_until_idle_reloads_a_project_dropped_at_a_rewind(tmp_path: Path) -> None:
+    """The step that finds the log rewound drops the project and applies nothing: the engine
+    is not idle then, it has the project to restore and its log to replay."""
+    redis_ = RedisWithAof(tmp_path)
+    store = RedisStore(redis_.url, "rb")
+    rng = np.random.default_rng(6)
+    blocks = [block(n, rng) for n in range(14)]
+    loop = EngineLoop(store, refine_passes=0)
+    try:
+        store.create_project(RECORD)
+        for body, ids in blocks[:10]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        cut = redis_.aof_size()
+        for body, ids in blocks[10:12]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        redis_.restart_truncated(cut)
+        for body, ids in blocks[12:]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        assert loop.rewinds == 1 and loop.engines["p"].position == 12
+    finally:
+        store.close()
+        redis_.close()
