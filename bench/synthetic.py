@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 I64 = npt.NDArray[np.int64]
 
@@ -147,6 +150,8 @@ def _as_str(ids: I64, n: int) -> npt.NDArray[np.object_]:
 
 def to_frame(s: SyntheticSet) -> pd.DataFrame:
     """Answers as a crowd-kit style frame: columns task, worker, label, all str (object dtype)."""
+    import pandas as pd  # (only here: the service's benchmarks import this module)
+
     return pd.DataFrame(
         {
             "task": _as_str(s.items, s.n_items),
