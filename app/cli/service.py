@@ -36,8 +36,13 @@ def serve(
     import os
     import subprocess
 
-    # the kernels' warm-up (app.serving.warmup) starts its second process before our imports
-    second = subprocess.Popen([sys.executable, "-m", "app.serving.warmup"], stdout=subprocess.PIPE)
+    from app.serving.kernel_cache import looks_cached
+
+    # On a first start the kernels' warm-up (app.serving.warmup) compiles in two processes:
+    # the second one starts here, before our imports.
+    second = None
+    if not looks_cached():
+        second = subprocess.Popen([sys.executable, "-m", "app.serving.warmup"], stdout=subprocess.PIPE)
     import uvicorn
 
     from app.serving import warmup

@@ -25,6 +25,7 @@ import orjson
 
 from app.engine.dyadic import DyadicTrainer, settings_for
 from app.engine.project import ProjectEngine
+from app.serving.kernel_cache import LEARNING
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
@@ -129,7 +130,7 @@ def second_process() -> None:
         nominal()
 
 
-_KERNELS = ("learn_blocks", "estep_tables", "learn_many", "h_min_many")
+_KERNELS = tuple(kernel.split(".")[1] for kernel in LEARNING)
 
 
 def warm_up() -> float:

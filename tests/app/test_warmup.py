@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,23 @@ def test_serving_extras_are_the_signatures_the_engine_and_reads_use() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["2", "0"]
+
+
+def test_the_quick_cache_check_agrees_with_numbas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``crowdtally serve`` decides from file names alone whether a first start's second
+    process is needed; numba's own index (read by ``warmup``) must agree."""
+    from app.serving import kernel_cache, warmup
+
+    warmup.everything()  # (loaded from the cache the suite's start filled, or compiled here)
+    assert kernel_cache.looks_cached() and warmup._cached(*warmup._KERNELS)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert not kernel_cache.looks_cached()
+    folder = tmp_path / "some" / "checkout" / "core"
+    folder.mkdir(parents=True)
+    for kernel in kernel_cache.LEARNING[:-1]:
+        (folder / f"{kernel}-10.py311.nbi").touch()
+    assert not kernel_cache.looks_cached()  # one is missing
+    (folder / f"{kernel_cache.LEARNING[-1]}-10.py311.nbi").touch()
+    assert kernel_cache.looks_cached()
