@@ -103,11 +103,21 @@ def _log_joint(
 
 @jit
 def _normalise(logq, q):
-    """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood."""
-    lse = _logsumexp(logq)
+    """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood. One
+    exp per class (q = exp(logq - max), then divided by its sum): the E-step's costliest part."""
+    m = -np.inf
+    for v in logq:
+        m = max(m, v)
+    if m == -np.inf:  # no class possible: q is undefined
+        q[:] = np.nan
+        return m
+    acc = 0.0
     for z in range(q.shape[0]):
-        q[z] = math.exp(logq[z] - lse)
-    return lse
+        q[z] = math.exp(logq[z] - m)
+        acc += q[z]
+    for z in range(q.shape[0]):
+        q[z] /= acc
+    return m + math.log(acc)
 
 
 @jit
