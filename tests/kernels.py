@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pytest
 
-ANSWERS = "item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n"
+# 12 items: their ids outgrow the id table's first size, so its rehash is compiled too
+ANSWERS = "item,worker,label\n" + "".join(f"i{n},w{n % 3},{n % 2}\ni{n},w3,1\n" for n in range(12))
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "core", "bench", "tests", "clients")
 
@@ -33,15 +34,17 @@ def compile_all() -> None:
     from app.serving import warmup
     from app.serving.predictions import warm_up as warmup_predictions
 
-    # Two halves of about 10 s each on a fresh clone: here the dyadic model's learning, then
-    # its predictions and h_min (which reuse the learning's compiled step), batch EM and the
-    # grouping of long files; in a second process the nominal model (learning, refits,
-    # reads) and the online ``extract``.
+    # Two halves of about 8 s each on a fresh clone: here the dyadic model's learning, then
+    # its predictions and h_min (which reuse the learning's compiled step), batch EM, the
+    # grouping of long files and the queue's value of information; in a second process the
+    # nominal model (learning, refits, reads), the online ``extract`` with Newton's later
+    # passes, and the calibration's prequential evidence.
     second = subprocess.Popen([sys.executable, "-m", "tests.kernels", "nominal"])
     warmup.dyadic_learning()
     warmup_predictions()
     _grouping()
     _extract(["--batch"], ["--batch", "--difficulty"])
+    _value_of_information()
     second.wait()
     warmup.everything()  # loads what the other process compiled (and compiles what failed there)
 
@@ -50,7 +53,8 @@ def compile_nominal() -> None:
     from app.serving import warmup
 
     warmup.nominal()
-    _extract([])
+    _extract([], ["--passes", "5", "--later-passes", "newton"])
+    _prequential_evidence()
 
 
 def _extract(*options: list[str]) -> None:
@@ -75,6 +79,26 @@ def _grouping() -> None:
 
     codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
     canonical_order(codes, codes, codes, np.ones(LARGE))
+
+
+def _value_of_information() -> None:
+    import numpy as np
+
+    from core.acquisition import value_of_information
+
+    value_of_information(np.full((2, 3), 1 / 3), np.full((3, 3), 1 / 3))
+
+
+def _prequential_evidence() -> None:
+    import numpy as np
+
+    from core.calibration import prequential_evidence
+
+    K = 2
+    prequential_evidence(
+        np.array([0, 2]), np.array([0]), np.zeros(1, dtype=np.int64), np.array([0, 1]),
+        np.array([0, 1]), np.ones(2), np.zeros(K), 2 * np.eye(K), np.zeros((2, K, K)),
+    )  # fmt: skip
 
 
 def compile_before_workers(config: pytest.Config) -> None:
