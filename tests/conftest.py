@@ -42,7 +42,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(config, "workerinput"):
         return
     if getattr(config.option, "numprocesses", None):
-        compile_before_workers(config)  # else each worker compiles the same kernels on a fresh clone
+        compile_before_workers(config)  # else each worker compiles the same kernels
     if not _runs_dashboard_test(config):
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")

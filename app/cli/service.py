@@ -42,7 +42,9 @@ def serve(
     # the second one starts here, before our imports.
     second = None
     if not looks_cached():
-        second = subprocess.Popen([sys.executable, "-m", "app.serving.warmup"], stdout=subprocess.PIPE)
+        second = subprocess.Popen(
+            [sys.executable, "-m", "app.serving.warmup"], stdout=subprocess.PIPE
+        )
     import uvicorn
 
     from app.serving import warmup
