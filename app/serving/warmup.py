@@ -121,16 +121,13 @@ def adopt(second: subprocess.Popen[bytes] | None) -> None:
 def second_process() -> None:
     """Compile the nominal model's learning, print a line, then what only
     predictions, h_min and refits need. With everything cached, the line and nothing else."""
-    cached = _cached(*_KERNELS)
+    cached = _cached()
     if not cached:
         _engine_after([_LABEL_ENTRY])  # the learning, and nothing more
     print("learning", flush=True)
     if not cached:
         warm_up_predictions()
         nominal()
-
-
-_KERNELS = tuple(kernel.split(".")[1] for kernel in LEARNING)
 
 
 def warm_up() -> float:
@@ -143,7 +140,7 @@ def warm_up() -> float:
     refit) when the second process is done (a prediction asked before that compiles what it
     needs itself)."""
     start = time.perf_counter()
-    second, first_start = _second, not _cached(*_KERNELS)
+    second, first_start = _second, not _cached()
     adopt(None)
     if second is None and not first_start:
         everything()
@@ -174,11 +171,13 @@ def _load_the_rest(second: subprocess.Popen[bytes]) -> None:
     everything()
 
 
-def _cached(*names: str) -> bool:
-    """Whether numba's on-disk cache holds compiled code for these kernels (numba keeps no
-    public API for this: any surprise reads as "not cached", which only costs a process)."""
-    kernels = [getattr(_kernels, n, None) or getattr(_dyadic_kernels, n) for n in names]
+def _cached() -> bool:
+    """Whether numba's on-disk cache holds compiled code for the kernels only a first start
+    compiles (``kernel_cache.LEARNING``; numba keeps no public API for this: any surprise
+    reads as "not cached", which only costs a process)."""
+    modules = {"_kernels": _kernels, "_dyadic_kernels": _dyadic_kernels}
     try:
+        kernels = [getattr(modules[m], f) for m, f in (k.split(".") for k in LEARNING)]
         return all(bool(k._cache._cache_file._load_index()) for k in kernels)
     except Exception:
         return False

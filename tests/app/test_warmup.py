@@ -105,7 +105,7 @@ def test_the_quick_cache_check_agrees_with_numbas(
     from app.serving import kernel_cache, warmup
 
     warmup.everything()  # (loaded from the cache the suite's start filled, or compiled here)
-    assert kernel_cache.looks_cached() and warmup._cached(*warmup._KERNELS)
+    assert kernel_cache.looks_cached() and warmup._cached()
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     assert not kernel_cache.looks_cached()
     folder = tmp_path / "some" / "checkout" / "core"
