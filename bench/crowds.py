@@ -15,7 +15,10 @@ Synthetic regimes (``SYNTHETIC``), each seeded and deterministic, 3,000-4,000 it
 * ``sparse``: a long tail of workers (most give at most 5 answers) and a few heavy workers;
 * ``difficulty``: GLAD-like, p(correct) = sigmoid(alpha_w * beta_i), some items very hard;
 * ``imbalance``: class prior 0.70 / 0.20 / 0.07 / 0.03;
-* ``many_classes``: 12 classes, each class confused with a few neighbours only.
+* ``many_classes``: 12 classes, each class confused with a few neighbours only;
+* ``sparse_one_coin``: a long tail of sparse symmetric workers, 5 classes, 3 answers an item;
+* ``thin``: 2 answers an item from sparse symmetric workers, 4 classes (with fewer than
+  three answers an item, the confusions are identified only through the workers).
 """
 
 from __future__ import annotations
@@ -253,9 +256,7 @@ def synth_one_coin(seed: int = 0) -> Crowd:
     """Symmetric workers: 3,000 items x 5 answers, 80 workers, 3 classes, a_w in 0.4..0.95."""
     rng = np.random.default_rng([seed, 2])
     K, W = 3, 80
-    acc = rng.uniform(0.4, 0.95, size=W)
-    conf = np.repeat(((1 - acc) / (K - 1))[:, None, None], K, axis=1).repeat(K, axis=2)
-    conf[:, np.arange(K), np.arange(K)] = acc[:, None]
+    conf = _one_coin_rows(rng.uniform(0.4, 0.95, size=W), K)
     prior = np.full(K, 1.0 / K)
     return _confusion_crowd(
         rng, "syn_one_coin", "one-coin workers (symmetric errors)", prior, conf, 3000, 5
@@ -377,6 +378,46 @@ def synth_many_classes(seed: int = 0) -> Crowd:
     )
 
 
+def _one_coin_rows(acc: F64, K: int) -> F64:
+    """Symmetric confusions (n_workers, K, K): the true class with p = acc_w, else uniform."""
+    conf = np.repeat(((1.0 - acc) / (K - 1))[:, None, None], K, axis=1).repeat(K, axis=2)
+    conf[:, np.arange(K), np.arange(K)] = acc[:, None]
+    return conf
+
+
+def _sparse_symmetric(
+    rng: np.random.Generator, name: str, description: str, K: int, per_item: int, n_items: int,
+    n_workers: int, sigma: float, accuracy: tuple[float, float],
+) -> Crowd:  # fmt: skip
+    """Symmetric workers with lognormal activity, uniform class prior."""
+    conf = _one_coin_rows(rng.uniform(*accuracy, size=n_workers), K)
+    activity = rng.lognormal(0.0, sigma, size=n_workers)
+    prior = np.full(K, 1.0 / K)
+    return _confusion_crowd(
+        rng, name, description, prior, conf, n_items, per_item, weights=activity
+    )
+
+
+def synth_sparse_one_coin(seed: int = 0) -> Crowd:
+    """3,000 items x 3 answers from 1,500 symmetric workers (p(correct) in 0.35..0.9) with
+    lognormal activity (sigma 1.8: two thirds give at most 5 answers); 5 classes."""
+    rng = np.random.default_rng([seed, 8])
+    return _sparse_symmetric(
+        rng, "syn_sparse_one_coin", "sparse symmetric workers, 3 answers an item, 5 classes",
+        K=5, per_item=3, n_items=3000, n_workers=1500, sigma=1.8, accuracy=(0.35, 0.9),
+    )  # fmt: skip
+
+
+def synth_thin(seed: int = 0) -> Crowd:
+    """4,000 items x 2 answers from 800 symmetric workers (p(correct) in 0.4..0.9), lognormal
+    activity (sigma 1.5); 4 classes."""
+    rng = np.random.default_rng([seed, 9])
+    return _sparse_symmetric(
+        rng, "syn_thin", "2 answers an item from sparse symmetric workers, 4 classes",
+        K=4, per_item=2, n_items=4000, n_workers=800, sigma=1.5, accuracy=(0.4, 0.9),
+    )  # fmt: skip
+
+
 SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "ds": synth_ds,
     "one_coin": synth_one_coin,
@@ -385,6 +426,8 @@ SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "difficulty": synth_difficulty,
     "imbalance": synth_imbalance,
     "many_classes": synth_many_classes,
+    "sparse_one_coin": synth_sparse_one_coin,
+    "thin": synth_thin,
 }
 """Synthetic regimes by short name; each generator takes a seed."""
 

@@ -41,6 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from app.settings import Settings
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
 from bench.datasets import DEFAULT_ROOT, dataset_names
 from core.batch import BatchEM
@@ -157,6 +158,9 @@ def scores(posteriors: F64, gold: I64) -> dict[str, float]:
     }
 
 
+IDLE_REFINE_PASSES: int = Settings.model_fields["refine_passes"].default
+"""The refinement sweeps the service's engine runs over a project once it is idle."""
+
 # ---------------------------------------------------------------------------------------
 # crowdtally building blocks (small, so that variants are one-line registry entries)
 
@@ -184,16 +188,20 @@ def run_online(
     config: NominalConfig | None = None,
     model: Callable[[NominalConfig], OnlineEM] = OnlineEM,
     served: bool = True,
+    idle_passes: int = 0,
 ) -> F64:
-    """One online pass over the items in a random order (``seed``), then the posteriors of
-    every item under the final parameters, as the service serves them (calibrated,
-    docs/model.md eq. 21-25), or the model's own with ``served=False``; ``gold`` (-1 =
-    unknown) is passed as ``known``."""
+    """One online pass over the items in a random order (``seed``), then ``idle_passes``
+    revisit passes (what the service's engine runs once a project is idle: its refinement
+    sweeps, docs/model.md eq. 14-16), then the posteriors of every item under the final
+    parameters, as the service serves them (calibrated, docs/model.md eq. 21-25), or the
+    model's own with ``served=False``; ``gold`` (-1 = unknown) is passed as ``known``."""
     config = config or nominal_config(crowd)
     blocks = hashed_blocks(crowd, config)
     em = model(config)
     order = np.random.default_rng(seed).permutation(blocks.n_blocks)
-    em.learn_many(blocks, order=order, known=gold)
+    result = em.learn_many(blocks, order=order, known=gold)
+    for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
+        result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
     if served:
         return served_posteriors(em.params, blocks, online_calibration(em, blocks, gold), gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors
@@ -333,6 +341,12 @@ def _crowdkit_fit(method: str) -> Fit:
 
 
 register("online", lambda c, g, s: run_online(c, g, s), seeded=True)
+# what the service serves once a project has been idle a second: its refinement sweeps done
+register(
+    "online-idle",
+    lambda c, g, s: run_online(c, g, s, idle_passes=IDLE_REFINE_PASSES),
+    seeded=True,
+)
 register("batch", lambda c, g, s: run_batch(c, g))
 # the model's own posteriors, before calibration: shown beside the served ones, not checked
 register(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
+from app.engine.project import ProjectEngine
+from app.store.base import LogEntry, ProjectRecord
 from bench import quality
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
 from bench.datasets import DEFAULT_ROOT
@@ -87,8 +91,10 @@ def test_generators_are_seeded_and_oracle_beats_majority_vote(name: str) -> None
 
 
 def test_regimes() -> None:
-    assert _crowd("sparse").mostly_sparse and not _crowd("sparse").dense
-    assert all(_crowd(n).dense for n in SYNTHETIC if n != "sparse")
+    sparse = ("sparse", "sparse_one_coin", "thin")
+    assert all(_crowd(n).mostly_sparse and not _crowd(n).dense for n in sparse)
+    assert all(_crowd(n).dense for n in SYNTHETIC if n not in sparse)
+    assert np.all(np.bincount(_crowd("thin").item) == 2)
     assert _crowd("many_classes").n_classes >= 10
     imb = _crowd("imbalance")
     assert np.bincount(imb.gold).argmax() == 0 and np.mean(imb.gold == 0) > 0.6
@@ -190,3 +196,44 @@ def test_stopping_replay_reveals_answers_until_the_target(
     assert stopping.main(["--datasets", "duck", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
     assert "duck" in out and "served" in out and "raw" in out and "stopped items right" in out
+
+
+def _first_items(crowd: Crowd, n: int) -> Crowd:
+    """The crowd cut to its first ``n`` items and their answers."""
+    keep = crowd.item < n
+    return dataclasses.replace(
+        crowd,
+        item=crowd.item[keep],
+        worker=crowd.worker[keep],
+        label=crowd.label[keep],
+        n_items=n,
+        gold=crowd.gold[:n],
+        oracle=None,
+        answer_loglik=None,
+    )
+
+
+def test_online_idle_is_what_the_service_engine_serves_after_its_sweeps() -> None:
+    crowd = _first_items(_crowd("sparse_one_coin"), 300)
+    config = quality.nominal_config(crowd)
+    engine = ProjectEngine(ProjectRecord("p", crowd.classes, config.to_dict(), 1.0))
+    order = np.random.default_rng(5).permutation(crowd.n_items)  # run_online's order, seed 5
+    names = crowd.worker_ids()
+    for position, i in enumerate(order, start=1):  # one log entry per item, in that order
+        mine = crowd.item == i
+        body = {
+            "items": [str(i)] * int(mine.sum()),
+            "workers": [names[w] for w in crowd.worker[mine]],
+            "labels": crowd.label[mine].tolist(),
+            "weights": None,
+        }
+        engine.apply(LogEntry(position, "labels", orjson.dumps(body), b""))
+    passes = quality.IDLE_REFINE_PASSES
+    refine = orjson.dumps({"passes": passes})
+    engine.apply(LogEntry(crowd.n_items + 1, "refine", refine, b""))
+    none = np.full(crowd.n_items, -1)
+    idle = quality.run_online(crowd, none, 5, served=False, idle_passes=passes)
+    one_pass = quality.run_online(crowd, none, 5, served=False)
+    # the engine codes items by arrival: its item k is the crowd's order[k]
+    np.testing.assert_allclose(engine.q[: crowd.n_items], idle[order], rtol=0, atol=1e-12)
+    assert np.abs(idle - one_pass).max() > 1e-3  # the sweeps do move the posteriors
