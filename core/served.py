@@ -50,6 +50,18 @@ def online_calibration(
     return calibration(model.params, blocks, model.params.evidence, gold)
 
 
+def batch_evidence(
+    config: NominalConfig, blocks: LabelBlocks, n_workers: int, gold: IntArray | None = None
+) -> FloatArray:
+    """The prequential evidence (eq. 22) for a batch EM fit. It scores each answer before the
+    model has seen it, which a fit on every answer cannot do: it comes from one online pass
+    over ``blocks`` in their order, with exact workers."""
+    online = OnlineEM(config.with_(n_worker_slots=max(n_workers, 1)))
+    online.learn_many(blocks, known=gold)
+    assert online.params.evidence is not None  # learn_many keeps it
+    return online.params.evidence
+
+
 def batch_calibration(
     config: NominalConfig,
     params: NominalParams,
@@ -57,12 +69,8 @@ def batch_calibration(
     n_workers: int,
     gold: IntArray | None = None,
 ) -> Calibration:
-    """``calibration`` of a batch EM fit. The tempering's evidence is prequential (each answer
-    scored before the model has seen it), which a fit on every answer cannot give: it comes
-    from one online pass over ``blocks`` in their order, with exact workers."""
-    online = OnlineEM(config.with_(n_worker_slots=max(n_workers, 1)))
-    online.learn_many(blocks, known=gold)
-    return calibration(params, blocks, online.params.evidence, gold)
+    """``calibration`` of a batch EM fit, with ``batch_evidence``."""
+    return calibration(params, blocks, batch_evidence(config, blocks, n_workers, gold), gold)
 
 
 def served_posteriors(

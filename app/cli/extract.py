@@ -147,6 +147,14 @@ def extract(
     batch: Annotated[
         bool, typer.Option("--batch", help="Batch EM to convergence instead of online EM.")
     ] = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Report and write the model's own posteriors instead of the calibrated ones "
+            "the service serves (docs/model.md eq. 21-23).",
+        ),
+    ] = False,
 ) -> None:
     """Aggregate labels: posteriors per item and worker confusion matrices (nominalonlineextract)."""
     path = data or data_opt
@@ -214,10 +222,14 @@ def extract(
         raise InputError("--later-passes", None, "newton needs a model without difficulty")
     print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
     if batch:
-        result, params, seconds = job.run_batch(encoded, config, out)
-        posteriors = result.probas
-        slot_params = job.slot_params_from_batch(params, encoded, config)
-        speed = f"batch EM: {result.n_iter} iterations in {seconds:.2f}s"
+        fit = job.run_batch(encoded, config, out)
+        slot_params = job.slot_params_from_batch(fit.params, encoded, config)
+        if raw:
+            posteriors = fit.result.probas
+        else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
+            slot_params.evidence = fit.evidence(config)
+            posteriors = job.served(fit.params, fit.blocks, slot_params.evidence)
+        speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
     else:
         run = job.run_online(
             encoded,
@@ -230,7 +242,8 @@ def extract(
             out,
             later_passes,
         )
-        posteriors, slot_params = run.final.posteriors, run.model.params
+        posteriors = run.final.posteriors if raw else run.served()
+        slot_params = run.model.params
         rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
     print(
@@ -239,8 +252,7 @@ def extract(
     )
     print(speed, file=out)
     if gold is not None:
-        acc, n = job.accuracy(posteriors.argmax(axis=1), gold)
-        print(f"accuracy {acc:.4f} on {n} items with gold", file=out)
+        print(job.gold_report(posteriors, gold, raw), file=out)
     if predictions is not None:
         write_predictions(predictions, encoded.item_names, classes, posteriors)
         print(f"predictions written to {predictions}", file=out)

@@ -19,9 +19,11 @@ from app.io.input import InputError
 from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.calibration import reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
+from core.served import batch_evidence, calibration, served_posteriors
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,23 @@ def accuracy(predicted: IntArray, gold: IntArray) -> tuple[float, int]:
     return (float(np.mean(predicted[has] == gold[has])) if n else float("nan")), n
 
 
+def gold_report(posteriors: FloatArray, gold: IntArray, raw: bool) -> str:
+    """Accuracy on the items with gold, then how well the posteriors' probabilities match it:
+    the top label's calibration error (ECE, 10 equal-width bins), the gold class's mean
+    negative log-likelihood and the Brier score."""
+    acc, n = accuracy(posteriors.argmax(axis=1), gold)
+    line = f"accuracy {acc:.4f} on {n} items with gold"
+    if n == 0:
+        return line
+    has = gold >= 0
+    r = reliability(posteriors[has], gold[has])
+    which = "the model's own posteriors" if raw else "calibrated posteriors, as served"
+    return (
+        f"{line}\ncalibration on them: ECE {r.ece:.2f} points, NLL {r.nll:.4f} nats, "
+        f"Brier {r.brier:.4f} ({which})"
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # Progressive validation table, in the seed's (vowpal wabbit's) style.
 
@@ -245,9 +264,14 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
 @dataclass
 class OnlineRun:
     model: OnlineEM
+    blocks: LabelBlocks
     final: BlockResult
     seconds: float
     table_average: float
+
+    def served(self) -> FloatArray:
+        """The posteriors the service serves for these answers (calibrated, no gold)."""
+        return served(self.model.params, self.blocks, self.model.params.evidence)
 
 
 def run_online(
@@ -308,12 +332,28 @@ def run_online(
         seconds += time.perf_counter() - t0
     else:
         final = model.predict_many(blocks)
-    return OnlineRun(model=model, final=final, seconds=seconds, table_average=table.average)
+    return OnlineRun(model, blocks, final, seconds, table.average)
 
 
-def run_batch(
-    data: Encoded, config: NominalConfig, out: TextIO
-) -> tuple[AggregationResult, NominalParams, float]:
+def served(params: NominalParams, blocks: LabelBlocks, evidence: FloatArray | None) -> FloatArray:
+    """Calibrated posteriors (docs/model.md eq. 21-23, without gold): what the service serves
+    for the same answers, the tempering chosen by the prequential ``evidence``."""
+    return served_posteriors(params, blocks, calibration(params, blocks, evidence))
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    result: AggregationResult
+    params: NominalParams
+    blocks: LabelBlocks
+    seconds: float
+
+    def evidence(self, config: NominalConfig) -> FloatArray:
+        """The tempering's evidence for this fit: one online pass over the same answers."""
+        return batch_evidence(config, self.blocks, self.params.worker.shape[0])
+
+
+def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> BatchRun:
     """Batch EM with exact workers, printing F at doubling iterations."""
     blocks = exact_blocks(data)
     print("iteration   F (log posterior)", file=out)
@@ -328,7 +368,7 @@ def run_batch(
     result, params = BatchEM(config).fit(blocks, data.n_workers, progress=progress)
     seconds = time.perf_counter() - t0
     print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
-    return result, params, seconds
+    return BatchRun(result, params, blocks, seconds)
 
 
 def slot_params_from_batch(

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from core.calibration import evidence_size
 from core.nominal import NominalConfig, NominalParams
 
 FORMAT = "crowdtally-nominal/1"
@@ -37,6 +39,14 @@ def save_model(path: str | Path, model: SavedModel) -> None:
     tmp.replace(path)
 
 
+def _evidence(data: Any) -> npt.NDArray[np.float64] | None:
+    """The calibration's prequential evidence (docs/model.md eq. 22), when the file has it on
+    the tempering grid in force (a model saved before it, or on another grid, has none)."""
+    if "evidence" not in data.files or data["evidence"].shape != (evidence_size(),):
+        return None
+    return np.array(data["evidence"], dtype=np.float64)
+
+
 def load_model(path: str | Path) -> SavedModel:
     path = Path(path)
     try:
@@ -49,6 +59,7 @@ def load_model(path: str | Path) -> SavedModel:
             params = NominalParams.from_arrays(
                 {k: data[k] for k in ("class_logits", "population", "worker", "scalars")}
             )
+            params.evidence = _evidence(data)
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no such file") from None
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:

@@ -88,6 +88,44 @@ def test_save_load_test_only_round_trip(dog: Path, tmp_path: Path) -> None:
     assert p1.read_text() == p2.read_text()
 
 
+def _report(stdout: str) -> dict[str, float]:
+    """Accuracy, ECE and NLL from extract's report on the items with gold."""
+    lines = stdout.splitlines()
+    acc = next(ln for ln in lines if ln.startswith("accuracy")).split()
+    cal = next(ln for ln in lines if ln.startswith("calibration on them")).split()
+    return {"acc": float(acc[1]), "ece": float(cal[4]), "nll": float(cal[7])}
+
+
+def _probabilities(path: Path) -> np.ndarray:
+    with path.open() as fh:
+        return np.array([[float(x) for x in r[3:]] for r in list(csv.reader(fh))[1:]])
+
+
+@pytest.mark.parametrize("mode", [(), ("--batch",)], ids=["online", "batch"])
+def test_predictions_are_the_calibrated_posteriors_the_service_serves(
+    dog: Path, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    served, raw, again, model = (tmp_path / n for n in ("s.csv", "r.csv", "t.csv", "m.npz"))
+    truth = ("--truth", dog / "truth.csv")
+    run = extract(dog / "answers.csv", *mode, *truth, "--predictions", served, "--save", model)
+    own = extract(dog / "answers.csv", *mode, *truth, "--predictions", raw, "--raw")
+    assert run.returncode == 0 and own.returncode == 0, run.stderr + own.stderr
+    assert "(calibrated posteriors, as served)" in run.stdout
+    assert "(the model's own posteriors)" in own.stdout
+    a, b = _report(run.stdout), _report(own.stdout)
+    # the same labels, probabilities that mean more: dog's model is overconfident (NLL 1.4)
+    assert a["acc"] == b["acc"] and a["nll"] < 0.8 * b["nll"] and a["ece"] < b["ece"]
+    p, q = _probabilities(served), _probabilities(raw)
+    assert np.array_equal(p.argmax(axis=1), q.argmax(axis=1)) and not np.allclose(p, q)
+    # a saved model keeps what the calibration needs: --test-only serves the same again
+    test = extract(dog / "answers.csv", "--load", model, "--test-only", "--predictions", again)
+    assert test.returncode == 0, test.stderr
+    if not mode:
+        assert again.read_text() == served.read_text()
+    else:  # the saved model is the fit mapped into hashed slots (2 of dog's workers share one)
+        assert np.abs(_probabilities(again) - p).max() < 0.1
+
+
 def test_batch_mode(dog: Path, tmp_path: Path) -> None:
     run = extract(
         dog / "answers.csv", "--batch", "--truth", dog / "truth.csv", "--save", tmp_path / "b.npz"
@@ -436,8 +474,8 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
         gold = np.full(data.n_items, -1)
         online = job.run_online(data, config, None, 2, 0, gold, False, io.StringIO())
-        batch = job.run_batch(data, config, io.StringIO())[0]
-        fits.append((data, online.final.posteriors, batch.probas))
+        batch = job.run_batch(data, config, io.StringIO())
+        fits.append((data, online.final.posteriors, batch.result.probas, online.served()))
     (whole, *fit_whole), (chunked, *fit_chunked) = fits
     assert whole.item_names.equals(chunked.item_names)
     assert whole.worker_names.equals(chunked.worker_names)
