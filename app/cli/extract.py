@@ -228,7 +228,7 @@ def extract(
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence = fit.evidence(config)
-            posteriors = job.served(fit.params, fit.blocks, slot_params.evidence)
+            posteriors = job.served(fit.params, fit.blocks, fit.result.probas, slot_params.evidence)
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
     else:
         run = job.run_online(

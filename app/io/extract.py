@@ -23,7 +23,7 @@ from core.calibration import reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
-from core.served import batch_evidence, calibration, served_posteriors
+from core.served import batch_evidence, calibration
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,8 @@ class OnlineRun:
 
     def served(self) -> FloatArray:
         """The posteriors the service serves for these answers (calibrated, no gold)."""
-        return served(self.model.params, self.blocks, self.model.params.evidence)
+        params = self.model.params
+        return served(params, self.blocks, self.final.posteriors, params.evidence)
 
 
 def run_online(
@@ -335,10 +336,20 @@ def run_online(
     return OnlineRun(model, blocks, final, seconds, table.average)
 
 
-def served(params: NominalParams, blocks: LabelBlocks, evidence: FloatArray | None) -> FloatArray:
-    """Calibrated posteriors (docs/model.md eq. 21-23, without gold): what the service serves
-    for the same answers, the tempering chosen by the prequential ``evidence``."""
-    return served_posteriors(params, blocks, calibration(params, blocks, evidence))
+def served(
+    params: NominalParams, blocks: LabelBlocks, posteriors: FloatArray, evidence: FloatArray | None
+) -> FloatArray:
+    """The model's ``posteriors`` calibrated as the service serves them (docs/model.md eq.
+    21-23, without gold), the tempering chosen by the prequential ``evidence``."""
+    cal, n = calibration(params, blocks, evidence), blocks.total_weight()
+    out = np.empty_like(posteriors)
+    for lo in range(0, len(out), _CHUNK_ROWS):  # in slices: a few temporaries of one slice
+        hi = lo + _CHUNK_ROWS
+        out[lo:hi] = cal.from_posteriors(posteriors[lo:hi], n[lo:hi])
+    return out
+
+
+_CHUNK_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
