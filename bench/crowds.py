@@ -18,7 +18,8 @@ Synthetic regimes (``SYNTHETIC``), each seeded and deterministic, 3,000-4,000 it
 * ``many_classes``: 12 classes, each class confused with a few neighbours only;
 * ``sparse_one_coin``: a long tail of sparse symmetric workers, 5 classes, 3 answers an item;
 * ``thin``: 2 answers an item from sparse symmetric workers, 4 classes (with fewer than
-  three answers an item, the confusions are identified only through the workers).
+  three answers an item, the confusions are identified only through the workers);
+* ``sparse_many_classes``: sparse symmetric workers over 10 classes, 3 answers an item.
 """
 
 from __future__ import annotations
@@ -418,6 +419,16 @@ def synth_thin(seed: int = 0) -> Crowd:
     )  # fmt: skip
 
 
+def synth_sparse_many_classes(seed: int = 0) -> Crowd:
+    """5,000 items x 3 answers from 2,500 symmetric workers (p(correct) in 0.3..0.9) with
+    lognormal activity (sigma 1.8); 10 classes."""
+    rng = np.random.default_rng([seed, 10])
+    return _sparse_symmetric(
+        rng, "syn_sparse_many_classes", "sparse symmetric workers, 3 answers an item, 10 classes",
+        K=10, per_item=3, n_items=5000, n_workers=2500, sigma=1.8, accuracy=(0.3, 0.9),
+    )  # fmt: skip
+
+
 SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "ds": synth_ds,
     "one_coin": synth_one_coin,
@@ -428,6 +439,7 @@ SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "many_classes": synth_many_classes,
     "sparse_one_coin": synth_sparse_one_coin,
     "thin": synth_thin,
+    "sparse_many_classes": synth_sparse_many_classes,
 }
 """Synthetic regimes by short name; each generator takes a seed."""
 
