@@ -45,6 +45,21 @@ def blocks_of(n_items: int, seed: int, size: int = 1000) -> list[bytes]:
     return [orjson.dumps(rows[lo : lo + size]) for lo in range(0, len(rows), size)]
 
 
+def post_acknowledged(
+    lay: Layout, body: bytes, key: dict[str, str], timeout_s: float = 120
+) -> dict[str, int]:
+    """POST a block as a client should: sent again after ``Retry-After`` while the engine is
+    behind (429 ``engine_behind``: nothing of it was appended), until it is acknowledged."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = lay.client.post("/v1/projects/p/labels", content=body, headers=key)
+        if r.status_code != 429 or time.monotonic() > deadline:
+            assert r.status_code == 202, r.text
+            out: dict[str, int] = r.json()
+            return out
+        time.sleep(min(float(r.headers.get("Retry-After", "1")), 1.0))
+
+
 def wait_caught_up(lay: Layout, key: dict[str, str], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while lay.client.get("/v1/projects/p", headers=key).json()["stats"]["lag"]:
@@ -110,8 +125,7 @@ def test_engine_sigkilled_mid_work_10_times_loses_nothing(tmp_path: Path, sql_ur
             for n, body in enumerate(blocks):
                 while kills < KILLS and n >= (kills + 1) * per_kill:
                     time.sleep(0.05)  # no further ahead of the kills: each has entries to apply
-                r = lay.client.post("/v1/projects/p/labels", content=body, headers=key)
-                acked += r.json()["accepted"]
+                acked += post_acknowledged(lay, body, key)["accepted"]
                 if kills < KILLS:  # new entries all through the kills
                     time.sleep(0.16)
 
@@ -186,11 +200,7 @@ def test_api_sigkilled_mid_request_then_retried(tmp_path: Path) -> None:
         def post() -> None:
             for body in blocks:
                 try:
-                    results.append(
-                        lay.client.post("/v1/projects/p/labels", content=body, headers=key).json()[
-                            "accepted"
-                        ]
-                    )
+                    results.append(post_acknowledged(lay, body, key)["accepted"])
                 except Exception:  # the API died under this request
                     return
 
@@ -203,9 +213,7 @@ def test_api_sigkilled_mid_request_then_retried(tmp_path: Path) -> None:
         lay.api = lay._spawn("serve", "--no-engine", "--port", str(lay.client.base_url.port))
         lay.wait_ready()
         # The client retries everything it did not see acknowledged (and, to be safe, all).
-        retried = [
-            lay.client.post("/v1/projects/p/labels", content=b, headers=key).json() for b in blocks
-        ]
+        retried = [post_acknowledged(lay, b, key) for b in blocks]
         new = sum(r["accepted"] for r in retried)
         assert new + sum(r["duplicates"] for r in retried) == 20_000
         # A block whose answer was lost with the API may or may not have been logged; either
