@@ -386,47 +386,53 @@ def _one_coin_rows(acc: F64, K: int) -> F64:
     return conf
 
 
-def _sparse_symmetric(
-    rng: np.random.Generator, name: str, description: str, K: int, per_item: int, n_items: int,
-    n_workers: int, sigma: float, accuracy: tuple[float, float],
-) -> Crowd:  # fmt: skip
-    """Symmetric workers with lognormal activity, uniform class prior."""
-    conf = _one_coin_rows(rng.uniform(*accuracy, size=n_workers), K)
-    activity = rng.lognormal(0.0, sigma, size=n_workers)
-    prior = np.full(K, 1.0 / K)
-    return _confusion_crowd(
-        rng, name, description, prior, conf, n_items, per_item, weights=activity
-    )
+@dataclass(frozen=True)
+class SparseSymmetric:
+    """Symmetric workers (p(correct) uniform in ``accuracy``, errors uniform over the other
+    classes) with lognormal activity, a uniform class prior."""
+
+    name: str
+    stream: int
+    """The seed's second word, one per regime."""
+    description: str
+    n_classes: int
+    per_item: int
+    n_items: int
+    n_workers: int
+    sigma: float
+    """Of the lognormal activity: most workers give at most 5 answers from about 1.5 up."""
+    accuracy: tuple[float, float]
+
+    def __call__(self, seed: int = 0) -> Crowd:
+        rng = np.random.default_rng([seed, self.stream])
+        K = self.n_classes
+        conf = _one_coin_rows(rng.uniform(*self.accuracy, size=self.n_workers), K)
+        activity = rng.lognormal(0.0, self.sigma, size=self.n_workers)
+        prior = np.full(K, 1.0 / K)
+        return _confusion_crowd(
+            rng, self.name, self.description, prior, conf, self.n_items, self.per_item, activity
+        )
 
 
-def synth_sparse_one_coin(seed: int = 0) -> Crowd:
-    """3,000 items x 3 answers from 1,500 symmetric workers (p(correct) in 0.35..0.9) with
-    lognormal activity (sigma 1.8: two thirds give at most 5 answers); 5 classes."""
-    rng = np.random.default_rng([seed, 8])
-    return _sparse_symmetric(
-        rng, "syn_sparse_one_coin", "sparse symmetric workers, 3 answers an item, 5 classes",
-        K=5, per_item=3, n_items=3000, n_workers=1500, sigma=1.8, accuracy=(0.35, 0.9),
-    )  # fmt: skip
-
-
-def synth_thin(seed: int = 0) -> Crowd:
-    """4,000 items x 2 answers from 800 symmetric workers (p(correct) in 0.4..0.9), lognormal
-    activity (sigma 1.5); 4 classes."""
-    rng = np.random.default_rng([seed, 9])
-    return _sparse_symmetric(
-        rng, "syn_thin", "2 answers an item from sparse symmetric workers, 4 classes",
-        K=4, per_item=2, n_items=4000, n_workers=800, sigma=1.5, accuracy=(0.4, 0.9),
-    )  # fmt: skip
-
-
-def synth_sparse_many_classes(seed: int = 0) -> Crowd:
-    """5,000 items x 3 answers from 2,500 symmetric workers (p(correct) in 0.3..0.9) with
-    lognormal activity (sigma 1.8); 10 classes."""
-    rng = np.random.default_rng([seed, 10])
-    return _sparse_symmetric(
-        rng, "syn_sparse_many_classes", "sparse symmetric workers, 3 answers an item, 10 classes",
-        K=10, per_item=3, n_items=5000, n_workers=2500, sigma=1.8, accuracy=(0.3, 0.9),
-    )  # fmt: skip
+SPARSE_SYMMETRIC = {
+    "sparse_one_coin": SparseSymmetric(
+        "syn_sparse_one_coin", stream=8,
+        description="sparse symmetric workers, 3 answers an item, 5 classes",
+        n_classes=5, per_item=3, n_items=3000, n_workers=1500, sigma=1.8, accuracy=(0.35, 0.9),
+    ),
+    "thin": SparseSymmetric(
+        "syn_thin", stream=9,
+        description="2 answers an item from sparse symmetric workers, 4 classes",
+        n_classes=4, per_item=2, n_items=4000, n_workers=800, sigma=1.5, accuracy=(0.4, 0.9),
+    ),
+    "sparse_many_classes": SparseSymmetric(
+        "syn_sparse_many_classes", stream=10,
+        description="sparse symmetric workers, 3 answers an item, 10 classes",
+        n_classes=10, per_item=3, n_items=5000, n_workers=2500, sigma=1.8, accuracy=(0.3, 0.9),
+    ),
+}  # fmt: skip
+"""Crowds of sparse symmetric workers by regime name (two thirds of the workers, or more,
+give at most 5 answers)."""
 
 
 SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
@@ -437,9 +443,7 @@ SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "difficulty": synth_difficulty,
     "imbalance": synth_imbalance,
     "many_classes": synth_many_classes,
-    "sparse_one_coin": synth_sparse_one_coin,
-    "thin": synth_thin,
-    "sparse_many_classes": synth_sparse_many_classes,
+    **SPARSE_SYMMETRIC,
 }
 """Synthetic regimes by short name; each generator takes a seed."""
 
