@@ -221,6 +221,7 @@ def extract(
     if later_passes is LaterPasses.newton and config.difficulty:
         raise InputError("--later-passes", None, "newton needs a model without difficulty")
     print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
+    calibrated = None  # the calibration of the posteriors reported (none with --raw)
     if batch:
         fit = job.run_batch(encoded, config, out)
         slot_params = job.slot_params_from_batch(fit.params, encoded, config)
@@ -228,7 +229,9 @@ def extract(
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence = fit.evidence(config)
-            posteriors = job.served(fit.params, fit.blocks, fit.result.probas, slot_params.evidence)
+            posteriors, calibrated = job.served(
+                fit.params, fit.blocks, fit.result.probas, slot_params.evidence
+            )
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
     else:
         run = job.run_online(
@@ -242,7 +245,7 @@ def extract(
             out,
             later_passes,
         )
-        posteriors = run.final.posteriors if raw else run.served()
+        posteriors, calibrated = (run.final.posteriors, None) if raw else run.served()
         slot_params = run.model.params
         rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
@@ -251,6 +254,8 @@ def extract(
         file=out,
     )
     print(speed, file=out)
+    if calibrated is not None:
+        print(job.calibration_line(calibrated), file=out)
     if gold is not None:
         print(job.gold_report(posteriors, gold, raw), file=out)
     if predictions is not None:

@@ -19,7 +19,7 @@ from app.io.input import InputError
 from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.calibration import reliability
+from core.calibration import Calibration, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
@@ -269,7 +269,7 @@ class OnlineRun:
     seconds: float
     table_average: float
 
-    def served(self) -> FloatArray:
+    def served(self) -> tuple[FloatArray, Calibration]:
         """The posteriors the service serves for these answers (calibrated, no gold)."""
         params = self.model.params
         return served(params, self.blocks, self.final.posteriors, params.evidence)
@@ -338,15 +338,26 @@ def run_online(
 
 def served(
     params: NominalParams, blocks: LabelBlocks, posteriors: FloatArray, evidence: FloatArray | None
-) -> FloatArray:
+) -> tuple[FloatArray, Calibration]:
     """The model's ``posteriors`` calibrated as the service serves them (docs/model.md eq.
-    21-23, without gold), the tempering chosen by the prequential ``evidence``."""
+    21-23, without gold), the tempering chosen by the prequential ``evidence``; and that
+    calibration."""
     cal, n = calibration(params, blocks, evidence), blocks.total_weight()
     out = np.empty_like(posteriors)
     for lo in range(0, len(out), _CHUNK_ROWS):  # in slices: a few temporaries of one slice
         hi = lo + _CHUNK_ROWS
         out[lo:hi] = cal.from_posteriors(posteriors[lo:hi], n[lo:hi])
-    return out
+    return out, cal
+
+
+def calibration_line(cal: Calibration) -> str:
+    """What the calibration of eq. 21 did, in one line."""
+    counted = (
+        f"an item's answers count as at most {1.0 / cal.rho:.3g} independent ones"
+        if cal.rho > 0
+        else "answers counted as independent"
+    )
+    return f"posteriors calibrated: rho {cal.rho:g} ({counted}), eps {cal.eps:g}"
 
 
 _CHUNK_ROWS = 1 << 16

@@ -112,6 +112,9 @@ def test_predictions_are_the_calibrated_posteriors_the_service_serves(
     assert run.returncode == 0 and own.returncode == 0, run.stderr + own.stderr
     assert "(calibrated posteriors, as served)" in run.stdout
     assert "(the model's own posteriors)" in own.stdout
+    rho = next(ln for ln in run.stdout.splitlines() if ln.startswith("posteriors calibrated"))
+    assert 0 < float(rho.split()[3]) <= 1  # dog's answers are not independent
+    assert "posteriors calibrated" not in own.stdout
     a, b = _report(run.stdout), _report(own.stdout)
     # the same labels, probabilities that mean more: dog's model is overconfident (NLL 1.4)
     assert a["acc"] == b["acc"] and a["nll"] < 0.8 * b["nll"] and a["ece"] < b["ece"]
@@ -475,7 +478,7 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         gold = np.full(data.n_items, -1)
         online = job.run_online(data, config, None, 2, 0, gold, False, io.StringIO())
         batch = job.run_batch(data, config, io.StringIO())
-        fits.append((data, online.final.posteriors, batch.result.probas, online.served()))
+        fits.append((data, online.final.posteriors, batch.result.probas, online.served()[0]))
     (whole, *fit_whole), (chunked, *fit_chunked) = fits
     assert whole.item_names.equals(chunked.item_names)
     assert whole.worker_names.equals(chunked.worker_names)
