@@ -52,14 +52,15 @@ def online_calibration(
 
 def batch_evidence(
     config: NominalConfig, blocks: LabelBlocks, n_workers: int, gold: IntArray | None = None
-) -> FloatArray:
+) -> tuple[FloatArray, FloatArray]:
     """The prequential evidence (eq. 22) for a batch EM fit. It scores each answer before the
     model has seen it, which a fit on every answer cannot do: it comes from one online pass
-    over ``blocks`` in their order, with exact workers."""
+    over ``blocks`` in their order, with exact workers. Also each block's posterior as that
+    pass learned it."""
     online = OnlineEM(config.with_(n_worker_slots=max(n_workers, 1)))
-    online.learn_many(blocks, known=gold)
+    learned = online.learn_many(blocks, known=gold)
     assert online.params.evidence is not None  # learn_many keeps it
-    return online.params.evidence
+    return online.params.evidence, learned.posteriors
 
 
 def batch_calibration(
@@ -70,7 +71,7 @@ def batch_calibration(
     gold: IntArray | None = None,
 ) -> Calibration:
     """``calibration`` of a batch EM fit, with ``batch_evidence``."""
-    return calibration(params, blocks, batch_evidence(config, blocks, n_workers, gold), gold)
+    return calibration(params, blocks, batch_evidence(config, blocks, n_workers, gold)[0], gold)
 
 
 def served_posteriors(

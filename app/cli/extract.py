@@ -225,14 +225,15 @@ def extract(
     if batch:
         fit = job.run_batch(encoded, config, out)
         slot_params = job.slot_params_from_batch(fit.params, encoded, config)
+        speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
         if raw:
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
-            slot_params.evidence = fit.evidence(config)
+            slot_params.evidence, one_pass = fit.one_pass(config)
             posteriors, calibrated = job.served(
                 fit.params, fit.blocks, fit.result.probas, slot_params.evidence
             )
-        speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
+            speed += f"; {fit.agreement_line(one_pass)}"
     else:
         run = job.run_online(
             encoded,

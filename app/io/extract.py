@@ -370,9 +370,19 @@ class BatchRun:
     blocks: LabelBlocks
     seconds: float
 
-    def evidence(self, config: NominalConfig) -> FloatArray:
-        """The tempering's evidence for this fit: one online pass over the same answers."""
+    def one_pass(self, config: NominalConfig) -> tuple[FloatArray, FloatArray]:
+        """One online pass over the same answers: the tempering's evidence for this fit, and
+        each item's posterior as the pass learned it."""
         return batch_evidence(config, self.blocks, self.params.worker.shape[0])
+
+    def agreement_line(self, one_pass: FloatArray) -> str:
+        """How often this fit's labels agree with those of one online pass."""
+        has = self.blocks.sizes() > 0
+        same = self.result.labels[has] == one_pass.argmax(axis=1)[has]
+        share = float(same.mean()) if same.size else float("nan")
+        return (
+            f"labels agree with one online pass over the same answers on {share:.1%} of the items"
+        )
 
 
 def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> BatchRun:

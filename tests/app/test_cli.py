@@ -129,6 +129,26 @@ def test_predictions_are_the_calibrated_posteriors_the_service_serves(
         assert np.abs(_probabilities(again) - p).max() < 0.1
 
 
+def _agreement(stdout: str) -> float:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("batch EM:"))
+    return float(line.split("on ")[-1].split("%")[0])
+
+
+def test_batch_reports_its_agreement_with_one_online_pass(dog: Path, tmp_path: Path) -> None:
+    # dog in full: the two agree; one answer per item: batch EM puts every item in one class
+    # (docs/model.md, "A limit: batch EM on one answer per item"), the online pass does not
+    first = tmp_path / "first.csv"
+    header, *rows = (dog / "answers.csv").read_text().splitlines()
+    first_answer: dict[str, str] = {}
+    for row in rows:
+        first_answer.setdefault(row.split(",")[0], row)
+    first.write_text("\n".join([header, *first_answer.values()]) + "\n")
+    full, thin = (extract(f, "--batch", "--n-labels", "4") for f in (dog / "answers.csv", first))
+    assert full.returncode == 0 and thin.returncode == 0, full.stderr + thin.stderr
+    assert _agreement(full.stdout) > 90.0 and _agreement(thin.stdout) < 50.0
+    assert "agree" not in extract(dog / "answers.csv", "--batch", "--raw").stdout
+
+
 def test_batch_mode(dog: Path, tmp_path: Path) -> None:
     run = extract(
         dog / "answers.csv", "--batch", "--truth", dog / "truth.csv", "--save", tmp_path / "b.npz"
