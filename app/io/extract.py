@@ -336,6 +336,10 @@ def run_online(
     return OnlineRun(model, blocks, final, seconds, table.average)
 
 
+_CHUNK_ROWS = 1 << 16
+"""Items calibrated at a time: the calibration's temporaries are a few arrays of this many rows."""
+
+
 def served(
     params: NominalParams, blocks: LabelBlocks, posteriors: FloatArray, evidence: FloatArray | None
 ) -> tuple[FloatArray, Calibration]:
@@ -344,7 +348,7 @@ def served(
     calibration."""
     cal, n = calibration(params, blocks, evidence), blocks.total_weight()
     out = np.empty_like(posteriors)
-    for lo in range(0, len(out), _CHUNK_ROWS):  # in slices: a few temporaries of one slice
+    for lo in range(0, len(out), _CHUNK_ROWS):
         hi = lo + _CHUNK_ROWS
         out[lo:hi] = cal.from_posteriors(posteriors[lo:hi], n[lo:hi])
     return out, cal
@@ -358,9 +362,6 @@ def calibration_line(cal: Calibration) -> str:
         else "answers counted as independent"
     )
     return f"posteriors calibrated: rho {cal.rho:g} ({counted}), eps {cal.eps:g}"
-
-
-_CHUNK_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
