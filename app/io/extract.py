@@ -355,13 +355,17 @@ def served(
 
 
 def calibration_line(cal: Calibration) -> str:
-    """What the calibration of eq. 21 did, in one line."""
+    """What the calibration of eq. 21 did, in one line (its rho and eps, named for what they
+    mean: ``--rho`` is the step size's decay)."""
     counted = (
-        f"an item's answers count as at most {1.0 / cal.rho:.3g} independent ones"
+        f"they count as at most {1.0 / cal.rho:.3g} independent ones"
         if cal.rho > 0
-        else "answers counted as independent"
+        else "they count as independent"
     )
-    return f"posteriors calibrated: rho {cal.rho:g} ({counted}), eps {cal.eps:g}"
+    return (
+        f"posteriors calibrated: an item's answers correlated at {cal.rho:g} ({counted}), "
+        f"consensus error {cal.eps:g}"
+    )
 
 
 @dataclass(frozen=True)
