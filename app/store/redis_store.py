@@ -591,12 +591,15 @@ class RedisStore:
         for project, (position, token, served) in heads.items():
             keys += [self._k(project, "log"), self._k(project, "state")]
             args += [f"{position}-{token}" if position else "", "" if served is None else served]
-        pipe = self.r.pipeline(transaction=False)  # one round trip (on a cluster, per node)
         # a script's keys share a slot: on a cluster one call a project
         batch = 2 if self.cluster else 2 * QUIET_BATCH
-        for lo in range(0, 2 * len(names), batch):
-            self._queue_script(pipe, self._quiet, keys[lo : lo + batch], args[lo : lo + batch])
-        found = [q for call in pipe.execute() for q in call] if names else []
+
+        def calls(pipe: Any) -> None:
+            for lo in range(0, 2 * len(names), batch):
+                self._queue_script(pipe, self._quiet, keys[lo : lo + batch], args[lo : lo + batch])
+
+        replies = self._pipelined(calls)  # one round trip (on a cluster, per node)
+        found = [q for call in replies for q in call] if names else []
         return {p for p, quiet in zip(names, found, strict=True) if quiet}
 
     def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
@@ -648,6 +651,23 @@ class RedisStore:
             for p, (end, (applied, blob), lag_ms, queued) in self._read_each(projects, reads, 4)
         }
 
+    def _pipelined(self, calls: Callable[[Any], None]) -> list[Any]:
+        """The replies of the commands ``calls`` queues on a pipeline, in one round trip. A
+        pipeline checks that Redis holds its scripts before it sends them, but Redis may lose
+        them in between (a restart, a failover, SCRIPT FLUSH): then it is queued again and
+        sent once more, and the check loads them."""
+
+        def execute() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            calls(pipe)
+            replies: list[Any] = pipe.execute()
+            return replies
+
+        try:
+            return execute()
+        except redis.exceptions.NoScriptError:
+            return execute()
+
     def _queue_script(self, pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
         """Queue a registered script on ``pipe``: by its hash (loaded first if Redis lacks
         it), or on a cluster by its source (EVAL: redis-py's cluster pipelines refuse
@@ -664,11 +684,13 @@ class RedisStore:
         ``reads`` queued for each (``per`` replies); the replies of those that exist."""
         if not projects:
             return []
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hmget(self._projects_key, list(projects))
-        for p in projects:
-            reads(pipe, p)
-        found, *rest = pipe.execute()
+
+        def calls(pipe: Any) -> None:
+            pipe.hmget(self._projects_key, list(projects))
+            for p in projects:
+                reads(pipe, p)
+
+        found, *rest = self._pipelined(calls)
         return [
             (p, rest[per * n : per * (n + 1)])
             for n, p in enumerate(projects)
