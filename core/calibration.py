@@ -52,6 +52,9 @@ about 25 gold items."""
 MIN_WEIGHT = 1e-3
 """Tempering values whose posterior weight is below this share of the largest are left out of
 the mixture of eq. 25."""
+SLICE_ROWS = 1 << 16
+"""Items calibrated at a time by ``Calibration.from_posteriors`` (its temporaries are a few
+arrays of this many rows)."""
 GOLD_WEIGHT_LABELS = 50.0
 """Eq. 24 weighs the prequential evidence (a mean per scored answer) like this many gold
 items: with fewer gold items rho follows the answers; with more, the gold decides."""
@@ -96,8 +99,20 @@ class Calibration:
 
     def from_posteriors(self, posteriors: FloatArray, n_labels: npt.ArrayLike) -> FloatArray:
         """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
-        constant, which the softmax removes). Exact while no q_i(z) underflows to 0."""
+        constant, which the softmax removes). Exact while no q_i(z) underflows to 0. Rows are
+        taken SLICE_ROWS at a time, so the temporaries stay those of one slice."""
         q = np.asarray(posteriors, dtype=np.float64)
+        n = np.broadcast_to(np.asarray(n_labels, dtype=np.float64), q.shape[:-1])
+        if q.ndim < 2 or q.shape[0] <= SLICE_ROWS:
+            return self._from_posteriors(q, n)
+        out = np.empty_like(q)
+        for lo in range(0, q.shape[0], SLICE_ROWS):
+            out[lo : lo + SLICE_ROWS] = self._from_posteriors(
+                q[lo : lo + SLICE_ROWS], n[lo : lo + SLICE_ROWS]
+            )
+        return out
+
+    def _from_posteriors(self, q: FloatArray, n_labels: FloatArray) -> FloatArray:
         with np.errstate(divide="ignore"):
             log_q = np.log(q)
         log_q = np.where(np.isfinite(log_q), log_q, -1e300)

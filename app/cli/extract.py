@@ -230,9 +230,7 @@ def extract(
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence, one_pass = fit.one_pass(config)
-            posteriors, calibrated = job.served(
-                fit.params, fit.blocks, fit.result.probas, slot_params.evidence
-            )
+            posteriors, calibrated = job.served(fit.result.probas, fit.blocks, slot_params.evidence)
             speed += f"; {fit.agreement_line(one_pass)}"
     else:
         run = job.run_online(

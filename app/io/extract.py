@@ -19,11 +19,11 @@ from app.io.input import InputError
 from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.calibration import Calibration, reliability
+from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
-from core.served import batch_evidence, calibration
+from core.served import batch_evidence
 
 
 @dataclass(frozen=True)
@@ -271,8 +271,7 @@ class OnlineRun:
 
     def served(self) -> tuple[FloatArray, Calibration]:
         """The posteriors the service serves for these answers (calibrated, no gold)."""
-        params = self.model.params
-        return served(params, self.blocks, self.final.posteriors, params.evidence)
+        return served(self.final.posteriors, self.blocks, self.model.params.evidence)
 
 
 def run_online(
@@ -336,22 +335,14 @@ def run_online(
     return OnlineRun(model, blocks, final, seconds, table.average)
 
 
-_CHUNK_ROWS = 1 << 16
-"""Items calibrated at a time: the calibration's temporaries are a few arrays of this many rows."""
-
-
 def served(
-    params: NominalParams, blocks: LabelBlocks, posteriors: FloatArray, evidence: FloatArray | None
+    posteriors: FloatArray, blocks: LabelBlocks, evidence: FloatArray | None
 ) -> tuple[FloatArray, Calibration]:
     """The model's ``posteriors`` calibrated as the service serves them (docs/model.md eq.
     21-23, without gold), the tempering chosen by the prequential ``evidence``; and that
     calibration."""
-    cal, n = calibration(params, blocks, evidence), blocks.total_weight()
-    out = np.empty_like(posteriors)
-    for lo in range(0, len(out), _CHUNK_ROWS):
-        hi = lo + _CHUNK_ROWS
-        out[lo:hi] = cal.from_posteriors(posteriors[lo:hi], n[lo:hi])
-    return out, cal
+    cal = choose(evidence)
+    return cal.from_posteriors(posteriors, blocks.total_weight()), cal
 
 
 def calibration_line(cal: Calibration) -> str:

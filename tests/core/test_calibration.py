@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core import calibration
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.calibration import (
@@ -218,3 +219,17 @@ def test_zero_weight_answers_score_nothing(K: int) -> None:
 
     with_zero = evidence([0, 1, 2], [0, 1, 0], [1.0, 0.0, 1.0])
     np.testing.assert_array_equal(with_zero, evidence([0, 2], [0, 0], [1.0, 1.0]))
+
+
+def test_posteriors_calibrated_in_slices_are_those_calibrated_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(3)
+    q = rng.dirichlet(np.full(4, 0.3), size=1000)
+    q[0] = [1.0, 0.0, 0.0, 0.0]  # an underflowed class
+    n = rng.integers(1, 12, size=1000).astype(float)
+    cal = Calibration(0.2, 0.03, ((0.6, 0.1, 0.02), (0.4, 0.3, 0.05)))
+    whole = cal.from_posteriors(q, n)
+    monkeypatch.setattr(calibration, "SLICE_ROWS", 64)  # 16 slices, the last one short
+    np.testing.assert_array_equal(cal.from_posteriors(q, n), whole)
+    np.testing.assert_array_equal(cal.from_posteriors(q[:1], [n[0]]), whole[:1])
