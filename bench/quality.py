@@ -202,9 +202,11 @@ def run_online(
     result = em.learn_many(blocks, order=order, known=gold)
     for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
         result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
-    if served:
-        return served_posteriors(em.params, blocks, online_calibration(em, blocks, gold), gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors
+    if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
+        fitted = (out, config.worker_prior) if idle_passes else None
+        cal = online_calibration(em, blocks, gold)
+        return served_posteriors(em.params, blocks, cal, gold, fitted)
     return out
 
 
@@ -218,7 +220,7 @@ def run_batch(
     result, params = BatchEM(config).fit(blocks, crowd.n_workers, known=gold)
     if served:
         cal = batch_calibration(config, params, blocks, crowd.n_workers, gold)
-        return served_posteriors(params, blocks, cal, gold)
+        return served_posteriors(params, blocks, cal, gold, (result.probas, config.worker_prior))
     out: F64 = result.probas
     return out
 

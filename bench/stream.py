@@ -27,6 +27,7 @@ from core.calibration import choose
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
+from core.served import held_out_corrections, held_out_posteriors
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     per block, each item's new labels (canonical order) after its earlier ones, the block's
     items in first-appearance order; then ``passes`` refinement passes over all items
     (first-seen order), each label counted once; then posteriors under the final parameters,
-    calibrated as served (docs/model.md eq. 21). One ``learn_many`` call takes a block's items
+    each item held out (eq. 26) after the passes, calibrated as served (eq. 21). One ``learn_many`` call takes a block's items
     one after the other, as that many calls of one item each would."""
     d, K = stream.data, config.n_classes
     model = OnlineEM(config)
@@ -102,7 +103,11 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
         _learn(model, everything, labels, sizes, last, K)
     out = np.full((d.n_items, K), 1.0 / K)
     served = choose(model.params.evidence)
-    raw = model.predict_many(_blocks(everything, labels)).posteriors
+    blocks = _blocks(everything, labels)
+    raw = model.predict_many(blocks).posteriors
+    if passes:  # the sweeps fit the rows to every item: each served held out (eq. 26)
+        held = held_out_corrections(model.params, blocks, raw, config.worker_prior)
+        raw = held_out_posteriors(raw, held)
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out
 

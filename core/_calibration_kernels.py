@@ -112,3 +112,20 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
             for z in range(K):
                 ell[b, z] += h * lp[z]
             n[b] += h
+
+
+@jit
+def held_out_corrections(ptr, rows, labels, weights, q, leverage, out):
+    """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) leverage[r_j, z, l_j], what block b's labels
+    lose in log-likelihood when each label's slot row is refitted without the block."""
+    K = q.shape[1]
+    for b in range(ptr.shape[0] - 1):
+        for z in range(K):
+            out[b, z] = 0.0
+        for j in range(ptr[b], ptr[b + 1]):
+            h = weights[j]
+            if h <= 0.0:
+                continue
+            r, l = rows[j], labels[j]
+            for z in range(K):
+                out[b, z] += h * h * q[b, z] * leverage[r, z, l]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core import _calibration_kernels, _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, gold_evidence, item_log_likelihoods
 from core.nominal import SCALE, NominalConfig, NominalParams
@@ -20,6 +21,58 @@ def log_likelihoods(params: NominalParams, blocks: LabelBlocks) -> tuple[FloatAr
         blocks.ptr, blocks.slots, blocks.labels, blocks.weights,
         params.population, params.worker, float(params.scalars[SCALE]),
     )  # fmt: skip
+
+
+def held_out_corrections(
+    params: NominalParams, blocks: LabelBlocks, fitted: FloatArray, worker_prior: float
+) -> FloatArray:
+    """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
+    labels under slot rows fitted without it. ``params`` are a fit to the blocks (batch EM's
+    fixed point or the refined online model), ``fitted`` their posteriors, ``worker_prior``
+    lambda_A."""
+    S, K = params.worker.shape[0], params.population.shape[0]
+    counts = np.empty((S, K, K))
+    _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, fitted, counts)
+    used = np.flatnonzero(counts.sum(axis=(1, 2)) > 0)
+    row_of_slot = np.full(S, -1, dtype=np.int64)
+    row_of_slot[used] = np.arange(used.size)
+    out = np.empty((blocks.n_blocks, K))
+    _calibration_kernels.held_out_corrections(
+        blocks.ptr, row_of_slot[blocks.slots], blocks.labels, blocks.weights, fitted,
+        _leverage(params, counts, used, worker_prior), out,
+    )  # fmt: skip
+    return out
+
+
+def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> FloatArray:
+    """Posteriors q_i(z) with their labels' log-likelihoods lowered by c_i(z) (eq. 26); rows
+    without a correction are returned as they are."""
+    out = posteriors.copy()
+    rows = np.flatnonzero(np.any(corrections != 0.0, axis=1))
+    if rows.size:
+        with np.errstate(divide="ignore"):  # a class of probability 0 stays at 0
+            logits = np.log(posteriors[rows]) - corrections[rows]
+        held = np.exp(logits - logits.max(axis=1, keepdims=True))
+        out[rows] = held / held.sum(axis=1, keepdims=True)
+    return out
+
+
+def _leverage(
+    params: NominalParams, counts: FloatArray, used: IntArray, worker_prior: float
+) -> FloatArray:
+    """leverage[u, z, l] = (e_l - p)^T (C_sz (diag p - p p^T) + lambda_A I)^-1 (e_l - p), p
+    row z of slot s = used[u]'s confusion (eq. 26)."""
+    K = counts.shape[1]
+    theta = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
+    p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    rows = counts[used].sum(axis=2)[..., None, None]  # C_sz
+    eye = np.eye(K)
+    hessian = rows * (p[..., :, None] * eye - p[..., :, None] * p[..., None, :])
+    inverse = np.linalg.inv(hessian + worker_prior * eye)
+    inv_p = np.einsum("szkm,szm->szk", inverse, p)
+    p_inv_p = np.einsum("szk,szk->sz", p, inv_p)[..., None]
+    leverage: FloatArray = np.einsum("szkk->szk", inverse) - 2.0 * inv_p + p_inv_p
+    return leverage
 
 
 def log_prior(params: NominalParams) -> FloatArray:
@@ -79,9 +132,15 @@ def served_posteriors(
     blocks: LabelBlocks,
     cal: Calibration,
     gold: IntArray | None = None,
+    fitted: tuple[FloatArray, float] | None = None,
 ) -> FloatArray:
-    """Eq. 21 for every block under ``params``; a gold item (``gold[b]`` >= 0) is certain."""
+    """Eq. 21 for every block under ``params``; a gold item (``gold[b]`` >= 0) is certain.
+    ``fitted`` = (the fit's posteriors, lambda_A) when ``params`` were fitted to these blocks
+    (batch EM, refinement sweeps): each block is then scored without its own pull on the
+    slots it shares (eq. 26)."""
     ell, n = log_likelihoods(params, blocks)
+    if fitted is not None:
+        ell -= held_out_corrections(params, blocks, *fitted)
     out = cal.from_log_likelihood(ell, n, log_prior(params))
     if gold is not None:
         has = gold >= 0

@@ -237,3 +237,10 @@ def test_online_idle_is_what_the_service_engine_serves_after_its_sweeps() -> Non
     # the engine codes items by arrival: its item k is the crowd's order[k]
     np.testing.assert_allclose(engine.q[: crowd.n_items], idle[order], rtol=0, atol=1e-12)
     assert np.abs(idle - one_pass).max() > 1e-3  # the sweeps do move the posteriors
+    # and what it serves: each item held out (eq. 26), calibrated, as bench.quality scores it
+    served = quality.run_online(crowd, none, 5, idle_passes=passes)
+    codes = np.arange(crowd.n_items)
+    engine.state_update()  # (where the engine calibrates)
+    shown = engine.calibration.from_posteriors(engine.shown(codes), engine.weight[codes])
+    np.testing.assert_allclose(shown, served[order], rtol=0, atol=1e-9)
+    assert np.abs(served - quality.run_online(crowd, none, 5)).max() > 1e-3

@@ -230,7 +230,9 @@ def extract(
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence, one_pass = fit.one_pass(config)
-            posteriors, calibrated = job.served(fit.result.probas, fit.blocks, slot_params.evidence)
+            posteriors, calibrated = job.served(
+                fit.held_out(config), fit.blocks, slot_params.evidence
+            )
             speed += f"; {fit.agreement_line(one_pass)}"
     else:
         run = job.run_online(
@@ -244,7 +246,8 @@ def extract(
             out,
             later_passes,
         )
-        posteriors, calibrated = (run.final.posteriors, None) if raw else run.served()
+        refined = passes > 1 and not test_only
+        posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)
         slot_params = run.model.params
         rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"

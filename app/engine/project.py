@@ -38,7 +38,7 @@ from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
 from core.nominal import NominalParams, sums_size
 from core.online import BlockResult, OnlineEM, statistics_from
-from core.served import calibration
+from core.served import calibration, held_out_corrections, held_out_posteriors
 
 _NO_BLOCKS = LabelBlocks(
     np.zeros(1, dtype=np.int64),
@@ -95,7 +95,8 @@ class ProjectEngine:
         self.labels = ItemLabels()
         self.label_lists = LabelLists()  # the served label lists, encoded once per label
         self._members: list[str] = []  # the queue member of each item
-        self.q = np.empty((0, self.K))
+        self.q = np.empty((0, self.K))  # EM's posteriors (what the statistics count, eq. 14)
+        self.held_out = np.empty((0, self.K))  # c_i of eq. 26 since the last sweep or refit
         self.b = np.empty(0)
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
         self.weight = np.empty(0)  # label weight per item (n_i of the calibration, eq. 21)
@@ -138,6 +139,7 @@ class ProjectEngine:
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
             self._predict_all()
+            self._hold_out()
             self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
@@ -205,6 +207,7 @@ class ProjectEngine:
             blocks, previous=previous, n_previous=n_prev, known=self.gold[touched]
         )
         self.q[touched] = result.posteriors
+        self.held_out[touched] = 0.0
         self.b[touched] = result.clarity
         self.learned[touched] = blocks.sizes()
         self._dirty_items.update(touched.tolist())
@@ -236,6 +239,7 @@ class ProjectEngine:
             previous = BlockResult(self.q[learned], self.b[learned], np.zeros(learned.size))
             result = self.online.revisit_many(blocks, previous, known=self.gold[learned])
             self.q[learned] = result.posteriors
+            self.held_out[learned] = 0.0
             self.b[learned] = result.clarity
             self._dirty_rows.update(np.unique(blocks.slots).tolist())
 
@@ -263,6 +267,22 @@ class ProjectEngine:
         self.b[:n] = result.clarity
         self._dirty_items.update(range(n))
 
+    def _hold_out(self) -> None:
+        """After a sweep or a refit the parameters are fitted to every item: each item is
+        served as scored by slot rows fitted without it (docs/model.md eq. 26), until its
+        next labels."""
+        n = self.items_count
+        if n == 0:
+            return
+        blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
+        params, lam = self.online.params, self.config.worker_prior
+        self.held_out[:n] = held_out_corrections(params, blocks, self.q[:n], lam)
+
+    def shown(self, codes: IntArray) -> FloatArray:
+        """The posteriors served (before calibration) of the items ``codes``: EM's, each
+        scored without its own pull on its workers' rows since the last sweep (eq. 26)."""
+        return held_out_posteriors(self.q[codes], self.held_out[codes])
+
     def _refit(self) -> None:
         """Batch EM over every stored label (exact workers), mapped into the hashed slots."""
         n, nw = self.items_count, len(self.workers.names)
@@ -285,6 +305,7 @@ class ProjectEngine:
         self.online.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
+        self._hold_out()
         self._all_rows = True
         self._dirty_items.update(range(n))
 
@@ -306,6 +327,7 @@ class ProjectEngine:
         if n > self.q.shape[0]:
             cap = max(n, 2 * self.q.shape[0], 1024)
             self.q = grow(self.q, cap, 1.0 / self.K)
+            self.held_out = grow(self.held_out, cap, 0.0)
             self.b = grow(self.b, cap, 0.0)
             self.learned = grow(self.learned, cap, 0)
             self.weight = grow(self.weight, cap, 0.0)
@@ -455,7 +477,7 @@ class ProjectEngine:
         pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
-        served = self.calibration.from_posteriors(self.q[codes], self.weight[codes])
+        served = self.calibration.from_posteriors(self.shown(codes), self.weight[codes])
         count, gold = self.labels.count[codes], self.gold[codes]
         s = queue_scores(self.queue_settings, served, count, gold, used, confusion)
         keep = np.isfinite(s)
@@ -510,7 +532,12 @@ class ProjectEngine:
             return {}
         label_lists = self.label_lists.of(codes, self.labels, self.workers.names)
         gold = self.gold[codes]
-        posterior = np.where(gold[:, None] >= 0, np.eye(self.K)[np.maximum(gold, 0)], self.q[codes])
+        posterior = np.where(
+            gold[:, None] >= 0, np.eye(self.K)[np.maximum(gold, 0)], self.shown(codes)
+        )
+        corrections = self.held_out[codes]
+        held = np.any(corrections != 0.0, axis=1).tolist()
+        held_out = [c if h else None for c, h in zip(corrections.tolist(), held, strict=True)]
         names = self.items.names
         return {
             names[i]: orjson.dumps(
@@ -519,16 +546,18 @@ class ProjectEngine:
                     "clarity": c,
                     "labels": labels,
                     "gold": g if g >= 0 else None,
+                    "held_out": h,
                     "position": self.position,
                     "computed_at": self.computed_at,
                 }
             )
-            for i, g, p, c, labels in zip(
+            for i, g, p, c, labels, h in zip(
                 codes.tolist(),
                 gold.tolist(),
                 posterior.tolist(),
                 self.b[codes].tolist(),
                 label_lists,
+                held_out,
                 strict=True,
             )
         }

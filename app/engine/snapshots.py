@@ -69,6 +69,7 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     L = eng.labels
     arrays = {
         "q": eng.q[:n].copy(),
+        "held_out": eng.held_out[:n].copy(),
         "b": eng.b[:n].copy(),
         "learned": eng.learned[:n].copy(),
         "gold": eng.gold[:n].copy(),
@@ -152,6 +153,8 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     eng._grow_items(len(names["items"]))
     n = eng.items_count
     eng.q[:n], eng.b[:n], eng.learned[:n], eng.gold[:n] = z["q"], z["b"], z["learned"], z["gold"]
+    if "held_out" in z.files:  # (older snapshots: none)
+        eng.held_out[:n] = z["held_out"]
     for name in names["workers"]:
         eng.workers.code[name] = len(eng.workers.names)
         eng.workers.names.append(name)

@@ -23,7 +23,7 @@ from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
-from core.served import batch_evidence
+from core.served import batch_evidence, held_out_corrections, held_out_posteriors
 
 
 @dataclass(frozen=True)
@@ -269,9 +269,16 @@ class OnlineRun:
     seconds: float
     table_average: float
 
-    def served(self) -> tuple[FloatArray, Calibration]:
-        """The posteriors the service serves for these answers (calibrated, no gold)."""
-        return served(self.final.posteriors, self.blocks, self.model.params.evidence)
+    def served(self, refined: bool) -> tuple[FloatArray, Calibration]:
+        """The posteriors the service serves for these answers (calibrated, no gold). After
+        later passes (``refined``) the parameters are fitted to every item, and each item is
+        scored without its own pull on its workers' rows (docs/model.md eq. 26), as the
+        service serves it after its refinement sweeps."""
+        q, params = self.final.posteriors, self.model.params
+        if refined:
+            lam = self.model.config.worker_prior
+            q = held_out_posteriors(q, held_out_corrections(params, self.blocks, q, lam))
+        return served(q, self.blocks, params.evidence)
 
 
 def run_online(
@@ -370,6 +377,13 @@ class BatchRun:
         """One online pass over the same answers: the tempering's evidence for this fit, and
         each item's posterior as the pass learned it."""
         return batch_evidence(config, self.blocks, self.params.worker.shape[0])
+
+    def held_out(self, config: NominalConfig) -> FloatArray:
+        """The fit's posteriors, each item scored without its own pull on its workers' rows
+        (docs/model.md eq. 26)."""
+        q = self.result.probas
+        lam = config.worker_prior
+        return held_out_posteriors(q, held_out_corrections(self.params, self.blocks, q, lam))
 
     def agreement_line(self, one_pass: FloatArray) -> str:
         """How often this fit's labels agree with those of one online pass."""

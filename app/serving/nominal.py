@@ -20,6 +20,7 @@ from core.calibration import Calibration
 from core.hashing import worker_slot
 from core.nominal import NominalConfig, NominalParams
 from core.online import OnlineEM
+from core.served import held_out_posteriors
 
 
 def iso(ts: float) -> str:
@@ -116,6 +117,8 @@ def recompute_posterior(
         np.fromiter((x for _, _, x in labels), dtype=np.float64, count=n),
     )
     raw = OnlineEM(cfg, params).predict_many(blocks).posteriors
+    if item.get("held_out") is not None:  # scored without its own pull since a sweep (eq. 26)
+        raw = held_out_posteriors(raw, np.array([item["held_out"]], dtype=np.float64))
     posterior: FloatArray = g.calibration.from_posteriors(raw, [blocks.weights.sum()])[0]
     return posterior
 

@@ -116,17 +116,24 @@ def test_predictions_are_the_calibrated_posteriors_the_service_serves(
     assert 0 < float(rho.split("correlated at ")[1].split()[0]) <= 1  # dog's are not independent
     assert "posteriors calibrated" not in own.stdout
     a, b = _report(run.stdout), _report(own.stdout)
-    # the same labels, probabilities that mean more: dog's model is overconfident (NLL 1.4)
-    assert a["acc"] == b["acc"] and a["nll"] < 0.8 * b["nll"] and a["ece"] < b["ece"]
+    # probabilities that mean more: dog's model is overconfident (NLL 1.4)
+    assert a["nll"] < 0.8 * b["nll"] and a["ece"] < b["ece"]
     p, q = _probabilities(served), _probabilities(raw)
-    assert np.array_equal(p.argmax(axis=1), q.argmax(axis=1)) and not np.allclose(p, q)
+    same = p.argmax(axis=1) == q.argmax(axis=1)
+    if not mode:  # the same labels: tempering keeps each item's most probable one
+        assert a["acc"] == b["acc"] and same.all()
+    else:  # a batch fit is served held out (eq. 26), which moves a few near-ties
+        assert abs(a["acc"] - b["acc"]) < 0.01 and same.mean() > 0.98
+    assert not np.allclose(p, q)
     # a saved model keeps what the calibration needs: --test-only serves the same again
     test = extract(dog / "answers.csv", "--load", model, "--test-only", "--predictions", again)
     assert test.returncode == 0, test.stderr
     if not mode:
         assert again.read_text() == served.read_text()
-    else:  # the saved model is the fit mapped into hashed slots (2 of dog's workers share one)
-        assert np.abs(_probabilities(again) - p).max() < 0.1
+    else:  # the saved model is the fit mapped into hashed slots (2 of dog's workers share one),
+        # and --test-only takes the answers as new ones: not held out (eq. 26)
+        t = _probabilities(again)
+        assert np.abs(t - p).mean() < 0.02 and np.mean(t.argmax(1) == p.argmax(1)) > 0.97
 
 
 def _agreement(stdout: str) -> float:
@@ -498,7 +505,7 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         gold = np.full(data.n_items, -1)
         online = job.run_online(data, config, None, 2, 0, gold, False, io.StringIO())
         batch = job.run_batch(data, config, io.StringIO())
-        fits.append((data, online.final.posteriors, batch.result.probas, online.served()[0]))
+        fits.append((data, online.final.posteriors, batch.result.probas, online.served(True)[0]))
     (whole, *fit_whole), (chunked, *fit_chunked) = fits
     assert whole.item_names.equals(chunked.item_names)
     assert whole.worker_names.equals(chunked.worker_names)

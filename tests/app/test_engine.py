@@ -184,3 +184,27 @@ def test_gold_teaches_the_model(synthetic: Synthetic) -> None:
     unknown = codes % 10 != 0
     acc = lambda e: (e.q[:n].argmax(1) == synthetic.truth[codes])[unknown].mean()  # noqa: E731
     assert acc(early) >= acc(without) - 0.003
+
+
+def test_after_a_sweep_items_are_served_held_out_until_their_next_labels(
+    synthetic: Synthetic,
+) -> None:
+    """A refinement sweep fits the rows to every item: each item is then served as scored by
+    rows fitted without it (docs/model.md eq. 26), which lowers the confidence and leaves EM's
+    own posteriors (what the statistics count) alone; its next labels serve EM's again."""
+    entries = label_entries(synthetic, [3000, 9000])
+    refine = LogEntry(len(entries) + 1, "refine", b'{"passes": 2}')
+    eng = run([*entries, refine])
+    n = eng.items_count
+    codes = np.arange(n, dtype=np.int64)
+    shown = eng.shown(codes)
+    assert np.all(eng.held_out[:n] > 0)
+    assert shown.max(axis=1).mean() < eng.q[:n].max(axis=1).mean()
+    assert np.mean(shown.argmax(axis=1) == eng.q[:n].argmax(axis=1)) > 0.99
+    stored = orjson.loads(eng.item_json(0))
+    assert stored["posterior"] == shown[0].tolist() and stored["held_out"] is not None
+    name = eng.items.names[0]
+    body = {"items": [name], "workers": ["worker-new"], "labels": [0], "weights": None}
+    eng.apply(LogEntry(refine.position + 1, "labels", orjson.dumps(body), b""))
+    assert np.all(eng.held_out[0] == 0) and np.array_equal(eng.shown(codes[:1]), eng.q[:1])
+    assert orjson.loads(eng.item_json(0))["held_out"] is None

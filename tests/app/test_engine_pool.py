@@ -73,7 +73,10 @@ def assert_served_is_a_replay(store: Store, names: list[str] = NAMES) -> None:
         assert store.applied_position(name) == replay.position == store.log_end(name)
         served = dict(store.scan_items(name, 0, 10**6)[1])
         for item, code in replay.items.code.items():
-            assert orjson.loads(served[item])["posterior"] == replay.q[code].tolist()
+            assert (
+                orjson.loads(served[item])["posterior"]
+                == replay.shown(np.array([code]))[0].tolist()
+            )
 
 
 def test_a_pool_shares_projects_takes_over_and_fences_a_paused_engine(store: Store) -> None:

@@ -112,6 +112,7 @@ def test_rows_replay_and_snapshots_match_the_s_slot_model(synthetic: Synthetic) 
     assert resumed.model.params.equals(full.model.params)
     n = full.items_count
     assert np.array_equal(resumed.q[:n], full.q[:n])
+    assert np.array_equal(resumed.held_out[:n], full.held_out[:n])
     again = restore(RECORD, encode(capture(full)))  # its own layout: the very same rows
     same_state(full, again)
 

@@ -20,9 +20,14 @@ from core.calibration import (
     prequential_evidence,
     prior_eps,
 )
-from core.nominal import SCALE, NominalConfig
+from core.nominal import SCALE, NominalConfig, NominalParams
 from core.online import OnlineEM
-from core.served import batch_calibration, online_calibration, served_posteriors
+from core.served import (
+    batch_calibration,
+    held_out_corrections,
+    online_calibration,
+    served_posteriors,
+)
 
 
 def _ece(q: np.ndarray, truth: np.ndarray) -> float:
@@ -233,3 +238,66 @@ def test_posteriors_calibrated_in_slices_are_those_calibrated_at_once(
     monkeypatch.setattr(calibration, "SLICE_ROWS", 64)  # 16 slices, the last one short
     np.testing.assert_array_equal(cal.from_posteriors(q, n), whole)
     np.testing.assert_array_equal(cal.from_posteriors(q[:1], [n[0]]), whole[:1])
+
+
+def _row_map(counts: np.ndarray, base: np.ndarray, lam: float) -> np.ndarray:
+    """The MAP of one slot row's logits theta = base + a: sum_l N_l log softmax(theta)_l
+    - lam/2 |a|^2, by Newton to convergence (eq. 13)."""
+    a = np.zeros_like(base)
+    for _ in range(100):
+        p = np.exp(base + a - np.logaddexp.reduce(base + a))
+        grad = counts - counts.sum() * p - lam * a
+        hess = counts.sum() * (np.diag(p) - np.outer(p, p)) + lam * np.eye(p.size)
+        a = a + np.linalg.solve(hess, grad)
+    return base + a
+
+
+def test_held_out_correction_is_the_derivative_of_refitting_without_the_item() -> None:
+    """Eq. 26: c_i(z) = h^2 q_i(z) (e_l - p)^T (H + lambda I)^-1 (e_l - p) is what refitting
+    the slot row without item i's label of weight h takes from h log p(l | z), to first
+    order in h."""
+    rng = np.random.default_rng(3)
+    K, n, lam, h = 3, 40, 1.0, 1e-3
+    labels = rng.integers(0, K, n)
+    weights = np.ones(n)
+    weights[0] = h
+    q = rng.dirichlet(np.ones(K), n)
+    blocks = LabelBlocks(np.arange(n + 1), np.zeros(n, dtype=np.int64), labels, weights)
+    population = rng.normal(size=(K, K))
+    counts = np.zeros((K, K))
+    np.add.at(counts, (slice(None), labels), (q * weights[:, None]).T)
+    theta = np.array([_row_map(counts[z], population[z], lam) for z in range(K)])
+    params = NominalParams(np.zeros(K), population, (theta - population)[None])
+    corrections = held_out_corrections(params, blocks, q, lam)
+    for z in range(K):
+        without = counts[z].copy()
+        without[labels[0]] -= h * q[0, z]
+        refit = _row_map(without, population[z], lam)
+        log_p = theta[z, labels[0]] - np.logaddexp.reduce(theta[z])
+        log_p_refit = refit[labels[0]] - np.logaddexp.reduce(refit)
+        np.testing.assert_allclose(corrections[0, z], h * (log_p - log_p_refit), rtol=1e-2)
+    assert np.all(corrections > 0)
+
+
+def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> None:
+    """Most workers give 1-5 answers over 5 classes and err uniformly: batch EM fits each
+    worker's few answers and its own posteriors are overconfident; scored without each item's
+    pull on its workers (eq. 26), they are much less so (the one Newton step undershoots a
+    refit on a worker's one or two answers), with the same labels almost everywhere."""
+    rng = np.random.default_rng(11)
+    K, n_items, per_item, n_workers = 5, 3000, 3, 2500
+    truth = rng.integers(0, K, n_items)
+    acc = rng.uniform(0.35, 0.95, n_workers)
+    item = np.repeat(np.arange(n_items), per_item)
+    worker = rng.integers(0, n_workers, item.size)
+    right = rng.random(item.size) < acc[worker]
+    label = np.where(right, truth[item], (truth[item] + rng.integers(1, K, item.size)) % K)
+    blocks = LabelBlocks.group(item, worker, label, n_blocks=n_items)
+    config = NominalConfig(n_classes=K, n_items=n_items)
+    result, params = BatchEM(config).fit(blocks, n_workers)
+    cal = batch_calibration(config, params, blocks, n_workers)
+    plain = served_posteriors(params, blocks, cal)
+    held = served_posteriors(params, blocks, cal, fitted=(result.probas, config.worker_prior))
+    assert _ece(plain, truth) > 15.0
+    assert _ece(held, truth) < _ece(plain, truth) - 4.0
+    assert np.mean(held.argmax(axis=1) == plain.argmax(axis=1)) > 0.97
