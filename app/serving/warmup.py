@@ -54,17 +54,17 @@ def _engine_after(entries: list[tuple[EntryKind, dict[str, Any]]]) -> ProjectEng
     return eng
 
 
-def nominal(refit: bool = True) -> None:
-    """The engine's entries (labels, gold, items, refinement sweeps, and a refit unless told
-    not) and the API's reads of a posterior, on a project without a dyadic model."""
+def nominal(idle: bool = True) -> None:
+    """The engine's entries (labels, gold, items and, unless told not, what an idle project
+    gets: refinement sweeps and a refit) and the API's reads of a posterior, on a project
+    without a dyadic model."""
     entries: list[tuple[EntryKind, dict[str, Any]]] = [
         _LABEL_ENTRY,
         ("gold", {"items": ["i3"], "labels": [2]}),
         ("items", {"items": ["i4"]}),
-        ("refine", {"passes": 2}),
     ]
-    if refit:
-        entries.append(("refit", {}))
+    if idle:
+        entries += [("refine", {"passes": 2}), ("refit", {})]
     update = _engine_after(entries).state_update()
     g = Globals.parse(update.globals, _CONFIG)
     item = orjson.loads(update.items["i0"])
@@ -152,7 +152,7 @@ def warm_up() -> float:
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
     second.stdout.close()  # it prints nothing more
-    nominal(refit=False)
+    nominal(idle=False)  # what a first posterior needs; the second process compiles the rest
     took = time.perf_counter() - start
     threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()
     return took

@@ -26,7 +26,7 @@ LEASE_S = 0.4
 def kernels_loaded() -> None:
     """The engines here are stepped by hand, with no thread renewing their leases between
     steps: a first step that loaded the kernels (0.7 s on a slow machine) would outlast them."""
-    warmup.nominal(refit=False)
+    warmup.nominal()
 
 
 def labels(rng: np.random.Generator, n: int = 50) -> bytes:
