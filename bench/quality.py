@@ -49,7 +49,12 @@ from core.blocks import LabelBlocks
 from core.hashing import worker_slots
 from core.nominal import NominalConfig
 from core.online import OnlineEM
-from core.served import batch_calibration, online_calibration, served_posteriors
+from core.served import (
+    batch_calibration,
+    held_out_corrections,
+    online_calibration,
+    served_posteriors,
+)
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -204,9 +209,10 @@ def run_online(
         result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
-        fitted = (out, config.worker_prior) if idle_passes else None
-        cal = online_calibration(em, blocks, gold)
-        return served_posteriors(em.params, blocks, cal, gold, fitted)
+        lam = config.worker_prior
+        held_out = held_out_corrections(em.params, blocks, out, lam) if idle_passes else None
+        cal = online_calibration(em, blocks, gold, held_out)
+        return served_posteriors(em.params, blocks, cal, gold, held_out)
     return out
 
 
@@ -219,8 +225,9 @@ def run_batch(
     blocks = exact_blocks(crowd)
     result, params = BatchEM(config).fit(blocks, crowd.n_workers, known=gold)
     if served:
-        cal = batch_calibration(config, params, blocks, crowd.n_workers, gold)
-        return served_posteriors(params, blocks, cal, gold, (result.probas, config.worker_prior))
+        held_out = held_out_corrections(params, blocks, result.probas, config.worker_prior)
+        cal = batch_calibration(config, params, blocks, crowd.n_workers, gold, held_out)
+        return served_posteriors(params, blocks, cal, gold, held_out)
     out: F64 = result.probas
     return out
 

@@ -86,21 +86,28 @@ def calibration(
     blocks: LabelBlocks,
     evidence: FloatArray | None,
     gold: IntArray | None = None,
+    held_out: FloatArray | None = None,
 ) -> Calibration:
     """Eq. 24: rho from the prequential ``evidence``; eps from its prior and the gold items
-    among ``blocks`` (``gold[b]`` >= 0), each scored from its answers alone."""
+    among ``blocks`` (``gold[b]`` >= 0), each scored from its answers alone, as the other
+    items are served: without its own pull when ``held_out`` has the blocks' c_i (eq. 26)."""
     if gold is None or not np.any(gold >= 0):
         return choose(evidence)
     has = np.flatnonzero(gold >= 0)
     ell, n = log_likelihoods(params, subset(blocks, has))
+    if held_out is not None:
+        ell -= held_out[has]
     return choose(evidence, gold_evidence(ell, n, log_prior(params), gold[has]), int(has.size))
 
 
 def online_calibration(
-    model: OnlineEM, blocks: LabelBlocks, gold: IntArray | None = None
+    model: OnlineEM,
+    blocks: LabelBlocks,
+    gold: IntArray | None = None,
+    held_out: FloatArray | None = None,
 ) -> Calibration:
     """``calibration`` with the evidence the online model gathered while it learned."""
-    return calibration(model.params, blocks, model.params.evidence, gold)
+    return calibration(model.params, blocks, model.params.evidence, gold, held_out)
 
 
 def batch_evidence(
@@ -122,9 +129,11 @@ def batch_calibration(
     blocks: LabelBlocks,
     n_workers: int,
     gold: IntArray | None = None,
+    held_out: FloatArray | None = None,
 ) -> Calibration:
     """``calibration`` of a batch EM fit, with ``batch_evidence``."""
-    return calibration(params, blocks, batch_evidence(config, blocks, n_workers, gold)[0], gold)
+    evidence = batch_evidence(config, blocks, n_workers, gold)[0]
+    return calibration(params, blocks, evidence, gold, held_out)
 
 
 def served_posteriors(
@@ -132,15 +141,15 @@ def served_posteriors(
     blocks: LabelBlocks,
     cal: Calibration,
     gold: IntArray | None = None,
-    fitted: tuple[FloatArray, float] | None = None,
+    held_out: FloatArray | None = None,
 ) -> FloatArray:
     """Eq. 21 for every block under ``params``; a gold item (``gold[b]`` >= 0) is certain.
-    ``fitted`` = (the fit's posteriors, lambda_A) when ``params`` were fitted to these blocks
-    (batch EM, refinement sweeps): each block is then scored without its own pull on the
+    ``held_out``: the blocks' c_i when ``params`` were fitted to them (batch EM, refinement
+    sweeps; ``held_out_corrections``): each block is then scored without its own pull on the
     slots it shares (eq. 26)."""
     ell, n = log_likelihoods(params, blocks)
-    if fitted is not None:
-        ell -= held_out_corrections(params, blocks, *fitted)
+    if held_out is not None:
+        ell -= held_out
     out = cal.from_log_likelihood(ell, n, log_prior(params))
     if gold is not None:
         has = gold >= 0

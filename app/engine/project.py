@@ -501,9 +501,8 @@ class ProjectEngine:
         if not gold_items.size:
             return calibration(self.online.params, _NO_BLOCKS, self.online.params.evidence)
         blocks, _ = self.labels.gather(gold_items)
-        return calibration(
-            self.online.params, blocks, self.online.params.evidence, self.gold[gold_items]
-        )
+        p, held_out = self.online.params, self.held_out[gold_items]
+        return calibration(p, blocks, p.evidence, self.gold[gold_items], held_out)
 
     def globals_json(self) -> bytes:
         p = self.online.params
