@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.project import ProjectEngine
+from app.engine.snapshots import capture, encode, restore
 from app.store.base import LogEntry, ProjectRecord
 from core.blocks import LabelBlocks, canonical_order
 from core.hashing import worker_slot
@@ -203,6 +204,9 @@ def test_after_a_sweep_items_are_served_held_out_until_their_next_labels(
     assert np.mean(shown.argmax(axis=1) == eng.q[:n].argmax(axis=1)) > 0.99
     stored = orjson.loads(eng.item_json(0))
     assert stored["posterior"] == shown[0].tolist() and stored["held_out"] is not None
+    again = restore(RECORD, encode(capture(eng)))  # a snapshot keeps the corrections
+    assert np.array_equal(again.held_out[:n], eng.held_out[:n])
+    assert orjson.loads(again.item_json(0))["posterior"] == stored["posterior"]
     name = eng.items.names[0]
     body = {"items": [name], "workers": ["worker-new"], "labels": [0], "weights": None}
     eng.apply(LogEntry(refine.position + 1, "labels", orjson.dumps(body), b""))
