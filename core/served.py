@@ -23,13 +23,22 @@ def log_likelihoods(params: NominalParams, blocks: LabelBlocks) -> tuple[FloatAr
     )  # fmt: skip
 
 
+HELD_OUT_DECIMALS = 4
+"""c_i in nats to 1e-4: a posterior moves by at most about 1e-4 of itself (eq. 26)."""
+
+
 def held_out_corrections(
-    params: NominalParams, blocks: LabelBlocks, fitted: FloatArray, worker_prior: float
+    params: NominalParams,
+    blocks: LabelBlocks,
+    fitted: FloatArray,
+    worker_prior: float,
+    decimals: int | None = HELD_OUT_DECIMALS,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
     labels under slot rows fitted without it. ``params`` are a fit to the blocks (batch EM's
     fixed point or the refined online model), ``fitted`` their posteriors, ``worker_prior``
-    lambda_A."""
+    lambda_A. Rounded to ``decimals`` places: an item stores its c_i with its posterior, and
+    finer differences would not show in any posterior served."""
     S, K = params.worker.shape[0], params.population.shape[0]
     counts = np.empty((S, K, K))
     _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, fitted, counts)
@@ -41,7 +50,7 @@ def held_out_corrections(
         blocks.ptr, row_of_slot[blocks.slots], blocks.labels, blocks.weights, fitted,
         _leverage(params, counts, used, worker_prior), out,
     )  # fmt: skip
-    return out
+    return out if decimals is None else np.round(out, decimals, out=out)
 
 
 def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> FloatArray:
