@@ -233,7 +233,7 @@ def extract(
             posteriors, calibrated = job.served(
                 fit.held_out(config), fit.blocks, slot_params.evidence
             )
-            speed += f"; {fit.agreement_line(one_pass)}"
+            speed += f"; {fit.agreement_line(one_pass, posteriors)}"
     else:
         run = job.run_online(
             encoded,

@@ -385,10 +385,11 @@ class BatchRun:
         lam = config.worker_prior
         return held_out_posteriors(q, held_out_corrections(self.params, self.blocks, q, lam))
 
-    def agreement_line(self, one_pass: FloatArray) -> str:
-        """How often this fit's labels agree with those of one online pass."""
+    def agreement_line(self, one_pass: FloatArray, posteriors: FloatArray) -> str:
+        """How often the labels of this fit's ``posteriors`` (as written) agree with those of
+        one online pass."""
         has = self.blocks.sizes() > 0
-        same = self.result.labels[has] == one_pass.argmax(axis=1)[has]
+        same = posteriors.argmax(axis=1)[has] == one_pass.argmax(axis=1)[has]
         share = float(same.mean()) if same.size else float("nan")
         return (
             f"labels agree with one online pass over the same answers on {share:.1%} of the items"
