@@ -115,9 +115,10 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
 
 
 @jit
-def held_out_corrections(ptr, rows, labels, weights, q, leverage, out):
-    """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) leverage[r_j, z, l_j], what block b's labels
-    lose in log-likelihood when each label's slot row is refitted without the block."""
+def held_out_corrections(ptr, rows, labels, weights, q, totals, curvature, projections, lam, out):
+    """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T ((C - h_j q_b(z)) D + lam I)^-1
+    (e_l - p) over block b's labels, D = diag p - p p^T = V diag(curvature) V^T for row z of
+    the label's slot r_j, C = totals[r_j, z], projections[r, z, l, k] = ((e_l - p)^T v_k)^2."""
     K = q.shape[1]
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
@@ -128,4 +129,9 @@ def held_out_corrections(ptr, rows, labels, weights, q, leverage, out):
                 continue
             r, l = rows[j], labels[j]
             for z in range(K):
-                out[b, z] += h * h * q[b, z] * leverage[r, z, l]
+                pull = h * q[b, z]
+                without = max(totals[r, z] - pull, 0.0)  # the row's weight without the label
+                leverage = 0.0
+                for k in range(K):
+                    leverage += projections[r, z, l, k] / (without * curvature[r, z, k] + lam)
+                out[b, z] += h * pull * leverage

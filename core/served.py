@@ -45,10 +45,11 @@ def held_out_corrections(
     used = np.flatnonzero(counts.sum(axis=(1, 2)) > 0)
     row_of_slot = np.full(S, -1, dtype=np.int64)
     row_of_slot[used] = np.arange(used.size)
+    totals, curvature, projections = _row_curvatures(params, counts, used)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
         blocks.ptr, row_of_slot[blocks.slots], blocks.labels, blocks.weights, fitted,
-        _leverage(params, counts, used, worker_prior), out,
+        totals, curvature, projections, worker_prior, out,
     )  # fmt: skip
     return out if decimals is None else np.round(out, decimals, out=out)
 
@@ -66,22 +67,23 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
     return out
 
 
-def _leverage(
-    params: NominalParams, counts: FloatArray, used: IntArray, worker_prior: float
-) -> FloatArray:
-    """leverage[u, z, l] = (e_l - p)^T (C_sz (diag p - p p^T) + lambda_A I)^-1 (e_l - p), p
-    row z of slot s = used[u]'s confusion (eq. 26)."""
+def _row_curvatures(
+    params: NominalParams, counts: FloatArray, used: IntArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """For row z of slot s = used[u]: its weight C_sz (totals[u, z]), the eigenvalues of D =
+    diag p - p p^T (curvature[u, z]) and the squared projections of each answer's e_l - p on
+    D's eigenvectors (projections[u, z, l]), p the row's confusion (eq. 26): then
+    (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k projections / (c curvature_k + lambda)
+    for any weight c."""
     K = counts.shape[1]
     theta = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
     p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
-    rows = counts[used].sum(axis=2)[..., None, None]  # C_sz
-    eye = np.eye(K)
-    hessian = rows * (p[..., :, None] * eye - p[..., :, None] * p[..., None, :])
-    inverse = np.linalg.inv(hessian + worker_prior * eye)
-    inv_p = np.einsum("szkm,szm->szk", inverse, p)
-    p_inv_p = np.einsum("szk,szk->sz", p, inv_p)[..., None]
-    leverage: FloatArray = np.einsum("szkk->szk", inverse) - 2.0 * inv_p + p_inv_p
-    return leverage
+    curvature, vectors = np.linalg.eigh(
+        p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
+    )
+    residuals = np.eye(K) - p[..., None, :]  # residuals[u, z, l] = e_l - p
+    projections = np.einsum("uzlm,uzmk->uzlk", residuals, vectors) ** 2
+    return counts[used].sum(axis=2), curvature, projections
 
 
 def log_prior(params: NominalParams) -> FloatArray:
