@@ -115,10 +115,13 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
 
 
 @jit
-def held_out_corrections(ptr, rows, labels, weights, q, totals, curvature, projections, lam, out):
+def held_out_corrections(
+    ptr, rows, labels, weights, q, totals, curvature, vectors, p_along, lam, out
+):
     """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T ((C - h_j q_b(z)) D + lam I)^-1
-    (e_l - p) over block b's labels, D = diag p - p p^T = V diag(curvature) V^T for row z of
-    the label's slot r_j, C = totals[r_j, z], projections[r, z, l, k] = ((e_l - p)^T v_k)^2."""
+    (e_l - p) over block b's labels, for row z of the label's slot r_j: C = totals[r_j, z],
+    D = diag p - p p^T = V diag(curvature[r_j, z]) V^T with V = vectors[r_j, z], and
+    (e_l - p)^T v_k = V[l, k] - p_along[r_j, z, k]."""
     K = q.shape[1]
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
@@ -133,5 +136,6 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, curvature, proje
                 without = max(totals[r, z] - pull, 0.0)  # the row's weight without the label
                 leverage = 0.0
                 for k in range(K):
-                    leverage += projections[r, z, l, k] / (without * curvature[r, z, k] + lam)
+                    along = vectors[r, z, l, k] - p_along[r, z, k]
+                    leverage += along * along / (without * curvature[r, z, k] + lam)
                 out[b, z] += h * pull * leverage

@@ -45,11 +45,11 @@ def held_out_corrections(
     used = np.flatnonzero(counts.sum(axis=(1, 2)) > 0)
     row_of_slot = np.full(S, -1, dtype=np.int64)
     row_of_slot[used] = np.arange(used.size)
-    totals, curvature, projections = _row_curvatures(params, counts, used)
+    totals, curvature, vectors, p_along = _row_curvatures(params, counts, used)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
         blocks.ptr, row_of_slot[blocks.slots], blocks.labels, blocks.weights, fitted,
-        totals, curvature, projections, worker_prior, out,
+        totals, curvature, vectors, p_along, worker_prior, out,
     )  # fmt: skip
     return out if decimals is None else np.round(out, decimals, out=out)
 
@@ -69,21 +69,19 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
 
 def _row_curvatures(
     params: NominalParams, counts: FloatArray, used: IntArray
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """For row z of slot s = used[u]: its weight C_sz (totals[u, z]), the eigenvalues of D =
-    diag p - p p^T (curvature[u, z]) and the squared projections of each answer's e_l - p on
-    D's eigenvectors (projections[u, z, l]), p the row's confusion (eq. 26): then
-    (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k projections / (c curvature_k + lambda)
-    for any weight c."""
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """For row z of slot s = used[u], p its confusion (eq. 26): its weight C_sz (totals[u,
+    z]), the eigenvalues d and eigenvectors V of D = diag p - p p^T (curvature[u, z],
+    vectors[u, z]) and p^T V (p_along[u, z]). Then for any weight c,
+    (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k (V[l, k] - p_along[k])^2 / (c d_k + lambda)."""
     K = counts.shape[1]
     theta = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
     p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
     curvature, vectors = np.linalg.eigh(
         p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
     )
-    residuals = np.eye(K) - p[..., None, :]  # residuals[u, z, l] = e_l - p
-    projections = np.einsum("uzlm,uzmk->uzlk", residuals, vectors) ** 2
-    return counts[used].sum(axis=2), curvature, projections
+    p_along = np.einsum("uzm,uzmk->uzk", p, vectors)
+    return counts[used].sum(axis=2), curvature, vectors, p_along
 
 
 def log_prior(params: NominalParams) -> FloatArray:
