@@ -27,7 +27,7 @@ from core.calibration import choose
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
-from core.served import held_out_corrections, held_out_posteriors
+from core.served import held_out_fit
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     blocks = _blocks(everything, labels)
     raw = model.predict_many(blocks).posteriors
     if passes:  # the sweeps fit the rows to every item: each served held out (eq. 26)
-        held = held_out_corrections(model.params, blocks, raw, config.worker_prior)
-        raw = held_out_posteriors(raw, held)
+        raw = held_out_fit(model.params, blocks, raw, config.worker_prior)
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out
 

@@ -54,6 +54,15 @@ def held_out_corrections(
     return out if decimals is None else np.round(out, decimals, out=out)
 
 
+def held_out_fit(
+    params: NominalParams, blocks: LabelBlocks, fitted: FloatArray, worker_prior: float
+) -> FloatArray:
+    """The fit's own posteriors ``fitted``, each block scored without its own pull on its
+    workers' rows (eq. 26): ``held_out_posteriors`` of ``held_out_corrections``."""
+    corrections = held_out_corrections(params, blocks, fitted, worker_prior)
+    return held_out_posteriors(fitted, corrections)
+
+
 def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> FloatArray:
     """Posteriors q_i(z) with their labels' log-likelihoods lowered by c_i(z) (eq. 26); rows
     without a correction are returned as they are."""

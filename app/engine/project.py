@@ -138,8 +138,7 @@ class ProjectEngine:
         elif entry.kind == "refine":
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
-            self._predict_all()
-            self._hold_out()
+            self._hold_out(self._predict_all())
             self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
@@ -257,26 +256,25 @@ class ProjectEngine:
         self.learned[:n] = blocks.sizes()
         self._all_rows = True
 
-    def _predict_all(self) -> None:
+    def _predict_all(self) -> LabelBlocks:
+        """Every item's posterior under the current parameters; returns the items' blocks."""
         n = self.items_count
-        if n == 0:
-            return
         blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
-        result = self.online.predict_many(blocks, known=self.gold[:n])
-        self.q[:n] = result.posteriors
-        self.b[:n] = result.clarity
-        self._dirty_items.update(range(n))
+        if n:
+            result = self.online.predict_many(blocks, known=self.gold[:n])
+            self.q[:n] = result.posteriors
+            self.b[:n] = result.clarity
+            self._dirty_items.update(range(n))
+        return blocks
 
-    def _hold_out(self) -> None:
-        """After a sweep or a refit the parameters are fitted to every item: each item is
-        served as scored by slot rows fitted without it (docs/model.md eq. 26), until its
-        next labels."""
-        n = self.items_count
-        if n == 0:
-            return
-        blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
-        params, lam = self.online.params, self.config.worker_prior
-        self.held_out[:n] = held_out_corrections(params, blocks, self.q[:n], lam)
+    def _hold_out(self, blocks: LabelBlocks) -> None:
+        """After a sweep or a refit the parameters are fitted to every item (``blocks``, all
+        of them): each item is served as scored by slot rows fitted without it (docs/model.md
+        eq. 26), until its next labels."""
+        n = blocks.n_blocks
+        if n:
+            params, lam = self.online.params, self.config.worker_prior
+            self.held_out[:n] = held_out_corrections(params, blocks, self.q[:n], lam)
 
     def shown(self, codes: IntArray) -> FloatArray:
         """The posteriors served (before calibration) of the items ``codes``: EM's, each
@@ -305,7 +303,7 @@ class ProjectEngine:
         self.online.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
-        self._hold_out()
+        self._hold_out(blocks)
         self._all_rows = True
         self._dirty_items.update(range(n))
 

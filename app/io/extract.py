@@ -23,7 +23,7 @@ from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, LaterPasses, OnlineEM
-from core.served import batch_evidence, held_out_corrections, held_out_posteriors
+from core.served import batch_evidence, held_out_fit
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,7 @@ class OnlineRun:
         service serves it after its refinement sweeps."""
         q, params = self.final.posteriors, self.model.params
         if refined:
-            lam = self.model.config.worker_prior
-            q = held_out_posteriors(q, held_out_corrections(params, self.blocks, q, lam))
+            q = held_out_fit(params, self.blocks, q, self.model.config.worker_prior)
         return served(q, self.blocks, params.evidence)
 
 
@@ -381,9 +380,7 @@ class BatchRun:
     def held_out(self, config: NominalConfig) -> FloatArray:
         """The fit's posteriors, each item scored without its own pull on its workers' rows
         (docs/model.md eq. 26)."""
-        q = self.result.probas
-        lam = config.worker_prior
-        return held_out_posteriors(q, held_out_corrections(self.params, self.blocks, q, lam))
+        return held_out_fit(self.params, self.blocks, self.result.probas, config.worker_prior)
 
     def agreement_line(self, one_pass: FloatArray, posteriors: FloatArray) -> str:
         """How often the labels of this fit's ``posteriors`` (as written) agree with those of
