@@ -106,6 +106,12 @@ class ProjectStats(BaseModel):
     dyadic_passes: float | None = Field(
         None, description="Passes the dyadic model made over each label, on average."
     )
+    dyadic_position: int | None = Field(
+        None,
+        description="The log position the dyadic model (predictions) has learned up to: "
+        "posteriors come first, so it may be behind `applied` for a moment, or longer under "
+        "heavy load.",
+    )
 
 
 class Project(BaseModel):

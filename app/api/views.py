@@ -75,6 +75,7 @@ def project_view(
             n_workers=g.n_workers,
             n_labels=g.n_labels,
             dyadic_passes=g.dyadic_examples / g.n_labels if dyadic and g.n_labels else None,
+            dyadic_position=(g.dyadic_position or 0) if dyadic else None,
         ),
     }
 

@@ -7,16 +7,20 @@ passes on average. Both are functions of the log, so replay is deterministic. Th
 slots an entry touched are published with the engine's state; the API predicts from the rows
 of the pairs it is asked about (app/serving/predictions.py), never from whole tables.
 
-Posteriors first: ``learn`` only queues the labels, and they are learned (in the same order)
-by the first call that needs the model (``catch_up``, which ``update``, ``sweep``,
-``wants_sweep`` and ``capture`` make), so the engine can write an entry's posteriors before
-the dyadic model learns its labels (``app.engine.loop``). Queued labels use rows already
-assigned, and a new slot's row starts from its initial values whenever it is added, so
-learning later gives the same model, bit for bit.
+Posteriors first: ``learn`` only queues the labels, with the log position of their entry, and
+they are learned in the same order later: a slice at a time (``catch_up(limit)``, which the
+engine loop calls when the log is drained or the queue is long), or all at once by a call that
+needs the whole model (``update()``, ``sweep``, ``capture``). So the engine writes an entry's
+posteriors before the dyadic model learns its labels, and the model may lag behind the
+posteriors, reporting how far it has learned (``learned_through``). Queued labels use rows
+already assigned, a new slot's row starts from its initial values whenever it is added, and
+the kernel learns one label after another, so learning later or in slices gives the same
+model, bit for bit.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,7 +87,9 @@ class DyadicTrainer:
         self.examples = 0
         """Labels given to the model, sweeps included, queued ones too (the sweep rule's
         counter: a function of the log position alone, whenever they are learned)."""
-        self._queued: list[tuple[IntArray, IntArray, IntArray, npt.NDArray[np.float64]]] = []
+        self._queued: deque[_Queued] = deque()
+        self.backlog = 0
+        """Labels given to ``learn`` and not learned yet."""
         self._dirty_raters: list[IntArray] = []  # rows
         self._dirty_tasks: list[IntArray] = []
 
@@ -135,28 +141,44 @@ class DyadicTrainer:
         item_codes: IntArray,
         labels: IntArray,
         weights: npt.NDArray[np.float64],
+        position: int = 0,
     ) -> None:
-        """Queue one update per label, in the given (log) order."""
+        """Queue one update per label, in the given (log) order; ``position``: the log entry's."""
         raters, tasks = self.rater_rows[worker_codes], self.task_rows[item_codes]
-        self._queued.append((raters, tasks, labels, weights))
+        self._queued.append(_Queued(position, raters, tasks, labels, weights))
         self.examples += labels.size
+        self.backlog += labels.size
+
+    def catch_up(self, limit: int | None = None) -> int:
+        """Learn the queued labels in order: all of them, or the oldest ``limit``; returns how
+        many it learned."""
+        todo = self.backlog if limit is None else min(limit, self.backlog)
+        left = todo
+        while left > 0:
+            head = self._queued[0]
+            if head.labels.size > left:  # learn its first labels, queue the rest
+                self._queued[0], head = head.split(left)
+            else:
+                self._queued.popleft()
+            self.model.learn_many(head.raters, head.tasks, head.labels, head.weights)
+            self._dirty_raters.append(np.unique(head.raters))
+            self._dirty_tasks.append(np.unique(head.tasks))
+            left -= head.labels.size
+        self.backlog -= todo
+        return todo
 
     @property
-    def queued(self) -> int:
-        """Labels given to ``learn`` and not learned yet."""
-        return sum(labels.size for _, _, labels, _ in self._queued)
+    def unpublished(self) -> bool:
+        """Labels queued, or rows changed since the last ``update``."""
+        return bool(self.backlog or self._dirty_raters or self._dirty_tasks)
 
-    def catch_up(self) -> None:
-        """Learn the queued labels, in order."""
-        for raters, tasks, labels, weights in self._queued:
-            self.model.learn_many(raters, tasks, labels, weights)
-            self._dirty_raters.append(np.unique(raters))
-            self._dirty_tasks.append(np.unique(tasks))
-        self._queued.clear()
+    def learned_through(self, position: int) -> int:
+        """The log position up to which every label is learned, ``position`` being the
+        engine's (all of them learned)."""
+        return self._queued[0].position - 1 if self._queued else position
 
     def wants_sweep(self, stored: ItemLabels) -> bool:
-        """Labels have had fewer than ``passes`` passes on average."""
-        self.catch_up()
+        """Labels have had fewer than ``passes`` passes on average (queued ones counted)."""
         return stored.n_labels > 0 and self.examples < self.settings.passes * stored.n_labels
 
     def sweep(self, stored: ItemLabels) -> bool:
@@ -164,6 +186,7 @@ class DyadicTrainer:
         n = stored.n_labels
         if not self.wants_sweep(stored):
             return False
+        self.catch_up()
         self.learn(stored.worker[:n], stored.item[:n], stored.label[:n], stored.weight[:n])
         self.catch_up()
         return True
@@ -172,13 +195,16 @@ class DyadicTrainer:
         self._dirty_raters = [np.arange(self._raters.n, dtype=np.int64)]
         self._dirty_tasks = [np.arange(self._tasks.n, dtype=np.int64)]
 
-    def update(self) -> DyadicUpdate:
-        """The rows changed since the last call, by slot (and the shared parameters)."""
-        self.catch_up()
+    def update(self, position: int, limit: int | None = None) -> DyadicUpdate:
+        """The rows changed since the last call, by slot (and the shared parameters), once
+        the queued labels are learned (all, or the oldest ``limit``); ``position``: the
+        engine's."""
+        self.catch_up(limit)
         raters = self._published(RATER, self._raters, self._dirty_raters)
         tasks = self._published(TASK, self._tasks, self._dirty_tasks)
         self._dirty_raters, self._dirty_tasks = [], []
-        return DyadicUpdate(raters, tasks, self.model.shared().tobytes())
+        shared = self.model.shared().tobytes()
+        return DyadicUpdate(raters, tasks, shared, self.learned_through(position))
 
     def _published(self, table: str, index: _SlotRows, dirty: list[IntArray]) -> dict[int, bytes]:
         if not dirty:
@@ -252,6 +278,22 @@ class _SlotRows:
                 self.slots[row] = s
             rows[n] = row
         return rows, np.arange(first, self.n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """Labels of one log entry waiting to be learned (rows, not codes)."""
+
+    position: int
+    raters: IntArray
+    tasks: IntArray
+    labels: IntArray
+    weights: npt.NDArray[np.float64]
+
+    def split(self, n: int) -> tuple[_Queued, _Queued]:
+        """(the labels after the first ``n``, the first ``n``)."""
+        p, r, t, y, w = self.position, self.raters, self.tasks, self.labels, self.weights
+        return _Queued(p, r[n:], t[n:], y[n:], w[n:]), _Queued(p, r[:n], t[:n], y[:n], w[:n])
 
 
 def _compact(config: DyadicConfig, raters: int, tasks: int) -> DyadicModel:

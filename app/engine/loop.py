@@ -38,7 +38,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -51,6 +51,13 @@ from app.store.base import LeaseLostError, LogRewoundError, ProjectRecord, Store
 log = logging.getLogger("crowdtally.engine")
 
 RETRY_S, RETRY_MAX_S = 1.0, 60.0  # a failed project is tried again after this (doubling)
+DYADIC_SLICE = 4096
+"""Queued labels the dyadic model learns in a step while the log is drained: about 15 ms
+(bench.engine_step), the most a posterior arriving meanwhile waits for it."""
+DYADIC_BACKLOG = 262_144
+"""Labels the dyadic model may lag behind the posteriors (about 8 MB queued): past it, every
+step learns the excess, so a load the two cannot keep up with together shows as the engine's
+lag (and push-back), not as a queue growing without bound."""
 SWEEPS_AT_ONCE = 1
 """Idle sweeps (refinement, dyadic passes: log entries) waiting to be applied, over all the
 projects of an engine: with many projects gone quiet at once, their sweeps come one after
@@ -108,8 +115,12 @@ class EngineLoop:
         poll_s: float = 0.002,
         snapshotter: Snapshotter | None = None,
         pool: Pool | None = None,
+        dyadic_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
+        self.dyadic_ready = dyadic_ready
+        """Whether the dyadic model's kernels are loaded (a first start compiles them after
+        the posteriors' in another process): until then its labels stay queued."""
         self.pool = pool
         self._leases: dict[str, int] = {}
         """The projects this engine of a pool holds, with their fencing tokens."""
@@ -136,6 +147,8 @@ class EngineLoop:
         self.refine_passes = refine_passes
         self.refine_idle_s = refine_idle_s
         self.poll_s = poll_s
+        self.dyadic_learned = 0
+        """Labels the dyadic models learned in the last step (work, even with no entry)."""
         self.engines: dict[str, ProjectEngine] = {}
         self._catch_up: dict[str, int] = {}
         self._anchor: dict[str, int | None] = {}
@@ -255,6 +268,7 @@ class EngineLoop:
             projects = {n: r for n, r in projects.items() if n not in self._lapsed}
         self._quiet = self._quiet_logs(projects)
         done = 0
+        self.dyadic_learned = 0
         now = time.monotonic()
         for name, record in projects.items():
             if name in self._dormant and name in self._quiet:
@@ -296,6 +310,8 @@ class EngineLoop:
         if eng is None or name in self._sweeping or eng.position < self._catch_up.get(name, 0):
             return False
         if self._refine_due.get(name) or self._sweep_pending.get(name):
+            return False
+        if eng.dyadic_unpublished:
             return False
         if self.refine_passes > 0 and eng.wants_dyadic_sweep():
             return False
@@ -496,7 +512,10 @@ class EngineLoop:
         )
         now = time.monotonic()
         if not entries:
-            if snap is not None and eng.position >= self._catch_up.get(name, 0):
+            served = eng.position >= self._catch_up.get(name, 0)
+            if served and (limit := self._dyadic_limit(name, eng, True)) is not None:
+                self._write_dyadic(name, eng, anchor, None, limit)
+            if snap is not None and served and not self._dyadic_waits(eng):
                 snap.maybe_snapshot(eng, token=anchor)  # the last entries before a quiet spell
             if now - self._last_label.get(name, now) >= self.refine_idle_s:
                 self._idle_sweeps(name, eng)
@@ -514,29 +533,79 @@ class EngineLoop:
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
         self._anchor[name] = anchor = entries[-1].token
-        # The posteriors first; then the dyadic model learns the labels and its rows are
-        # written, with the applied position (which only the second write moves).
+        # The posteriors first, with the applied position; then the dyadic model learns the
+        # labels (when its turn comes: _dyadic_limit) and its rows are written.
         update = eng.state_update(dyadic=False)
         update.anchor, update.served = anchor, self._served.get(name)
-        update.fence, update.advance = self._leases.get(name), eng.dyadic is None
+        update.fence = self._leases.get(name)
+        maybe_drained = len(entries) < self.batch_entries
         if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
-            if eng.dyadic is not None:  # served: nothing to write (and no queue to let grow)
-                eng.dyadic.catch_up()
+            limit = self._dyadic_limit(name, eng, maybe_drained)
+            if limit is not None:  # served: nothing to write
+                before = eng.dyadic_backlog
+                eng.dyadic_update(limit)
+                self.dyadic_learned += before - eng.dyadic_backlog
             return len(entries)
-        last = update
-        if eng.dyadic is not None:
-            self.store.write_state(name, update)
-            last = eng.dyadic_update(update)
-            last.anchor, last.served, last.fence = anchor, update.served, update.fence
-        if all(e.kind == "labels" for e in entries):  # the pace push-back projects from: the
-            took = (time.perf_counter() - started) / len(entries)  # whole step, per entry
-            was = self._entry_s.get(name)
-            last.entry_s = self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
-        self.store.write_state(name, last)
+        # The pace push-back projects from: the step's time per entry, its posteriors' write
+        # included, and the dyadic learning that the backlog's bound forces (which delays
+        # the entries waiting); it goes with the step's next write, or the next step's.
+        forced = eng.dyadic_backlog > DYADIC_BACKLOG
+        step = (started, len(entries)) if all(e.kind == "labels" for e in entries) else None
+        update.entry_s = self._entry_s.get(name)
+        self.store.write_state(name, update)
         self._served[name] = eng.position
-        if snap is not None:
+        if step is not None and not forced:
+            self._pace(name, *step)
+        limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
+        if limit is not None:  # counts: the posteriors of the entries waiting go first)
+            self._write_dyadic(name, eng, anchor, step if forced else None, limit)
+        if snap is not None and not self._dyadic_waits(eng):
             snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)
+
+    def _pace(self, name: str, started: float, entries: int) -> float:
+        """The moving average of seconds per label entry, this step's included."""
+        took = (time.perf_counter() - started) / entries
+        was = self._entry_s.get(name)
+        self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
+        return self._entry_s[name]
+
+    # ------------------------------------------------------------------ the dyadic model
+    def _dyadic_limit(self, name: str, eng: ProjectEngine, maybe_drained: bool) -> int | None:
+        """How many queued labels the dyadic model learns in this step, its rows then written
+        (None: no dyadic write). Once its kernels are loaded: ``DYADIC_SLICE`` when the log
+        has nothing new past the posteriors just written (no posterior waits; the next step
+        looks at the log again), and any excess over ``DYADIC_BACKLOG`` whatever waits. With
+        nothing queued, the rows a sweep changed are written when the log is drained."""
+        if not eng.dyadic_unpublished or not self.dyadic_ready():
+            return None
+        over = eng.dyadic_backlog - DYADIC_BACKLOG
+        if maybe_drained and self.store.log_end(name) <= eng.position:
+            return max(over, DYADIC_SLICE)
+        return over if over > 0 else None
+
+    def _dyadic_waits(self, eng: ProjectEngine) -> bool:
+        """Labels queued for a dyadic model whose kernels are not loaded yet (a first start):
+        a snapshot (which learns them all) waits, rather than compile them in this process."""
+        return bool(eng.dyadic_backlog) and not self.dyadic_ready()
+
+    def _write_dyadic(
+        self,
+        name: str,
+        eng: ProjectEngine,
+        anchor: int | None,
+        step: tuple[float, int] | None,
+        limit: int,
+    ) -> None:
+        """Learn up to ``limit`` queued labels and write the dyadic rows they changed, with
+        the pace (``step``: the started time and label entries of a step whose pace counts
+        this learning)."""
+        before = eng.dyadic_backlog
+        update = eng.dyadic_update(limit)
+        self.dyadic_learned += before - eng.dyadic_backlog
+        update.anchor, update.served, update.fence = anchor, eng.position, self._leases.get(name)
+        update.entry_s = self._pace(name, *step) if step is not None else self._entry_s.get(name)
+        self.store.write_state(name, update)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
         """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic
@@ -548,7 +617,7 @@ class EngineLoop:
             self._refine_due[name] = False
             self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
             self._sweeping.add(name)
-        elif not self._sweep_pending.get(name) and eng.wants_dyadic_sweep():
+        elif not self._sweep_pending.get(name) and self.dyadic_ready() and eng.wants_dyadic_sweep():
             self._sweep_pending[name] = True
             self.store.append(name, "dyadic", b"{}")
             self._sweeping.add(name)
@@ -573,7 +642,7 @@ class EngineLoop:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rewinds = self.rewinds  # a project dropped at a rewind is reloaded at the next step
-            if self.step() == 0 and self.rewinds == rewinds:
+            if self.step() == 0 and self.rewinds == rewinds and not self.dyadic_learned:
                 if not self.sweeps_pending():
                     return
                 time.sleep(self.poll_s)
@@ -593,6 +662,7 @@ class EngineLoop:
             try:
                 done = self.step()
                 self.last_error = None
+                done += self.dyadic_learned
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
             except Exception as exc:  # keep serving; report in /readyz and the log

@@ -130,7 +130,7 @@ class ProjectEngine:
             )
         body = orjson.loads(entry.payload)
         if entry.kind == "labels":
-            self._apply_labels(body, entry.keep)
+            self._apply_labels(body, entry.keep, entry.position)
             self.refine_due = True
         elif entry.kind == "gold":
             self._apply_gold(body)
@@ -156,7 +156,7 @@ class ProjectEngine:
         self.position = entry.position
         self.computed_at = time.time()
 
-    def _apply_labels(self, body: dict[str, list[object]], keep: bytes) -> None:
+    def _apply_labels(self, body: dict[str, list[object]], keep: bytes, position: int) -> None:
         items = body["items"]
         workers = body["workers"]
         labels = np.asarray(body["labels"], dtype=np.int64)
@@ -195,7 +195,7 @@ class ProjectEngine:
         self._learn(touched)
         self._dirty_workers.update(worker_codes.tolist())
         if self.dyadic is not None:  # in the block's own order: what a worker answered, as sent
-            self.dyadic.learn(worker_codes, item_codes, labels, weights)
+            self.dyadic.learn(worker_codes, item_codes, labels, weights, position)
 
     def _learn(self, touched: IntArray) -> None:
         blocks, _ = self.labels.gather(touched)
@@ -427,7 +427,7 @@ class ProjectEngine:
     def state_update(self, dyadic: bool = True) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
         False, without the dyadic model's rows (its queued labels stay queued:
-        ``dyadic_update`` learns them and gives its rows)."""
+        ``dyadic_update`` learns them and gives its rows), else with every label learned."""
         p = self.online.params
         changed = range(self.n_rows) if self._all_rows else self._dirty_rows
         slot_of = self.slot_of_row
@@ -445,19 +445,32 @@ class ProjectEngine:
         self._dirty_rows.clear()
         self._all_rows = False
         settings = orjson.dumps(self.queue_settings.to_dict())
-        rows_of_dyadic = self.dyadic.update() if self.dyadic is not None and dyadic else None
+        rows_of_dyadic = (
+            self.dyadic.update(self.position) if self.dyadic is not None and dyadic else None
+        )
         return StateUpdate(
             self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
             rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
 
-    def dyadic_update(self, posteriors: StateUpdate) -> StateUpdate:
+    @property
+    def dyadic_backlog(self) -> int:
+        """Labels applied to the posteriors that the dyadic model has not learned yet."""
+        return self.dyadic.backlog if self.dyadic is not None else 0
+
+    @property
+    def dyadic_unpublished(self) -> bool:
+        """The dyadic model has labels to learn or rows to write (after a sweep, say)."""
+        return self.dyadic is not None and self.dyadic.unpublished
+
+    def dyadic_update(self, limit: int | None = None) -> StateUpdate:
         """The dyadic model's rows changed since the last update, once it has learned the
-        labels queued: the write that follows the ``posteriors`` write of the same step (a
-        project with a dyadic model). Its globals are that write's: learning changes none of
-        them (the dyadic examples are counted as they are queued)."""
+        queued labels (all, or the oldest ``limit``): a write of those rows alone, after the
+        posteriors at this position were written (``advance`` False; the globals again, with
+        the position the dyadic model has now learned up to)."""
         assert self.dyadic is not None, "a project without a dyadic model"
-        return StateUpdate(posteriors.position, posteriors.globals, dyadic=self.dyadic.update())
+        dyadic = self.dyadic.update(self.position, limit)
+        return StateUpdate(self.position, self.globals_json(), dyadic=dyadic, advance=False)
 
     def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among
@@ -518,6 +531,9 @@ class ProjectEngine:
                 "calibration": self.calibration.to_dict(),
                 "evidence": (p.evidence if p.evidence is not None else np.zeros(0)).tolist(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
+                "dyadic_position": (
+                    self.dyadic.learned_through(self.position) if self.dyadic is not None else None
+                ),
                 "queue": self.progress.report(),
             }
         )

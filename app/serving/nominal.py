@@ -43,6 +43,8 @@ class Globals:
     """The prequential evidence of the calibration's tempering (docs/model.md eq. 22)."""
     queue: dict[str, Any] | None = None
     """The campaign's progress under the stopping rule (``app.engine.queue.Progress``)."""
+    dyadic_position: int | None = None
+    """The log position the dyadic model has learned up to (None: no dyadic model)."""
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -63,6 +65,7 @@ class Globals:
             Calibration.from_dict(d.get("calibration")),
             np.asarray(d["evidence"]) if d.get("evidence") else None,
             d.get("queue"),
+            d.get("dyadic_position"),
         )
 
 

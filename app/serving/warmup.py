@@ -97,7 +97,7 @@ def dyadic_learning() -> None:
         stored.add_items(int(items.max()) + 1)
         stored.append(items, workers, labels, np.ones(labels.size), workers)
         trainer.sweep(stored)
-        trainer.update()
+        trainer.update(position=0)
 
 
 def everything() -> None:

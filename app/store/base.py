@@ -134,6 +134,9 @@ class DyadicUpdate:
     raters: dict[int, bytes]
     tasks: dict[int, bytes]
     shared: bytes
+    position: int
+    """The log position the model has learned every label up to (behind the applied
+    position while it catches up: the posteriors are written first)."""
 
 
 @dataclass
@@ -170,9 +173,9 @@ class StateUpdate:
     """The engine's recent seconds per log entry applied (push-back projects the wait of the
     entries not applied yet from it). None: unchanged."""
     advance: bool = True
-    """The write moves the applied position to ``position``. False: the served items of a
-    step written ahead of the rest (its dyadic rows), which a second write brings with the
-    applied position; readers of the items see the posteriors that much sooner."""
+    """The write moves the applied position to ``position``. False: a write of the dyadic
+    model's rows alone, after the posteriors of the same position were written (its own
+    position is ``dyadic.position``)."""
 
 
 class Store(Protocol):
@@ -307,8 +310,8 @@ class Store(Protocol):
     def get_dyadic(
         self, project: str, raters: list[int], tasks: list[int]
     ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
-        """(applied position, shared parameters, rater rows, task rows) of the dyadic model,
-        read consistently; None where nothing was written yet."""
+        """(the position it has learned up to, shared parameters, rater rows, task rows) of
+        the dyadic model, read consistently; None where nothing was written yet."""
         ...
 
     def scan_items(

@@ -50,6 +50,7 @@ class _ProjectState:
         self.queue: dict[str, float] = {}
         self.queue_settings: bytes | None = None
         self.dyadic_shared: bytes | None = None
+        self.dyadic_at = 0  # the log position the dyadic model has learned up to
         self.dyadic_raters: dict[int, bytes] = {}
         self.dyadic_tasks: dict[int, bytes] = {}
         self.pending: deque[tuple[int, float]] = deque()
@@ -368,6 +369,7 @@ class EmbeddedStore:
                 st.queue_settings = _fitted(update.queue_settings)
             if update.dyadic is not None:
                 st.dyadic_shared = _fitted(update.dyadic.shared)
+                st.dyadic_at = update.dyadic.position
                 st.dyadic_raters.update(_all_fitted(update.dyadic.raters))
                 st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
             if update.entry_s is not None:
@@ -404,7 +406,7 @@ class EmbeddedStore:
             if st is None:
                 return 0, None, [None] * len(raters), [None] * len(tasks)
             r = [st.dyadic_raters.get(s) for s in raters]
-            return st.applied, st.dyadic_shared, r, [st.dyadic_tasks.get(s) for s in tasks]
+            return st.dyadic_at, st.dyadic_shared, r, [st.dyadic_tasks.get(s) for s in tasks]
 
     def scan_items(
         self, project: str, cursor: int, count: int

@@ -754,7 +754,8 @@ class RedisStore:
         if update.queue_settings is not None:
             pipe.hset(state, "queue_settings", update.queue_settings)
         if update.dyadic is not None:
-            pipe.hset(state, "dyadic", update.dyadic.shared)
+            pipe.hset(state, mapping={"dyadic": update.dyadic.shared,
+                                      "dyadic_at": update.dyadic.position})  # fmt: skip
             for what, rows in (("draters", update.dyadic.raters), ("dtasks", update.dyadic.tasks)):
                 if rows:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
@@ -796,16 +797,16 @@ class RedisStore:
         self, project: str, raters: list[int], tasks: list[int]
     ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
         pipe = self.r.pipeline(transaction=True)
-        pipe.hmget(self._k(project, "state"), ["applied", "dyadic"])
+        pipe.hmget(self._k(project, "state"), ["dyadic_at", "dyadic"])
         if raters:
             pipe.hmget(self._k(project, "draters"), [str(s) for s in raters])
         if tasks:
             pipe.hmget(self._k(project, "dtasks"), [str(s) for s in tasks])
         res = pipe.execute()
-        (applied, shared), rest = res[0], res[1:]
+        (learned, shared), rest = res[0], res[1:]
         r = rest.pop(0) if raters else []
         t = rest.pop(0) if tasks else []
-        return int(applied or 0), shared, r, t
+        return int(learned or 0), shared, r, t
 
     def scan_items(
         self, project: str, cursor: int, count: int

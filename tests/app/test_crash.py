@@ -87,10 +87,15 @@ def replay(store: RedisStore, db: SnapshotDB) -> ProjectEngine:
 
 
 def same_dyadic_rows(store: RedisStore, reference: ProjectEngine) -> None:
-    """The dyadic rows served are those of a run without kills, bit for bit."""
+    """The dyadic rows served, once the model learned every label (it follows the
+    posteriors), are those of a run without kills, bit for bit."""
     assert reference.dyadic is not None
     reference.mark_all_dirty()
-    want = reference.dyadic.update()
+    want = reference.dyadic.update(reference.position)
+    deadline = time.monotonic() + 30
+    while store.get_dyadic("p", [], [])[0] < reference.position:
+        assert time.monotonic() < deadline, "the dyadic model did not catch up"
+        time.sleep(0.05)
     position, shared, raters, tasks = store.get_dyadic("p", list(want.raters), list(want.tasks))
     assert position == reference.position and shared == want.shared
     assert raters == list(want.raters.values()) and tasks == list(want.tasks.values())

@@ -1,6 +1,7 @@
-"""Posteriors first: an engine step writes its items before the dyadic model learns the step's
-labels, then the dyadic rows with the applied position; learning later gives the same model
-bit for bit. On each store (Redis: the real server)."""
+"""Posteriors first: an engine step writes its items, with the applied position, before the
+dyadic model learns the step's labels; the dyadic model learns them afterwards, in slices when
+the log is drained, and reports how far it has learned; learning later or in slices gives the
+same model bit for bit. On each store (Redis: the real server)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.engine import loop as engine_loop
 from app.engine.dyadic import settings_for
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
@@ -33,12 +36,13 @@ def labels_body(rng: np.random.Generator, n: int, items: int, workers: int) -> b
 
 class Recorder:
     """The store, noting each state write: the applied position before it, whether it moved
-    it, what it carried, and the dyadic labels not learned yet at that moment."""
+    it, what it carried, the dyadic labels not learned yet at that moment, and the dyadic
+    position it wrote."""
 
     def __init__(self, store: Store, loop: list[EngineLoop]) -> None:
         self._store, self._loop = store, loop
-        self.writes: list[tuple[int, bool, int, bool, int]] = []
-        self.globals: list[bytes] = []
+        self.writes: list[tuple[int, bool, int, bool, int, int | None]] = []
+        self.globals: list[dict[str, Any]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -47,11 +51,19 @@ class Recorder:
         trainer = self._loop[0].engines[project].dyadic
         assert trainer is not None
         was = self._store.applied_position(project)
-        queued = trainer.queued
+        queued = trainer.backlog
         self._store.write_state(project, update)
+        learned = None if update.dyadic is None else update.dyadic.position
         carried = (len(update.items), update.dyadic is not None)
-        self.writes.append((was, update.advance, *carried, queued))
-        self.globals.append(update.globals)
+        self.writes.append((was, update.advance, *carried, queued, learned))
+        self.globals.append(orjson.loads(update.globals))
+
+
+def replayed(store: Store) -> ProjectEngine:
+    replay = ProjectEngine(RECORD)
+    for entry in store.read_log("p", 0, 1000):
+        replay.apply(entry)
+    return replay
 
 
 def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Store) -> None:
@@ -66,31 +78,118 @@ def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Stor
         loop.step()
     steps = recorder.writes
     assert len(steps) == 6  # two writes a step
-    for posteriors, dyadic in zip(steps[::2], steps[1::2], strict=True):
-        was, advance, items, has_dyadic, queued = posteriors
-        assert not advance and items > 0 and not has_dyadic and queued == 40
-        assert dyadic[0] == was  # the applied position did not move with the posteriors
-        assert dyadic[1] and dyadic[2] == 0 and dyadic[3] and dyadic[4] == 0
-    # the dyadic learning changes no global figure: both writes of a step carry the same
-    assert recorder.globals[::2] == recorder.globals[1::2]
+    for n, (posteriors, dyadic) in enumerate(zip(steps[::2], steps[1::2], strict=True)):
+        was, advance, items, has_dyadic, queued, _ = posteriors
+        assert was == n and advance and items > 0 and not has_dyadic and queued == 40
+        assert dyadic[0] == n + 1  # the applied position moved with the posteriors
+        assert not dyadic[1] and dyadic[2] == 0 and dyadic[3] and dyadic[4] == 0
+        assert dyadic[5] == n + 1  # learned up to the step's entry
+    # the dyadic learning changes no global figure but its own position
+    for posteriors, dyadic in zip(recorder.globals[::2], recorder.globals[1::2], strict=True):
+        assert posteriors.pop("dyadic_position") == dyadic.pop("dyadic_position") - 1
+        assert posteriors == dyadic
     assert store.applied_position("p") == store.log_end("p") == 3
+    learned, shared, _, _ = store.get_dyadic("p", [], [])
+    assert learned == 3
+    replay = replayed(store)
+    assert replay.dyadic is not None and shared == replay.dyadic.update(3).shared
+
+
+def test_the_dyadic_model_waits_for_its_kernels_and_then_catches_up(store: Store) -> None:
+    """A first start: the service applies labels (posteriors served, applied position moving)
+    while the dyadic model's kernels are compiled elsewhere; its labels stay queued, its
+    position stays behind, and once they are loaded it learns them all."""
+    store.create_project(RECORD)
+    ready = False
+    loop = EngineLoop(store, refine_passes=0, dyadic_ready=lambda: ready)
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        store.append("p", "labels", labels_body(rng, 40, 15, 6))
+        loop.step()
+    assert store.applied_position("p") == 4
+    assert store.get_dyadic("p", [], [])[0] == 0
+    assert orjson.loads(store.get_params("p", [])[0] or b"")["dyadic_position"] == 0
+    assert loop.engines["p"].dyadic_backlog == 160
+    assert loop.step() == 0 and loop.dyadic_learned == 0  # still waiting
+    ready = True
+    loop.run_until_idle()
+    assert loop.engines["p"].dyadic_backlog == 0
+    learned, shared, _, _ = store.get_dyadic("p", [], [])
+    assert learned == 4
+    replay = replayed(store)
+    assert replay.dyadic is not None and shared == replay.dyadic.update(4).shared
+
+
+def test_the_dyadic_model_learns_in_slices_and_lags_at_most_its_bound(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries keep coming (the log never drained): the dyadic model learns only what passes
+    its backlog's bound; drained, a slice a step, its position following the entries it
+    finished."""
+    monkeypatch.setattr(engine_loop, "DYADIC_BACKLOG", 100)
+    monkeypatch.setattr(engine_loop, "DYADIC_SLICE", 30)
+    store.create_project(RECORD)
+    loop = EngineLoop(store, refine_passes=0, batch_entries=1)  # one entry a step: not drained
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    backlogs, positions = [], []
+    for _ in range(6):
+        assert loop.step() == 1
+        backlogs.append(loop.engines["p"].dyadic_backlog)
+        positions.append(store.get_dyadic("p", [], [])[0])
+    assert backlogs == [40, 80, 100, 100, 100, 100]  # the bound, not more
+    assert positions == [0, 0, 0, 1, 2, 3]  # the entries it learned to the end
+    slices = []
+    while loop.step() == 0 and loop.dyadic_learned:  # drained: a slice a step
+        slices.append((loop.dyadic_learned, store.get_dyadic("p", [], [])[0]))
+    assert slices == [(30, 4), (30, 5), (30, 5), (10, 6)]
     _, shared, _, _ = store.get_dyadic("p", [], [])
-    replay = ProjectEngine(RECORD)
-    for entry in store.read_log("p", 0, 100):
-        replay.apply(entry)
-    assert replay.dyadic is not None and shared == replay.dyadic.update().shared
+    replay = replayed(store)
+    assert replay.dyadic is not None and shared == replay.dyadic.update(6).shared
+
+
+class ArrivalsDuringSteps:
+    """The store; while a step writes its posteriors, a client appends another block."""
+
+    def __init__(self, store: Store, blocks: list[bytes]) -> None:
+        self._store, self.blocks = store, blocks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write_state(self, project: str, update: StateUpdate) -> None:
+        self._store.write_state(project, update)
+        if update.items and self.blocks:
+            self._store.append(project, "labels", self.blocks.pop(0))
+
+
+def test_a_label_waiting_in_the_log_goes_before_the_dyadic_model(store: Store) -> None:
+    """Blocks keep arriving while the engine writes posteriors: each step applies the waiting
+    block's posteriors and leaves the dyadic learning for when the log is drained."""
+    store.create_project(RECORD)
+    rng = np.random.default_rng(6)
+    arrivals = ArrivalsDuringSteps(store, [labels_body(rng, 40, 15, 6) for _ in range(3)])
+    loop = EngineLoop(arrivals, refine_passes=0)  # type: ignore[arg-type]
+    store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    for step in range(1, 4):
+        assert loop.step() == 1 and loop.dyadic_learned == 0  # another block came meanwhile
+        assert store.applied_position("p") == step and loop.engines["p"].dyadic_backlog == 40 * step
+    assert loop.step() == 1 and loop.dyadic_learned == 160  # drained: it learns them all
+    assert store.get_dyadic("p", [], [])[0] == 4
 
 
 @settings(max_examples=15, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6),
-    learn_after=st.lists(st.booleans(), min_size=6, max_size=6),
+    slices=st.lists(st.integers(0, 50), min_size=6, max_size=6),
     seed=st.integers(0, 99),
 )
 def test_learning_the_queued_labels_later_gives_the_same_model(
-    sizes: list[int], learn_after: list[bool], seed: int
+    sizes: list[int], slices: list[int], seed: int
 ) -> None:
-    """Entries whose labels bring new items and workers (new rows) while earlier labels wait."""
+    """Entries whose labels bring new items and workers (new rows) while earlier labels wait,
+    learned in slices that may cut an entry's labels in two."""
     rng = np.random.default_rng(seed)
     bodies = [labels_body(rng, n, items=4 + 6 * k, workers=2 + 3 * k) for k, n in enumerate(sizes)]
     at_once, later = ProjectEngine(RECORD), ProjectEngine(RECORD)
@@ -98,8 +197,9 @@ def test_learning_the_queued_labels_later_gives_the_same_model(
         at_once.apply(LogEntry(position, "labels", body, b""))
         at_once.state_update()  # learned at each entry
         later.apply(LogEntry(position, "labels", body, b""))
-        if learn_after[position - 1]:
-            later.state_update(dyadic=False)  # posteriors only: the labels stay queued
+        later.state_update(dyadic=False)  # posteriors only: the labels stay queued
+        if slices[position - 1]:
+            later.dyadic_update(slices[position - 1])  # learned a slice at a time
     assert at_once.dyadic is not None and later.dyadic is not None
     assert later.dyadic.examples == at_once.dyadic.examples
     ours = later.dyadic.hashed_model().arrays()
@@ -117,7 +217,7 @@ class SlowPosteriors:
         return getattr(self._store, name)
 
     def write_state(self, project: str, update: StateUpdate) -> None:
-        if not update.advance:
+        if update.items:
             time.sleep(0.05)
         self._store.write_state(project, update)
 
