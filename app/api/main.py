@@ -36,7 +36,7 @@ from app.api.routes import (
     workers,
 )
 from app.engine.runtime import make_engine_loop
-from app.serving.warmup import freeze_what_is_loaded
+from app.serving.warmup import dyadic_ready, freeze_what_is_loaded
 from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
 from app.store import open_store_when_reachable
@@ -79,7 +79,7 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
             print(f"crowdtally: compiled the kernels in {took:.0f} s (once)", file=sys.stderr)
         engine = None
         if settings.engine_in_process:
-            engine = make_engine_loop(settings, st, db)
+            engine = make_engine_loop(settings, st, db, dyadic_ready)
             engine.start()
         app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db)
         freeze_what_is_loaded()

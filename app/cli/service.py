@@ -108,10 +108,10 @@ def engine_command(
     st, _ = open_store_when_reachable(
         settings, lambda st: rebuild_store(st, db), "crowdtally engine"
     )
-    from app.serving.warmup import freeze_what_is_loaded, warm_up
+    from app.serving.warmup import dyadic_ready, freeze_what_is_loaded, warm_up
 
     warm_up()  # the kernels, compiled in two processes on a first start
-    loop = make_engine_loop(settings, st, db)
+    loop = make_engine_loop(settings, st, db, dyadic_ready)
     freeze_what_is_loaded()
     where = f" (pool engine {loop.pool.engine_id})" if loop.pool is not None else ""
     print(f"crowdtally engine: {settings.store} store{where}", file=sys.stderr)

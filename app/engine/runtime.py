@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
 
 from app.engine.loop import EngineLoop, Pool
 from app.engine.snapshots import Snapshotter
@@ -14,7 +15,12 @@ from app.store.archive import SnapshotDB
 from app.store.base import Store
 
 
-def make_engine_loop(settings: Settings, store: Store, db: SnapshotDB) -> EngineLoop:
+def make_engine_loop(
+    settings: Settings,
+    store: Store,
+    db: SnapshotDB,
+    dyadic_ready: Callable[[], bool] = lambda: True,
+) -> EngineLoop:
     snapshotter = Snapshotter(
         db,
         store,
@@ -29,6 +35,7 @@ def make_engine_loop(settings: Settings, store: Store, db: SnapshotDB) -> Engine
         refine_idle_s=settings.refine_idle_s,
         snapshotter=snapshotter,
         pool=Pool(engine_id(), settings.engine_lease_s) if settings.engine_pool else None,
+        dyadic_ready=dyadic_ready,
     )
 
 

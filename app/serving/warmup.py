@@ -1,10 +1,12 @@
 """Every numba kernel the service calls, compiled (first start) or loaded (later starts)
 before the service answers, so that requests and engine steps do not wait for the compiler.
 
-On a fresh install nothing is cached, and compiling everything takes about 20 s of CPU, with
-the GIL held. So the first start compiles in two processes at once, the critical path first
-(``warm_up``); numba's cache is per source file and both processes write next to the sources.
-Later starts load everything from the cache in about half a second.
+On a fresh install nothing is cached, and compiling everything takes about 17 s of CPU, with
+the GIL held. So the first start compiles in two processes at once, what a first posterior
+needs first (``warm_up``; the learning kernel split between them, ``split_compile``), and the
+service answers before the dyadic model's kernels exist (the engine queues its labels until
+they are loaded); numba's cache is per source file and both processes write next to the
+sources. Later starts load everything from the cache in about half a second.
 
 The kernels are reached by running a tiny project through the same calls the engine and the
 API make, with the same argument types, so the cached signatures are the ones used
@@ -25,6 +27,7 @@ import orjson
 
 from app.engine.dyadic import DyadicTrainer, settings_for
 from app.engine.project import ProjectEngine
+from app.serving import split_compile
 from app.serving.kernel_cache import LEARNING
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
@@ -119,26 +122,45 @@ def adopt(second: subprocess.Popen[bytes] | None) -> None:
 
 
 def second_process() -> None:
-    """Compile the nominal model's learning, print a line, then what only
-    predictions, h_min and refits need. With everything cached, the line and nothing else."""
+    """Compile the nominal model's learning (its callees' second half, then ``learn_blocks``
+    once the service's process wrote the first half) and print a line; the dyadic model's
+    learning and another line; then what only predictions, h_min and refits need. With
+    everything cached, the two lines and nothing else."""
     cached = _cached()
     if not cached:
+        split_compile.compile_half(split_compile.SECOND_HALF)
+        split_compile.wait_for(split_compile.SERVE_HALF, timeout_s=10.0)
         _engine_after([_LABEL_ENTRY])  # the learning, and nothing more
     print("learning", flush=True)
     if not cached:
+        dyadic_learning()
+    print("dyadic", flush=True)
+    if not cached:
         warm_up_predictions()
         nominal()
+
+
+_dyadic_loaded = threading.Event()
+_dyadic_loaded.set()  # (a process that never warms up compiles what it calls, when it calls it)
+
+
+def dyadic_ready() -> bool:
+    """Whether the dyadic model's kernels are loaded: on a first start, only once the second
+    process compiled them, after the service already answers (``EngineLoop``'s gate)."""
+    return _dyadic_loaded.is_set()
 
 
 def warm_up() -> float:
     """Compile or load the kernels; the seconds until the service may answer.
 
     Cached: everything loads here, in about half a second. Not cached (the first start): a
-    second process (started by ``crowdtally serve`` before its imports, else here) compiles the
-    nominal model's learning while this one compiles the dyadic model's and the serving extras;
-    the service answers once both are there, and a thread loads the rest (predictions, h_min,
-    refit) when the second process is done (a prediction asked before that compiles what it
-    needs itself)."""
+    second process (started by ``crowdtally serve`` before its imports, else here) and this
+    one compile the nominal model's learning together (``split_compile``), this one the
+    serving extras too; the service answers once the learning is there. The second process
+    goes on with the dyadic model and the predictions; a thread loads the dyadic model's
+    learning when it is there and opens ``dyadic_ready`` (until then the engine queues the
+    dyadic model's labels), and the rest when that process is done (a prediction asked before
+    compiles what it needs itself)."""
     start = time.perf_counter()
     second, first_start = _second, not _cached()
     adopt(None)
@@ -147,11 +169,11 @@ def warm_up() -> float:
         return time.perf_counter() - start
     if second is None:
         second = subprocess.Popen(SECOND_PROCESS, stdout=subprocess.PIPE)
-    dyadic_learning()
+    _dyadic_loaded.clear()
+    split_compile.compile_half(split_compile.SERVE_HALF)
     serving_extras()
     assert second.stdout is not None
     second.stdout.readline()  # empty if it failed: then the kernels compile here below
-    second.stdout.close()  # it prints nothing more
     nominal(idle=False)  # what a first posterior needs; the second process compiles the rest
     took = time.perf_counter() - start
     threading.Thread(target=_load_the_rest, args=(second,), daemon=True).start()
@@ -167,6 +189,13 @@ def freeze_what_is_loaded() -> None:
 
 
 def _load_the_rest(second: subprocess.Popen[bytes]) -> None:
+    """Load the dyadic model's learning once the second process compiled it (then the engine
+    may learn it), and the rest once that process is done."""
+    assert second.stdout is not None
+    second.stdout.readline()  # "dyadic" (or nothing if it failed: compiled here, then)
+    dyadic_learning()
+    _dyadic_loaded.set()
+    second.stdout.close()  # it prints nothing more
     second.wait()
     everything()
 

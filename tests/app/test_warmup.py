@@ -115,3 +115,18 @@ def test_the_quick_cache_check_agrees_with_numbas(
     assert not kernel_cache.looks_cached()  # one is missing
     (folder / f"{kernel_cache.LEARNING[-1]}-10.py311.nbi").touch()
     assert kernel_cache.looks_cached()
+
+
+def test_the_split_compile_uses_the_signatures_learn_blocks_calls_its_kernels_with() -> None:
+    """A first start compiles the learning kernel's callees in two processes with these
+    signatures, for ``learn_blocks`` to load them: each callee's cache (written by a real
+    compile of ``learn_blocks`` when the suite started, or by a first start, which then
+    compiles ``learn_blocks`` too) holds exactly that one signature. A wrong signature would
+    add a second one (a compile for nothing, and ``learn_blocks`` compiling the right one)."""
+    from app.serving import split_compile, warmup
+
+    warmup.nominal(idle=False)  # (loaded from the cache the suite's start filled)
+    halves = {**split_compile.SERVE_HALF, **split_compile.SECOND_HALF}
+    for name, spec in halves.items():
+        index = split_compile.kernel(name)._cache._cache_file._load_index()
+        assert [key[0] for key in index] == [split_compile.signature(spec)], name

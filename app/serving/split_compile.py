@@ -1,0 +1,78 @@
+"""The nominal model's learning kernel (``core._kernels.learn_blocks``), compiled by two
+processes at once on a first start.
+
+Compiling it takes about 7.5 s in one process, three quarters of which go to the kernels it
+calls. numba compiles a callee when it types the caller, and looks in the disk cache first
+(``Dispatcher.compile``), so the callees are split in two halves: the service's process
+compiles one (``SERVE_HALF``) while the warm-up's second process compiles the other
+(``SECOND_HALF``), waits for the first half's cache files, then compiles ``learn_blocks``
+itself, which loads both halves. Each callee is compiled with the exact signature
+``learn_blocks`` calls it with (tests/app/test_warmup.py checks them against the cache that a
+real compile writes); a wrong one would only cost the time to compile it twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+from numba import types
+from numba.core.dispatcher import Dispatcher
+
+from app.serving.kernel_cache import looks_cached
+from core import _calibration_kernels, _kernels
+
+_TYPES = {
+    "I": types.int64,
+    "F": types.float64,
+    "B": types.boolean,
+    "i1": types.int64[::1],
+    "f1": types.float64[::1],
+    "f2": types.float64[:, ::1],
+    "f3": types.float64[:, :, ::1],
+}
+"""Scalars (upper case) and C-contiguous arrays of int64 (i) or float64 (f) by dimension."""
+
+SERVE_HALF = {
+    "_kernels._item_em": "I I i1 i1 f1 f1 f2 f3 F f1 F f1 f1 f1 f1 f3",
+    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1",
+}
+"""The per-item E-step (and the kernels it calls) and the prequential evidence (eq. 22)."""
+
+SECOND_HALF = {
+    "_kernels._label_gradients": "I I I i1 i1 f1 f2 f3 F f1 F f1 F f1 f1 f3 f3",
+    "_kernels._add_counts": "I I I i1 i1 f1 f3 f1 f1 f1",
+    "_kernels._slot_newton_steps": "I I i1 f2 f3 f1 f3 f1 F f1 f1 f2 f1 f1",
+    "_kernels._revisit_step": "f1 f1 f2 f2 f1 f1 f1 F",
+    "_kernels._global_step": "I I B i1 f1 f1 f2 f2 f3 f1 f1 f1 f1 f1 f3",
+}
+"""The global step's parts: gradients, statistics, the slots' Newton steps, the revisit."""
+
+_MODULES = {"_kernels": _kernels, "_calibration_kernels": _calibration_kernels}
+
+
+def kernel(name: str) -> Dispatcher:
+    """The kernel of a ``"module.function"`` name (a module of ``core``)."""
+    module, function = name.split(".")
+    found: Dispatcher = getattr(_MODULES[module], function)
+    return found
+
+
+def signature(spec: str) -> tuple[types.Type, ...]:
+    return tuple(_TYPES[t] for t in spec.split())
+
+
+def compile_half(half: dict[str, str]) -> None:
+    """Compile (or load from the cache) each kernel of ``half`` with its signature."""
+    for name, spec in half.items():
+        kernel(name).compile(signature(spec))
+
+
+def wait_for(half: dict[str, str], timeout_s: float) -> bool:
+    """Wait until the other process has written ``half`` to the cache (False: not within
+    ``timeout_s``; compiling ``learn_blocks`` then compiles what is missing itself)."""
+    deadline = time.monotonic() + timeout_s
+    while not looks_cached(tuple(half)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
