@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,55 @@ def test_the_split_compile_uses_the_signatures_learn_blocks_calls_its_kernels_wi
     for name, spec in halves.items():
         index = split_compile.kernel(name)._cache._cache_file._load_index()
         assert [key[0] for key in index] == [split_compile.signature(spec)], name
+
+
+SECOND_STAND_IN = textwrap.dedent(
+    """
+    import sys, time, pathlib
+    print("learning", flush=True)
+    release = pathlib.Path(sys.argv[1])
+    while not release.exists():
+        time.sleep(0.01)
+    print("dyadic", flush=True)
+    """
+)
+
+
+def test_a_first_start_serves_posteriors_before_the_dyadic_model_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """The warm-up's second process (here a stand-in: the kernels are already cached) says
+    "learning", and the service answers; the dyadic model's labels wait, its position behind
+    the posteriors', until the second process says "dyadic"; then the engine learns them."""
+    from fastapi.testclient import TestClient
+
+    from app.api import create_app
+    from app.serving import warmup
+    from tests.app.conftest import ADMIN, service_settings
+
+    release = tmp_path / "release"
+    warmup.adopt(subprocess.Popen(
+        [sys.executable, "-c", SECOND_STAND_IN, str(release)], stdout=subprocess.PIPE
+    ))  # fmt: skip
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        with TestClient(create_app(service_settings(tmp_path / "data")), headers=admin) as c:
+            assert not warmup.dyadic_ready()
+            c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]})
+            body = [{"item": f"i{n % 4}", "worker": f"w{n % 3}", "label": "ab"[n % 2]}
+                    for n in range(12)]  # fmt: skip
+            assert c.post("/v1/projects/p/labels?wait=true", json=body).json()["applied"]
+            assert c.get("/v1/projects/p/items/i1").json()["n_labels"] == 3  # served
+            for _ in range(25):  # and they stay so, while the dyadic model waits
+                stats = c.get("/v1/projects/p").json()["stats"]
+                assert stats["applied"] == 1 and stats["dyadic_position"] == 0
+                time.sleep(0.02)
+            release.touch()
+            deadline = time.monotonic() + 30
+            while c.get("/v1/projects/p").json()["stats"]["dyadic_position"] < 1:
+                assert time.monotonic() < deadline, "the dyadic model never learned"
+                time.sleep(0.02)
+            assert warmup.dyadic_ready()
+    finally:
+        release.touch()
+        warmup._dyadic_loaded.set()
