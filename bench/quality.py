@@ -225,7 +225,8 @@ def run_batch(
     blocks = exact_blocks(crowd)
     result, params = BatchEM(config).fit(blocks, crowd.n_workers, known=gold)
     if served:
-        held_out = held_out_corrections(params, blocks, result.probas, config.worker_prior)
+        lam = config.worker_prior  # at EM's fixed point: eq. 26, and eq. 27's Laplace rows
+        held_out = held_out_corrections(params, blocks, result.probas, lam, laplace=True)
         cal = batch_calibration(config, params, blocks, crowd.n_workers, gold, held_out)
         return served_posteriors(params, blocks, cal, gold, held_out)
     out: F64 = result.probas

@@ -139,3 +139,17 @@ def held_out_corrections(
                     along = vectors[r, z, l, k] - p_along[r, z, k]
                     leverage += along * along / (without * curvature[r, z, k] + lam)
                 out[b, z] += h * pull * leverage
+
+
+@jit
+def add_label_terms(ptr, rows, labels, weights, table, out):
+    """out[b, z] += sum_j h_j table[r_j, z, l_j] over block b's labels (eq. 27)."""
+    K = out.shape[1]
+    for b in range(ptr.shape[0] - 1):
+        for j in range(ptr[b], ptr[b + 1]):
+            h = weights[j]
+            if h <= 0.0:
+                continue
+            r, l = rows[j], labels[j]
+            for z in range(K):
+                out[b, z] += h * table[r, z, l]

@@ -33,34 +33,87 @@ def held_out_corrections(
     fitted: FloatArray,
     worker_prior: float,
     decimals: int | None = HELD_OUT_DECIMALS,
+    laplace: bool = False,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
     labels under slot rows fitted without it. ``params`` are a fit to the blocks (batch EM's
     fixed point or the refined online model), ``fitted`` their posteriors, ``worker_prior``
-    lambda_A. Rounded to ``decimals`` places: an item stores its c_i with its posterior, and
-    finer differences would not show in any posterior served."""
+    lambda_A. With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
+    probability under its row's predictive, averaged over the row's Laplace posterior (eq.
+    27), instead of the row's point estimate. Rounded to ``decimals`` places: an item stores
+    its c_i with its posterior, and finer differences would not show in any posterior served."""
     S, K = params.worker.shape[0], params.population.shape[0]
     counts = np.empty((S, K, K))
     _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, fitted, counts)
     used = np.flatnonzero(counts.sum(axis=(1, 2)) > 0)
     row_of_slot = np.full(S, -1, dtype=np.int64)
     row_of_slot[used] = np.arange(used.size)
+    rows = row_of_slot[blocks.slots]
     totals, curvature, vectors, p_along = _row_curvatures(params, counts, used)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
-        blocks.ptr, row_of_slot[blocks.slots], blocks.labels, blocks.weights, fitted,
+        blocks.ptr, rows, blocks.labels, blocks.weights, fitted,
         totals, curvature, vectors, p_along, worker_prior, out,
     )  # fmt: skip
+    if laplace:
+        theta = _row_logits(params, used)
+        excess = _log_softmax(theta) - np.log(
+            laplace_predictive(theta, totals, curvature, vectors, worker_prior)
+        )
+        _calibration_kernels.add_label_terms(
+            blocks.ptr, rows, blocks.labels, blocks.weights, excess, out
+        )
     return out if decimals is None else np.round(out, decimals, out=out)
 
 
 def held_out_fit(
-    params: NominalParams, blocks: LabelBlocks, fitted: FloatArray, worker_prior: float
+    params: NominalParams,
+    blocks: LabelBlocks,
+    fitted: FloatArray,
+    worker_prior: float,
+    laplace: bool = False,
 ) -> FloatArray:
     """The fit's own posteriors ``fitted``, each block scored without its own pull on its
-    workers' rows (eq. 26): ``held_out_posteriors`` of ``held_out_corrections``."""
-    corrections = held_out_corrections(params, blocks, fitted, worker_prior)
+    workers' rows (eq. 26; and with ``laplace`` under the rows' Laplace predictives, eq. 27):
+    ``held_out_posteriors`` of ``held_out_corrections``."""
+    corrections = held_out_corrections(params, blocks, fitted, worker_prior, laplace=laplace)
     return held_out_posteriors(fitted, corrections)
+
+
+def laplace_predictive(
+    theta: FloatArray,
+    totals: FloatArray,
+    curvature: FloatArray,
+    vectors: FloatArray,
+    worker_prior: float,
+) -> FloatArray:
+    """Eq. 27: E[softmax(theta_sz + e)] for e ~ N(0, (C_sz D + lambda_A I)^-1), the row's
+    Laplace posterior (D = V diag(d) V^T, ``_row_curvatures``), by the unscented transform:
+    the mean of softmax at theta +- sqrt(K - 1) sigma_k v_k along the K - 1 directions of
+    positive curvature, sigma_k^2 = 1 / (C d_k + lambda_A) (the smallest, d = 0, is the
+    all-ones direction, along which softmax does not move). Shapes (rows, K, K)."""
+    K = theta.shape[-1]
+    if K < 2:
+        return np.ones_like(theta)
+    sigma = 1.0 / np.sqrt(totals[..., None] * curvature + worker_prior)
+    mean = np.zeros_like(theta)
+    for k in range(1, K):  # eigh's eigenvalues ascend: k = 0 is the all-ones direction
+        step = np.sqrt(K - 1) * sigma[..., k, None] * vectors[..., :, k]
+        for shifted in (theta + step, theta - step):
+            mean += np.exp(_log_softmax(shifted))
+    out: FloatArray = mean / (2 * (K - 1))
+    return out
+
+
+def _row_logits(params: NominalParams, used: IntArray) -> FloatArray:
+    """theta of slot rows ``used``: population plus the scaled deviation, (rows, K, K)."""
+    out: FloatArray = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
+    return out
+
+
+def _log_softmax(theta: FloatArray) -> FloatArray:
+    out: FloatArray = theta - np.logaddexp.reduce(theta, axis=-1, keepdims=True)
+    return out
 
 
 def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> FloatArray:
@@ -84,8 +137,7 @@ def _row_curvatures(
     vectors[u, z]) and p^T V (p_along[u, z]). Then for any weight c,
     (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k (V[l, k] - p_along[k])^2 / (c d_k + lambda)."""
     K = counts.shape[1]
-    theta = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
-    p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    p = np.exp(_log_softmax(_row_logits(params, used)))
     curvature, vectors = np.linalg.eigh(
         p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
     )

@@ -138,7 +138,7 @@ class ProjectEngine:
         elif entry.kind == "refine":
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
-            self._hold_out(self._predict_all())
+            self._hold_out(self._predict_all(), laplace=False)
             self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
@@ -267,14 +267,17 @@ class ProjectEngine:
             self._dirty_items.update(range(n))
         return blocks
 
-    def _hold_out(self, blocks: LabelBlocks) -> None:
+    def _hold_out(self, blocks: LabelBlocks, laplace: bool) -> None:
         """After a sweep or a refit the parameters are fitted to every item (``blocks``, all
         of them): each item is served as scored by slot rows fitted without it (docs/model.md
-        eq. 26), until its next labels."""
+        eq. 26; after a refit, batch EM's optimum, under the rows' Laplace predictives too,
+        eq. 27), until its next labels."""
         n = blocks.n_blocks
         if n:
             params, lam = self.online.params, self.config.worker_prior
-            self.held_out[:n] = held_out_corrections(params, blocks, self.q[:n], lam)
+            self.held_out[:n] = held_out_corrections(
+                params, blocks, self.q[:n], lam, laplace=laplace
+            )
 
     def shown(self, codes: IntArray) -> FloatArray:
         """The posteriors served (before calibration) of the items ``codes``: EM's, each
@@ -303,7 +306,7 @@ class ProjectEngine:
         self.online.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
-        self._hold_out(blocks)
+        self._hold_out(blocks, laplace=True)
         self._all_rows = True
         self._dirty_items.update(range(n))
 

@@ -379,8 +379,9 @@ class BatchRun:
 
     def held_out(self, config: NominalConfig) -> FloatArray:
         """The fit's posteriors, each item scored without its own pull on its workers' rows
-        (docs/model.md eq. 26)."""
-        return held_out_fit(self.params, self.blocks, self.result.probas, config.worker_prior)
+        and under the rows' Laplace predictives (docs/model.md eq. 26 and 27)."""
+        lam = config.worker_prior
+        return held_out_fit(self.params, self.blocks, self.result.probas, lam, laplace=True)
 
     def agreement_line(self, one_pass: FloatArray, posteriors: FloatArray) -> str:
         """How often the labels of this fit's ``posteriors`` (as written) agree with those of

@@ -17,6 +17,7 @@ from core.blocks import LabelBlocks, canonical_order
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
+from core.served import held_out_corrections
 from tests.conftest import Synthetic
 
 CONFIG = NominalConfig(n_classes=3, n_worker_slots=64)
@@ -212,3 +213,19 @@ def test_after_a_sweep_items_are_served_held_out_until_their_next_labels(
     eng.apply(LogEntry(refine.position + 1, "labels", orjson.dumps(body), b""))
     assert np.all(eng.held_out[0] == 0) and np.array_equal(eng.shown(codes[:1]), eng.q[:1])
     assert orjson.loads(eng.item_json(0))["held_out"] is None
+
+
+def test_a_refit_serves_items_under_the_rows_laplace_predictives_and_a_sweep_does_not(
+    synthetic: Synthetic,
+) -> None:
+    """A refit is batch EM's optimum: its items are served held out (eq. 26) and under each
+    slot row's Laplace predictive (eq. 27); a refinement sweep's rows are short of an optimum,
+    and its items are served held out alone."""
+    entries = label_entries(synthetic, [3000, 9000])
+    for kind, laplace in (("refit", True), ("refine", False)):
+        eng = run([*entries, LogEntry(len(entries) + 1, kind, b"{}")])
+        n = eng.items_count
+        blocks, _ = eng.labels.gather(np.arange(n, dtype=np.int64))
+        lam = eng.config.worker_prior
+        want = held_out_corrections(eng.online.params, blocks, eng.q[:n], lam, laplace=laplace)
+        np.testing.assert_array_equal(eng.held_out[:n], want)

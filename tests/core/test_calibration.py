@@ -25,6 +25,7 @@ from core.online import OnlineEM
 from core.served import (
     batch_calibration,
     held_out_corrections,
+    laplace_predictive,
     online_calibration,
     served_posteriors,
 )
@@ -352,3 +353,90 @@ def test_held_out_correction_follows_a_refit_of_a_worker_with_few_answers() -> N
                 drop -= refit[labels[i]] - np.logaddexp.reduce(refit)
                 exact += q[i, z] * drop
             np.testing.assert_allclose(q[i] @ corrections[i], exact, rtol=0.2)
+
+
+def _random_rows(rng: np.random.Generator, rows: int, K: int) -> tuple[np.ndarray, ...]:
+    """Row logits theta (rows, K, K), their weights C and D's eigendecompositions."""
+    theta = rng.normal(scale=2.0, size=(rows, K, K))
+    p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    curvature, vectors = np.linalg.eigh(
+        p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
+    )
+    totals = rng.uniform(0.5, 6.0, size=(rows, K))
+    return theta, totals, curvature, vectors
+
+
+@pytest.mark.parametrize("K", [2, 3, 5])
+def test_laplace_predictive_is_the_mean_over_the_rows_laplace_posterior(K: int) -> None:
+    """Eq. 27 (unscented) against Monte Carlo over N(theta, (C D + lambda I)^-1): within 0.05
+    of each probability for rows fitted to a few answers, and a distribution flatter than
+    the point estimate's (its largest probability lower)."""
+    rng = np.random.default_rng(K)
+    lam = 1.0
+    theta, totals, curvature, vectors = _random_rows(rng, 20, K)
+    got = laplace_predictive(theta, totals, curvature, vectors, lam)
+    sigma = 1.0 / np.sqrt(totals[..., None] * curvature + lam)
+    draws = theta[None] + np.einsum(
+        "uzmk,suzk->suzm", vectors, rng.standard_normal((4000, *theta.shape)) * sigma
+    )
+    mc = np.exp(draws - np.logaddexp.reduce(draws, axis=3, keepdims=True)).mean(axis=0)
+    np.testing.assert_allclose(got.sum(axis=2), 1.0, atol=1e-12)
+    assert np.abs(got - mc).max() < 0.05
+    point = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    assert np.all(got.max(axis=2) < point.max(axis=2))
+    many = laplace_predictive(theta, totals * 1e8, curvature, vectors, lam)  # certain rows
+    np.testing.assert_allclose(many, point, atol=1e-3)
+
+
+def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictive() -> None:
+    """With ``laplace``, c_i gains sum_j h_j (log p(l_j | z, s_j) - log p~(l_j | z, s_j)), p~
+    eq. 27's predictive of the label's slot row, computed here label by label."""
+    blocks, _, W = ambiguous_crowd(5, n_items=400, n_workers=80, per_item=3)
+    config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
+    result, params = BatchEM(config).fit(blocks, W)
+    lam, q = config.worker_prior, result.probas
+    plain = held_out_corrections(params, blocks, q, lam, decimals=None)
+    both = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
+    counts = np.zeros((W, 3, 3))
+    for b in range(blocks.n_blocks):
+        for j in range(blocks.ptr[b], blocks.ptr[b + 1]):
+            counts[blocks.slots[j], :, blocks.labels[j]] += blocks.weights[j] * q[b]
+    theta = params.population[None] + params.scalars[SCALE] * params.worker
+    p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    curvature, vectors = np.linalg.eigh(
+        p[..., :, None] * np.eye(3) - p[..., :, None] * p[..., None, :]
+    )
+    predictive = laplace_predictive(theta, counts.sum(axis=2), curvature, vectors, lam)
+    lost = np.log(p) - np.log(predictive)
+    want = np.zeros_like(plain)
+    for b in range(blocks.n_blocks):
+        for j in range(blocks.ptr[b], blocks.ptr[b + 1]):
+            want[b] += blocks.weights[j] * lost[blocks.slots[j], :, blocks.labels[j]]
+    np.testing.assert_allclose(both - plain, want, atol=1e-10)
+    assert np.abs(want).max() > 0.1  # (not a vanishing term)
+
+
+def test_laplace_predictives_calibrate_batch_em_on_sparse_symmetric_workers() -> None:
+    """Eq. 26 leaves batch EM on a crowd of sparse symmetric workers overconfident: a worker
+    with a few answers has rows fitted to them; averaged over each row's Laplace posterior
+    (eq. 27) the served posteriors are much better calibrated, with the same labels almost
+    everywhere."""
+    rng = np.random.default_rng(11)
+    K, n_items, per_item, n_workers = 5, 3000, 3, 2500
+    truth = rng.integers(0, K, n_items)
+    acc = rng.uniform(0.35, 0.95, n_workers)
+    item = np.repeat(np.arange(n_items), per_item)
+    worker = rng.integers(0, n_workers, item.size)
+    right = rng.random(item.size) < acc[worker]
+    label = np.where(right, truth[item], (truth[item] + rng.integers(1, K, item.size)) % K)
+    blocks = LabelBlocks.group(item, worker, label, n_blocks=n_items)
+    config = NominalConfig(n_classes=K, n_items=n_items)
+    result, params = BatchEM(config).fit(blocks, n_workers)
+    lam = config.worker_prior
+    cal = batch_calibration(config, params, blocks, n_workers)
+    held = held_out_corrections(params, blocks, result.probas, lam)
+    both = held_out_corrections(params, blocks, result.probas, lam, laplace=True)
+    held_out = served_posteriors(params, blocks, cal, held_out=held)
+    laplace = served_posteriors(params, blocks, cal, held_out=both)
+    assert _ece(laplace, truth) < _ece(held_out, truth) - 2.0
+    assert np.mean(laplace.argmax(axis=1) == held_out.argmax(axis=1)) > 0.97
