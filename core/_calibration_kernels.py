@@ -116,13 +116,15 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
 
 @jit
 def held_out_corrections(
-    ptr, rows, labels, weights, q, totals, curvature, vectors, p_along, lam, out
+    ptr, rows, labels, weights, q, totals, curvature, vectors, p_along, lam, excess, out
 ):
     """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T ((C - h_j q_b(z)) D + lam I)^-1
     (e_l - p) over block b's labels, for row z of the label's slot r_j: C = totals[r_j, z],
     D = diag p - p p^T = V diag(curvature[r_j, z]) V^T with V = vectors[r_j, z], and
-    (e_l - p)^T v_k = V[l, k] - p_along[r_j, z, k]."""
+    (e_l - p)^T v_k = V[l, k] - p_along[r_j, z, k]; plus sum_j h_j excess[r_j, z, l_j] when
+    ``excess`` has rows (eq. 27: log p - log p~ of each row's labels)."""
     K = q.shape[1]
+    laplace = excess.shape[0] > 0
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
             out[b, z] = 0.0
@@ -139,17 +141,5 @@ def held_out_corrections(
                     along = vectors[r, z, l, k] - p_along[r, z, k]
                     leverage += along * along / (without * curvature[r, z, k] + lam)
                 out[b, z] += h * pull * leverage
-
-
-@jit
-def add_label_terms(ptr, rows, labels, weights, table, out):
-    """out[b, z] += sum_j h_j table[r_j, z, l_j] over block b's labels (eq. 27)."""
-    K = out.shape[1]
-    for b in range(ptr.shape[0] - 1):
-        for j in range(ptr[b], ptr[b + 1]):
-            h = weights[j]
-            if h <= 0.0:
-                continue
-            r, l = rows[j], labels[j]
-            for z in range(K):
-                out[b, z] += h * table[r, z, l]
+                if laplace:
+                    out[b, z] += h * excess[r, z, l]

@@ -50,19 +50,16 @@ def held_out_corrections(
     row_of_slot[used] = np.arange(used.size)
     rows = row_of_slot[blocks.slots]
     totals, curvature, vectors, p_along = _row_curvatures(params, counts, used)
+    excess = np.empty((0, K, K))
+    if laplace:
+        theta = _row_logits(params, used)
+        predictive = laplace_predictive(theta, totals, curvature, vectors, worker_prior)
+        excess = _log_softmax(theta) - np.log(predictive)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
         blocks.ptr, rows, blocks.labels, blocks.weights, fitted,
-        totals, curvature, vectors, p_along, worker_prior, out,
+        totals, curvature, vectors, p_along, worker_prior, excess, out,
     )  # fmt: skip
-    if laplace:
-        theta = _row_logits(params, used)
-        excess = _log_softmax(theta) - np.log(
-            laplace_predictive(theta, totals, curvature, vectors, worker_prior)
-        )
-        _calibration_kernels.add_label_terms(
-            blocks.ptr, rows, blocks.labels, blocks.weights, excess, out
-        )
     return out if decimals is None else np.round(out, decimals, out=out)
 
 

@@ -280,11 +280,9 @@ def test_held_out_correction_is_the_derivative_of_refitting_without_the_item() -
     assert np.all(corrections > 0)
 
 
-def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> None:
-    """Most workers give 1-5 answers over 5 classes and err uniformly: batch EM fits each
-    worker's few answers and its own posteriors are overconfident; scored without each item's
-    pull on its workers (eq. 26), they are much less so (the one Newton step undershoots a
-    refit on a worker's one or two answers), with the same labels almost everywhere."""
+def _sparse_symmetric_crowd() -> tuple[LabelBlocks, np.ndarray, int]:
+    """3 answers an item over 5 classes from 2,500 workers (most give 1-5 answers) who err
+    uniformly: (blocks, truth, workers)."""
     rng = np.random.default_rng(11)
     K, n_items, per_item, n_workers = 5, 3000, 3, 2500
     truth = rng.integers(0, K, n_items)
@@ -293,8 +291,16 @@ def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> N
     worker = rng.integers(0, n_workers, item.size)
     right = rng.random(item.size) < acc[worker]
     label = np.where(right, truth[item], (truth[item] + rng.integers(1, K, item.size)) % K)
-    blocks = LabelBlocks.group(item, worker, label, n_blocks=n_items)
-    config = NominalConfig(n_classes=K, n_items=n_items)
+    return LabelBlocks.group(item, worker, label, n_blocks=n_items), truth, n_workers
+
+
+def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> None:
+    """Most workers give 1-5 answers over 5 classes and err uniformly: batch EM fits each
+    worker's few answers and its own posteriors are overconfident; scored without each item's
+    pull on its workers (eq. 26), they are much less so (the one Newton step undershoots a
+    refit on a worker's one or two answers), with the same labels almost everywhere."""
+    blocks, truth, n_workers = _sparse_symmetric_crowd()
+    config = NominalConfig(n_classes=5, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, n_workers)
     cal = batch_calibration(config, params, blocks, n_workers)
     plain = served_posteriors(params, blocks, cal)
@@ -421,16 +427,8 @@ def test_laplace_predictives_calibrate_batch_em_on_sparse_symmetric_workers() ->
     with a few answers has rows fitted to them; averaged over each row's Laplace posterior
     (eq. 27) the served posteriors are much better calibrated, with the same labels almost
     everywhere."""
-    rng = np.random.default_rng(11)
-    K, n_items, per_item, n_workers = 5, 3000, 3, 2500
-    truth = rng.integers(0, K, n_items)
-    acc = rng.uniform(0.35, 0.95, n_workers)
-    item = np.repeat(np.arange(n_items), per_item)
-    worker = rng.integers(0, n_workers, item.size)
-    right = rng.random(item.size) < acc[worker]
-    label = np.where(right, truth[item], (truth[item] + rng.integers(1, K, item.size)) % K)
-    blocks = LabelBlocks.group(item, worker, label, n_blocks=n_items)
-    config = NominalConfig(n_classes=K, n_items=n_items)
+    blocks, truth, n_workers = _sparse_symmetric_crowd()
+    config = NominalConfig(n_classes=5, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, n_workers)
     lam = config.worker_prior
     cal = batch_calibration(config, params, blocks, n_workers)
