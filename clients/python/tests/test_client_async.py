@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -41,6 +42,10 @@ def test_async_round_trip(live_server: LiveServer) -> None:
                 await c.post_labels(name, [("q1", "w1", "maybe")])
             assert err.value.code == "unknown_label" and err.value.entry == 0
             assert (await c.get_project(name)).stats.n_labels == 120
+            deadline = time.monotonic() + 30  # the predictions' model follows the posteriors
+            while ((await c.get_project(name)).stats.dyadic_position or 0) < got.position:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
             sync_like = await c.predict(name, [("w1", "q1"), ("w2", "q7")])
             assert [p.trained for p in sync_like] == [True, True]
             page = await c.boundary(name, worker="w1", limit=3, candidates=50)

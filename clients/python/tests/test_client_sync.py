@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -141,7 +142,11 @@ def test_predictions_and_boundary(live_server: LiveServer, project: tuple[str, s
     name, key = project
     with Client(live_server.url, key) as c:
         assert c.get_project(name).dyadic == {**c.get_project(name).dyadic, "enabled": True}
-        c.post_labels(name, LABELS, wait=True)
+        position = c.post_labels(name, LABELS, wait=True).position
+        deadline = time.monotonic() + 30  # the predictions' model follows the posteriors
+        while (c.get_project(name).stats.dyadic_position or 0) < position:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         got = c.predict(name, [("ann", "i1"), {"worker": "cy", "item": "i3"}, ("zed", "i9")])
         assert [(p.worker, p.item) for p in got] == [("ann", "i1"), ("cy", "i3"), ("zed", "i9")]
         assert all(p.label in CLASSES and set(p.scores) == set(CLASSES) for p in got)

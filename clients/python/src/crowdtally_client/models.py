@@ -41,6 +41,12 @@ class ProjectStats(_Answer):
     n_items: int
     n_workers: int
     n_labels: int
+    dyadic_passes: float | None = None
+    dyadic_position: int | None = Field(
+        None,
+        description="The log position the predictions' model has learned up to (it follows "
+        "the posteriors: ``applied``).",
+    )
 
 
 class Project(_Answer):
