@@ -119,6 +119,19 @@ def _post(client: TestClient, data: Synthetic, n: int, key: dict[str, str]) -> N
             headers=key,
         )  # fmt: skip
         assert r.status_code == 202 and r.json()["applied"]
+    _dyadic_caught_up(client, key)
+
+
+def _dyadic_caught_up(client: TestClient, key: dict[str, str] | None = None) -> None:
+    """Wait until the dyadic model has learned every label applied (it follows the
+    posteriors, which ``wait=true`` waits for)."""
+    deadline = time.monotonic() + 30
+    while True:
+        stats = client.get("/v1/projects/p", headers=key).json()["stats"]
+        if not stats["lag"] and stats["dyadic_position"] == stats["applied"]:
+            return
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.01)
 
 
 def test_predictions_are_the_engines_model(client: TestClient, synthetic: Synthetic) -> None:
@@ -296,10 +309,7 @@ def test_restarted_service_predicts_identically(
         _post_range(c, synthetic, 600, 900, key)  # after the snapshot: replayed from the log
         before = c.post("/v1/projects/p/predictions", content=pairs).json()
     with TestClient(create_app(settings), headers=head) as c:
-        deadline = time.monotonic() + 30
-        while c.get("/v1/projects/p").json()["stats"]["lag"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _dyadic_caught_up(c)
         after = c.post("/v1/projects/p/predictions", content=pairs).json()
     assert after == before
 
@@ -310,6 +320,7 @@ def _post_range(client: TestClient, data: Synthetic, lo: int, hi: int, key: dict
         content=_labels_body(data, np.arange(lo, hi)), headers=key,
     )  # fmt: skip
     assert r.status_code == 202
+    _dyadic_caught_up(client, key)
 
 
 def test_store_serves_dyadic_rows(store: Store) -> None:
