@@ -69,6 +69,7 @@ def through_service(
             while True:
                 stats = c.get(f"/v1/projects/{name}").json()["stats"]
                 done = stats["n_labels"] == train.size and not stats["lag"]
+                done = done and stats["dyadic_position"] == stats["applied"]
                 if done and stats["dyadic_passes"] >= passes:
                     break
                 time.sleep(0.02)

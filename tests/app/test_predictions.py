@@ -277,7 +277,8 @@ def test_service_predicts_held_out_answers_on_dog(tmp_path: Path) -> None:
         while True:  # the idle sweeps: every label gets its 30 passes (stats.dyadic_passes;
             # above 30 when a sweep ran before the last blocks came: sweeps are of every label)
             stats = c.get("/v1/projects/dog").json()["stats"]
-            if stats["n_labels"] == n_train and stats["dyadic_passes"] >= 30 and not stats["lag"]:
+            learned = stats["dyadic_position"] == stats["applied"] and not stats["lag"]
+            if stats["n_labels"] == n_train and stats["dyadic_passes"] >= 30 and learned:
                 break
             assert time.monotonic() < deadline, stats
             time.sleep(0.05)
