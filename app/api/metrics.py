@@ -88,6 +88,12 @@ class _StoreCollector(Collector):
             "1 while the engine cannot apply the project's log (see /readyz)",
             labels=["project"],
         )
+        dyadic = GaugeMetricFamily(
+            "crowdtally_dyadic_lag_entries",
+            "Log entries applied to the posteriors that the dyadic model (predictions) has "
+            "not learned yet",
+            labels=["project"],
+        )
         em = CounterMetricFamily(
             "crowdtally_batch_em_iterations",
             "Batch EM iterations run by refits",
@@ -106,6 +112,8 @@ class _StoreCollector(Collector):
                     g = orjson.loads(p.globals)
                     steps.add_metric([name], g["scalars"][1])
                     em.add_metric([name], g.get("em_iterations", 0))
+                    if g.get("dyadic_position") is not None:
+                        dyadic.add_metric([name], max(g["position"] - g["dyadic_position"], 0))
         age = GaugeMetricFamily(
             "crowdtally_snapshot_age_seconds", "Age of the latest snapshot", labels=["project"]
         )
@@ -124,6 +132,7 @@ class _StoreCollector(Collector):
         yield queue
         yield steps
         yield em
+        yield dyadic
         yield failed
         yield age
         yield size

@@ -427,6 +427,7 @@ def test_operations_endpoints(client: TestClient) -> None:
     assert 'crowdtally_queue_items{project="census"}' in text
     assert 'crowdtally_online_steps_total{project="census"}' in text
     assert 'crowdtally_batch_em_iterations_total{project="census"} 0.0' in text
+    assert 'crowdtally_dyadic_lag_entries{project="census"}' in text
     assert 'crowdtally_store_seconds_count{op="append"}' in text
 
 
