@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numba
+from numba import types
 
 
 def _load_array_support_without_blas_probe() -> None:
@@ -61,3 +62,26 @@ def jit_inline(func: Callable[..., Any]) -> Any:
     as much as the work; the operations, and so the results, are those of ``jit``.
     """
     return numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")(func)
+
+
+_TYPES = {
+    "I": types.int64,
+    "F": types.float64,
+    "B": types.boolean,
+    "i1": types.int64[::1],
+    "f1": types.float64[::1],
+    "f2": types.float64[:, ::1],
+    "f3": types.float64[:, :, ::1],
+}
+"""Scalars (upper case) and C-contiguous arrays of int64 (i) or float64 (f) by dimension."""
+
+
+def signature(spec: str) -> tuple[Any, ...]:
+    """The argument types of a spec such as ``"I I i1 f3 F"`` (one letter code per argument)."""
+    return tuple(_TYPES[t] for t in spec.split())
+
+
+def compile_for(kernel: Any, spec: str) -> None:
+    """Compile ``kernel`` (a ``jit`` function) for the argument types of ``spec``, or load
+    that signature from the disk cache, as a call with such arguments would."""
+    kernel.compile(signature(spec))

@@ -14,23 +14,11 @@ real compile writes); a wrong one would only cost the time to compile it twice.
 from __future__ import annotations
 
 import time
-
-from numba import types
-from numba.core.dispatcher import Dispatcher
+from typing import Any
 
 from app.serving.kernel_cache import looks_cached
 from core import _calibration_kernels, _kernels
-
-_TYPES = {
-    "I": types.int64,
-    "F": types.float64,
-    "B": types.boolean,
-    "i1": types.int64[::1],
-    "f1": types.float64[::1],
-    "f2": types.float64[:, ::1],
-    "f3": types.float64[:, :, ::1],
-}
-"""Scalars (upper case) and C-contiguous arrays of int64 (i) or float64 (f) by dimension."""
+from core._numba import compile_for
 
 SERVE_HALF = {
     "_kernels._item_em": "I I i1 i1 f1 f1 f2 f3 F f1 F f1 f1 f1 f1 f3",
@@ -50,21 +38,16 @@ SECOND_HALF = {
 _MODULES = {"_kernels": _kernels, "_calibration_kernels": _calibration_kernels}
 
 
-def kernel(name: str) -> Dispatcher:
+def kernel(name: str) -> Any:
     """The kernel of a ``"module.function"`` name (a module of ``core``)."""
     module, function = name.split(".")
-    found: Dispatcher = getattr(_MODULES[module], function)
-    return found
-
-
-def signature(spec: str) -> tuple[types.Type, ...]:
-    return tuple(_TYPES[t] for t in spec.split())
+    return getattr(_MODULES[module], function)
 
 
 def compile_half(half: dict[str, str]) -> None:
     """Compile (or load from the cache) each kernel of ``half`` with its signature."""
     for name, spec in half.items():
-        kernel(name).compile(signature(spec))
+        compile_for(kernel(name), spec)
 
 
 def wait_for(half: dict[str, str], timeout_s: float) -> bool:

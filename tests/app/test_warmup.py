@@ -125,12 +125,13 @@ def test_the_split_compile_uses_the_signatures_learn_blocks_calls_its_kernels_wi
     compiles ``learn_blocks`` too) holds exactly that one signature. A wrong signature would
     add a second one (a compile for nothing, and ``learn_blocks`` compiling the right one)."""
     from app.serving import split_compile, warmup
+    from core._numba import signature
 
     warmup.nominal(idle=False)  # (loaded from the cache the suite's start filled)
     halves = {**split_compile.SERVE_HALF, **split_compile.SECOND_HALF}
     for name, spec in halves.items():
         index = split_compile.kernel(name)._cache._cache_file._load_index()
-        assert [key[0] for key in index] == [split_compile.signature(spec)], name
+        assert [key[0] for key in index] == [signature(spec)], name
 
 
 SECOND_STAND_IN = textwrap.dedent(
