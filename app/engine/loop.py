@@ -155,7 +155,9 @@ class EngineLoop:
         """Token of the log entry each engine's state ends at (None: position 0)."""
         self._entry_s: dict[str, float] = {}
         """Seconds per entry applied (and its state written), a moving average of steps of
-        label entries: the pace push-back projects the backlog's wait from."""
+        label entries: the pace push-back projects the backlog's wait from (``_pace``)."""
+        self._dyadic_s: dict[str, float] = {}
+        """The dyadic model's recent seconds per label learned, per project."""
         self._served: dict[str, int] = {}
         """The applied position each project's served state is at (found, then written)."""
         self.rewinds = 0
@@ -514,14 +516,14 @@ class EngineLoop:
         if not entries:
             served = eng.position >= self._catch_up.get(name, 0)
             if served and (limit := self._dyadic_limit(name, eng, True)) is not None:
-                self._write_dyadic(name, eng, anchor, None, limit)
+                self._write_dyadic(name, eng, anchor, limit)
             if snap is not None and served and not self._dyadic_waits(eng):
                 snap.maybe_snapshot(eng, token=anchor)  # the last entries before a quiet spell
             if now - self._last_label.get(name, now) >= self.refine_idle_s:
                 self._idle_sweeps(name, eng)
             return 0
         force_snapshot = False
-        started = time.perf_counter()
+        started, labels_before = time.perf_counter(), eng.labels.n_labels
         for entry in entries:
             eng.apply(entry)
             force_snapshot |= entry.kind == "snapshot"
@@ -546,29 +548,30 @@ class EngineLoop:
                 eng.dyadic_update(limit)
                 self.dyadic_learned += before - eng.dyadic_backlog
             return len(entries)
-        # The pace push-back projects from: the step's time per entry, its posteriors' write
-        # included, and the dyadic learning that the backlog's bound forces (which delays
-        # the entries waiting); it goes with the step's next write, or the next step's.
-        forced = eng.dyadic_backlog > DYADIC_BACKLOG
-        step = (started, len(entries)) if all(e.kind == "labels" for e in entries) else None
-        update.entry_s = self._entry_s.get(name)
+        update.entry_s = self._entry_s.get(name)  # (this step's pace goes with the next write)
         self.store.write_state(name, update)
         self._served[name] = eng.position
-        if step is not None and not forced:
-            self._pace(name, *step)
+        if all(e.kind == "labels" for e in entries):
+            self._pace(name, started, len(entries), eng.labels.n_labels - labels_before)
         limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
         if limit is not None:  # counts: the posteriors of the entries waiting go first)
-            self._write_dyadic(name, eng, anchor, step if forced else None, limit)
+            self._write_dyadic(name, eng, anchor, limit)
         if snap is not None and not self._dyadic_waits(eng):
             snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         return len(entries)
 
-    def _pace(self, name: str, started: float, entries: int) -> float:
-        """The moving average of seconds per label entry, this step's included."""
-        took = (time.perf_counter() - started) / entries
+    def _pace(self, name: str, started: float, entries: int, labels: int) -> None:
+        """The pace push-back projects from (a moving average of seconds per label entry):
+        this step's time to serve the entries' posteriors, its write included, plus what the
+        dyadic model's learning of their labels costs at its recent rate, learned now or
+        later: under a load the engine cannot keep up with, its queue reaches its bound and
+        every step then learns what the step brought, before the entries waiting (tried:
+        counting only the share of the queue's bound in use let a probe wait 5.4 s past the
+        5 s bound where this kept it to 4.8 s; docs/benchmarks.md)."""
+        took = time.perf_counter() - started + labels * self._dyadic_s.get(name, 0.0)
         was = self._entry_s.get(name)
-        self._entry_s[name] = took if was is None else 0.7 * was + 0.3 * took
-        return self._entry_s[name]
+        now = took / entries
+        self._entry_s[name] = now if was is None else 0.7 * was + 0.3 * now
 
     # ------------------------------------------------------------------ the dyadic model
     def _dyadic_limit(self, name: str, eng: ProjectEngine, maybe_drained: bool) -> int | None:
@@ -589,22 +592,19 @@ class EngineLoop:
         a snapshot (which learns them all) waits, rather than compile them in this process."""
         return bool(eng.dyadic_backlog) and not self.dyadic_ready()
 
-    def _write_dyadic(
-        self,
-        name: str,
-        eng: ProjectEngine,
-        anchor: int | None,
-        step: tuple[float, int] | None,
-        limit: int,
-    ) -> None:
-        """Learn up to ``limit`` queued labels and write the dyadic rows they changed, with
-        the pace (``step``: the started time and label entries of a step whose pace counts
-        this learning)."""
-        before = eng.dyadic_backlog
+    def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
+        """Learn up to ``limit`` queued labels and write the dyadic rows they changed (with
+        the pace, and the dyadic model's recent seconds per label noted for it)."""
+        before, started = eng.dyadic_backlog, time.perf_counter()
         update = eng.dyadic_update(limit)
-        self.dyadic_learned += before - eng.dyadic_backlog
+        learned = before - eng.dyadic_backlog
+        if learned:
+            took = (time.perf_counter() - started) / learned
+            was = self._dyadic_s.get(name)
+            self._dyadic_s[name] = took if was is None else 0.7 * was + 0.3 * took
+        self.dyadic_learned += learned
         update.anchor, update.served, update.fence = anchor, eng.position, self._leases.get(name)
-        update.entry_s = self._pace(name, *step) if step is not None else self._entry_s.get(name)
+        update.entry_s = self._entry_s.get(name)
         self.store.write_state(name, update)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

@@ -232,3 +232,31 @@ def test_the_pace_push_back_projects_from_counts_the_whole_step(store: Store) ->
     for _ in range(10):  # waiting: at 50 ms or more each, at least 0.5 s of lag projected
         store.append("p", "labels", labels_body(rng, 40, 15, 6))
     assert store.lag_seconds("p") >= 0.5
+
+
+def test_the_pace_counts_the_dyadic_learning_the_entries_will_cost(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Push-back projects the wait of the entries not applied from the engine's pace: the
+    dyadic model's learning of their labels is in it at its recent rate, also in a step
+    that leaves that learning for later (under a sustained load it is taken from them)."""
+    learn = ProjectEngine.dyadic_update
+
+    def slow(self: ProjectEngine, limit: int | None = None) -> StateUpdate:
+        before = self.dyadic_backlog
+        out = learn(self, limit)
+        time.sleep(1e-3 * (before - self.dyadic_backlog))  # 1 ms a label
+        return out
+
+    monkeypatch.setattr(ProjectEngine, "dyadic_update", slow)
+    store.create_project(RECORD)
+    rng = np.random.default_rng(7)
+    arrivals = ArrivalsDuringSteps(store, [])
+    loop = EngineLoop(arrivals, refine_passes=0)  # type: ignore[arg-type]
+    store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    assert loop.step() == 1 and loop.dyadic_learned == 40  # drained: learned, 40 ms
+    first = loop._entry_s["p"]
+    arrivals.blocks.append(labels_body(rng, 40, 15, 6))  # a block comes during the next write
+    store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    assert loop.step() == 1 and loop.dyadic_learned == 0  # its labels wait...
+    assert loop._entry_s["p"] >= 0.7 * first + 0.3 * 0.04  # ...and their 40 ms count
