@@ -49,12 +49,13 @@ def held_out_corrections(
     row_of_slot = np.full(S, -1, dtype=np.int64)
     row_of_slot[used] = np.arange(used.size)
     rows = row_of_slot[blocks.slots]
-    totals, curvature, vectors, p_along = _row_curvatures(params, counts, used)
+    theta = _row_logits(params, used)
+    log_p = _log_softmax(theta)
+    totals, curvature, vectors, p_along = _row_curvatures(np.exp(log_p), counts, used)
     excess = np.empty((0, K, K))
     if laplace:
-        theta = _row_logits(params, used)
         predictive = laplace_predictive(theta, totals, curvature, vectors, worker_prior)
-        excess = _log_softmax(theta) - np.log(predictive)
+        excess = log_p - np.log(predictive)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
         blocks.ptr, rows, blocks.labels, blocks.weights, fitted,
@@ -127,14 +128,13 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
 
 
 def _row_curvatures(
-    params: NominalParams, counts: FloatArray, used: IntArray
+    p: FloatArray, counts: FloatArray, used: IntArray
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """For row z of slot s = used[u], p its confusion (eq. 26): its weight C_sz (totals[u,
-    z]), the eigenvalues d and eigenvectors V of D = diag p - p p^T (curvature[u, z],
-    vectors[u, z]) and p^T V (p_along[u, z]). Then for any weight c,
+    """For row z of slot s = used[u], p[u, z] its confusion (eq. 26): its weight C_sz
+    (totals[u, z]), the eigenvalues d and eigenvectors V of D = diag p - p p^T (curvature[u,
+    z], vectors[u, z]) and p^T V (p_along[u, z]). Then for any weight c,
     (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k (V[l, k] - p_along[k])^2 / (c d_k + lambda)."""
     K = counts.shape[1]
-    p = np.exp(_log_softmax(_row_logits(params, used)))
     curvature, vectors = np.linalg.eigh(
         p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
     )

@@ -440,8 +440,9 @@ class ProjectEngine:
         calibration = self._calibrate()
         if calibration != self.calibration:  # every queued item's served posterior moved
             self.calibration, self._queue_all = calibration, True
-        items = self.items_json(dirty)
-        queue, queue_remove, replace = self._queue_update(dirty)
+        shown = self.shown(dirty)  # (once: the items and the queue both serve it)
+        items = self.items_json(dirty, shown)
+        queue, queue_remove, replace = self._queue_update(dirty, shown)
         workers = self.workers_json(np.array(sorted(self._dirty_workers), dtype=np.int64))
         self._dirty_items.clear()
         self._dirty_workers.clear()
@@ -475,7 +476,9 @@ class ProjectEngine:
         dyadic = self.dyadic.update(self.position, limit)
         return StateUpdate(self.position, self.globals_json(), dyadic=dyadic, advance=False)
 
-    def _queue_update(self, dirty: IntArray) -> tuple[dict[str, float], list[str], bool]:
+    def _queue_update(
+        self, dirty: IntArray, shown: FloatArray
+    ) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among
         them, and whether that is every item (when the settings, the budget, the calibration or
         a sweep changed everything, or the engine just started): the queue is then replaced."""
@@ -491,7 +494,8 @@ class ProjectEngine:
         pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
-        served = self.calibration.from_posteriors(self.shown(codes), self.weight[codes])
+        shown = self.shown(codes) if replace else shown  # (``shown``: the dirty items')
+        served = self.calibration.from_posteriors(shown, self.weight[codes])
         count, gold = self.labels.count[codes], self.gold[codes]
         s = queue_scores(self.queue_settings, served, count, gold, used, confusion)
         keep = np.isfinite(s)
@@ -541,15 +545,17 @@ class ProjectEngine:
             }
         )
 
-    def items_json(self, codes: IntArray) -> dict[str, bytes]:
+    def items_json(self, codes: IntArray, shown: FloatArray | None = None) -> dict[str, bytes]:
         """``item_json`` of many items (the engine's write path); each label list is encoded
-        once per label (``LabelLists``)."""
+        once per label (``LabelLists``). ``shown``: ``shown(codes)``, if already at hand."""
         if not codes.size:
             return {}
         label_lists = self.label_lists.of(codes, self.labels, self.workers.names)
         gold = self.gold[codes]
         posterior = np.where(
-            gold[:, None] >= 0, np.eye(self.K)[np.maximum(gold, 0)], self.shown(codes)
+            gold[:, None] >= 0,
+            np.eye(self.K)[np.maximum(gold, 0)],
+            self.shown(codes) if shown is None else shown,
         )
         corrections = self.held_out[codes]
         held = np.any(corrections != 0.0, axis=1).tolist()

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from app.serving.kernel_cache import looks_cached
-from core import _calibration_kernels, _kernels
+from core import _calibration_kernels, _dyadic_kernels, _kernels
 from core._numba import compile_for
 
 SERVE_HALF = {
@@ -35,11 +35,16 @@ SECOND_HALF = {
 }
 """The global step's parts: gradients, statistics, the slots' Newton steps, the revisit."""
 
-_MODULES = {"_kernels": _kernels, "_calibration_kernels": _calibration_kernels}
+_MODULES = {
+    "_kernels": _kernels,
+    "_calibration_kernels": _calibration_kernels,
+    "_dyadic_kernels": _dyadic_kernels,
+}
 
 
 def kernel(name: str) -> Any:
-    """The kernel of a ``"module.function"`` name (a module of ``core``)."""
+    """The kernel of a ``"module.function"`` name (a kernel module of ``core``, as numba's
+    cache files and ``kernel_cache`` name them)."""
     module, function = name.split(".")
     return getattr(_MODULES[module], function)
 

@@ -32,7 +32,6 @@ from app.serving.kernel_cache import LEARNING
 from app.serving.nominal import Globals, item_slots, recompute_posterior, stored_posterior
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
-from core import _dyadic_kernels, _kernels
 from core.acquisition import priority
 from core.blocks import LabelBlocks
 from core.itemlabels import ItemLabels
@@ -204,9 +203,8 @@ def _cached() -> bool:
     """Whether numba's on-disk cache holds compiled code for the kernels only a first start
     compiles (``kernel_cache.LEARNING``; numba keeps no public API for this: any surprise
     reads as "not cached", which only costs a process)."""
-    modules = {"_kernels": _kernels, "_dyadic_kernels": _dyadic_kernels}
     try:
-        kernels = [getattr(modules[m], f) for m, f in (k.split(".") for k in LEARNING)]
+        kernels = [split_compile.kernel(name) for name in LEARNING]
         return all(bool(k._cache._cache_file._load_index()) for k in kernels)
     except Exception:
         return False
