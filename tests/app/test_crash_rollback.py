@@ -93,14 +93,15 @@ class Client:
 
 def wait_up(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"{url} did not start"
-        time.sleep(0.1)
+    with httpx.Client() as http:
+        while True:
+            try:
+                if http.get(f"{url}/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{url} did not start"
+            time.sleep(0.1)
 
 
 def wait_acked(client: Client, n: int, timeout_s: float = 30) -> None:
