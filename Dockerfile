@@ -30,15 +30,16 @@ RUN pip install --no-deps -e . \
 
 USER crowdtally
 
-# Compile the numba kernels once, into the image (else every container start compiles them
-# on its first labels, ~20 s): online and batch EM on a four-answer file, and the engine's
-# label table; then check that the service and the PostgreSQL driver import (a dependency
-# missing from pyproject.toml fails the build, not the first start). tests/test_compose.py
-# runs these lines too.
-RUN printf 'item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n' > /tmp/warm.csv \
+# Compile the numba kernels once, into the image (else every container's first start compiles
+# them, ~20 s of CPU, in the api's and the engine's containers alike): every kernel the service
+# calls (the warm-up of its first start, done whole), then online and batch EM of `extract` on
+# a four-answer file; then check that the service and the PostgreSQL driver import (a
+# dependency missing from pyproject.toml fails the build, not the first start).
+# tests/test_compose.py runs these lines too.
+RUN python -c "from app.serving import warmup; warmup.everything()" \
+    && printf 'item,worker,label\na,w1,0\na,w2,1\nb,w1,1\nb,w2,1\n' > /tmp/warm.csv \
     && crowdtally extract /tmp/warm.csv > /dev/null \
     && crowdtally extract /tmp/warm.csv --batch > /dev/null \
-    && python -c "import numpy as np; from core.itemlabels import ItemLabels; t = ItemLabels(); t.add_items(2); a = np.arange(2); t.append(a, a, a, np.ones(2), a); t.gather(a)" \
     && python -c "import app.api, app.engine.runtime, psycopg" \
     && rm /tmp/warm.csv
 

@@ -278,8 +278,9 @@ def test_dockerfile() -> None:
 
 @pytest.mark.slow
 def test_dockerfile_warm_up_runs(tmp_path: Path) -> None:
-    """The image compiles the numba kernels at build time (CLI runs on a small answer file and
-    a python -c line); they must keep working as the code changes: run them here."""
+    """The image compiles the numba kernels at build time (the service's whole warm-up, and
+    CLI runs on a small answer file); its lines must keep working as the code changes: run
+    them here."""
     text = (ROOT / "Dockerfile").read_text()
     answers = re.search(r"printf '([^']*)' > /tmp/warm.csv", text)
     assert answers is not None
@@ -291,7 +292,9 @@ def test_dockerfile_warm_up_runs(tmp_path: Path) -> None:
         done = _cli("extract", str(warm), *extra.split())
         assert done.returncode == 0, done.stderr
     snippets = re.findall(r'python -c "([^"]*)"', text.split("\nUSER ", 1)[1])
-    assert snippets
+    # every kernel the service calls (tests/app/test_warmup.py: everything() reaches them
+    # all), not only extract's: else each container's first start compiles the rest
+    assert "from app.serving import warmup; warmup.everything()" in snippets
     for snippet in snippets:
         done = subprocess.run(
             [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, cwd=ROOT
