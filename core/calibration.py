@@ -36,12 +36,11 @@ import numpy as np
 import numpy.typing as npt
 
 from core import _calibration_kernels
+from core.evidence import RHO_GRID, evidence_size
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-RHO_GRID: FloatArray = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0])
-"""The tempering values whose prequential evidence the online model keeps (eq. 22)."""
 EPS_GRID: FloatArray = np.array(
     [0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3]
 )
@@ -58,11 +57,6 @@ arrays of this many rows)."""
 GOLD_WEIGHT_LABELS = 50.0
 """Eq. 24 weighs the prequential evidence (a mean per scored answer) like this many gold
 items: with fewer gold items rho follows the answers; with more, the gold decides."""
-
-
-def evidence_size() -> int:
-    """Length of the evidence vector: one sum per rho of RHO_GRID, then the weight scored."""
-    return int(RHO_GRID.size) + 1
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,27 @@ Gaussian prior and is modelled by the population matrix.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from core.calibration import evidence_size
+from core.evidence import evidence_size
 from core.hashing import DEFAULT_WORKER_SLOTS
 
 FloatArray = npt.NDArray[np.float64]
 
 # Indices into NominalParams.scalars (kept in an array so kernels can update them in place).
 SCALE, STEP = 0, 1
+
+
+class LaterPasses(StrEnum):
+    """How passes after the first move the online model: revisit items one by one
+    (``OnlineEM.revisit_many``) or sweep by trust-region Newton (``OnlineEM.refine``)."""
+
+    revisit = "revisit"
+    newton = "newton"
 
 
 @dataclass(frozen=True)

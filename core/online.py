@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -20,17 +19,9 @@ import numpy.typing as npt
 from core import _kernels
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.calibration import RHO_GRID, evidence_size
+from core.evidence import RHO_GRID, evidence_size
 from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
-
-
-class LaterPasses(StrEnum):
-    """How passes after the first move the online model: revisit items one by one
-    (``OnlineEM.revisit_many``) or sweep by trust-region Newton (``OnlineEM.refine``)."""
-
-    revisit = "revisit"
-    newton = "newton"
 
 
 @dataclass(frozen=True)

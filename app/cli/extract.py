@@ -11,8 +11,7 @@ import typer
 
 from app.cli.layout import as_typed
 from app.io.input import InputError
-from core.nominal import NominalConfig
-from core.online import LaterPasses
+from core.nominal import LaterPasses, NominalConfig
 
 DEFAULTS = NominalConfig(n_classes=2)
 

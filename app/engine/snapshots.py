@@ -27,7 +27,7 @@ from app.engine.project import ProjectEngine
 from app.engine.queue import QueueSettings
 from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
-from core.calibration import evidence_size
+from core.evidence import evidence_size
 from core.nominal import NominalParams
 
 FORMAT = 1  # a zlib-compressed .npz

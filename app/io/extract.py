@@ -21,8 +21,8 @@ from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
-from core.nominal import NominalConfig, NominalParams
-from core.online import BlockResult, LaterPasses, OnlineEM
+from core.nominal import LaterPasses, NominalConfig, NominalParams
+from core.online import BlockResult, OnlineEM
 from core.served import batch_evidence, held_out_fit
 
 

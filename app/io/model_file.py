@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.calibration import evidence_size
+from core.evidence import evidence_size
 from core.nominal import NominalConfig, NominalParams
 
 FORMAT = "crowdtally-nominal/1"

@@ -332,7 +332,7 @@ def test_every_shared_dataset_imports_and_exports_with_one_command_each(
     live: str, datasets_root: Path, tmp_path: Path
 ) -> None:
     """The commands run in this process (the same typer app, over HTTP to the live service):
-    the tests above run the installed script, started once per command (about 0.7 s each)."""
+    the tests above run the installed script, started once per command (about 0.5 s of CPU each)."""
     from bench.datasets import dataset_names
 
     runner, env = CliRunner(), {"CROWDTALLY_KEY": ADMIN}

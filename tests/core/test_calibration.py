@@ -11,15 +11,8 @@ from hypothesis import strategies as st
 from core import calibration
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
-from core.calibration import (
-    EPS_GRID,
-    RHO_GRID,
-    Calibration,
-    choose,
-    evidence_size,
-    prequential_evidence,
-    prior_eps,
-)
+from core.calibration import EPS_GRID, Calibration, choose, prequential_evidence, prior_eps
+from core.evidence import RHO_GRID, evidence_size
 from core.nominal import SCALE, NominalConfig, NominalParams
 from core.online import OnlineEM
 from core.served import (
