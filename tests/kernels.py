@@ -34,15 +34,15 @@ def compile_all() -> None:
     from app.serving import warmup
     from app.serving.predictions import warm_up as warmup_predictions
 
-    # Two halves of about 8 s each on a fresh clone: here the dyadic model's learning, then
-    # its predictions and h_min (which reuse the learning's compiled step), batch EM, the
-    # grouping of long files and the queue's value of information; in a second process the
-    # nominal model (learning, refits, reads), the online ``extract`` with Newton's later
-    # passes, and the calibration's prequential evidence.
+    # Two halves of about 8 s of CPU each on a fresh clone: here the dyadic model's learning,
+    # then its predictions and h_min (which reuse the learning's compiled step), its one-pair
+    # kernels, batch EM and the queue's value of information; in a second process the nominal
+    # model (learning, refits, reads), the online ``extract`` with Newton's later passes, the
+    # calibration's prequential evidence and the grouping of long files.
     second = subprocess.Popen([sys.executable, "-m", "tests.kernels", "nominal"])
     warmup.dyadic_learning()
     warmup_predictions()
-    _grouping()
+    _dyadic_scalars()
     _extract(["--batch"], ["--batch", "--difficulty"])
     _value_of_information()
     second.wait()
@@ -55,6 +55,7 @@ def compile_nominal() -> None:
     warmup.nominal()
     _extract([], ["--passes", "5", "--later-passes", "newton"])
     _prequential_evidence()
+    _grouping()
 
 
 def _extract(*options: list[str]) -> None:
@@ -79,6 +80,16 @@ def _grouping() -> None:
 
     codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
     canonical_order(codes, codes, codes, np.ones(LARGE))
+    # and, as extract passes them for a file without weights, ones that are a read-only view
+    canonical_order(codes, codes, codes, np.broadcast_to(1.0, LARGE))
+
+
+def _dyadic_scalars() -> None:
+    """The dyadic model's one-pair step and h_min, which tests call on their own."""
+    from core import _dyadic_kernels as kern
+
+    kern.step_sigma(kern.LOGISTIC, 0.1, 1.0, 0.5, 0.3, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1e-9)
+    kern.h_min_scalar(kern.LOGISTIC, 0.1, 1.0, 0.5, 0.1, 1.0, 1.0, 0.0, 3.0, 1.0, 0.0, 1e-9)
 
 
 def _value_of_information() -> None:
