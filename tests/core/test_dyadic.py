@@ -77,7 +77,9 @@ def test_update_equals_full_gradient_flow(loss: str, lam_w: float) -> None:
                                    eta * g * np.ones(3) - eta * lam_w * w])  # fmt: skip
 
         state = np.concatenate([a, b, np.full(3, wx / 3)])
-        n = 4000
+        # hinge/quantile: fine steps for where the flow meets the boundary; the smooth losses'
+        # RK4 error, O(dt^4), is below 1e-10 with 1,000 (the same results as with 4,000)
+        n = 4000 if loss in ("hinge", "quantile") else 1000
         dt = h / n
         for _ in range(n):  # RK4; hinge/quantile stop at the boundary like the closed form
             k1 = rhs(state)
