@@ -15,7 +15,7 @@ import numpy as np
 
 from core import _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig, NominalParams, log_softmax
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class BatchEM:
         else:
             table = np.empty_like(params.worker)
             _kernels.log_confusion_table(params.population, params.worker, table)
-            log_pi = params.class_logits - np.logaddexp.reduce(params.class_logits)
+            log_pi = log_softmax(params.class_logits)
             total = np.empty(1)
             _kernels.estep_tables(
                 blocks.ptr, blocks.slots, blocks.labels, blocks.weights,
@@ -289,7 +289,7 @@ class BatchEM:
         totals, n = q.sum(axis=0), float(q.shape[0])
         g_pi = params.class_logits
         for _ in range(5):
-            pi = np.exp(g_pi - np.logaddexp.reduce(g_pi))
+            pi = np.exp(log_softmax(g_pi))
             grad = totals - n * pi - lam * (g_pi - mean)
             neg_hess = n * (np.diag(pi) - np.outer(pi, pi)) + lam * np.eye(pi.size)
             g_pi = g_pi + np.linalg.solve(neg_hess, grad)

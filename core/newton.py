@@ -23,7 +23,7 @@ import numpy as np
 
 from core import _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig, NominalParams, log_softmax
 
 CANDIDATE_RADII = (0.25, 0.5, 1.0, 2.0, 4.0)
 """The candidate steps of a pass: trust-region solves at these multiples of the radius."""
@@ -79,8 +79,8 @@ class _Curvature:
         self.items, self.layout, self.config, self.q = items, layout, config, q
         W, eye = layout.W, np.eye(layout.K)
         g_pi, gamma, theta = layout.split(x)
-        self.pi = np.exp(g_pi - np.logaddexp.reduce(g_pi))
-        self.p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+        self.pi = np.exp(log_softmax(g_pi))
+        self.p = np.exp(log_softmax(theta))
         counts = np.empty_like(theta)
         _kernels.soft_counts(items.ptr, items.slots, items.labels, items.weights, q, counts)
         self.c = counts.sum(axis=2)  # C_{s,z}
@@ -211,8 +211,8 @@ def _evaluate(
     priors = []
     for c, x in enumerate(xs):
         g_pi, gamma, theta = layout.split(x)
-        log_pis[c] = g_pi - np.logaddexp.reduce(g_pi)
-        tables[c] = theta - np.logaddexp.reduce(theta, axis=2, keepdims=True)
+        log_pis[c] = log_softmax(g_pi)
+        tables[c] = log_softmax(theta)
         priors.append(config.log_prior(g_pi, gamma, theta - gamma[None]))
     q, data = np.empty((len(xs), items.n_blocks, K)), np.empty(len(xs))
     _kernels.estep_tables(

@@ -270,6 +270,12 @@ class NominalParams:
         )
 
 
+def log_softmax(x: FloatArray) -> FloatArray:
+    """log softmax along the last axis (x minus its log-sum-exp)."""
+    out: FloatArray = x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+    return out
+
+
 def _softmax_rows(x: FloatArray) -> FloatArray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     out: FloatArray = e / e.sum(axis=-1, keepdims=True)

@@ -11,7 +11,7 @@ import numpy as np
 from core import _calibration_kernels, _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, gold_evidence, item_log_likelihoods
-from core.nominal import SCALE, NominalConfig, NominalParams
+from core.nominal import SCALE, NominalConfig, NominalParams, log_softmax
 from core.online import OnlineEM
 
 
@@ -50,7 +50,7 @@ def held_out_corrections(
     row_of_slot[used] = np.arange(used.size)
     rows = row_of_slot[blocks.slots]
     theta = _row_logits(params, used)
-    log_p = _log_softmax(theta)
+    log_p = log_softmax(theta)
     totals, curvature, vectors, p_along = _row_curvatures(np.exp(log_p), counts, used)
     excess = np.empty((0, K, K))
     if laplace:
@@ -98,7 +98,7 @@ def laplace_predictive(
     for k in range(1, K):  # eigh's eigenvalues ascend: k = 0 is the all-ones direction
         step = np.sqrt(K - 1) * sigma[..., k, None] * vectors[..., :, k]
         for shifted in (theta + step, theta - step):
-            mean += np.exp(_log_softmax(shifted))
+            mean += np.exp(log_softmax(shifted))
     out: FloatArray = mean / (2 * (K - 1))
     return out
 
@@ -106,11 +106,6 @@ def laplace_predictive(
 def _row_logits(params: NominalParams, used: IntArray) -> FloatArray:
     """theta of slot rows ``used``: population plus the scaled deviation, (rows, K, K)."""
     out: FloatArray = params.population[None] + float(params.scalars[SCALE]) * params.worker[used]
-    return out
-
-
-def _log_softmax(theta: FloatArray) -> FloatArray:
-    out: FloatArray = theta - np.logaddexp.reduce(theta, axis=-1, keepdims=True)
     return out
 
 
@@ -144,8 +139,7 @@ def _row_curvatures(
 
 def log_prior(params: NominalParams) -> FloatArray:
     """log pi, the class prior of ``params``."""
-    out: FloatArray = params.class_logits - np.logaddexp.reduce(params.class_logits)
-    return out
+    return log_softmax(params.class_logits)
 
 
 def calibration(
