@@ -569,9 +569,7 @@ class EngineLoop:
         counting only the share of the queue's bound in use let a probe wait 5.4 s past the
         5 s bound where this kept it to 4.8 s; docs/benchmarks.md)."""
         took = time.perf_counter() - started + labels * self._dyadic_s.get(name, 0.0)
-        was = self._entry_s.get(name)
-        now = took / entries
-        self._entry_s[name] = now if was is None else 0.7 * was + 0.3 * now
+        _smooth(self._entry_s, name, took / entries)
 
     # ------------------------------------------------------------------ the dyadic model
     def _dyadic_limit(self, name: str, eng: ProjectEngine, maybe_drained: bool) -> int | None:
@@ -599,9 +597,7 @@ class EngineLoop:
         update = eng.dyadic_update(limit)
         learned = before - eng.dyadic_backlog
         if learned:
-            took = (time.perf_counter() - started) / learned
-            was = self._dyadic_s.get(name)
-            self._dyadic_s[name] = took if was is None else 0.7 * was + 0.3 * took
+            _smooth(self._dyadic_s, name, (time.perf_counter() - started) / learned)
         self.dyadic_learned += learned
         update.anchor, update.served, update.fence = anchor, eng.position, self._leases.get(name)
         update.entry_s = self._entry_s.get(name)
@@ -684,3 +680,9 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.release_leases()
+
+
+def _smooth(averages: dict[str, float], name: str, value: float) -> None:
+    """Fold ``value`` into the moving average ``averages[name]`` (the first value as is)."""
+    was = averages.get(name)
+    averages[name] = value if was is None else 0.7 * was + 0.3 * value
