@@ -26,7 +26,7 @@ from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
 from tests.app.test_crash import LABELS
-from tests.app.test_processes import Layout
+from tests.app.test_processes import Layout, wait_healthy
 from tests.app.test_redis_rollback import RedisWithAof, check_against_replay, free_port
 
 BLOCK = 500
@@ -91,19 +91,6 @@ class Client:
         return len(lost)
 
 
-def wait_up(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client() as http:
-        while True:
-            try:
-                if http.get(f"{url}/healthz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{url} did not start"
-            time.sleep(0.1)
-
-
 def wait_acked(client: Client, n: int, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while len(client.acked_at) < n:
@@ -159,7 +146,8 @@ def test_processes_and_redis_crash_mid_stream_lose_nothing(tmp_path: Path) -> No
         crashes["engine"] += 1
         lay.start_engine()
         wait_acked(client, len(client.acked_at) + 3)
-        wait_up(urls[1])
+        with httpx.Client(base_url=urls[1]) as second_api:
+            wait_healthy(second_api, timeout_s=60)
         lay.api.kill()  # mid-request, most likely: the client goes on with the second API
         lay.api.wait()
         crashes["api"] += 1
