@@ -926,6 +926,10 @@ class RedisStore:
                 self.r.nodes_manager.initialize()
 
     def close(self) -> None:
+        if self.cluster:  # RedisCluster.close leaves its nodes' connection pools open
+            for node in self.r.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
         self.r.close()
 
     def flush_prefix(self) -> None:

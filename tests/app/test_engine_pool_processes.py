@@ -26,7 +26,7 @@ from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
 from bench.local_cluster import LocalCluster
-from tests.app.conftest import ADMIN, fresh_postgres
+from tests.app.conftest import ADMIN, close_after_failover, fresh_postgres
 from tests.app.test_processes import wait_healthy
 from tests.app.test_redis_rollback import check_against_replay
 from tests.forked import Forked, crowdtally
@@ -165,6 +165,6 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
             finally:
                 db.close()
         finally:
-            store.close()
+            close_after_failover(store)
             pool.close()
             cluster.stop()

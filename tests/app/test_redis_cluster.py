@@ -27,7 +27,13 @@ from app.store.sql import sql_engine, upgrade
 from app.testing import free_port
 from bench.datasets import DEFAULT_ROOT
 from bench.local_cluster import LocalCluster
-from tests.app.conftest import ADMIN, REDIS_URL, cluster_url, service_settings
+from tests.app.conftest import (
+    ADMIN,
+    REDIS_URL,
+    close_after_failover,
+    cluster_url,
+    service_settings,
+)
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay
 
 
@@ -62,7 +68,9 @@ def test_the_service_on_a_redis_cluster_answers_as_on_the_embedded_store(tmp_pat
     try:
         on_cluster = served(cluster, tmp_path / "cluster")
     finally:
-        RedisStore(cluster_url(), prefix, cluster=True).flush_prefix()
+        store = RedisStore(cluster_url(), prefix, cluster=True)
+        store.flush_prefix()
+        store.close()
     embedded = served({}, tmp_path / "embedded")
     assert on_cluster["n_labels"] == embedded["n_labels"] == 3000
     assert on_cluster["posteriors"] == embedded["posteriors"]
@@ -117,7 +125,7 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
     finally:
         assert loop.snapshotter is not None
         loop.snapshotter.close()
-        store.close()
+        close_after_failover(store)
         db.close()
         cluster.stop()
 
@@ -156,7 +164,7 @@ def test_with_wait_replicas_an_acknowledged_block_survives_its_primary_s_failove
         again = store.append("p", "labels", *blocks[29])  # its ids are known: duplicates
         assert (again.accepted, again.duplicates) == (0, 100)
     finally:
-        store.close()
+        close_after_failover(store)
         cluster.stop()
 
 
@@ -200,7 +208,7 @@ def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_ov
                 time.sleep(0.2)
         assert token > 0
     finally:
-        store.close()
+        close_after_failover(store)
         cluster.stop()
 
 
@@ -217,3 +225,16 @@ def test_redis_url_may_list_several_cluster_nodes_and_any_live_one_will_do() -> 
         RedisStore(dead, "x", cluster=True)
     with pytest.raises(ValueError, match="a list is for a Redis Cluster"):
         RedisStore(f"{REDIS_URL},{REDIS_URL}", "x")
+
+
+def test_closing_a_cluster_store_closes_every_node_s_connections() -> None:
+    """redis-py's ``RedisCluster.close`` leaves the nodes' connection pools open; the store's
+    close disconnects them (else their sockets stay open until the garbage collector)."""
+    store = RedisStore(cluster_url(), f"close-{uuid.uuid4().hex[:8]}", cluster=True)
+    store.create_project(RECORD)
+    store.flush_prefix()  # a scan on every primary: a connection to each
+    pools = [n.redis_connection.connection_pool for n in store.r.get_nodes() if n.redis_connection]
+    connections = [c for pool in pools for c in pool._available_connections]
+    assert len(connections) >= 3 and all(c._sock is not None for c in connections)
+    store.close()
+    assert all(c._sock is None for c in connections)
