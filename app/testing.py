@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import Protocol
 
 import httpx
 
@@ -46,7 +46,12 @@ def running_service(data_dir: Path, env: dict[str, str], timeout_s: float = 60.0
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_healthy(proc, url, log, log_path, timeout_s)
+            try:
+                with httpx.Client(base_url=url) as http:
+                    wait_healthy(http, timeout_s, proc)
+            except ServiceStartError as exc:
+                log.flush()
+                raise ServiceStartError(f"{exc}: {log_path.read_text()[-2000:]}") from None
             yield url
         finally:
             proc.send_signal(signal.SIGINT)
@@ -57,20 +62,26 @@ def running_service(data_dir: Path, env: dict[str, str], timeout_s: float = 60.0
                 proc.wait()
 
 
-def _wait_healthy(
-    proc: subprocess.Popen[bytes], url: str, log: IO[bytes], log_path: Path, timeout_s: float
-) -> None:
-    # One client for every poll: a new one per request builds a TLS context each time
-    # (about 25 ms of CPU), which a service's start took up to 70 times.
+class ServiceStartError(RuntimeError):
+    """A service did not answer /healthz in time, or its process exited first."""
+
+
+class _Polled(Protocol):
+    def poll(self) -> int | None: ...
+
+
+def wait_healthy(client: httpx.Client, timeout_s: float, process: _Polled | None = None) -> None:
+    """Poll ``client``'s /healthz (its base URL the service's) until it answers 200; raise
+    ``ServiceStartError`` after ``timeout_s``, or at once if ``process`` exits. One client for
+    every poll: a new one per request builds a TLS context each time (about 25 ms of CPU),
+    and a first start takes up to 70 polls."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=1) as http:
-        while True:
-            if proc.poll() is not None:
-                log.flush()
-                raise RuntimeError(f"crowdtally serve exited: {log_path.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if http.get(f"{url}/healthz").status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"crowdtally serve did not answer /healthz in {timeout_s} s")
-            time.sleep(0.1)
+    while True:
+        if process is not None and process.poll() is not None:
+            raise ServiceStartError(f"the service exited with code {process.poll()}")
+        with contextlib.suppress(httpx.TransportError):
+            if client.get("/healthz", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise ServiceStartError(f"the service did not answer /healthz in {timeout_s} s")
+        time.sleep(0.1)

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from app.io.triples import read_triples
+from app.testing import wait_healthy
 from tests.app.conftest import ADMIN
-from tests.app.test_processes import wait_healthy
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -25,9 +25,9 @@ import pytest
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
+from app.testing import wait_healthy
 from bench.local_cluster import LocalCluster
 from tests.app.conftest import ADMIN, close_after_failover, fresh_postgres
-from tests.app.test_processes import wait_healthy
 from tests.app.test_redis_rollback import check_against_replay
 from tests.forked import Forked, crowdtally
 

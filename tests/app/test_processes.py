@@ -16,24 +16,11 @@ import orjson
 import pytest
 
 from app.store.redis_store import RedisStore
+from app.testing import ServiceStartError, free_port, wait_healthy
 from tests.app.conftest import ADMIN, REDIS_URL
 from tests.forked import Process, crowdtally
 
 CLI = [sys.executable, "-m", "app.cli"]
-
-
-def wait_healthy(client: httpx.Client, timeout_s: float, process: Process | None = None) -> None:
-    """Until the API answers /healthz (failing at once if its ``process`` exits)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if client.get("/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        alive = process is None or process.poll() is None
-        assert time.monotonic() < deadline and alive, "the API did not start"
-        time.sleep(0.1)
 
 
 class Layout:
@@ -167,3 +154,15 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
         assert list(p["scores"].values()) == scores[n].tolist()
         assert p["h_min"] == h[n]
     store.close()
+
+
+def test_wait_healthy_gives_up_on_an_exited_process_and_after_its_timeout() -> None:
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    with httpx.Client(base_url=f"http://127.0.0.1:{free_port()}") as nothing_there:
+        with pytest.raises(ServiceStartError, match="exited with code 0"):
+            wait_healthy(nothing_there, 60, exited)
+        started = time.monotonic()
+        with pytest.raises(ServiceStartError, match=r"did not answer /healthz in 0.3 s"):
+            wait_healthy(nothing_there, 0.3)
+        assert time.monotonic() - started < 5

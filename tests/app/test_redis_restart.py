@@ -19,10 +19,10 @@ import orjson
 
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
-from app.testing import free_port
+from app.testing import free_port, wait_healthy
 from core.nominal import NominalConfig
 from tests.app.conftest import ADMIN
-from tests.app.test_processes import CLI, wait_healthy
+from tests.app.test_processes import CLI
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
