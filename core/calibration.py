@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from core import _calibration_kernels
 from core.evidence import RHO_GRID, evidence_size
+from core.nominal import softmax
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -84,7 +85,7 @@ class Calibration:
         parts = self.components or ((1.0, self.rho, self.eps),)
         out: FloatArray = sum(
             (
-                w * _mix(_softmax(logits / _temperatures(r, n_labels)[..., None]), e)
+                w * _mix(softmax(logits / _temperatures(r, n_labels)[..., None]), e)
                 for w, r, e in parts
             ),
             start=np.zeros_like(logits),
@@ -328,12 +329,6 @@ def _log_beta(x: FloatArray, a: float, b: float) -> FloatArray:
 
     total: FloatArray = term(a - 1.0, x) + term(b - 1.0, 1.0 - x)
     return total
-
-
-def _softmax(x: FloatArray) -> FloatArray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    out: FloatArray = e / e.sum(axis=-1, keepdims=True)
-    return out
 
 
 def _logsumexp(x: FloatArray) -> float:

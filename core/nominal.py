@@ -213,13 +213,13 @@ class NominalParams:
 
     def worker_confusion(self, slots: npt.NDArray[np.int64]) -> FloatArray:
         """Each slot's confusion matrix: P(answer = l | true class = z), rows sum to 1."""
-        return _softmax_rows(self.worker_logits(slots))
+        return softmax(self.worker_logits(slots))
 
     def population_confusion(self) -> FloatArray:
-        return _softmax_rows(self.population)
+        return softmax(self.population)
 
     def class_priors(self) -> FloatArray:
-        return _softmax_rows(self.class_logits)
+        return softmax(self.class_logits)
 
     def copy(self) -> NominalParams:
         return NominalParams(
@@ -276,7 +276,8 @@ def log_softmax(x: FloatArray) -> FloatArray:
     return out
 
 
-def _softmax_rows(x: FloatArray) -> FloatArray:
+def softmax(x: FloatArray) -> FloatArray:
+    """softmax along the last axis."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     out: FloatArray = e / e.sum(axis=-1, keepdims=True)
     return out
