@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from app.store.redis_store import RedisStore
+from app.testing import wait_healthy
 
 
 def main() -> None:
@@ -48,12 +49,7 @@ def main() -> None:
         timeout=60,
     )
     try:
-        for _ in range(300):
-            try:
-                if c.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(c, 30, procs[0])
         key = {
             "Authorization": f"Bearer {c.post('/v1/projects', json={'name': 'q', 'labels': list('abcde')}).json()['api_key']}"
         }
