@@ -7,14 +7,17 @@ import functools
 import gc
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from app.api import create_app
@@ -23,6 +26,7 @@ from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
 from app.store.sql import upgrade
+from app.testing import free_port
 from bench.local_cluster import LocalCluster
 from bench.scale import fresh_database
 
@@ -59,6 +63,32 @@ def cluster_url() -> str:
     return cluster.url
 
 
+@functools.cache
+def private_redis_url() -> str:
+    """A Redis server of this test process alone, started once, stopped at its exit: for tests
+    that change what is server-wide (its scripts), which on the shared server would reach the
+    tests other workers run beside them."""
+    folder = Path(tempfile.mkdtemp(prefix="crowdtally-redis-"))
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    atexit.register(shutil.rmtree, folder, True)
+    atexit.register(proc.wait, 10)
+    atexit.register(proc.terminate)
+    url = f"redis://127.0.0.1:{port}/0"
+    with closing(redis.Redis.from_url(url)) as client:
+        for _ in range(200):
+            try:
+                client.ping()
+                return url
+            except redis.ConnectionError:
+                time.sleep(0.01)
+    raise RuntimeError(f"the private redis-server on port {port} did not start")
+
+
 def close_after_failover(store: RedisStore) -> None:
     """Close the store and the node clients that redis-py dropped when a failover changed the
     cluster's layout: ``RedisCluster.close`` closes only the nodes it still knows, so the
@@ -70,20 +100,21 @@ def close_after_failover(store: RedisStore) -> None:
         gc.collect()
 
 
-def make_store(kind: str, tmp_path: Path) -> Store:
+def make_store(kind: str, tmp_path: Path, private: bool = False) -> Store:
+    """The store ``kind``; with ``private``, a Redis store on this process's own server."""
     if kind == "embedded":
         return EmbeddedStore(migrated_sqlite(tmp_path / "crowdtally.sqlite3"))
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     if kind == "cluster":
         return RedisStore(cluster_url(), prefix=prefix, cluster=True)
-    store = RedisStore(REDIS_URL, prefix=prefix)
+    store = RedisStore(private_redis_url() if private else REDIS_URL, prefix=prefix)
     if not store.ping():
         pytest.fail(f"Redis is not reachable at {REDIS_URL} (see .ci/run for how to start it)")
     return store
 
 
-def opened_store(kind: str, tmp_path: Path) -> Iterator[Store]:
-    st = make_store(kind, tmp_path)
+def opened_store(kind: str, tmp_path: Path, private: bool = False) -> Iterator[Store]:
+    st = make_store(kind, tmp_path, private)
     yield st
     if isinstance(st, RedisStore):
         st.flush_prefix()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import orjson
@@ -24,12 +25,19 @@ from app.store.base import (
     Store,
 )
 from app.store.redis_store import RedisStore
-from tests.app.conftest import STORES, opened_store
+from tests.app.conftest import REDIS_URL, STORES, opened_store
 
 
 @pytest.fixture(params=[*STORES, "cluster"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     yield from opened_store(request.param, tmp_path)
+
+
+@pytest.fixture(params=[*STORES, "cluster"])
+def own_redis_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """As ``store``, with the Redis one on a server of this test process alone: a test that
+    flushes Redis's scripts (server-wide) must not take them from the tests beside it."""
+    yield from opened_store(request.param, tmp_path, private=True)
 
 
 def project(name: str = "p") -> ProjectRecord:
@@ -290,20 +298,25 @@ def test_an_append_ends_the_idle_engine_s_wait(store: Store) -> None:
     assert 0.04 <= waited < 1.0, waited
 
 
-def test_append_after_redis_lost_its_scripts(store: Store) -> None:
+def test_append_after_redis_lost_its_scripts(own_redis_store: Store) -> None:
     """A restarted Redis has no scripts: the append loads its own and goes on."""
+    store = own_redis_store
     store.create_project(project())
-    if isinstance(store, RedisStore):
-        store.r.script_flush()
+    with closing(redis.Redis.from_url(REDIS_URL)) as shared:
+        sentinel = shared.script_load("return 1")
+        if isinstance(store, RedisStore):
+            store.r.script_flush()
+        assert shared.script_exists(sentinel) == [True]  # the other workers' server untouched
     assert store.append("p", "labels", b"{}", ["x"]).accepted == 1
     assert store.append("p", "labels", b"{}", ["x"]).duplicates == 1
 
 
 def test_pipelined_reads_survive_redis_losing_its_scripts_after_the_check(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    own_redis_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pipeline checks that Redis holds its scripts, then sends them: scripts lost in
     between (a restart, a failover) must not fail the engine's look at the logs or the stats."""
+    store = own_redis_store
     store.create_project(project())
     store.append("p", "labels", b"{}")
     if isinstance(store, RedisStore) and not store.cluster:
