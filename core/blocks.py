@@ -99,7 +99,9 @@ def canonical_order(
 ) -> IntArray:
     """The stable sort by (block, slot, label, weight)."""
     if block.size >= LARGE and block.min() >= 0:
-        out: IntArray = _grouped_order(block, slots, labels, weights, np.int64(block.max() + 1))
+        out: IntArray = _grouped_order(
+            block, slots, labels, _kernel_weights(weights), np.int64(block.max() + 1)
+        )
         return out
     if block.size and np.all(weights == weights[0]):  # one int64 key (4x faster than lexsort)
         n_slots, n_labels = int(slots.max()) + 1, int(labels.max()) + 1
@@ -112,6 +114,20 @@ def canonical_order(
             out = np.argsort(key, kind="stable")
             return out
     return np.lexsort((weights, labels, slots, block))
+
+
+_NO_WEIGHTS = np.zeros(0)
+
+
+def _kernel_weights(weights: FloatArray) -> FloatArray:
+    """``weights`` as the sort kernel takes them, so that it has one signature to compile:
+    empty when they are all equal (they break no tie then; a file without weights passes a
+    read-only broadcast of 1.0), else a writable contiguous array of native float64."""
+    if weights.size and weights.strides == (0,):
+        return _NO_WEIGHTS
+    if weights.dtype == np.float64 and weights.flags.c_contiguous and weights.flags.writeable:
+        return weights
+    return np.array(weights, dtype=np.float64)
 
 
 @jit
@@ -148,7 +164,7 @@ def _before(i, j, slots, labels, weights):  # type: ignore[no-untyped-def]
         return slots[i] < slots[j]
     if labels[i] != labels[j]:
         return labels[i] < labels[j]
-    return weights[i] < weights[j]
+    return weights.size > 0 and weights[i] < weights[j]  # (no weights: all equal)
 
 
 @jit

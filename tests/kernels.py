@@ -79,9 +79,7 @@ def _grouping() -> None:
     from core.blocks import LARGE, canonical_order
 
     codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
-    canonical_order(codes, codes, codes, np.ones(LARGE))
-    # and, as extract passes them for a file without weights, ones that are a read-only view
-    canonical_order(codes, codes, codes, np.broadcast_to(1.0, LARGE))
+    canonical_order(codes, codes, codes, np.ones(LARGE))  # (one signature, whatever the weights)
 
 
 def _dyadic_scalars() -> None:

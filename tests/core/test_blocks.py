@@ -59,3 +59,20 @@ def test_large_inputs_take_the_compiled_grouping_with_the_same_result() -> None:
     weights = np.ones(n)
     order = canonical_order(block, slots, labels, weights)
     assert np.array_equal(order, np.lexsort((weights, labels, slots, block)))
+
+
+def test_weights_of_every_kind_share_one_compiled_grouping() -> None:
+    """A file without weights passes a read-only broadcast of 1.0; one with weights, a column
+    that may be read-only: the kernel is given weights of one type (or none, when they are
+    all equal), so a first long file of either kind compiles the same single signature."""
+    rng = np.random.default_rng(2)
+    n = LARGE + 5
+    block, slots, labels = (rng.integers(0, k, n) for k in (n // 5, 300, 4))
+    uneven = rng.choice([0.5, 1.0, 2.0], n)
+    read_only = uneven.copy()
+    read_only.flags.writeable = False
+    cases = [np.ones(n), np.broadcast_to(1.0, n), uneven, read_only, uneven[::1].astype(">f8")]
+    for weights in cases:
+        expected = np.lexsort((weights, labels, slots, block))
+        assert np.array_equal(canonical_order(block, slots, labels, weights), expected)
+    assert len(_grouped_order.signatures) == 1, _grouped_order.signatures
