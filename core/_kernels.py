@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from core._calibration_kernels import prequential_scores
-from core._numba import jit, jit_inline
+from core._numba import invalidate_on_change, jit, jit_inline
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
 (
@@ -821,3 +821,6 @@ def missing_information_product(
         for z in range(K):
             for k in range(K):
                 out_theta[s, z, k] -= mass[s, z] * p[s, z, k]
+
+
+invalidate_on_change(learn_blocks, prequential_scores)

@@ -5,6 +5,11 @@ second process (a test worker, the CLI, the service) loads it instead of compili
 Numba's cache is safe for concurrent readers; concurrent first compiles of the same kernel
 by several processes may each compile (numba issue 4807) but produce the same file.
 
+Numba checks a cached kernel against its own source file only: a kernel that calls one from
+another file keeps the callee's old machine code once that file changes (numba's documented
+"cache invalidation" limitation), with wrong results or worse. A module whose kernels call
+another file's declares it with ``invalidate_on_change``.
+
 A kernel called from another kernel is compiled once per distinct argument type, and numba
 types a literal argument (``f(x, -1)``, ``f(x, 0)``) as its own type, ``Literal[int](-1)``:
 each such call compiles the callee, and everything it calls, once more. Kernels pass
@@ -13,9 +18,12 @@ each such call compiles the callee, and everything it calls, once more. Kernels 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -85,3 +93,33 @@ def compile_for(kernel: Any, spec: str) -> None:
     """Compile ``kernel`` (a ``jit`` function) for the argument types of ``spec``, or load
     that signature from the disk cache, as a call with such arguments would."""
     kernel.compile(signature(spec))
+
+
+def invalidate_on_change(kernel: Any, *called: Any) -> None:
+    """Drop the cached machine code of every kernel in ``kernel``'s source file when the source
+    of a file holding one of the ``called`` kernels (kernels of other files that this file's
+    kernels call) is not what it was when that code was cached. Call it at the end of the
+    calling module, before any of its kernels runs (they load from the cache on first call).
+
+    The record is a digest of the called files beside the caches (``<module>.called``);
+    without it, or with another one, the module's caches are removed and compile again on
+    first use. A read-only cache directory is left as it is."""
+    folder = Path(kernel._cache._cache_path)
+    stem = Path(kernel.py_func.__code__.co_filename).stem
+    files = sorted({d.py_func.__code__.co_filename for d in called})
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
+    record = folder / f"{stem}.called"
+    try:
+        if record.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for cached in [*folder.glob(f"{stem}.*.nbi"), *folder.glob(f"{stem}.*.nbc")]:
+            cached.unlink(missing_ok=True)
+        fresh = folder / f"{stem}.called.{os.getpid()}"
+        fresh.write_text(digest)
+        fresh.replace(record)
+    except OSError:
+        return
