@@ -37,3 +37,12 @@ def test_every_doc_page_is_in_the_nav() -> None:
     pages = {next(iter(item.values())) for item in config["nav"]}
     on_disk = {p.name for p in (REPO / "docs").glob("*.md")}
     assert on_disk <= pages, f"add to mkdocs.yml nav: {sorted(on_disk - pages)}"
+
+
+def test_ci_runs_the_readme_s_test_command_verbatim() -> None:
+    """.ci/run's last line is the README's command 2, as a newcomer types it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"^# 2\. .*\n(.+)$", readme, re.M)
+    assert command is not None, "README: no command 2"
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").rstrip("\n").splitlines()[-1]
+    assert ci == command.group(1)
