@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # Once per run: here in the controller (or the only process), before xdist starts workers.
     if hasattr(config, "workerinput"):
         return
-    if getattr(config.option, "numprocesses", None):
-        compile_before_workers(config)  # else each worker compiles the same kernels
-    if not _runs_dashboard_test(config):
-        return
+    # chromium's install (a fresh machine's apt-get, mostly waiting on the network and dpkg)
+    # goes on beside the kernels' compile, which keeps both cores busy
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        chromium = pool.submit(_ensure_chromium, config) if _runs_dashboard_test(config) else None
+        if getattr(config.option, "numprocesses", None):
+            compile_before_workers(config)  # else each worker compiles the same kernels
+        if chromium is not None:
+            chromium.result()
+
+
+def _ensure_chromium(config: pytest.Config) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else print
     try:
