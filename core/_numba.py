@@ -104,7 +104,10 @@ def invalidate_on_change(kernel: Any, *called: Any) -> None:
     The record is a digest of the called files beside the caches (``<module>.called``);
     without it, or with another one, the module's caches are removed and compile again on
     first use. A read-only cache directory is left as it is."""
-    folder = Path(kernel._cache._cache_path)
+    cache_path = getattr(getattr(kernel, "_cache", None), "_cache_path", None)
+    if cache_path is None:  # (numba's internals moved: leave its caches to numba)
+        return
+    folder = Path(cache_path)
     stem = Path(kernel.py_func.__code__.co_filename).stem
     files = sorted({d.py_func.__code__.co_filename for d in called})
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
