@@ -13,11 +13,10 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from app.api import create_app
@@ -63,6 +62,26 @@ def cluster_url() -> str:
     return cluster.url
 
 
+def start_redis(port: int, folder: Path, aof: bool = True) -> subprocess.Popen[bytes]:
+    """A redis-server of the test's own on ``port``, keeping its data in ``folder`` (an AOF
+    fsynced every second, with ``aof``; else nothing on disk), once it answers PING."""
+    persistence = (
+        ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
+    )
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+         *persistence, "--save", ""],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    store = RedisStore(f"redis://127.0.0.1:{port}/0")
+    deadline = time.monotonic() + 10
+    while not store.ping():
+        assert time.monotonic() < deadline, "redis-server did not start"
+        time.sleep(0.05)
+    store.close()
+    return proc
+
+
 @functools.cache
 def private_redis_url() -> str:
     """A Redis server of this test process alone, started once, stopped at its exit: for tests
@@ -70,23 +89,11 @@ def private_redis_url() -> str:
     tests other workers run beside them."""
     folder = Path(tempfile.mkdtemp(prefix="crowdtally-redis-"))
     port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = start_redis(port, folder, aof=False)
     atexit.register(shutil.rmtree, folder, True)
     atexit.register(proc.wait, 10)
     atexit.register(proc.terminate)
-    url = f"redis://127.0.0.1:{port}/0"
-    with closing(redis.Redis.from_url(url)) as client:
-        for _ in range(200):
-            try:
-                client.ping()
-                return url
-            except redis.ConnectionError:
-                time.sleep(0.01)
-    raise RuntimeError(f"the private redis-server on port {port} did not start")
+    return f"redis://127.0.0.1:{port}/0"
 
 
 def close_after_failover(store: RedisStore) -> None:
@@ -107,9 +114,10 @@ def make_store(kind: str, tmp_path: Path, private: bool = False) -> Store:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     if kind == "cluster":
         return RedisStore(cluster_url(), prefix=prefix, cluster=True)
-    store = RedisStore(private_redis_url() if private else REDIS_URL, prefix=prefix)
+    url = private_redis_url() if private else REDIS_URL
+    store = RedisStore(url, prefix=prefix)
     if not store.ping():
-        pytest.fail(f"Redis is not reachable at {REDIS_URL} (see .ci/run for how to start it)")
+        pytest.fail(f"Redis is not reachable at {url} (see .ci/run for how to start it)")
     return store
 
 

@@ -25,10 +25,10 @@ import pytest
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
-from app.testing import wait_healthy
+from app.testing import free_port, wait_healthy
 from tests.app.test_crash import LABELS
 from tests.app.test_processes import Layout
-from tests.app.test_redis_rollback import RedisWithAof, check_against_replay, free_port
+from tests.app.test_redis_rollback import RedisWithAof, check_against_replay
 
 BLOCK = 500
 

@@ -21,23 +21,8 @@ from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
 from app.testing import free_port, wait_healthy
 from core.nominal import NominalConfig
-from tests.app.conftest import ADMIN
+from tests.app.conftest import ADMIN, start_redis
 from tests.app.test_processes import CLI
-
-
-def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    store = RedisStore(f"redis://127.0.0.1:{port}/0")
-    deadline = time.monotonic() + 10
-    while not store.ping():
-        assert time.monotonic() < deadline, "redis-server did not start"
-        time.sleep(0.05)
-    store.close()
-    return proc
 
 
 def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ Redis started on it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -32,16 +31,11 @@ from app.store.archive import SnapshotDB
 from app.store.base import LogEntry, ProjectRecord
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
+from app.testing import free_port
 from core.nominal import NominalConfig
-from tests.app.test_redis_restart import start_redis
+from tests.app.conftest import start_redis
 
 RECORD = ProjectRecord("p", ("a", "b", "c"), NominalConfig(n_classes=3).to_dict(), 1.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def aof_file(folder: Path) -> Path:
