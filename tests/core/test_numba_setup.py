@@ -5,6 +5,7 @@ that file changes."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from numba.core.registry import CPUDispatcher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,10 +84,6 @@ def test_every_kernel_module_calling_another_file_s_kernels_declares_them() -> N
     """A module of kernels that imports another file's kernel (to call it from its own) names
     it in its ``invalidate_on_change`` call, else its caches would outlive a change of that
     file."""
-    import importlib
-
-    from numba.core.registry import CPUDispatcher
-
     for path in sorted((REPO / "core").glob("*.py")):
         module = importlib.import_module(f"core.{path.stem}")
         if path.stem == "_numba":
