@@ -137,6 +137,12 @@ def _hash(data, lo, hi):  # type: ignore[no-untyped-def]
 _LOW = np.int64(0xFFFFFFFF)
 
 
+# Strings are looked up a batch at a time: a first loop hashes the batch and touches the
+# table slot, id offsets and bytes each string will read (loads independent of one another,
+# so the processor overlaps their cache and TLB misses); the exact loop then finds them warm.
+_BATCH = 64
+
+
 @jit
 def _intern(offsets, data, done, table, ids, text, hashes, n, out):  # type: ignore[no-untyped-def]
     """Codes of the strings ``data[offsets[v]:offsets[v+1]]``, from v = ``done`` on, into
@@ -144,31 +150,57 @@ def _intern(offsets, data, done, table, ids, text, hashes, n, out):  # type: ign
     ``ids``). Stops before a new string that would not fit (``hashes`` full, the table half
     full or ``text`` too short). Returns the count of ids and where it stopped."""
     mask = np.uint64(table.size - 1)
-    for v in range(done, offsets.size - 1):
-        lo, hi = offsets[v], offsets[v + 1]
-        h = _hash(data, lo, hi)
-        tag = np.int64(h >> np.uint64(32)) << np.int64(32)
-        slot = h & mask
-        while True:
-            entry = table[slot]
-            if entry == -1:  # not seen: a new code
-                if n + 1 >= hashes.size or 2 * (n + 1) > table.size or ids[n] + hi - lo > text.size:
-                    return n, v
-                start = ids[n]
-                for k in range(hi - lo):
-                    text[start + k] = data[lo + k]
-                ids[n + 1] = start + hi - lo
-                hashes[n] = h
-                table[slot] = tag | n
-                out[v] = n
-                n += 1
-                break
-            code = entry & _LOW
-            if entry - code == tag and _same(data, lo, hi, text, ids[code], ids[code + 1]):
-                out[v] = code
-                break
-            slot = (slot + np.uint64(1)) & mask
-    return n, offsets.size - 1
+    end = offsets.size - 1
+    batch = np.empty(_BATCH, dtype=np.uint64)
+    for first in range(done, end, _BATCH):
+        last = min(first + _BATCH, end)
+        _warm(offsets, data, first, last, table, ids, text, mask, batch)
+        for v in range(first, last):
+            lo, hi = offsets[v], offsets[v + 1]
+            h = batch[v - first]
+            tag = np.int64(h >> np.uint64(32)) << np.int64(32)
+            slot = h & mask
+            while True:
+                entry = table[slot]
+                if entry == -1:  # not seen: a new code
+                    if (
+                        n + 1 >= hashes.size
+                        or 2 * (n + 1) > table.size
+                        or ids[n] + hi - lo > text.size
+                    ):
+                        return n, v
+                    start = ids[n]
+                    for k in range(hi - lo):
+                        text[start + k] = data[lo + k]
+                    ids[n + 1] = start + hi - lo
+                    hashes[n] = h
+                    table[slot] = tag | n
+                    out[v] = n
+                    n += 1
+                    break
+                code = entry & _LOW
+                if entry - code == tag and _same(data, lo, hi, text, ids[code], ids[code + 1]):
+                    out[v] = code
+                    break
+                slot = (slot + np.uint64(1)) & mask
+    return n, end
+
+
+@jit
+def _warm(offsets, data, first, last, table, ids, text, mask, batch):  # type: ignore[no-untyped-def]
+    """Hash strings ``first``..``last`` into ``batch`` and read what their lookups will: the
+    table entry of each, then the offsets and first byte of the id that entry holds."""
+    touched = 0
+    for v in range(first, last):
+        h = _hash(data, offsets[v], offsets[v + 1])
+        batch[v - first] = h
+        touched += table[h & mask]
+    for v in range(first, last):
+        entry = table[batch[v - first] & mask]
+        if entry != -1:
+            start = ids[entry & _LOW]
+            touched += start + (text[start] if start < text.size else 0)
+    return touched
 
 
 @jit
