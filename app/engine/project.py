@@ -138,6 +138,9 @@ class ProjectEngine:
         elif entry.kind == "refine":
             for _ in range(int(body.get("passes", 1))):
                 self._refine_pass()
+            # The items are served re-predicted, and their next revisit counts from there while
+            # the statistics keep the sweep's own posteriors: a lag that keeps sweeps over one
+            # answer an item out of the MAP's one-class optimum (docs/model.md, eq. 14).
             self._hold_out(self._predict_all(), laplace=False)
             self.refine_due = False
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
