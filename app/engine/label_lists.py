@@ -17,27 +17,27 @@ import orjson
 from core.blocks import IntArray
 from core.itemlabels import ItemLabels, grow
 
+_EMPTY = b"[]"
+
 
 class LabelLists:
     """The encoded label lists of a project's items (dense codes 0..n-1), grown on demand."""
 
     def __init__(self) -> None:
-        self._encoded: list[bytes] = []  # an item's elements, comma-separated, no brackets
+        self._encoded: list[bytes] = []  # an item's list, as JSON
         self._count = np.zeros(0, dtype=np.int64)  # labels encoded per item
 
-    def of(
-        self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]
-    ) -> list[orjson.Fragment]:
-        """The label list of each item in ``codes``, as JSON ready to embed."""
+    def of(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> list[bytes]:
+        """The label list of each item in ``codes``, as JSON (an array each)."""
         self._make_room(int(codes.max()) + 1 if codes.size else 0)
         self._encode_new(codes, labels, workers)
         encoded = self._encoded
-        return [orjson.Fragment(b"[" + encoded[i] + b"]") for i in codes.tolist()]
+        return [encoded[i] for i in codes.tolist()]
 
     def _make_room(self, n_items: int) -> None:
         if n_items > self._count.size:
             self._count = grow(self._count, max(n_items, 2 * self._count.size), 0)
-            self._encoded.extend([b""] * (self._count.size - len(self._encoded)))
+            self._encoded.extend([_EMPTY] * (self._count.size - len(self._encoded)))
 
     def _encode_new(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> None:
         done = self._count[codes]
@@ -62,6 +62,11 @@ class LabelLists:
         bounds = np.concatenate(([0], np.cumsum(sizes - done))).tolist()
         encoded = self._encoded
         for n, i in enumerate(items.tolist()):
-            tail = orjson.dumps(rows[bounds[n] : bounds[n + 1]])[1:-1]
-            encoded[i] = encoded[i] + b"," + tail if encoded[i] else tail
+            tail = orjson.dumps(rows[bounds[n] : bounds[n + 1]])
+            # (a copy: orjson's own output sits in a buffer of at least 4 KiB)
+            encoded[i] = (
+                bytes(memoryview(tail))
+                if encoded[i] == _EMPTY
+                else encoded[i][:-1] + b"," + tail[1:]
+            )
         self._count[items] = labels.count[items]

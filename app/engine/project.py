@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
+from app.engine.item_json import items_json
 from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
@@ -560,32 +561,12 @@ class ProjectEngine:
             np.eye(self.K)[np.maximum(gold, 0)],
             self.shown(codes) if shown is None else shown,
         )
-        corrections = self.held_out[codes]
-        held = np.any(corrections != 0.0, axis=1).tolist()
-        held_out = [c if h else None for c, h in zip(corrections.tolist(), held, strict=True)]
+        rendered = items_json(
+            posterior, self.b[codes], label_lists, gold, self.held_out[codes],
+            self.position, self.computed_at,
+        )  # fmt: skip
         names = self.items.names
-        return {
-            names[i]: orjson.dumps(
-                {
-                    "posterior": p,
-                    "clarity": c,
-                    "labels": labels,
-                    "gold": g if g >= 0 else None,
-                    "held_out": h,
-                    "position": self.position,
-                    "computed_at": self.computed_at,
-                }
-            )
-            for i, g, p, c, labels, h in zip(
-                codes.tolist(),
-                gold.tolist(),
-                posterior.tolist(),
-                self.b[codes].tolist(),
-                label_lists,
-                held_out,
-                strict=True,
-            )
-        }
+        return dict(zip([names[i] for i in codes.tolist()], rendered, strict=True))
 
     def item_json(self, i: int) -> bytes:
         return self.items_json(np.array([i], dtype=np.int64))[self.items.names[i]]

@@ -1,0 +1,64 @@
+"""Served items' JSON built a column at a time is byte for byte what orjson gives per item."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from app.engine.item_json import items_json
+
+FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+def one_by_one(
+    posterior: np.ndarray, clarity: np.ndarray, labels: list[bytes], gold: np.ndarray,
+    held_out: np.ndarray, position: int, computed_at: float,
+) -> list[bytes]:  # fmt: skip
+    """The reference: a dict per item through orjson."""
+    return [
+        orjson.dumps(
+            {
+                "posterior": p.tolist(),
+                "clarity": c,
+                "labels": orjson.Fragment(lab),
+                "gold": g if g >= 0 else None,
+                "held_out": h.tolist() if np.any(h != 0.0) else None,
+                "position": position,
+                "computed_at": computed_at,
+            }
+        )
+        for p, c, lab, g, h in zip(
+            posterior, clarity.tolist(), labels, gold.tolist(), held_out, strict=True
+        )
+    ]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda k: st.integers(0, 12).flatmap(
+            lambda n: st.tuples(
+                hnp.arrays(np.float64, (n, k), elements=FLOATS),
+                hnp.arrays(np.float64, n, elements=FLOATS),
+                hnp.arrays(np.int64, n, elements=st.integers(-1, k - 1)),
+                hnp.arrays(np.float64, (n, k), elements=st.sampled_from([0.0, -0.0, 0.25, 1e-9])),
+                st.lists(st.text(max_size=4), min_size=n, max_size=n),
+            )
+        )
+    ),
+    st.integers(0, 2**40),
+    FLOATS,
+)
+def test_items_json_is_orjsons_per_item(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]],
+    position: int,
+    computed_at: float,
+) -> None:
+    posterior, clarity, gold, held_out, workers = arrays
+    labels = [orjson.dumps([[w, 0, 1.0]]) for w in workers]  # any JSON array, ids with ],[
+    got = items_json(posterior, clarity, labels, gold, held_out, position, computed_at)
+    want = one_by_one(posterior, clarity, labels, gold, held_out, position, computed_at)
+    assert got == want
