@@ -222,6 +222,8 @@ def extract(
     print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
     calibrated = None  # the calibration of the posteriors reported (none with --raw)
     if batch:
+        if (warning := job.one_answer_warning(encoded)) is not None:
+            print(warning, file=sys.stderr)
         fit = job.run_batch(encoded, config, out)
         slot_params = job.slot_params_from_batch(fit.params, encoded, config)
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"

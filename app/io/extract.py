@@ -394,6 +394,20 @@ class BatchRun:
         )
 
 
+def one_answer_warning(data: Encoded) -> str | None:
+    """A warning when most items have one answer: batch EM's optimum can then put every item
+    in one class (docs/model.md, "A limit: batch EM on one answer per item")."""
+    counts = np.bincount(data.items, minlength=data.n_items)
+    answered = counts[counts > 0]
+    share = float(np.mean(answered == 1)) if answered.size else 0.0
+    if share <= 0.5:
+        return None
+    return (
+        f"warning: {share:.0%} of the items have one answer; there batch EM can put every "
+        'item in one class (docs/model.md, "A limit"): compare with online mode (no --batch)'
+    )
+
+
 def run_batch(data: Encoded, config: NominalConfig, out: TextIO) -> BatchRun:
     """Batch EM with exact workers, printing F at doubling iterations."""
     blocks = exact_blocks(data)

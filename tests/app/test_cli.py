@@ -153,6 +153,7 @@ def test_batch_reports_its_agreement_with_one_online_pass(dog: Path, tmp_path: P
     full, thin = (extract(f, "--batch", "--n-labels", "4") for f in (dog / "answers.csv", first))
     assert full.returncode == 0 and thin.returncode == 0, full.stderr + thin.stderr
     assert _agreement(full.stdout) > 90.0 and _agreement(thin.stdout) < 50.0
+    assert "100% of the items have one answer" in thin.stderr and "warning" not in full.stderr
     assert "agree" not in extract(dog / "answers.csv", "--batch", "--raw").stdout
 
 
