@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     10,000 labels of up to 2 KiB each."""
     max_lag_s: float = Field(5.0, ge=0)
     """Most seconds the oldest log entry of a project may wait for the engine (or the entries
-    waiting would take at its recent pace) before ``POST .../labels`` and ``.../gold``
+    waiting and one of its steps would take at its recent pace) before ``POST .../labels`` and ``.../gold``
     answer 429 ``engine_behind`` (appending nothing); 0 disables the check."""
     wait_timeout_s: float = 30.0
     """How long ``wait=true`` waits for the engine before answering 504."""

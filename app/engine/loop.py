@@ -156,6 +156,10 @@ class EngineLoop:
         self._entry_s: dict[str, float] = {}
         """Seconds per entry applied (and its state written), a moving average of steps of
         label entries: the pace push-back projects the backlog's wait from (``_pace``)."""
+        self._step_s: dict[str, float] = {}
+        """Seconds per step of label entries, from its first entry applied to its end (the
+        dyadic model's learning and a snapshot included), a moving average: a new entry waits
+        for the step under way and then for the one it joins (``Store.lag``)."""
         self._dyadic_s: dict[str, float] = {}
         """The dyadic model's recent seconds per label learned, per project."""
         self._served: dict[str, int] = {}
@@ -549,6 +553,7 @@ class EngineLoop:
                 self.dyadic_learned += before - eng.dyadic_backlog
             return len(entries)
         update.entry_s = self._entry_s.get(name)  # (this step's pace goes with the next write)
+        update.step_s = self._step_s.get(name)
         self.store.write_state(name, update)
         self._served[name] = eng.position
         if all(e.kind == "labels" for e in entries):
@@ -558,6 +563,8 @@ class EngineLoop:
             self._write_dyadic(name, eng, anchor, limit)
         if snap is not None and not self._dyadic_waits(eng):
             snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
+        if all(e.kind == "labels" for e in entries):
+            _smooth(self._step_s, name, time.perf_counter() - started)
         return len(entries)
 
     def _pace(self, name: str, started: float, entries: int, labels: int) -> None:
@@ -600,7 +607,7 @@ class EngineLoop:
             _smooth(self._dyadic_s, name, (time.perf_counter() - started) / learned)
         self.dyadic_learned += learned
         update.anchor, update.served, update.fence = anchor, eng.position, self._leases.get(name)
-        update.entry_s = self._entry_s.get(name)
+        update.entry_s, update.step_s = self._entry_s.get(name), self._step_s.get(name)
         self.store.write_state(name, update)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

@@ -172,6 +172,10 @@ class StateUpdate:
     entry_s: float | None = None
     """The engine's recent seconds per log entry applied (push-back projects the wait of the
     entries not applied yet from it). None: unchanged."""
+    step_s: float | None = None
+    """The engine's recent seconds per step of label entries: an entry appended now is served
+    at the end of the step after the one under way, which holds the entries appended meanwhile
+    (push-back adds it to the projected wait while entries wait). None: unchanged."""
     advance: bool = True
     """The write moves the applied position to ``position``. False: a write of the dyadic
     model's rows alone, after the posteriors of the same position were written (its own

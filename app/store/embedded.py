@@ -57,15 +57,17 @@ class _ProjectState:
         """(position, time.monotonic() at append) of the entries appended since start and not
         applied yet, oldest first: what ``lag`` reads."""
         self.entry_s = 0.0  # the engine's recent seconds per entry (StateUpdate.entry_s)
+        self.step_s = 0.0  # and per step of label entries (StateUpdate.step_s)
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
 
     def lag(self, now: float) -> float:
         """Seconds the oldest entry past ``applied`` has waited (0: none, or one found in the
         log at start, whose append time is not known), or the seconds the engine will take to
-        apply the entries waiting at its recent pace, whichever is longer."""
+        apply the entries waiting at its recent pace plus one of its recent steps (a new entry
+        also waits for the step it joins), whichever is longer."""
         if self.applied >= self.log_end:
             return 0.0
-        projected = (self.log_end - self.applied) * self.entry_s
+        projected = (self.log_end - self.applied) * self.entry_s + self.step_s
         if not self.pending:
             return projected
         position, at = self.pending[0]
@@ -374,6 +376,8 @@ class EmbeddedStore:
                 st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
             if update.entry_s is not None:
                 st.entry_s = update.entry_s
+            if update.step_s is not None:
+                st.step_s = update.step_s
             if update.advance:
                 st.applied_up_to(update.position)
                 if st.applied >= st.restoring:

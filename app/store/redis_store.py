@@ -39,8 +39,9 @@ from app.store.base import (
 # The lag (ms) of a project, as a Lua function of the log stream, its served state, its
 # sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
 # has waited, from its append time (field 't'; 0 when it has none: put back by a restore), or
-# the entries past it times the engine's recent ms per entry (the state's entry_ms), whichever
-# is longer; 0 when no entry waits.
+# the entries past it times the engine's recent ms per entry (the state's entry_ms) plus its
+# recent ms per step (step_ms: a new entry also waits for the step it joins), whichever is
+# longer; 0 when no entry waits.
 _LAG_FN = """
 local function lag_ms(log, state, seq, now)
   local applied = tonumber(redis.call('HGET', state, 'applied') or '0')
@@ -52,8 +53,9 @@ local function lag_ms(log, state, seq, now)
     if f[i] == 't' then age = math.max(now - tonumber(f[i + 1]), 0) end
   end
   local per_entry = tonumber(redis.call('HGET', state, 'entry_ms') or '0')
+  local step = tonumber(redis.call('HGET', state, 'step_ms') or '0')
   local waiting = tonumber(redis.call('GET', seq) or '0') - applied
-  return math.max(age, math.floor(waiting * per_entry))
+  return math.max(age, math.floor(waiting * per_entry + step))
 end
 local clock = redis.call('TIME')
 local stamp = clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
@@ -62,7 +64,7 @@ local now = tonumber(stamp)
 
 # KEYS: log stream, served state, sequence. The lag in ms: how long the oldest entry not applied
 # has waited, or the time the engine will take to apply those waiting at its recent pace (the
-# state's entry_ms), whichever is longer.
+# state's entry_ms and step_ms), whichever is longer.
 _LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], KEYS[3], now)\n"
 
 # KEYS: ids set, log stream, sequence, served state. ARGV: kind, payload, with ids, token, the
@@ -761,6 +763,8 @@ class RedisStore:
                     pipe.hset(self._k(project, what), mapping={str(s): b for s, b in rows.items()})
         if update.entry_s is not None:
             pipe.hset(state, "entry_ms", f"{1000 * update.entry_s:.3f}")
+        if update.step_s is not None:
+            pipe.hset(state, "step_ms", f"{1000 * update.step_s:.3f}")
         if update.advance:
             pipe.hset(state, "applied", update.position)
             pipe.execute_command(

@@ -276,6 +276,25 @@ def test_lag_counts_the_wait_the_engine_s_pace_projects(store: Store) -> None:
     assert store.lag_seconds("p") == 0
 
 
+def test_lag_adds_the_engine_s_step_while_entries_wait(store: Store) -> None:
+    """An entry appended now waits for the step under way and then for the step it joins,
+    which holds the entries appended meanwhile: the projected wait adds the engine's recent
+    step (``step_s``) while entries wait, and none once it has applied them all."""
+    store.create_project(project())
+    for n in range(3):
+        store.append("p", "labels", orjson.dumps({"n": n}), None)
+    store.write_state("p", StateUpdate(1, b"g", entry_s=0.5, step_s=2.0))
+    assert store.lag_seconds("p") == pytest.approx(3.0, abs=0.05)  # 2 x 0.5 s, then 2 s
+    taken = 0
+    with pytest.raises(EngineBehindError):
+        for n in range(20):
+            store.append("p", "labels", orjson.dumps({"n": n}), None, max_lag_s=4.5)
+            taken += 1
+    assert taken == 4  # while 2-5 waiting + the step project at most 4.5 s (without it: 8)
+    store.write_state("p", StateUpdate(store.log_end("p"), b"g"))  # (pace and step kept)
+    assert store.lag_seconds("p") == 0
+
+
 def test_an_append_ends_the_idle_engine_s_wait(store: Store) -> None:
     """The engine, idle, waits on the store: an append (from any thread or process) ends the
     wait at once; without one it lasts its timeout."""
