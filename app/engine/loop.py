@@ -556,14 +556,15 @@ class EngineLoop:
         update.step_s = self._step_s.get(name)
         self.store.write_state(name, update)
         self._served[name] = eng.position
-        if all(e.kind == "labels" for e in entries):
+        labels_only = all(e.kind == "labels" for e in entries)  # (the steps the paces follow)
+        if labels_only:
             self._pace(name, started, len(entries), eng.labels.n_labels - labels_before)
         limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
         if limit is not None:  # counts: the posteriors of the entries waiting go first)
             self._write_dyadic(name, eng, anchor, limit)
         if snap is not None and not self._dyadic_waits(eng):
             snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
-        if all(e.kind == "labels" for e in entries):
+        if labels_only:
             _smooth(self._step_s, name, time.perf_counter() - started)
         return len(entries)
 
