@@ -20,7 +20,8 @@ Peers: ``fixed3`` and ``fixed5`` (round robin up to 3 or 5 answers an item, then
 campaign stops: what requesters do today); ``opt_kg``, the optimistic knowledge gradient of
 Chen, Lin & Zhou (ICML 2013), on Dirichlet vote counts; on synthetic crowds ``oracle``, the
 default policy's ranking on the exact posterior under the true parameters. Registered, not
-run by default: ``voi_worker``, ``entropy_worker``, ``least_confident`` and ``hmin``.
+run by default: ``voi_worker``, ``entropy_worker``, ``least_confident``, ``hmin`` and
+``clairvoyant`` (a ceiling that reads the gold: the items the last checkpoint got wrong first).
 
 The yardstick is batch EM on *all* the answers; "labels needed" counts every label up to
 the checkpoint after which accuracy stays within 0.5 point of it. Writes bench/out/active.png
@@ -210,6 +211,7 @@ class Campaign:
         blocks = LabelBlocks.group(cw.item[idx], cw.worker[idx], cw.label[idx],
                                    np.ones(idx.size), n_blocks=cw.n_items)  # fmt: skip
         fit = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0]
+        self.cache["measured_labels"] = fit.labels  # what ``clairvoyant`` reads
         has = cw.gold >= 0
         return float(np.mean(fit.labels[has] == cw.gold[has]))
 
@@ -320,6 +322,17 @@ def oracle(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
     return _pick(c, acq.priority(DEFAULT_POLICY, q, c.revealed, C), n), None  # type: ignore[arg-type]
 
 
+def clairvoyant(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
+    """A ceiling, not a policy: it reads the gold. The items the last checkpoint's batch EM
+    got wrong first, then the items without gold, then those it got right; fewest answers
+    first within each. What a campaign could save if it knew where its mistakes are."""
+    cw = c.crowd
+    labels = c.cache["measured_labels"]  # every campaign is measured before its first pick
+    has = cw.gold >= 0
+    tier = np.where(has & (labels != cw.gold), 2.0, np.where(has, 0.0, 1.0))
+    return _pick(c, tier - c.revealed / (cw.n_answers + 1.0), n), None
+
+
 def least_confident(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
     """Largest chance that the most likely label is wrong (eq. A1), on the served posterior."""
     return _pick(c, acq.error_probability(c.served()), n), None
@@ -405,6 +418,7 @@ POLICIES: dict[str, Policy] = {
     "fixed5": Policy(fixed(5), redundancy=5),
     "opt_kg": Policy(opt_kg),
     "oracle": Policy(oracle, synthetic_only=True),
+    "clairvoyant": Policy(clairvoyant),
     "least_confident": Policy(least_confident),
     "voi_worker": Policy(voi_worker),
     "entropy_worker": Policy(entropy_worker, queue="entropy"),

@@ -10,6 +10,7 @@ from bench.active import (
     Campaign,
     Curve,
     _prob_largest,
+    clairvoyant,
     hmin,
     load_crowd,
     main,
@@ -60,6 +61,19 @@ def test_opt_kg_asks_first_where_one_answer_could_swing_the_vote() -> None:
     n = c.crowd.n_items
     ranked, _ = opt_kg(c, n)
     assert ranked[0] == 7 and ranked[-1] == 9 and ranked.size == n
+
+
+def test_the_clairvoyant_ceiling_asks_first_where_the_last_checkpoint_was_wrong() -> None:
+    crowd = load_crowd("temp")
+    c = Campaign.start_from(crowd, 0)
+    c.measure()
+    wrong = np.flatnonzero(c.cache["measured_labels"] != crowd.gold)
+    assert 0 < wrong.size < crowd.n_items
+    c.revealed[wrong[0]] += 1  # among the wrong items, the fewest answers first
+    ranked, _ = clairvoyant(c, crowd.n_items)
+    assert set(ranked[: wrong.size].tolist()) == set(wrong.tolist())
+    assert ranked[wrong.size - 1] == wrong[0]
+    assert ranked.size == crowd.n_items
 
 
 def test_fixed_redundancy_stops_at_r_answers_an_item() -> None:
