@@ -96,6 +96,19 @@ class ProjectCreate(Strict):
         return v
 
 
+class RefitReport(BaseModel):
+    position: int = Field(description="The log position of the refit.")
+    adopted: bool = Field(
+        description="Whether batch EM's fit replaced the served model. A refit whose labels "
+        "agree with the served ones on fewer than 85% of the items is declined and the served "
+        "model kept: the two part ways where answers are too few for batch EM's optimum, as "
+        "with one or two answers an item."
+    )
+    agreement: float = Field(
+        description="The share of the answered items on which the refit's label is the served one."
+    )
+
+
 class ProjectStats(BaseModel):
     log_end: int
     applied: int
@@ -112,6 +125,7 @@ class ProjectStats(BaseModel):
         "posteriors come first, so it may be behind `applied` for a moment, or longer under "
         "heavy load.",
     )
+    last_refit: RefitReport | None = Field(None, description="The last refit, if any.")
 
 
 class Project(BaseModel):

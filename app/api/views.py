@@ -19,6 +19,7 @@ from app.api.schemas import (
     ItemLabel,
     ProjectStats,
     QueueItem,
+    RefitReport,
     Worker,
 )
 from app.engine.dyadic import DyadicSettings
@@ -76,6 +77,7 @@ def project_view(
             n_labels=g.n_labels,
             dyadic_passes=g.dyadic_examples / g.n_labels if dyadic and g.n_labels else None,
             dyadic_position=(g.dyadic_position or 0) if dyadic else None,
+            last_refit=RefitReport(**g.last_refit) if g.last_refit else None,
         ),
     }
 

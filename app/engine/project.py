@@ -41,6 +41,10 @@ from core.nominal import NominalParams, sums_size
 from core.online import BlockResult, OnlineEM, statistics_from
 from core.served import calibration, held_out_corrections, held_out_posteriors
 
+# A refit whose labels agree with the served ones on fewer items than this is declined: where
+# answers are too few for batch EM's optimum (docs/model.md, "A limit"), the two part ways.
+REFIT_MIN_AGREEMENT = 0.85
+
 _NO_BLOCKS = LabelBlocks(
     np.zeros(1, dtype=np.int64),
     np.zeros(0, dtype=np.int64),
@@ -113,6 +117,7 @@ class ProjectEngine:
         self.queue_settings = QueueSettings()
         self.progress = Progress()
         self.em_iterations = 0  # batch EM iterations run by refits (a metric)
+        self.last_refit: dict[str, object] | None = None  # the last refit's report (RefitReport)
         self.refine_due = False  # labels or gold applied since the last refinement sweep
         self._queue_all = True
         self._budget_spent = False
@@ -148,7 +153,7 @@ class ProjectEngine:
             if self.dyadic is not None:
                 self.dyadic.sweep(self.labels)
         elif entry.kind == "refit":
-            self._refit()
+            self._refit(entry.position)
         elif entry.kind == "items":  # registered before any label: they enter the queue
             codes, new = self.items.encode([str(x) for x in body["items"]])
             self._grow_items(len(new))
@@ -288,8 +293,10 @@ class ProjectEngine:
         scored without its own pull on its workers' rows since the last sweep (eq. 26)."""
         return held_out_posteriors(self.q[codes], self.held_out[codes])
 
-    def _refit(self) -> None:
-        """Batch EM over every stored label (exact workers), mapped into the hashed slots."""
+    def _refit(self, position: int) -> None:
+        """Batch EM over every stored label (exact workers), mapped into the hashed slots;
+        declined, the served model kept, when its labels agree with the served ones on fewer
+        than REFIT_MIN_AGREEMENT of the items (docs/model.md, "A limit")."""
         n, nw = self.items_count, len(self.workers.names)
         if n == 0:
             return
@@ -297,6 +304,14 @@ class ProjectEngine:
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
+        answered = self.weight[:n] > 0
+        served = self.shown(np.arange(n, dtype=np.int64)).argmax(axis=1)
+        same = served[answered] == fitted.labels[answered]
+        agreement = float(same.mean()) if same.size else 1.0
+        adopted = agreement >= REFIT_MIN_AGREEMENT
+        self.last_refit = {"position": position, "adopted": adopted, "agreement": agreement}
+        if not adopted:
+            return
         counts = self.worker_labels[:nw].astype(np.float64)
         step = float(self.online.params.scalars[1])
         capacity = self.slot_of_row.size
@@ -539,6 +554,7 @@ class ProjectEngine:
                 "n_workers": len(self.workers.names),
                 "n_labels": self.labels.n_labels,
                 "em_iterations": self.em_iterations,
+                "last_refit": self.last_refit,
                 "calibration": self.calibration.to_dict(),
                 "evidence": (p.evidence if p.evidence is not None else np.zeros(0)).tolist(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,

@@ -53,6 +53,8 @@ class Capture:
     the log that holds that entry."""
     refine_due: bool = False
     """Labels or gold applied since the last refinement sweep."""
+    last_refit: dict[str, Any] | None = None
+    """The last refit's report (``ProjectEngine.last_refit``)."""
 
     @property
     def n_labels(self) -> int:
@@ -95,7 +97,7 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
-        eng.record.created_at, 1 if token is None else token, eng.refine_due,
+        eng.record.created_at, 1 if token is None else token, eng.refine_due, eng.last_refit,
     )  # fmt: skip
 
 
@@ -109,6 +111,7 @@ def encode(cap: Capture) -> bytes:
             "created_at": cap.created_at,
             "token": cap.token,
             "refine_due": cap.refine_due,
+            "last_refit": cap.last_refit,
         }
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
@@ -178,6 +181,7 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     eng.queue_settings = QueueSettings(**names["queue"])
     # (older snapshots: not recorded; a sweep is then due once, if there are labels)
     eng.refine_due = bool(names.get("refine_due", eng.labels.n_labels > 0))
+    eng.last_refit = names.get("last_refit")  # (older snapshots: not recorded)
     return eng
 
 

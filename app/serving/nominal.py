@@ -45,6 +45,9 @@ class Globals:
     """The campaign's progress under the stopping rule (``app.engine.queue.Progress``)."""
     dyadic_position: int | None = None
     """The log position the dyadic model has learned up to (None: no dyadic model)."""
+    last_refit: dict[str, Any] | None = None
+    """The last refit's position, agreement with the served labels, and whether it was
+    adopted (``ProjectEngine._refit``); None before the first."""
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
@@ -66,6 +69,7 @@ class Globals:
             np.asarray(d["evidence"]) if d.get("evidence") else None,
             d.get("queue"),
             d.get("dyadic_position"),
+            d.get("last_refit"),
         )
 
 

@@ -74,6 +74,7 @@ def test_user_loop_post_then_read(client: TestClient) -> None:
         "n_labels": 40,
         "dyadic_passes": 1.0,  # each label learned once: idle sweeps are off in these tests
         "dyadic_position": 1,
+        "last_refit": None,  # no refit asked for
     }
 
 
@@ -177,6 +178,9 @@ def test_refit(client: TestClient) -> None:
         if x.startswith("crowdtally_batch_em_iterations_total")
     )
     assert float(line.split()[-1]) >= 2  # the refit's EM iterations are counted
+    stats = client.get("/v1/projects/census", headers=key).json()["stats"]
+    assert stats["last_refit"]["position"] == 2 and stats["last_refit"]["adopted"]
+    assert 0.85 <= stats["last_refit"]["agreement"] <= 1.0
 
 
 def test_project_admin(client: TestClient) -> None:

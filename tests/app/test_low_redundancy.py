@@ -3,7 +3,8 @@
 With one answer an item's likelihood sees the parameters only through each worker's answer
 frequencies, and the MAP puts every item in one class (docs/model.md, "A limit"): batch EM goes
 there. The engine's sweeps must not walk the served model there (docs/model.md, eq. 14: after
-a sweep the next revisits count from the re-predicted posteriors).
+a sweep the next revisits count from the re-predicted posteriors), and a refit that would is
+declined.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class OneAnswerEach:
             data.classes,
         )
 
+    def engine(self, name: str) -> ProjectEngine:
+        config = NominalConfig(n_classes=len(self.classes))
+        eng = ProjectEngine(ProjectRecord(name, self.classes, config.to_dict(), 0.0))
+        eng.apply(self.entry())
+        return eng
+
     def entry(self) -> LogEntry:
         body = {"items": self.items, "workers": self.workers, "labels": self.labels.tolist()}
         return LogEntry(1, "labels", orjson.dumps({**body, "weights": None}), b"")
@@ -59,9 +66,7 @@ def test_one_answer_per_item_is_served_as_answered_through_quiet_spells(
     datasets_root: Path, name: str
 ) -> None:
     crowd = OneAnswerEach.of(datasets_root / name)
-    config = NominalConfig(n_classes=len(crowd.classes))
-    eng = ProjectEngine(ProjectRecord(name, crowd.classes, config.to_dict(), 0.0))
-    eng.apply(crowd.entry())
+    eng = crowd.engine(name)
     for position in range(2, QUIET_SPELLS + 2):
         eng.apply(LogEntry(position, "refine", orjson.dumps({"passes": PASSES}), b""))
     codes, _ = eng.items.encode(crowd.items)
@@ -72,3 +77,33 @@ def test_one_answer_per_item_is_served_as_answered_through_quiet_spells(
     accuracy = float(np.mean(served[scored] == gold[scored]))
     assert accuracy >= as_answered - 0.02, (name, accuracy, as_answered)
     assert np.mean(served == answers) >= 0.95  # the answers themselves, not one class
+
+
+def test_a_refit_that_would_put_every_item_in_one_class_is_declined(datasets_root: Path) -> None:
+    crowd = OneAnswerEach.of(datasets_root / "dog")
+    eng = crowd.engine("dog")
+    eng.apply(LogEntry(2, "refine", orjson.dumps({"passes": PASSES}), b""))
+    codes, _ = eng.items.encode(crowd.items)
+    before = eng.shown(codes).copy()
+    eng.apply(LogEntry(3, "refit", b"{}", b""))
+    report = eng.last_refit
+    assert report is not None and report["position"] == 3 and not report["adopted"]
+    assert float(report["agreement"]) < 0.5  # (batch EM alone: 28.7% right, the answers 71.0%)
+    assert np.array_equal(eng.shown(codes), before)
+    assert orjson.loads(eng.globals_json())["last_refit"] == report
+
+
+def test_a_refit_on_every_answer_is_adopted(datasets_root: Path) -> None:
+    data, _ = load_labelled(datasets_root / "dog")
+    body = {
+        "items": data.item_ids[data.items].tolist(),
+        "workers": data.worker_ids[data.workers].tolist(),
+        "labels": data.labels.tolist(),
+        "weights": None,
+    }
+    config = NominalConfig(n_classes=len(data.classes))
+    eng = ProjectEngine(ProjectRecord("dog", data.classes, config.to_dict(), 0.0))
+    eng.apply(LogEntry(1, "labels", orjson.dumps(body), b""))
+    eng.apply(LogEntry(2, "refit", b"{}", b""))
+    assert eng.last_refit is not None and eng.last_refit["adopted"]
+    assert float(eng.last_refit["agreement"]) > 0.95

@@ -38,7 +38,7 @@ from tests.conftest import Synthetic
 
 
 def same_state(a: ProjectEngine, b: ProjectEngine) -> None:
-    assert a.position == b.position
+    assert a.position == b.position and a.last_refit == b.last_refit
     assert a.model.params.equals(b.model.params)
     n = a.items_count
     assert a.items.names == b.items.names and a.workers.names == b.workers.names
@@ -59,17 +59,19 @@ def test_snapshot_round_trip_then_replay_is_bit_identical(synthetic: Synthetic) 
     entries = [
         *entries[:3],
         LogEntry(4, "gold", gold),
-        *(LogEntry(e.position + 1, e.kind, e.payload) for e in entries[3:]),
+        LogEntry(5, "refit", b"{}"),
+        *(LogEntry(e.position + 2, e.kind, e.payload) for e in entries[3:]),
     ]
     full = ProjectEngine(RECORD)
     for e in entries:
         full.apply(e)
     half = ProjectEngine(RECORD)
-    for e in entries[:4]:
+    for e in entries[:5]:
         half.apply(e)
+    assert half.last_refit is not None and half.last_refit["position"] == 5
     resumed = restore(RECORD, encode(capture(half)))
     same_state(half, resumed)
-    for e in entries[4:]:
+    for e in entries[5:]:
         resumed.apply(e)
     same_state(full, resumed)
 

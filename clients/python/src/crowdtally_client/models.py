@@ -34,6 +34,15 @@ class Gold(BaseModel):
     label: str
 
 
+class RefitReport(_Answer):
+    """The last refit: its log position, whether batch EM's fit replaced the served model
+    (declined when the two agree on fewer than 85% of the items), and that agreement."""
+
+    position: int
+    adopted: bool
+    agreement: float
+
+
 class ProjectStats(_Answer):
     log_end: int
     applied: int
@@ -47,6 +56,7 @@ class ProjectStats(_Answer):
         description="The log position the predictions' model has learned up to (it follows "
         "the posteriors: ``applied``).",
     )
+    last_refit: RefitReport | None = None
 
 
 class Project(_Answer):
