@@ -11,8 +11,9 @@ campaign s of every other.
 The model is the service's own engine (``app.engine.project.ProjectEngine``), fed the
 entries the service would log: each step's answers as a ``labels`` entry and a ``refine``
 sweep every ``--refresh`` steps (the engine's idle sweep). At every checkpoint
-(``--checkpoint`` of the answers) batch EM on the revealed answers, outside the engine, gives
-the curve's accuracy on the gold items. The service's policies (voi,
+(``--checkpoint`` of the answers) what a refit would serve gives the curve's accuracy on the gold
+items: batch EM on the revealed answers, outside the engine, or the engine's served model where
+the service would decline that fit (its labels too far from the served ones). The service's policies (voi,
 uncertainty, entropy, margin, uniform) rank items by the queue the engine writes to the
 store, read back in the store's order (score, then arrival): the ranking the service serves.
 
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.engine.project import ProjectEngine
+from app.engine.project import REFIT_MIN_AGREEMENT, ProjectEngine, refit_agreement
 from app.engine.queue import arrival_of
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
@@ -203,17 +204,21 @@ class Campaign:
         self.log("refine", {"passes": REFINE_PASSES})
 
     def measure(self) -> float:
-        """Batch EM on the revealed answers (exact workers): its accuracy on the gold items.
-        The engine does not see it: the policies rank on what the service serves without a
-        requested refit (batch EM on mostly single-answer items collapses, docs/active.md)."""
+        """What the service serves after a refit (``POST .../refit``): batch EM on the revealed
+        answers (exact workers), or the served model where the service declines that fit
+        (``app.engine.project.refit_agreement``); its accuracy on the gold items. The engine
+        does not see it: the policies rank on what the service serves without a refit."""
         cw = self.crowd
         idx, _ = self.revealed_answers()
         blocks = LabelBlocks.group(cw.item[idx], cw.worker[idx], cw.label[idx],
                                    np.ones(idx.size), n_blocks=cw.n_items)  # fmt: skip
-        fit = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0]
-        self.cache["measured_labels"] = fit.labels  # what ``clairvoyant`` reads
+        labels = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0].labels
+        served = self.engine.shown(self.code).argmax(axis=1)
+        if refit_agreement(served, labels, self.revealed > 0) < REFIT_MIN_AGREEMENT:
+            labels = served
+        self.cache["measured_labels"] = labels  # what ``clairvoyant`` reads
         has = cw.gold >= 0
-        return float(np.mean(fit.labels[has] == cw.gold[has]))
+        return float(np.mean(labels[has] == cw.gold[has]))
 
     def oracle(self) -> FloatArray:
         """The exact posterior of the revealed answers under the true parameters."""

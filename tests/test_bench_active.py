@@ -76,6 +76,16 @@ def test_the_clairvoyant_ceiling_asks_first_where_the_last_checkpoint_was_wrong(
     assert ranked.size == crowd.n_items
 
 
+def test_a_checkpoint_measures_what_a_refit_would_serve() -> None:
+    """With one answer an item the service declines batch EM's one-class fit (docs/model.md,
+    "A limit"), so the checkpoint reads the served model, as a requester would."""
+    crowd = load_crowd("dog")
+    c = Campaign.start_from(crowd, 0)  # every item's first answer
+    served = c.engine.shown(c.code).argmax(axis=1)
+    assert c.measure() == float(np.mean(served == crowd.gold)) > 0.6
+    assert np.array_equal(c.cache["measured_labels"], served)
+
+
 def test_fixed_redundancy_stops_at_r_answers_an_item() -> None:
     crowd = load_crowd("temp")
     c3 = replay(crowd, "fixed3", 0, 0.05, 0.05, 10)

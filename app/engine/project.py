@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
@@ -44,6 +45,14 @@ from core.served import calibration, held_out_corrections, held_out_posteriors
 # A refit whose labels agree with the served ones on fewer items than this is declined: where
 # answers are too few for batch EM's optimum (docs/model.md, "A limit"), the two part ways.
 REFIT_MIN_AGREEMENT = 0.85
+
+
+def refit_agreement(served: IntArray, fitted: IntArray, answered: npt.NDArray[np.bool_]) -> float:
+    """The share of the ``answered`` items whose refit label (``fitted``) is the served one
+    (1 when none is answered): a refit below REFIT_MIN_AGREEMENT is declined."""
+    same = served[answered] == fitted[answered]
+    return float(same.mean()) if same.size else 1.0
+
 
 _NO_BLOCKS = LabelBlocks(
     np.zeros(1, dtype=np.int64),
@@ -304,10 +313,8 @@ class ProjectEngine:
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
-        answered = self.weight[:n] > 0
         served = self.shown(np.arange(n, dtype=np.int64)).argmax(axis=1)
-        same = served[answered] == fitted.labels[answered]
-        agreement = float(same.mean()) if same.size else 1.0
+        agreement = refit_agreement(served, fitted.labels, self.weight[:n] > 0)
         adopted = agreement >= REFIT_MIN_AGREEMENT
         self.last_refit = {"position": position, "adopted": adopted, "agreement": agreement}
         if not adopted:
