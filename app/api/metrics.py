@@ -99,6 +99,12 @@ class _StoreCollector(Collector):
             "Batch EM iterations run by refits",
             labels=["project"],
         )
+        refit = GaugeMetricFamily(
+            "crowdtally_last_refit_adopted",
+            "1 if the project's last refit replaced the served model, 0 if it was declined "
+            "(its labels too far from the served ones)",
+            labels=["project"],
+        )
         if svc is not None and svc.store.ping():
             errors = svc.store.failed_projects()
             names = svc.store.project_names()
@@ -112,6 +118,8 @@ class _StoreCollector(Collector):
                     g = orjson.loads(p.globals)
                     steps.add_metric([name], g["scalars"][1])
                     em.add_metric([name], g.get("em_iterations", 0))
+                    if g.get("last_refit") is not None:
+                        refit.add_metric([name], 1.0 if g["last_refit"]["adopted"] else 0.0)
                     if g.get("dyadic_position") is not None:
                         dyadic.add_metric([name], max(g["position"] - g["dyadic_position"], 0))
         age = GaugeMetricFamily(
@@ -132,6 +140,7 @@ class _StoreCollector(Collector):
         yield queue
         yield steps
         yield em
+        yield refit
         yield dyadic
         yield failed
         yield age

@@ -178,6 +178,7 @@ def test_refit(client: TestClient) -> None:
         if x.startswith("crowdtally_batch_em_iterations_total")
     )
     assert float(line.split()[-1]) >= 2  # the refit's EM iterations are counted
+    assert 'crowdtally_last_refit_adopted{project="census"} 1.0' in client.get("/metrics").text
     stats = client.get("/v1/projects/census", headers=key).json()["stats"]
     assert stats["last_refit"]["position"] == 2 and stats["last_refit"]["adopted"]
     assert 0.85 <= stats["last_refit"]["agreement"] <= 1.0
