@@ -81,6 +81,8 @@ def served_dog(
         gold = [{"item": i, "label": z} for i, z in (row.split(",") for row in truth)]
         r = client.post("/v1/projects/dog/gold", params={"wait": True}, json=gold, headers=auth)
         assert r.status_code == 202, r.text
+        r = client.post("/v1/projects/dog/refit", params={"wait": True}, headers=auth)
+        assert r.status_code == 202, r.text
         yield str(client.base_url), key
     finally:
         client.close()
@@ -194,6 +196,8 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             assert page.locator("#n-items").inner_text() == "807"
             assert "8,070" in page.locator("#n-labels").inner_text()
             assert "project dog" in page.locator("#status").inner_text()
+            assert page.locator("#last-refit").inner_text() == "adopted"  # all of dog's answers
+            assert "% of its labels as served" in page.locator("#last-refit-name").inner_text()
             assert page.locator("#queue tbody tr").count() == 10  # the first of the queue
             assert "items still need labels" in page.locator("#queue-size").inner_text()
             assert "items finished, expected" in page.locator("#queue-progress").inner_text()

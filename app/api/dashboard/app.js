@@ -265,6 +265,14 @@ function showRate(rate) {
   $("rate").dataset.rate = rate === null ? "" : String(rate);
 }
 
+// A refit is declined when batch EM's labels agree with the served ones on under 85% of items.
+function showRefit(refit) {
+  $("last-refit").textContent = refit ? (refit.adopted ? "adopted" : "declined") : "–";
+  $("last-refit-name").textContent = refit
+    ? `last refit: ${fmt(100 * refit.agreement, 1)}% of its labels as served`
+    : "last refit";
+}
+
 async function poll(sess) {
   try {
     const p = await api(`/v1/projects/${project()}`);
@@ -274,6 +282,7 @@ async function poll(sess) {
     $("n-items").textContent = st.n_items.toLocaleString();
     $("n-workers").textContent = st.n_workers.toLocaleString();
     $("lag").textContent = st.lag.toLocaleString();
+    showRefit(st.last_refit);
     showRate(addSample(performance.now() / 1000, st.n_labels));
     throughput($("throughput"));
     lastCount = new Date();
