@@ -697,9 +697,9 @@ def plot(results: dict[str, dict[str, Curve]], targets: dict[str, Target], path:
         ax.axis("off")
     axes.ravel()[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(
-        "Replay of the crowds' answers: accuracy (batch EM on the answers bought) against labels "
-        "bought, mean of the campaigns; dashed black: batch EM on all answers (grey: within 0.5 "
-        "point)",
+        "Replay of the crowds' answers: accuracy (what a refit on the answers bought serves) "
+        "against labels bought, mean of the campaigns; dashed black: batch EM on all answers "
+        "(grey: within 0.5 point)",
         fontsize=10,
     )
     fig.tight_layout()
