@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.engine.project import REFIT_MIN_AGREEMENT, ProjectEngine, refit_agreement
+from app.engine.project import ProjectEngine
 from app.engine.queue import arrival_of
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
@@ -206,16 +206,18 @@ class Campaign:
     def measure(self) -> float:
         """What the service serves after a refit (``POST .../refit``): batch EM on the revealed
         answers (exact workers), or the served model where the service declines that fit
-        (``app.engine.project.refit_agreement``); its accuracy on the gold items. The engine
+        (``ProjectEngine.refit_verdict``); its accuracy on the gold items. The engine
         does not see it: the policies rank on what the service serves without a refit."""
         cw = self.crowd
         idx, _ = self.revealed_answers()
         blocks = LabelBlocks.group(cw.item[idx], cw.worker[idx], cw.label[idx],
                                    np.ones(idx.size), n_blocks=cw.n_items)  # fmt: skip
         labels = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0].labels
-        served = self.engine.shown(self.code).argmax(axis=1)
-        if refit_agreement(served, labels, self.revealed > 0) < REFIT_MIN_AGREEMENT:
-            labels = served
+        e = self.engine
+        by_code = np.empty_like(labels)
+        by_code[self.code] = labels  # (every item arrived with the campaign's first entry)
+        if not e.refit_verdict(by_code, e.position)["adopted"]:
+            labels = e.shown(self.code).argmax(axis=1)
         self.cache["measured_labels"] = labels  # what ``clairvoyant`` reads
         has = cw.gold >= 0
         return float(np.mean(labels[has] == cw.gold[has]))
@@ -328,8 +330,8 @@ def oracle(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
 
 
 def clairvoyant(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
-    """A ceiling, not a policy: it reads the gold. The items the last checkpoint's batch EM
-    got wrong first, then the items without gold, then those it got right; fewest answers
+    """A ceiling, not a policy: it reads the gold. The items the last checkpoint got wrong
+    first, then the items without gold, then those it got right; fewest answers
     first within each. What a campaign could save if it knew where its mistakes are."""
     cw = c.crowd
     labels = c.cache["measured_labels"]  # every campaign is measured before its first pick

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
@@ -45,13 +44,6 @@ from core.served import calibration, held_out_corrections, held_out_posteriors
 # A refit whose labels agree with the served ones on fewer items than this is declined: where
 # answers are too few for batch EM's optimum (docs/model.md, "A limit"), the two part ways.
 REFIT_MIN_AGREEMENT = 0.85
-
-
-def refit_agreement(served: IntArray, fitted: IntArray, answered: npt.NDArray[np.bool_]) -> float:
-    """The share of the ``answered`` items whose refit label (``fitted``) is the served one
-    (1 when none is answered): a refit below REFIT_MIN_AGREEMENT is declined."""
-    same = served[answered] == fitted[answered]
-    return float(same.mean()) if same.size else 1.0
 
 
 _NO_BLOCKS = LabelBlocks(
@@ -302,6 +294,18 @@ class ProjectEngine:
         scored without its own pull on its workers' rows since the last sweep (eq. 26)."""
         return held_out_posteriors(self.q[codes], self.held_out[codes])
 
+    def refit_verdict(self, fitted: IntArray, position: int) -> dict[str, object]:
+        """The report of a refit at ``position`` whose labels are ``fitted`` (by item code):
+        the share of the answered items on which it keeps the served label, and whether that
+        reaches REFIT_MIN_AGREEMENT (adopted) or not (declined, the served model kept)."""
+        n = self.items_count
+        answered = self.weight[:n] > 0
+        served = self.shown(np.arange(n, dtype=np.int64)).argmax(axis=1)
+        same = served[answered] == fitted[:n][answered]
+        agreement = float(same.mean()) if same.size else 1.0
+        adopted = agreement >= REFIT_MIN_AGREEMENT
+        return {"position": position, "adopted": adopted, "agreement": agreement}
+
     def _refit(self, position: int) -> None:
         """Batch EM over every stored label (exact workers), mapped into the hashed slots;
         declined, the served model kept, when its labels agree with the served ones on fewer
@@ -313,11 +317,8 @@ class ProjectEngine:
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
-        served = self.shown(np.arange(n, dtype=np.int64)).argmax(axis=1)
-        agreement = refit_agreement(served, fitted.labels, self.weight[:n] > 0)
-        adopted = agreement >= REFIT_MIN_AGREEMENT
-        self.last_refit = {"position": position, "adopted": adopted, "agreement": agreement}
-        if not adopted:
+        self.last_refit = self.refit_verdict(fitted.labels, position)
+        if not self.last_refit["adopted"]:
             return
         counts = self.worker_labels[:nw].astype(np.float64)
         step = float(self.online.params.scalars[1])

@@ -265,7 +265,7 @@ function showRate(rate) {
   $("rate").dataset.rate = rate === null ? "" : String(rate);
 }
 
-// A refit is declined when batch EM's labels agree with the served ones on under 85% of items.
+// A refit is declined when batch EM's labels part ways with the served ones (stats.last_refit).
 function showRefit(refit) {
   $("last-refit").textContent = refit ? (refit.adopted ? "adopted" : "declined") : "–";
   $("last-refit-name").textContent = refit
