@@ -132,7 +132,7 @@ def speed(peers: bool) -> None:
     slots = worker_slots([str(w) for w in range(syn.confusion.shape[0])], config.n_worker_slots)
     blocks = LabelBlocks.group(syn.items, slots[syn.workers], syn.labels, n_blocks=syn.truth.size)
     model = OnlineEM(config)
-    model.predict_many(blocks, order=np.arange(1))  # load the compiled kernels
+    model.load_kernels(blocks)
     order = np.random.default_rng(0).permutation(blocks.n_blocks)
     t0 = time.perf_counter()
     model.learn_many(blocks, order=order)

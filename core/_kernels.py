@@ -575,6 +575,47 @@ def learn_blocks(
                 )
 
 
+@jit
+def predict_blocks(
+    ptr, order, slots, labels, weights, class_logits, population, worker, scale, known, q_out,
+    b_out, f_out,
+):  # fmt: skip
+    """``learn_blocks`` without updates and without difficulty (d = 1), the softmax of each
+    slot row computed once instead of once per label: the same operations on the same
+    numbers as ``_item_em``'s E-step (eq. 3), so the results are bit-identical."""
+    K = class_logits.shape[0]
+    S = worker.shape[0]
+    row_max = np.empty((S, K))  # m of _softmax_scaled for slot s, class z
+    row_log = np.empty((S, K))  # its log sum_k exp(theta_k - m)
+    ready = np.zeros(S, dtype=np.bool_)
+    theta = np.empty(K)
+    p = np.empty(K)
+    logq = np.empty(K)
+    q = np.empty(K)
+    lse_pi = _logsumexp(class_logits)
+    for b in order:
+        for z in range(K):
+            logq[z] = class_logits[z] - lse_pi
+        for j in range(ptr[b], ptr[b + 1]):
+            s, l, h = slots[j], labels[j], weights[j]
+            if not ready[s]:
+                for z in range(K):
+                    _theta(population, worker, scale, s, z, theta)
+                    row_max[s, z], row_log[s, z] = _softmax_scaled(theta, 1.0, p)
+                ready[s] = True
+            for z in range(K):
+                theta_l = population[z, l] + scale * worker[s, z, l]
+                logq[z] += h * (1.0 * theta_l - row_max[s, z] - row_log[s, z])
+        f = _normalise(logq, q)
+        if known[b] >= 0:
+            for z in range(K):
+                q[z] = 1.0 if z == known[b] else 0.0
+        for z in range(K):
+            q_out[b, z] = q[z]
+        b_out[b] = 0.0
+        f_out[b] = f
+
+
 # ----------------------------------------------------------------------------------------
 # Batch EM (exact worker indices, scale 1): E-step tables and Newton M-steps.
 

@@ -89,7 +89,10 @@ def check_answers(out: str) -> None:
     if got["position"] == item["position"]:  # before the idle sweeps: the figure shown
         assert abs(got["probability"] - item["probability"]) < 1e-9
     refined = float(re.search(r"refined posterior \(asian (0\.\d+)\)", README)[1])  # type: ignore[index]
-    assert got["probability"] in (item["probability"],) or abs(got["probability"] - refined) < 5e-3
+    # the figure shown (as above, to the 9th decimal: a read may recompute it from the stored
+    # rows), or the one after the idle sweeps
+    shown_or_refined = abs(got["probability"] - item["probability"]) < 1e-9
+    assert shown_or_refined or abs(got["probability"] - refined) < 5e-3
     queue = next(a for a in answers if "items" in a and isinstance(a["items"], list))
     assert {q["item"] for q in queue["items"]} <= {"img1", "img2", "img3", "img4"}
     settings = [a for a in answers if "max_labels_per_item" in a]  # PUT answers what is in force

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core import _kernels
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
+from core.evidence import RHO_GRID
 from core.nominal import NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM, statistics_from
 
@@ -147,6 +149,34 @@ def test_replay_is_bit_identical(synthetic: Synthetic, difficulty: bool) -> None
         runs.append((res, model.params))
     assert np.array_equal(runs[0][0].posteriors, runs[1][0].posteriors)
     assert runs[0][1].equals(runs[1][1])
+
+
+def test_prediction_equals_the_learning_kernels_e_step(synthetic: Synthetic) -> None:
+    """predict_many computes each slot row's softmax once; the learning kernel's E-step (run
+    without updates) computes it per label. Same numbers, bit for bit, gold items included."""
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    rng = np.random.default_rng(2)
+    weights = rng.choice([0.5, 1.0, 2.5], synthetic.items.size)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers % 64, synthetic.labels, weights)
+    model = OnlineEM(cfg)
+    model.learn_many(blocks, order=rng.permutation(blocks.n_blocks))
+    known = np.where(rng.random(blocks.n_blocks) < 0.1, rng.integers(0, 3, blocks.n_blocks), -1)
+    order = rng.permutation(blocks.n_blocks)
+    tabled = model.predict_many(blocks, order=order, known=known)
+    nb, p = blocks.n_blocks, model.params
+    per_label = BlockResult(np.empty((nb, 3)), np.empty(nb), np.empty(nb))
+    before = p.copy()
+    _kernels.learn_blocks(
+        blocks.ptr, order, blocks.slots, blocks.labels, blocks.weights,
+        np.zeros(nb, dtype=np.int64), np.full((nb, 3), 1 / 3), np.zeros(nb), False,
+        p.class_logits, model._class_mean, p.population, model._population_mean, p.worker,
+        p.counts, p.sums, p.scalars, model._hyper, known.astype(np.int64),
+        per_label.posteriors, per_label.clarity, per_label.objective, RHO_GRID, p.evidence,
+    )  # fmt: skip
+    assert p.equals(before)  # (no update)
+    assert np.array_equal(tabled.posteriors, per_label.posteriors)
+    assert np.array_equal(tabled.objective, per_label.objective)
+    assert np.array_equal(tabled.clarity, per_label.clarity)
 
 
 def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
