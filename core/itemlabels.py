@@ -109,10 +109,28 @@ def _link(lo, hi, item, nxt, first, last, count):  # type: ignore[no-untyped-def
         count[i] += 1
 
 
+# Chains are walked _LANES at a time, one step of each in turn: a step waits on a load from
+# anywhere in the table, and the steps of different chains do not wait on one another, so the
+# processor overlaps their cache misses (one chain at a time waits on one miss after another).
+_LANES = 16
+
+
 @jit
 def _walk(items, ptr, first, nxt, positions):  # type: ignore[no-untyped-def]
-    for b in range(items.size):
-        pos = first[items[b]]
-        for r in range(ptr[b], ptr[b + 1]):
-            positions[r] = pos
-            pos = nxt[pos]
+    at = np.empty(_LANES, dtype=np.int64)  # the next position of each lane's chain
+    row = np.empty(_LANES, dtype=np.int64)  # where it goes in ``positions``
+    for lo in range(0, items.size, _LANES):
+        hi = min(lo + _LANES, items.size)
+        longest = 0
+        for b in range(lo, hi):
+            at[b - lo] = first[items[b]]
+            row[b - lo] = ptr[b]
+            longest = max(longest, ptr[b + 1] - ptr[b])
+        for _ in range(longest):
+            for b in range(lo, hi):
+                r = row[b - lo]
+                if r < ptr[b + 1]:
+                    pos = at[b - lo]
+                    positions[r] = pos
+                    at[b - lo] = nxt[pos]
+                    row[b - lo] = r + 1

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
+from core._numba import jit
 from core.blocks import IntArray
 from core.itemlabels import ItemLabels, grow
 
 _EMPTY = b"[]"
+Bytes = npt.NDArray[np.uint8]
 
 
 class LabelLists:
@@ -26,6 +29,8 @@ class LabelLists:
     def __init__(self) -> None:
         self._encoded: list[bytes] = []  # an item's list, as JSON
         self._count = np.zeros(0, dtype=np.int64)  # labels encoded per item
+        self._worker_text: Bytes = np.empty(0, dtype=np.uint8)  # each worker's id as JSON
+        self._worker_end = np.zeros(1, dtype=np.int64)  # worker w's: [end[w], end[w + 1])
 
     def of(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> list[bytes]:
         """The label list of each item in ``codes``, as JSON (an array each)."""
@@ -39,6 +44,18 @@ class LabelLists:
             self._count = grow(self._count, max(n_items, 2 * self._count.size), 0)
             self._encoded.extend([_EMPTY] * (self._count.size - len(self._encoded)))
 
+    def _know_workers(self, workers: Sequence[str]) -> None:
+        """Each worker's id encoded once, when first met."""
+        known = self._worker_end.size - 1
+        if len(workers) == known:
+            return
+        texts = [orjson.dumps(w) for w in workers[known:]]
+        ends = self._worker_end[-1] + np.cumsum([len(t) for t in texts])
+        self._worker_text = np.concatenate(
+            [self._worker_text, np.frombuffer(b"".join(texts), dtype=np.uint8)]
+        )
+        self._worker_end = np.concatenate([self._worker_end, ends])
+
     def _encode_new(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> None:
         done = self._count[codes]
         stale = np.flatnonzero(labels.count[codes] > done)
@@ -51,22 +68,90 @@ class LabelLists:
         # the labels after the first ``done`` of each item's chain (arrival order)
         rank = np.arange(positions.size) - np.repeat(ptr[:-1], sizes)
         new = positions[rank >= np.repeat(done, sizes)]
-        rows = list(
-            zip(
-                [workers[w] for w in labels.worker[new].tolist()],
-                labels.label[new].tolist(),
-                labels.weight[new].tolist(),
-                strict=True,
-            )
-        )
-        bounds = np.concatenate(([0], np.cumsum(sizes - done))).tolist()
+        self._know_workers(workers)
+        # each distinct weight written once, as orjson writes it (numbers hold no comma)
+        weights, weight_of = np.unique(labels.weight[new], return_inverse=True)
+        weight_texts = orjson.dumps(weights.tolist())[1:-1].split(b",")
+        weight_end = np.concatenate(([0], np.cumsum([len(t) for t in weight_texts])))
+        text, ends = _rows(
+            labels.worker[new], labels.label[new], weight_of.ravel().astype(np.int64),
+            self._worker_text, self._worker_end,
+            np.frombuffer(b"".join(weight_texts), dtype=np.uint8), weight_end.astype(np.int64),
+            (sizes - done).astype(np.int64),
+        )  # fmt: skip
+        rows = memoryview(text.tobytes())
         encoded = self._encoded
-        for n, i in enumerate(items.tolist()):
-            tail = orjson.dumps(rows[bounds[n] : bounds[n + 1]])
-            # (a copy: orjson's own output sits in a buffer of at least 4 KiB)
-            encoded[i] = (
-                bytes(memoryview(tail))
-                if encoded[i] == _EMPTY
-                else encoded[i][:-1] + b"," + tail[1:]
-            )
+        for i, lo, hi in zip(items.tolist(), ends[:-1].tolist(), ends[1:].tolist(), strict=True):
+            old = encoded[i]
+            head = b"[" if old == _EMPTY else memoryview(old)[:-1]
+            encoded[i] = b"".join((head, b"," if old != _EMPTY else b"", rows[lo:hi], b"]"))
         self._count[items] = labels.count[items]
+
+
+@jit
+def _width(n):  # type: ignore[no-untyped-def]
+    """How many decimal digits n >= 0 has."""
+    count = 1
+    while n >= 10:
+        n //= 10
+        count += 1
+    return count
+
+
+@jit
+def _copy(src, lo, hi, out, at):  # type: ignore[no-untyped-def]
+    """out[at:] = src[lo:hi]; the new end."""
+    for k in range(lo, hi):
+        out[at] = src[k]
+        at += 1
+    return at
+
+
+@jit
+def _rows(worker, label, weight, worker_text, worker_end, weight_text, weight_end, per_item):  # type: ignore[no-untyped-def]
+    """The rows ``["worker",label,weight]`` of each item's new labels, comma-separated, back
+    to back: item n's are ``text[ends[n]:ends[n + 1]]``. The bytes orjson gives for the
+    same rows (the ids and weights are orjson's own text; a label is a class code >= 0)."""
+    n = worker.size
+    size = 0
+    for j in range(n):
+        w, u = worker[j], weight[j]
+        size += worker_end[w + 1] - worker_end[w] + _width(label[j]) + weight_end[u + 1]
+        size += 4 - weight_end[u]  # the brackets and the two commas inside a row
+    size += n - per_item.size  # commas between rows: one fewer than the rows of each item
+    for m in range(per_item.size):
+        if per_item[m] == 0:
+            size += 1  # (an item without rows has no comma to take away)
+    text = np.empty(size, dtype=np.uint8)
+    ends = np.empty(per_item.size + 1, dtype=np.int64)
+    at = 0
+    j = 0
+    ends[0] = 0
+    for m in range(per_item.size):
+        for r in range(per_item[m]):
+            if r > 0:
+                text[at] = 44  # ,
+                at += 1
+            text[at] = 91  # [
+            at += 1
+            w = worker[j]
+            at = _copy(worker_text, worker_end[w], worker_end[w + 1], text, at)
+            text[at] = 44
+            at += 1
+            z = label[j]
+            width = _width(z)
+            for k in range(width - 1, -1, -1):
+                text[at + k] = 48 + z % 10
+                z //= 10
+            at += width
+            text[at] = 44
+            at += 1
+            u = weight[j]
+            at = _copy(weight_text, weight_end[u], weight_end[u + 1], text, at)
+            text[at] = 93  # ]
+            at += 1
+            j += 1
+        ends[m + 1] = at
+    if at != size:
+        raise AssertionError("the rows' size was miscounted")
+    return text, ends

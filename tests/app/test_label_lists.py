@@ -13,14 +13,18 @@ from app.engine.project import ProjectEngine
 from app.store.base import LogEntry, ProjectRecord
 from core.nominal import NominalConfig
 
-RECORD = ProjectRecord("p", ("a", "b", "c"), NominalConfig(n_classes=3).to_dict(), 1.0)
+CLASSES = tuple("abcdefghijkl")  # (two-digit class codes too)
+RECORD = ProjectRecord("p", CLASSES, NominalConfig(n_classes=12).to_dict(), 1.0)
 WORKERS = ["ann", 'q"uote', "back\\slash", "émile", "w4", "w5"]
 
 label = st.tuples(
     st.integers(0, 7),  # item
     st.sampled_from(WORKERS),
-    st.integers(0, 2),
-    st.sampled_from([1.0, 0.5, 2.25]),
+    st.integers(0, 11),
+    st.one_of(
+        st.sampled_from([1.0, 0.5, 2.25]),
+        st.floats(0.0, 1e22, allow_nan=False, allow_infinity=False),
+    ),
 )
 
 
@@ -60,6 +64,7 @@ def test_each_served_label_list_is_the_whole_list(
             item = orjson.loads(blob)
             code = eng.items.code[name]
             assert orjson.dumps(item["labels"]) == full_list(eng, code)
+            assert b'"labels":%b,"gold":' % full_list(eng, code) in blob  # the bytes themselves
             assert sorted(map(str, item["labels"])) == sorted(map(str, posted[name]))
     # every item at once, as after a restart (each list already encoded stays as it is)
     everything = np.arange(eng.items_count, dtype=np.int64)
