@@ -45,13 +45,14 @@ def prequential_block(
         _log_probs(population, worker, scale, slots[j], labels[j], lp)
         for z in range(K):
             probs[j - lo, z, labels[j]] = math.exp(lp[z])
-    prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence)
+    prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence, 1.0)
 
 
 @jit
-def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence):
+def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence, share):
     """``prequential_block`` given probs[j - lo, z, l] = p(l | z, s_j) for the block's labels
-    (the online E-step leaves them there: no second pass over the parameters)."""
+    (the online E-step leaves them there: no second pass over the parameters); each score
+    counts ``share`` times (the block stands for that many: eq. 22's sample)."""
     K = log_prior.shape[0]
     G = grid.shape[0]
     ell = np.zeros(K)  # sum over earlier labels of h_j log p(l_j | z, s_j)
@@ -76,8 +77,8 @@ def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, 
                     e = math.exp((lq[z] - m) * inv_t)
                     norm += e
                     pred += e * probs[r, z, lab]
-                evidence[g] += h * math.log(pred / norm)
-            evidence[G] += h
+                evidence[g] += share * h * math.log(pred / norm)
+            evidence[G] += share * h
         for z in range(K):
             ell[z] += h * math.log(max(probs[r, z, lab], 1e-300))
         seen += h

@@ -22,7 +22,7 @@ from core._numba import compile_for
 
 SERVE_HALF = {
     "_kernels._item_em": "I I i1 i1 f1 f1 f2 f3 F f1 F f1 f1 f1 f1 f3",
-    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1",
+    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1 F",
 }
 """The per-item E-step (and the kernels it calls) and the prequential evidence (eq. 22)."""
 

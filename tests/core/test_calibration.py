@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import calibration
+from core._kernels import EVIDENCE_FULL
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.calibration import EPS_GRID, Calibration, choose, prequential_evidence, prior_eps
@@ -112,6 +113,30 @@ def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None
     np.testing.assert_allclose(model.params.evidence, expected, rtol=1e-12)
     # an answer is scored once its item has two before it (with one, every rho predicts alike)
     assert model.params.evidence[-1] == np.maximum(blocks.sizes() - 2, 0).sum()
+
+
+def test_past_its_first_answers_the_evidence_is_a_sample_with_the_same_mean() -> None:
+    """Once EVIDENCE_FULL answers' weight is scored, one arrival in EVIDENCE_EVERY is, each
+    score counted that many times: the mean per answer that chooses rho stays that of
+    scoring every answer (here weights of 40 pass the threshold after a few hundred items)."""
+    blocks, _, W = ambiguous_crowd(3, n_items=3000, hard=0.3)
+    heavy = LabelBlocks(blocks.ptr, blocks.slots, blocks.labels, 40.0 * blocks.weights)
+    config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=3000)
+    model, every = OnlineEM(config), np.zeros(evidence_size())
+    for b in range(heavy.n_blocks):  # every answer scored, as below the threshold
+        p = model.params
+        every += prequential_evidence(
+            heavy.ptr, np.array([b]), np.zeros(heavy.n_blocks, dtype=np.int64),
+            heavy.slots, heavy.labels, heavy.weights,
+            p.class_logits, p.population, p.worker, float(p.scalars[SCALE]),
+        )  # fmt: skip
+        model.learn_many(heavy, order=np.array([b]))
+    sampled = model.params.evidence
+    assert sampled is not None and every[-1] > 5 * EVIDENCE_FULL
+    assert not np.allclose(sampled, every, rtol=1e-9)  # (it did sample)
+    np.testing.assert_allclose(sampled[-1], every[-1], rtol=0.02)
+    np.testing.assert_allclose(sampled[:-1] / sampled[-1], every[:-1] / every[-1], rtol=0.05)
+    assert choose(sampled) == choose(every)
 
 
 def test_predictions_and_revisits_gather_no_evidence() -> None:
