@@ -97,11 +97,13 @@ def test_calibration_keeps_the_most_probable_class_and_sums_to_one(
     np.testing.assert_allclose(Calibration(rho, eps).from_posteriors(raw, n), out, atol=1e-9)
 
 
-def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None:
-    blocks, _, W = ambiguous_crowd(3, n_items=300)
-    config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=300)
+def learned_one_at_a_time(
+    blocks: LabelBlocks, config: NominalConfig
+) -> tuple[OnlineEM, np.ndarray]:
+    """The model after learning the blocks one at a time, and the evidence of every answer
+    scored at the parameters before its item's update."""
     model, expected = OnlineEM(config), np.zeros(evidence_size())
-    for b in range(blocks.n_blocks):  # one block at a time, scored at the parameters before it
+    for b in range(blocks.n_blocks):
         p = model.params
         expected += prequential_evidence(
             blocks.ptr, np.array([b]), np.zeros(blocks.n_blocks, dtype=np.int64),
@@ -109,6 +111,13 @@ def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None
             p.class_logits, p.population, p.worker, float(p.scalars[SCALE]),
         )  # fmt: skip
         model.learn_many(blocks, order=np.array([b]))
+    return model, expected
+
+
+def test_online_evidence_is_each_answer_scored_before_its_item_updates() -> None:
+    blocks, _, W = ambiguous_crowd(3, n_items=300)
+    config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=300)
+    model, expected = learned_one_at_a_time(blocks, config)
     assert model.params.evidence is not None
     np.testing.assert_allclose(model.params.evidence, expected, rtol=1e-12)
     # an answer is scored once its item has two before it (with one, every rho predicts alike)
@@ -122,15 +131,7 @@ def test_past_its_first_answers_the_evidence_is_a_sample_with_the_same_mean() ->
     blocks, _, W = ambiguous_crowd(3, n_items=3000, hard=0.3)
     heavy = LabelBlocks(blocks.ptr, blocks.slots, blocks.labels, 40.0 * blocks.weights)
     config = NominalConfig(n_classes=3, n_worker_slots=W, n_items=3000)
-    model, every = OnlineEM(config), np.zeros(evidence_size())
-    for b in range(heavy.n_blocks):  # every answer scored, as below the threshold
-        p = model.params
-        every += prequential_evidence(
-            heavy.ptr, np.array([b]), np.zeros(heavy.n_blocks, dtype=np.int64),
-            heavy.slots, heavy.labels, heavy.weights,
-            p.class_logits, p.population, p.worker, float(p.scalars[SCALE]),
-        )  # fmt: skip
-        model.learn_many(heavy, order=np.array([b]))
+    model, every = learned_one_at_a_time(heavy, config)  # (``every``: each answer scored)
     sampled = model.params.evidence
     assert sampled is not None and every[-1] > 5 * EVIDENCE_FULL
     assert not np.allclose(sampled, every, rtol=1e-9)  # (it did sample)
