@@ -311,8 +311,9 @@ def _global_step(
             for k in range(K):
                 g = eta * grad[r, z, k]
                 population[z, k] += eta_g * g
-                worker[s, z, k] += g / scale
-                sums[z * K + k] += g / scale
+                step = g / scale
+                worker[s, z, k] += step
+                sums[z * K + k] += step
     scalars[STEP] = t + 1.0
     if scale < _RESCALE_BELOW:
         worker *= scale

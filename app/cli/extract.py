@@ -224,7 +224,7 @@ def extract(
     if batch:
         if (warning := job.one_answer_warning(encoded)) is not None:
             print(warning, file=sys.stderr)
-        fit = job.run_batch(encoded, config, out)
+        fit = job.run_batch(encoded, config, out, one_pass=not raw)
         slot_params = job.slot_params_from_batch(fit.params, encoded, config)
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
         if raw:

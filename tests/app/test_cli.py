@@ -514,6 +514,24 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         assert np.array_equal(a, b)
 
 
+def test_the_online_pass_run_beside_batch_em_gives_what_it_gives_alone(
+    datasets_root: Path,
+) -> None:
+    """``extract --batch`` runs the online pass that gives the fit its evidence in a second
+    thread during the fit: the same evidence and posteriors, bit for bit, and the same fit."""
+    path = datasets_root / "web" / "answers.csv"
+    answers = read_codes(path)
+    classes = job.resolve_classes(answers.label_names.to_pylist(), None, None, str(path))
+    data = job.encode(answers, classes, str(path))
+    config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
+    beside = job.run_batch(data, config, io.StringIO(), one_pass=True)
+    alone = job.run_batch(data, config, io.StringIO())
+    assert np.array_equal(beside.result.probas, alone.result.probas)
+    for a, b in zip(beside.one_pass(config), alone.one_pass(config), strict=True):
+        assert np.array_equal(a, b)
+    assert beside.one_pass(config)[0][-1] > 0  # (evidence was gathered)
+
+
 def test_bad_rows_in_a_later_chunk_name_their_line(tmp_path: Path) -> None:
     rows = [f"i{n},w{n % 7},{n % 3}" for n in range(3000)]
     rows[2500] = "i2500,,1"
