@@ -213,7 +213,10 @@ class DyadicTrainer:
         values = self.model.rows(table, rows)
         slots = index.slots[rows]
         order = np.argsort(slots, kind="stable")  # by slot
-        return {int(slots[n]): values[n].tobytes() for n in order.tolist()}
+        blob, width = values[order].tobytes(), values.shape[1] * values.itemsize
+        # (each row's bytes sliced from one copy of the sorted rows)
+        chunks = [blob[at : at + width] for at in range(0, len(blob), width)]
+        return dict(zip(slots[order].tolist(), chunks, strict=True))
 
     def hashed_model(self) -> DyadicModel:
         """The model over every hashed slot, as the API's rows describe it (allocates the
