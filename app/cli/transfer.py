@@ -91,7 +91,14 @@ def export_command(
     what: Annotated[
         str, typer.Option("--what", help="posteriors (every class), labels (best), or workers.")
     ] = "posteriors",
-    format: Annotated[str, typer.Option("--format", "-f", help="csv or jsonl.")] = "csv",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="auto (by the file's name: .parquet, .jsonl), csv, jsonl or parquet.",
+        ),
+    ] = "auto",
     confusion: Annotated[
         bool,
         typer.Option("--confusion", help="Workers: add confusion matrices (a GET per worker)."),
@@ -106,7 +113,7 @@ def export_command(
         int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
     ] = 5,
 ) -> None:
-    """Write a project's posteriors, labels or workers to a CSV or JSONL file."""
+    """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""
     transfer.RETRIES.set(retries)
     with transfer.make_http(url, _key(key)) as http:
         n = transfer.run_export(

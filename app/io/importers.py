@@ -1,6 +1,7 @@
 """Reading crowdsourcing exports into label records, for ``crowdtally import``.
 
-Formats: generic CSV / TSV / JSONL with a column mapping, crowd-kit CSV (``task,worker,label``),
+Formats: generic CSV / TSV / Parquet / JSONL with a column mapping, crowd-kit CSV
+(``task,worker,label``),
 Toloka result TSV, Mechanical Turk batch results CSV and Label Studio JSON exports. Each
 source row becomes a ``Record`` whose ``id`` is derived from the source (a Toloka or MTurk
 assignment, a Label Studio annotation, the content of a generic row), so importing the same
@@ -23,7 +24,7 @@ from typing import Any
 
 from app.io.input import MAX_ID_LENGTH, InputError
 
-FORMATS = ("auto", "csv", "tsv", "jsonl", "crowdkit", "toloka", "mturk", "labelstudio")
+FORMATS = ("auto", "csv", "tsv", "parquet", "jsonl", "crowdkit", "toloka", "mturk", "labelstudio")
 MAP_KEYS = ("item", "worker", "label", "id", "weight", "gold")
 _SKIP_STATUS = {"REJECTED", "SKIPPED", "EXPIRED"}  # Toloka and MTurk (upper-cased)
 _TRUE = {"true", "1", "yes", "on"}
@@ -100,7 +101,7 @@ def _name(path: Path, line: int | None, what: str, value: Any) -> str:
     return text
 
 
-def _weight(path: Path, line: int, value: Any) -> float:
+def _weight(path: Path, line: int | None, value: Any) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         return 1.0
     try:
@@ -151,14 +152,16 @@ def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None 
         raise InputError(
             "--format", None, f"unknown format {format!r}: one of {', '.join(FORMATS)}"
         )
+    mapping = dict(mapping or {})
+    if format == "parquet" or (format == "auto" and _is_parquet(path)):
+        return _checked_parsed(path, _tabular(path, _parquet_rows(path), mapping, "parquet"))
     text = _text(path)
     if not text.strip():
         raise InputError(path, None, "the file is empty")
     kind = detect(path, text) if format == "auto" else format
-    mapping = dict(mapping or {})
     if kind in ("csv", "tsv", "crowdkit"):
         delimiter = "\t" if kind == "tsv" or (kind == "crowdkit" and _tabbed(text)) else ","
-        parsed = _tabular(path, text, delimiter, mapping, kind)
+        parsed = _tabular(path, _rows(text, delimiter), mapping, kind)
     elif kind == "jsonl":
         parsed = _jsonl(path, text, mapping)
     elif kind == "toloka":
@@ -167,9 +170,24 @@ def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None 
         parsed = _mturk(path, text, mapping)
     else:
         parsed = _labelstudio(path, text, mapping)
+    return _checked_parsed(path, parsed)
+
+
+def _is_parquet(path: Path) -> bool:
+    """Named ``.parquet``, or starting with Parquet's magic bytes."""
+    if path.suffix.lower() == ".parquet":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False  # (reading the file as text says why)
+
+
+def _checked_parsed(path: Path, parsed: Parsed) -> Parsed:
     if not parsed.records:
         raise InputError(
-            path, None, f"no answers found ({kind} format; {parsed.skipped} rows skipped)"
+            path, None, f"no answers found ({parsed.format} format; {parsed.skipped} rows skipped)"
         )
     _check_gold(path, parsed.records)
     return parsed
@@ -206,7 +224,9 @@ def _rows(text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
         start = reader.line_num + 1
 
 
-def _header(path: Path, rows: Iterator[tuple[int, list[str]]]) -> tuple[int, dict[str, int]]:
+def _header(
+    path: Path, rows: Iterator[tuple[int | None, list[str]]]
+) -> tuple[int | None, dict[str, int]]:
     try:
         line, names = next(rows)
     except StopIteration:
@@ -218,7 +238,12 @@ def _header(path: Path, rows: Iterator[tuple[int, list[str]]]) -> tuple[int, dic
 
 
 def _column(
-    path: Path, line: int, index: dict[str, int], mapping: dict[str, str], key: str, *defaults: str
+    path: Path,
+    line: int | None,
+    index: dict[str, int],
+    mapping: dict[str, str],
+    key: str,
+    *defaults: str,
 ) -> int | None:
     """The column for ``key``: the mapped name (which must exist) or the first default present."""
     if key in mapping:
@@ -231,7 +256,7 @@ def _column(
     return next((index[d] for d in defaults if d in index), None)
 
 
-def _need(path: Path, line: int, col: int | None, key: str, index: dict[str, int]) -> int:
+def _need(path: Path, line: int | None, col: int | None, key: str, index: dict[str, int]) -> int:
     if col is None:
         raise InputError(
             path,
@@ -245,8 +270,32 @@ def _cell(row: list[str], col: int | None) -> str:
     return row[col].strip() if col is not None and col < len(row) else ""
 
 
-def _tabular(path: Path, text: str, delimiter: str, mapping: dict[str, str], kind: str) -> Parsed:
-    rows = _rows(text, delimiter)
+def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
+    """A Parquet file as ``_rows`` gives a CSV: its column names (at no line), then each row's
+    cells as text (numbers written plainly, a null as empty), numbered from 1 (a row, not a
+    line)."""
+    import pyarrow as pa  # (only for Parquet files)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except pa.ArrowException as err:
+        raise InputError(path, None, f"not a Parquet file ({err})") from None
+    yield None, list(table.column_names)
+    try:
+        columns = [pc.cast(c, pa.string()).to_pylist() for c in table.columns]
+    except pa.ArrowException as err:
+        raise InputError(path, None, f"a column that is not text or numbers ({err})") from None
+    for n, row in enumerate(zip(*columns, strict=True), start=1):
+        yield n, ["" if x is None else x for x in row]
+
+
+def _tabular(
+    path: Path, rows: Iterator[tuple[int | None, list[str]]], mapping: dict[str, str], kind: str
+) -> Parsed:
     hline, index = _header(path, rows)
     item_c = _need(
         path, hline, _column(path, hline, index, mapping, "item", "item", "task"), "item", index
@@ -322,7 +371,7 @@ def _jsonl(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
 # ---------------------------------------------------------------------- Toloka
 
 
-def _only(path: Path, line: int, index: dict[str, int], prefix: str, key: str) -> str:
+def _only(path: Path, line: int | None, index: dict[str, int], prefix: str, key: str) -> str:
     names = [c for c in index if c.startswith(prefix)]
     if len(names) != 1:
         found = ", ".join(names) or "none"

@@ -10,6 +10,7 @@ later export that repeats earlier rows, counts each answer once.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import random
@@ -290,6 +291,14 @@ def _progress(show: bool, total: int, title: str) -> _NoProgress | _RichProgress
 # ---------------------------------------------------------------------- export
 
 WHAT = ("posteriors", "labels", "workers")
+WORKER_FIELDS = (
+    "worker",
+    "accuracy",
+    "informativeness",
+    "n_labels",
+    "gold_labels",
+    "gold_accuracy",
+)
 
 
 def _lines(http: httpx.Client, project: str, format: str) -> Iterator[str]:
@@ -330,20 +339,23 @@ def run_export(
     out: Path,
     *,
     what: str = "posteriors",
-    format: str = "csv",
+    format: str = "auto",
     confusion: bool = False,
     progress: bool = False,
 ) -> int:
     """Write ``what`` of ``project`` to ``out``; returns the number of rows written."""
     if what not in WHAT:
         raise InputError("--what", None, f"one of {', '.join(WHAT)}, got {what!r}")
-    if format not in ("csv", "jsonl"):
-        raise InputError("--format", None, f"csv or jsonl, got {format!r}")
+    format = export_format(format, out)
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     _check(resp, f"project {project!r}")
     classes: list[str] = resp.json()["labels"]
     n = 0
     tmp = out.with_name(out.name + ".part")
+    if format == "parquet":
+        n = _write_parquet(http, project, tmp, what, classes, confusion)
+        tmp.replace(out)
+        return n
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if what == "posteriors":
             for line in _lines(http, project, format):
@@ -366,14 +378,7 @@ def run_export(
                     f.write(json.dumps(best) + "\n")
                 n += 1
         else:
-            fields = [
-                "worker",
-                "accuracy",
-                "informativeness",
-                "n_labels",
-                "gold_labels",
-                "gold_accuracy",
-            ]
+            fields = list(WORKER_FIELDS)
             conf_cols = [f"{t}->{a}" for t in classes for a in classes] if confusion else []
             writer = csv.writer(f) if format == "csv" else None
             if writer:
@@ -390,6 +395,78 @@ def run_export(
                 n += 1
     tmp.replace(out)
     return n
+
+
+EXPORT_FORMATS = ("auto", "csv", "jsonl", "parquet")
+
+
+def export_format(format: str, out: Path) -> str:
+    """The format of an export: ``auto`` by the file's name (``.parquet``, ``.jsonl`` or
+    ``.ndjson``, else CSV)."""
+    if format not in EXPORT_FORMATS:
+        raise InputError("--format", None, f"one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    if format != "auto":
+        return format
+    suffix = out.suffix.lower()
+    return (
+        "parquet" if suffix == ".parquet" else "jsonl" if suffix in (".jsonl", ".ndjson") else "csv"
+    )
+
+
+def _write_parquet(
+    http: httpx.Client, project: str, path: Path, what: str, classes: list[str], confusion: bool
+) -> int:
+    """``what`` as a Parquet file: the columns of the CSV export, typed (posteriors as
+    float64, not rounded); the service's JSONL export read by pyarrow's JSON reader."""
+    import pyarrow as pa  # (only for Parquet)
+    import pyarrow.parquet as pq
+
+    if what == "workers":
+        rows = [_worker_row(w, classes, confusion) for w in _workers(http, project, confusion)]
+        table = (
+            pa.Table.from_pylist(rows) if rows else pa.table({"worker": pa.array([], pa.string())})
+        )
+    else:
+        items = _items_table(http, project, classes)
+        posterior = items.column("posterior").combine_chunks()
+        head = ["item", "label", "probability"]
+        tail = ["n_labels", "gold"] + (["computed_at"] if what == "posteriors" else [])
+        columns = {k: items.column(k) for k in head}
+        if what == "posteriors":
+            columns |= {c: posterior.field(c) for c in classes}
+        table = pa.table(columns | {k: items.column(k) for k in tail})
+    pq.write_table(table, path)
+    return int(table.num_rows)
+
+
+def _items_table(http: httpx.Client, project: str, classes: list[str]) -> Any:
+    """Every item of the JSONL export as a pyarrow table (the posterior a struct by class)."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    schema = pa.schema([
+        ("item", pa.string()), ("label", pa.string()), ("probability", pa.float64()),
+        ("posterior", pa.struct([(c, pa.float64()) for c in classes])),
+        ("n_labels", pa.int64()), ("gold", pa.string()), ("computed_at", pa.string()),
+    ])  # fmt: skip
+    with http.stream(
+        "GET", f"/v1/projects/{_p(project)}/export", params={"format": "jsonl"}
+    ) as resp:
+        if resp.status_code >= 400:
+            resp.read()
+            _check(resp, f"export of {project!r}")
+        body = b"".join(resp.iter_bytes())
+    if not body.strip():
+        return schema.empty_table()
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    return pj.read_json(io.BytesIO(body), parse_options=options)
+
+
+def _worker_row(w: dict[str, Any], classes: list[str], confusion: bool) -> dict[str, Any]:
+    row = {k: w[k] for k in WORKER_FIELDS}
+    if confusion:
+        row |= {f"{t}->{a}": w["confusion"][t][a] for t in classes for a in classes}
+    return row
 
 
 # ---------------------------------------------------------------------- calibration

@@ -204,6 +204,72 @@ def test_round_trip(case: tuple, service: TestClient, tmp_path: Path) -> None:  
     assert header[:2] == ["worker", "accuracy"] and f"{classes[0]}->{classes[1]}" in header
 
 
+def test_parquet_in_and_out(service: TestClient, tmp_path: Path) -> None:
+    """A Parquet file imports as its CSV does (labels as integers too, nulls as empty), and
+    every export writes Parquet with the CSV's columns, typed, the posteriors unrounded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        ("i1", "w1", 0, None),
+        ("i1", "w2", 1, None),
+        ("i2", "w1", 1, 2.5),
+        ("i3", "w2", 0, None),
+    ]
+    items, workers, labels, weights = (list(c) for c in zip(*rows, strict=True))
+    table = pa.table({"task": items, "worker": workers, "label": labels, "weight": weights})
+    pq.write_table(table, tmp_path / "answers.parquet")
+    (tmp_path / "answers.csv").write_text(
+        "task,worker,label,weight\n" + "".join(f"{i},{w},{z},{x or ''}\n" for i, w, z, x in rows)
+    )
+    (tmp_path / "named-otherwise").write_bytes((tmp_path / "answers.parquet").read_bytes())
+    got = importers.read(tmp_path / "answers.parquet")
+    assert got.format == "parquet"
+    assert [(r.item, r.worker, r.label, r.weight) for r in got.records] == [
+        (r.item, r.worker, r.label, r.weight)
+        for r in importers.read(tmp_path / "answers.csv").records
+    ]
+    assert importers.read(tmp_path / "named-otherwise").format == "parquet"  # by its magic bytes
+    with pytest.raises(InputError, match="not a Parquet file"):
+        importers.read(_write(tmp_path, "text.parquet", "item,worker,label\na,b,c\n"))
+    pq.write_table(pa.table({"task": ["i1"], "label": [0]}), tmp_path / "noworker.parquet")
+    with pytest.raises(InputError, match=r"noworker\.parquet: no worker column"):
+        importers.read(tmp_path / "noworker.parquet")
+
+    done = transfer.run_import(service, tmp_path / "answers.parquet", "pq", create_with=["0", "1"])
+    assert (done.format, done.accepted) == ("parquet", 4)
+    out = {what: tmp_path / f"{what}.parquet" for what in transfer.WHAT}
+    assert [transfer.run_export(service, "pq", f, what=w) for w, f in out.items()] == [3, 3, 2]
+    posteriors = pq.read_table(out["posteriors"])
+    assert posteriors.column_names == [
+        "item",
+        "label",
+        "probability",
+        "0",
+        "1",
+        "n_labels",
+        "gold",
+        "computed_at",
+    ]
+    csv_out = tmp_path / "posteriors.csv"
+    transfer.run_export(service, "pq", csv_out)
+    with csv_out.open(newline="") as f:
+        by_item = {r["item"]: r for r in csv.DictReader(f)}
+    for r in posteriors.to_pylist():
+        assert f"{r['1']:.6g}" == by_item[r["item"]]["1"]  # the CSV's, unrounded
+        assert r["n_labels"] == int(by_item[r["item"]]["n_labels"])
+    assert pq.read_table(out["labels"]).column_names == [
+        "item",
+        "label",
+        "probability",
+        "n_labels",
+        "gold",
+    ]
+    assert set(pq.read_table(out["workers"]).column("worker").to_pylist()) == {"w1", "w2"}
+    with pytest.raises(InputError, match="--format"):
+        transfer.run_export(service, "pq", tmp_path / "x.csv", format="xlsx")
+
+
 def test_refused_labels_point_at_the_source_line(service: TestClient, tmp_path: Path) -> None:
     path = _write(tmp_path, "bad.csv", "item,worker,label\na,w1,cat\nb,w1,dog\nc,w2,horse\n")
     service.post("/v1/projects", json={"name": "refuse", "labels": ["cat", "dog"]})
