@@ -458,11 +458,7 @@ class ProjectEngine:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
         False, without the dyadic model's rows (its queued labels stay queued:
         ``dyadic_update`` learns them and gives its rows), else with every label learned."""
-        p = self.online.params
-        changed = range(self.n_rows) if self._all_rows else self._dirty_rows
-        slot_of = self.slot_of_row
-        rows = {int(slot_of[r]): p.worker[r].tobytes() for r in changed}
-        rows = dict(sorted(rows.items()))  # by slot
+        rows = self._rows_bytes()
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
         calibration = self._calibrate()
         if calibration != self.calibration:  # every queued item's served posterior moved
@@ -483,6 +479,21 @@ class ProjectEngine:
             self.position, self.globals_json(), rows, items, workers, queue, queue_remove, settings,
             rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
+
+    def _rows_bytes(self) -> dict[int, bytes]:
+        """The changed worker-slot rows (all after a rescale), by slot, each row's bytes
+        sliced from one copy of them in slot order."""
+        changed = (
+            np.arange(self.n_rows, dtype=np.int64)
+            if self._all_rows
+            else np.fromiter(self._dirty_rows, np.int64, len(self._dirty_rows))
+        )
+        slots = self.slot_of_row[changed]
+        order = np.argsort(slots, kind="stable")
+        worker = self.online.params.worker
+        blob, width = worker[changed[order]].tobytes(), worker[0].nbytes
+        chunks = [blob[at : at + width] for at in range(0, len(blob), width)]
+        return dict(zip(slots[order].tolist(), chunks, strict=True))
 
     @property
     def dyadic_backlog(self) -> int:
