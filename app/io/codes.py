@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,17 +272,26 @@ class AnswerCodes:
 
 
 def read_codes(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> AnswerCodes:
-    """Read and check a file (``read_answer_chunks``), keeping only the codes of its answers."""
+    """Read and check a file (``read_answer_chunks``), keeping only the codes of its answers.
+
+    The item column, the one with the most distinct ids, is coded in a second thread while
+    this one codes the workers and labels and reads the next chunk: the hash table's loop
+    releases the GIL, and each codebook is used by one thread, chunk after chunk."""
     books = Codebook(), Codebook(), Codebook()
     parts: list[list[Codes]] = [[], [], []]
     weights: list[npt.NDArray[np.float64]] = []
-    for chunk in read_answer_chunks(path, chunk_bytes, lines=False):
-        for book, part, column in zip(
-            books, parts, (chunk.items, chunk.workers, chunk.labels), strict=True
-        ):
-            part.append(book.codes(column))
-        if chunk.weights is not None:  # a file has a weight column throughout, or none
-            weights.append(chunk.weights)
+    with ThreadPoolExecutor(max_workers=1) as items_coder:
+        pending: Future[Codes] | None = None
+        for chunk in read_answer_chunks(path, chunk_bytes, lines=False):
+            if pending is not None:  # (one chunk's items in flight at most)
+                parts[0].append(pending.result())
+            pending = items_coder.submit(books[0].codes, chunk.items)
+            parts[1].append(books[1].codes(chunk.workers))
+            parts[2].append(books[2].codes(chunk.labels))
+            if chunk.weights is not None:  # a file has a weight column throughout, or none
+                weights.append(chunk.weights)
+        if pending is not None:
+            parts[0].append(pending.result())
     rank, worker_names = books[1].sorted_codes()
     pa.default_memory_pool().release_unused()  # the chunks' memory, back to the system
     return AnswerCodes(
