@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -70,19 +72,29 @@ def _write_csv(
     item_offsets, item_bytes = _string_buffers(items)
     label_offsets, label_bytes = _string_buffers(labels)
     K = posteriors.shape[1]
-    with path.open("wb") as fh:
+    widest = int(np.diff(label_offsets).max()) + (K + 1) * 17 + 4  # a row, but for its item
+
+    def block(lo: int) -> bytes:
+        hi = min(best.size, lo + ROWS_PER_BLOCK)
+        mantissa, exponent = _significant_digits(posteriors[lo:hi])
+        out = np.empty(int(item_offsets[hi] - item_offsets[lo]) + (hi - lo) * widest, np.uint8)
+        n = _format_rows(
+            item_offsets[lo : hi + 1], item_bytes, label_offsets, label_bytes,
+            best[lo:hi], mantissa, exponent, out,
+        )  # fmt: skip
+        return out[:n].tobytes()
+
+    # Blocks are formatted two at a time (compiled loops that release the GIL) and written in
+    # order; at most two are held.
+    with path.open("wb") as fh, ThreadPoolExecutor(max_workers=2) as pool:
         fh.write(header.getvalue().encode("utf-8"))
+        ahead: deque[Future[bytes]] = deque()
         for lo in range(0, best.size, ROWS_PER_BLOCK):
-            hi = min(best.size, lo + ROWS_PER_BLOCK)
-            mantissa, exponent = _significant_digits(posteriors[lo:hi])
-            width = int(item_offsets[hi] - item_offsets[lo])
-            size = width + (hi - lo) * (int(np.diff(label_offsets).max()) + (K + 1) * 17 + 4)
-            out = np.empty(size, dtype=np.uint8)
-            n = _format_rows(
-                item_offsets[lo : hi + 1], item_bytes, label_offsets, label_bytes,
-                best[lo:hi], mantissa, exponent, out,
-            )  # fmt: skip
-            fh.write(out[:n].tobytes())
+            if len(ahead) == 2:
+                fh.write(ahead.popleft().result())
+            ahead.append(pool.submit(block, lo))
+        for f in ahead:
+            fh.write(f.result())
 
 
 def _write_csv_slowly(
