@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.engine.slot_rows import rows_by_slot
 from app.store.base import DyadicUpdate
 from core.blocks import IntArray
 from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_rows
@@ -210,13 +211,7 @@ class DyadicTrainer:
         if not dirty:
             return {}
         rows = np.unique(np.concatenate(dirty))
-        values = self.model.rows(table, rows)
-        slots = index.slots[rows]
-        order = np.argsort(slots, kind="stable")  # by slot
-        blob, width = values[order].tobytes(), values.shape[1] * values.itemsize
-        # (each row's bytes sliced from one copy of the sorted rows)
-        chunks = [blob[at : at + width] for at in range(0, len(blob), width)]
-        return dict(zip(slots[order].tolist(), chunks, strict=True))
+        return rows_by_slot(index.slots[rows], self.model.rows(table, rows))
 
     def hashed_model(self) -> DyadicModel:
         """The model over every hashed slot, as the API's rows describe it (allocates the

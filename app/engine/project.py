@@ -30,6 +30,7 @@ from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
+from app.engine.slot_rows import rows_by_slot
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
@@ -481,19 +482,13 @@ class ProjectEngine:
         )  # fmt: skip
 
     def _rows_bytes(self) -> dict[int, bytes]:
-        """The changed worker-slot rows (all after a rescale), by slot, each row's bytes
-        sliced from one copy of them in slot order."""
+        """The changed worker-slot rows (all after a rescale), by slot."""
         changed = (
             np.arange(self.n_rows, dtype=np.int64)
             if self._all_rows
             else np.fromiter(self._dirty_rows, np.int64, len(self._dirty_rows))
         )
-        slots = self.slot_of_row[changed]
-        order = np.argsort(slots, kind="stable")
-        worker = self.online.params.worker
-        blob, width = worker[changed[order]].tobytes(), worker[0].nbytes
-        chunks = [blob[at : at + width] for at in range(0, len(blob), width)]
-        return dict(zip(slots[order].tolist(), chunks, strict=True))
+        return rows_by_slot(self.slot_of_row[changed], self.online.params.worker[changed])
 
     @property
     def dyadic_backlog(self) -> int:
