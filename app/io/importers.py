@@ -1,11 +1,10 @@
 """Reading crowdsourcing exports into label records, for ``crowdtally import``.
 
 Formats: generic CSV / TSV / Parquet / JSONL with a column mapping, crowd-kit CSV
-(``task,worker,label``),
-Toloka result TSV, Mechanical Turk batch results CSV and Label Studio JSON exports. Each
-source row becomes a ``Record`` whose ``id`` is derived from the source (a Toloka or MTurk
-assignment, a Label Studio annotation, the content of a generic row), so importing the same
-file again, or a later export that repeats it, counts every answer once.
+(``task,worker,label``), Toloka result TSV, Mechanical Turk batch results CSV and Label Studio
+JSON exports. Each source row becomes a ``Record`` whose ``id`` is derived from the source (a
+Toloka or MTurk assignment, a Label Studio annotation, the content of a generic row), so
+importing the same file again, or a later export that repeats it, counts every answer once.
 
 Problems raise ``app.io.input.InputError`` (``FILE:LINE: reason``), before anything is sent.
 """
@@ -276,14 +275,10 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
     line)."""
     import pyarrow as pa  # (only for Parquet files)
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    try:
-        table = pq.read_table(path)
-    except FileNotFoundError:
-        raise InputError(path, None, "no such file") from None
-    except pa.ArrowException as err:
-        raise InputError(path, None, f"not a Parquet file ({err})") from None
+    from app.io.triples import parquet_file
+
+    table = parquet_file(path).read()
     yield None, list(table.column_names)
     try:
         columns = [pc.cast(c, pa.string()).to_pylist() for c in table.columns]

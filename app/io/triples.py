@@ -301,13 +301,18 @@ def _nonblank_line_numbers(raw: bytes | bytearray) -> npt.NDArray[np.int64]:
     return out
 
 
-def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
+def parquet_file(path: Path) -> pq.ParquetFile:
+    """``path`` opened as Parquet; an InputError when it is missing or not Parquet."""
     try:
-        pfile = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except pa.ArrowException as err:
         raise InputError(path, None, f"not a Parquet file ({err})") from None
+
+
+def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
+    pfile = parquet_file(path)
     names = pfile.schema_arrow.names
     lower = [n.lower() for n in names]
     want = next((h for h in _HEADERS if set(h) <= set(lower)), None)
