@@ -82,9 +82,9 @@ class LabelLists:
         rows = memoryview(text.tobytes())
         encoded = self._encoded
         for i, lo, hi in zip(items.tolist(), ends[:-1].tolist(), ends[1:].tolist(), strict=True):
-            old = encoded[i]
-            head = b"[" if old == _EMPTY else memoryview(old)[:-1]
-            encoded[i] = b"".join((head, b"," if old != _EMPTY else b"", rows[lo:hi], b"]"))
+            old = encoded[i]  # its rows so far, then ",", or "[" for the first ones
+            head = (b"[",) if old == _EMPTY else (memoryview(old)[:-1], b",")
+            encoded[i] = b"".join((*head, rows[lo:hi], b"]"))
         self._count[items] = labels.count[items]
 
 

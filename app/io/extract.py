@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -370,13 +370,14 @@ class BatchRun:
     params: NominalParams
     blocks: LabelBlocks
     seconds: float
-    _one_pass: Future[tuple[FloatArray, FloatArray]] | None = None
+    beside: tuple[FloatArray, FloatArray] | None = None
+    """``one_pass``, when it ran beside the fit."""
 
     def one_pass(self, config: NominalConfig) -> tuple[FloatArray, FloatArray]:
         """One online pass over the same answers: the tempering's evidence for this fit, and
-        each item's posterior as the pass learned it (run beside the fit when asked for)."""
-        if self._one_pass is not None:
-            return self._one_pass.result()
+        each item's posterior as the pass learned it."""
+        if self.beside is not None:
+            return self.beside
         return batch_evidence(config, self.blocks, self.params.worker.shape[0])
 
     def held_out(self, config: NominalConfig) -> FloatArray:
@@ -418,22 +419,6 @@ def run_batch(
     in a second thread meanwhile: both are compiled loops that release the GIL, so on two
     cores the pass costs no wall time."""
     blocks = exact_blocks(data)
-    beside = ThreadPoolExecutor(max_workers=1) if one_pass else None
-    evidence = beside.submit(batch_evidence, config, blocks, data.n_workers) if beside else None
-    try:
-        return _fit(data, config, out, blocks, evidence)
-    finally:
-        if beside is not None:
-            beside.shutdown(wait=False)
-
-
-def _fit(
-    data: Encoded,
-    config: NominalConfig,
-    out: TextIO,
-    blocks: LabelBlocks,
-    evidence: Future[tuple[FloatArray, FloatArray]] | None,
-) -> BatchRun:
     print("iteration   F (log posterior)", file=out)
     shown = [1]
 
@@ -442,11 +427,16 @@ def _fit(
             print(f"{it:>9d}   {f:.6f}", file=out)
             shown[0] *= 2
 
-    t0 = time.perf_counter()
-    result, params = BatchEM(config).fit(blocks, data.n_workers, progress=progress)
-    seconds = time.perf_counter() - t0
-    print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
-    return BatchRun(result, params, blocks, seconds, evidence)
+    with ThreadPoolExecutor(max_workers=1) as second:
+        pending = (
+            second.submit(batch_evidence, config, blocks, data.n_workers) if one_pass else None
+        )
+        t0 = time.perf_counter()
+        result, params = BatchEM(config).fit(blocks, data.n_workers, progress=progress)
+        seconds = time.perf_counter() - t0
+        print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
+        beside = pending.result() if pending is not None else None
+    return BatchRun(result, params, blocks, seconds, beside)
 
 
 def slot_params_from_batch(
