@@ -34,6 +34,7 @@ from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from core.acquisition import priority
 from core.blocks import LabelBlocks
+from core.idset import IdSet, hash_ids, join_ids
 from core.itemlabels import ItemLabels
 from core.nominal import NominalConfig, NominalParams
 from core.served import log_likelihoods
@@ -76,13 +77,22 @@ def nominal(idle: bool = True) -> None:
 
 
 def serving_extras() -> None:
-    """What publishing the engine's state and the API's first read call beyond learning: the
-    queue's ranking (value of information) and the calibration's log-likelihoods (no learning needed,
-    so the first start compiles them beside the nominal model's learning)."""
+    """What publishing the engine's state and the API's first read and write call beyond
+    learning: the queue's ranking (value of information), the calibration's log-likelihoods,
+    the embedded store's set of label ids (no learning needed, so the first start compiles them
+    beside the nominal model's learning)."""
     K = _CONFIG.n_classes
     priority("voi", np.full((2, K), 1.0 / K), np.zeros(2), np.eye(K))
     blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
     log_likelihoods(NominalParams.initial(_CONFIG), blocks)
+    label_ids()
+
+
+def label_ids() -> None:
+    """The embedded store's set of label ids: a block's keep mask, then its ids added."""
+    seen, (keys, present) = IdSet(), hash_ids(join_ids(["a", None]), 2)
+    seen.new_in_block(keys, present)
+    seen.add(keys, present)
 
 
 def dyadic_learning() -> None:
@@ -104,6 +114,7 @@ def dyadic_learning() -> None:
 
 def everything() -> None:
     nominal()
+    label_ids()
     dyadic_learning()
     warm_up_predictions()  # predictions and h_min
 

@@ -1,8 +1,9 @@
 """The embedded store: served state in process memory, the label log in a SQLite file.
 
-No server needed. The log (with projects, keys and seen label ids) is durable in SQLite
-(WAL, ``synchronous=NORMAL``: an acknowledged block survives a crash of the process); the
-served state is rebuilt on start by replaying the log.
+No server needed. The log (with projects, keys and each block's label ids) is durable in
+SQLite (WAL, ``synchronous=NORMAL``: an acknowledged block survives a crash of the process);
+the served state is rebuilt on start by replaying the log, and the set of label ids seen
+(``core.idset``, 16 bytes a slot) by hashing the log's ids.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from app.store.base import (
     StateUpdate,
 )
 from app.store.sql import upgrade
+from core.idset import IdSet, hash_ids, join_ids
 
 _K = TypeVar("_K", str, int)
 
@@ -53,6 +55,9 @@ class _ProjectState:
         self.dyadic_at = 0  # the log position the dyadic model has learned up to
         self.dyadic_raters: dict[int, bytes] = {}
         self.dyadic_tasks: dict[int, bytes] = {}
+        self.ids = IdSet()
+        """Every label id the log has taken (duplicates are found here, not in SQLite: a block
+        of random ids inserted into an index cost up to 25 ms once it held 1M ids)."""
         self.pending: deque[tuple[int, float]] = deque()
         """(position, time.monotonic() at append) of the entries appended since start and not
         applied yet, oldest first: what ``lag`` reads."""
@@ -119,6 +124,23 @@ class EmbeddedStore:
         ):
             if project in self._state:  # (the served state is rebuilt by the engine)
                 self._state[project].log_end = self._state[project].restoring = end
+        for project, st in self._state.items():
+            self._load_ids(project, st.ids)
+
+    def _load_ids(self, project: str, ids: IdSet) -> None:
+        """The project's seen ids: each log entry's, and those of files written before the log
+        kept them (one row per id in label_ids)."""
+        blobs = self._db.execute(
+            "SELECT ids FROM label_log WHERE deployment = '' AND project = ? AND ids IS NOT NULL",
+            (project,),
+        )
+        for (blob,) in blobs:
+            ids.add(*hash_ids(bytes(blob)))
+        legacy = self._db.execute(
+            "SELECT label_id FROM label_ids WHERE deployment = '' AND project = ?", (project,)
+        )
+        while rows := legacy.fetchmany(100_000):
+            ids.add(*hash_ids(join_ids([r[0] for r in rows]), len(rows)))
 
     # projects and keys -----------------------------------------------------------------
     def create_project(self, record: ProjectRecord) -> None:
@@ -240,49 +262,28 @@ class EmbeddedStore:
             now = time.monotonic()
             if max_lag_s is not None and (lag := st.lag(now)) > max_lag_s:
                 raise EngineBehindError(project, lag)
-            keep, new_ids = _dedupe(ids, self._seen(project, ids))
-            accepted = keep.count(b"1") if ids is not None else 0
-            duplicates = (len(ids) - accepted) if ids is not None else 0
-            if ids is not None and accepted == 0:
-                return AppendResult(st.log_end, 0, duplicates)
+            joined = keys = present = None
+            keep, accepted, duplicates = b"", 0, 0
+            if ids is not None:
+                joined = join_ids(ids)
+                keys, present = hash_ids(joined, len(ids))
+                keep = st.ids.new_in_block(keys, present)
+                accepted = keep.count(b"1")
+                duplicates = len(ids) - accepted
+                if accepted == 0:
+                    return AppendResult(st.log_end, 0, duplicates)
             position = st.log_end + 1
-            self._db.execute("BEGIN")
-            try:
-                self._db.execute(
-                    "INSERT INTO label_log (project, position, kind, payload, keep) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (project, position, kind, payload, keep),
-                )
-                self._db.executemany(
-                    "INSERT INTO label_ids (project, label_id) VALUES (?, ?)",
-                    [(project, i) for i in new_ids],
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            self._db.execute(
+                "INSERT INTO label_log (project, position, kind, payload, keep, ids) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (project, position, kind, payload, keep, joined),
+            )  # (one statement: its own transaction)
+            if keys is not None and present is not None:
+                st.ids.add(keys, present)
             st.log_end = position
             st.pending.append((position, now))
         self._appended.set()
         return AppendResult(position, accepted, duplicates)
-
-    def _seen(self, project: str, ids: list[str | None] | None) -> set[str]:
-        """Which of ``ids`` the project's log has taken before (label_ids, indexed; not kept
-        in memory: a set of every label id cost ~100 B per label)."""
-        wanted = list({i for i in ids or () if i is not None})
-        seen: set[str] = set()
-        for k in range(0, len(wanted), 500):
-            chunk = wanted[k : k + 500]
-            marks = ",".join("?" * len(chunk))
-            seen.update(
-                r[0]
-                for r in self._db.execute(
-                    f"SELECT label_id FROM label_ids WHERE deployment = '' AND project = ? "
-                    f"AND label_id IN ({marks})",
-                    (project, *chunk),
-                )
-            )
-        return seen
 
     def read_log(
         self,
@@ -542,21 +543,3 @@ def _fitted(value: bytes) -> bytes:
 
 def _all_fitted(values: dict[_K, bytes]) -> dict[_K, bytes]:
     return {k: bytes(memoryview(v)) for k, v in values.items()}
-
-
-def _dedupe(ids: list[str | None] | None, seen: set[str]) -> tuple[bytes, list[str]]:
-    """The keep mask (b'1' new, b'0' seen before or earlier in the block) and the new ids."""
-    if ids is None:
-        return b"", []
-    keep = bytearray(b"1" * len(ids))
-    new: list[str] = []
-    fresh: set[str] = set()
-    for n, i in enumerate(ids):
-        if i is None:
-            continue
-        if i in seen or i in fresh:
-            keep[n] = ord("0")
-        else:
-            fresh.add(i)
-            new.append(i)
-    return bytes(keep), new

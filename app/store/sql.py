@@ -68,9 +68,15 @@ class LogRow(Base):
     keep: Mapped[bytes] = mapped_column(LargeBinary)
     token: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
     """The entry's token in the Redis log (``LogEntry.token``)."""
+    ids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    """The block's label ids, newline-joined (an empty line: a label without one); the
+    embedded store's, from which it rebuilds the set of ids seen (``core.idset``)."""
 
 
 class LabelIdRow(Base):
+    """The embedded store's seen label ids as files before revision 0005 kept them, one row
+    per id: read once at start, no longer written (each log entry keeps its ids)."""
+
     __tablename__ = "label_ids"
     deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
     """The deployment's Redis key prefix (``CROWDTALLY_REDIS_PREFIX``; empty for the embedded
@@ -116,7 +122,7 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
-HEAD = "0004"
+HEAD = "0005"
 """The newest migration (``migrations/versions``; a test checks it is Alembic's head)."""
 
 

@@ -1,9 +1,11 @@
-"""The embedded store's own promises: label ids checked against SQLite (across a restart, in
-queries of 500 ids), and a project's memory bounded per label and given back on delete."""
+"""The embedded store's own promises: label ids found again (across a restart, from the log's
+ids and from files that kept them in label_ids), and a project's memory bounded per label and
+given back on delete."""
 
 from __future__ import annotations
 
 import gc
+import sqlite3
 import time
 import tracemalloc
 from pathlib import Path
@@ -14,6 +16,7 @@ from app.engine.dyadic import settings_for
 from app.engine.loop import EngineLoop
 from app.store.base import ProjectRecord
 from app.store.embedded import EmbeddedStore
+from app.store.sql import HEAD, schema_revision, upgrade
 from core.nominal import NominalConfig
 
 KIB, MIB = 2**10, 2**20
@@ -32,15 +35,15 @@ def test_duplicate_ids_are_found_after_a_restart_and_across_queries(tmp_path: Pa
     store = EmbeddedStore(path)
     store.create_project(record("p"))
     store.create_project(record("q"))
-    first = [f"id-{k}" for k in range(1_234)]  # checked in 3 queries, the last one partial
+    first = [f"id-{k}" for k in range(1_234)]
     assert store.append("p", "labels", b"1", first).accepted == 1_234
     assert store.append("q", "labels", b"1", [f"id-{k}" for k in range(1_234, 1_300)]).accepted
     store.close()
 
-    store = EmbeddedStore(path)  # started again on the same file: the ids are SQLite's
+    store = EmbeddedStore(path)  # started again on the same file: the ids are the log's
     old_tail = [f"id-{k}" for k in range(600, 1_300)]  # 634 taken by p, 66 only by q
     old_spread = [f"id-{k}" for k in range(0, 600, 3)]  # 200 taken by p
-    block = [*old_tail, *old_spread, None, "id-1250"]  # 902 ids: 2 queries; one repeated
+    block = [*old_tail, *old_spread, None, "id-1250"]  # 902 ids, one repeated
     result = store.append("p", "labels", b"2", block)
     assert (result.position, result.accepted, result.duplicates) == (2, 67, 835)
     keep = store.read_log("p", 1, 1)[0].keep
@@ -51,6 +54,34 @@ def test_duplicate_ids_are_found_after_a_restart_and_across_queries(tmp_path: Pa
     again = store.append("p", "labels", b"3", ["id-1299", "id-2000", "id-5"])
     assert (again.position, again.accepted, again.duplicates) == (3, 1, 2)
     assert store.read_log("p", 2, 1)[0].keep == b"010"
+    store.close()
+
+
+def test_a_file_from_before_the_log_kept_ids_keeps_its_duplicates(tmp_path: Path) -> None:
+    """Files at revision 0004 held each seen id as a row of label_ids: upgraded, the store
+    still finds those ids, and new blocks' ids from their log entries."""
+    path = tmp_path / "old.sqlite3"
+    upgrade(f"sqlite:///{path}", revision="0004")
+    db = sqlite3.connect(path)
+    db.execute(
+        "INSERT INTO projects (name, labels, config, created_at) VALUES (?, ?, ?, ?)",
+        ("p", '["c0","c1","c2"]', orjson.dumps(record("p").config).decode(), 0.0),
+    )
+    db.execute("INSERT INTO label_log (project, position, kind, payload, keep) "
+               "VALUES ('p', 1, 'labels', x'7b7d', '111')")  # fmt: skip
+    db.executemany("INSERT INTO label_ids (project, label_id) VALUES ('p', ?)",
+                   [("old-0",), ("old-1",), ("old-2",)])  # fmt: skip
+    db.commit()
+    db.close()
+
+    store = EmbeddedStore(path)  # upgraded to the head on start
+    assert schema_revision(f"sqlite:///{path}") == HEAD
+    result = store.append("p", "labels", b"{}", ["old-1", "new-0", "old-2", None])
+    assert (result.position, result.accepted, result.duplicates) == (2, 2, 2)
+    store.close()
+    store = EmbeddedStore(path)
+    again = store.append("p", "labels", b"{}", ["new-0", "old-0", "new-1"])
+    assert (again.position, again.accepted, again.duplicates) == (3, 1, 2)
     store.close()
 
 
@@ -110,8 +141,8 @@ def test_memory_per_label_is_bounded_and_given_back_on_delete(tmp_path: Path) ->
     assert at_n - base < 4 * MIB
     per_label = (at_4n - at_n) / (3 * N)
     print(f"first {N} labels: {(at_n - base) / MIB:.2f} MiB; then {per_label:.0f} B per label")
-    # Measured: about 320 B per label (2026-11-28; 220 B earlier, about 60 B of it the store's
-    # served item JSON); it was about 980 B while each item's JSON kept the 4 KiB buffer orjson
+    # Measured: about 346 B per label (2026-11-29, about 25 B of it the set of label ids; 320 B
+    # before it kept them, 220 B earlier, about 60 B of it the store's served item JSON); it was about 980 B while each item's JSON kept the 4 KiB buffer orjson
     # wrote it in.
     assert per_label < 400
     assert after - base < 256 * KIB  # measured: about 16 KiB (dicts that do not shrink)

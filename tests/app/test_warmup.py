@@ -20,10 +20,10 @@ SESSION = textwrap.dedent(
     from app.serving.warmup import everything
     from app.settings import Settings
     import core._calibration_kernels, core._dyadic_kernels, core._kernels, core.acquisition
-    import core.itemlabels
+    import core.idset, core.itemlabels
 
     MODULES = (core._kernels, core._dyadic_kernels, core._calibration_kernels,
-               core.acquisition, core.itemlabels)
+               core.acquisition, core.idset, core.itemlabels)
 
     def signatures():
         return {(m.__name__, n, str(s)) for m in MODULES for n, d in vars(m).items()
@@ -40,7 +40,7 @@ SESSION = textwrap.dedent(
             h = {"Authorization": "Bearer " + key}
             rng = random.Random(0)
             labels = [{"item": f"i{rng.randrange(30)}", "worker": f"w{rng.randrange(8)}",
-                       "label": rng.choice("abc")} for _ in range(200)]
+                       "label": rng.choice("abc"), "id": f"{name}{k}"} for k in range(200)]
             for post, body in ((f"/v1/projects/{name}/labels?wait=true", labels),
                                (f"/v1/projects/{name}/gold?wait=true", [{"item": "i1", "label": "a"}]),
                                (f"/v1/projects/{name}/items?wait=true", [{"item": "new"}]),
