@@ -54,7 +54,12 @@ def import_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar.")
     ] = True,
     retries: Annotated[
-        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="Re-sends on connection errors and 5xx (a 429 is waited out, up to 10 minutes).",
+        ),
     ] = 5,
 ) -> None:
     """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
@@ -110,7 +115,12 @@ def export_command(
         str | None, typer.Option("--key", help="API key (read); else CROWDTALLY_KEY.")
     ] = None,
     retries: Annotated[
-        int, typer.Option("--retries", min=0, help="Re-sends on connection errors, 429 and 5xx.")
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="Re-sends on connection errors and 5xx (a 429 is waited out, up to 10 minutes).",
+        ),
     ] = 5,
 ) -> None:
     """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""

@@ -12,16 +12,18 @@ Problems raise ``app.io.input.InputError`` (``FILE:LINE: reason``), before anyth
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.io.input import MAX_ID_LENGTH, InputError
+from app.io.input import MAX_ID_LENGTH, InputError, hash_id
+
+if TYPE_CHECKING:
+    from app.io.answer_table import AnswerTable
 
 FORMATS = ("auto", "csv", "tsv", "parquet", "jsonl", "crowdkit", "toloka", "mturk", "labelstudio")
 MAP_KEYS = ("item", "worker", "label", "id", "weight", "gold")
@@ -81,14 +83,9 @@ def parse_map(text: str | None) -> dict[str, str]:
     return out
 
 
-def _hash_id(kind: str, *parts: str) -> str:
-    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
-    return f"{kind}:{digest}"
-
-
 def _source_id(kind: str, *parts: str) -> str:
     text = f"{kind}:" + ":".join(parts)
-    return text if len(text) <= MAX_ID_LENGTH else _hash_id(kind, *parts)
+    return text if len(text) <= MAX_ID_LENGTH else hash_id(kind, *parts)
 
 
 def _name(path: Path, line: int | None, what: str, value: Any) -> str:
@@ -146,6 +143,83 @@ def detect(path: Path, text: str) -> str:
 
 def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None = None) -> Parsed:
     """Parse ``path`` (``format`` one of ``FORMATS``) into records."""
+    source = _source(path, format, mapping)
+    return _checked_parsed(source.path, _parse(source))
+
+
+def read_answers(
+    path: str | Path, format: str = "auto", mapping: dict[str, str] | None = None
+) -> tuple[AnswerTable, list[Record]]:
+    """The answers of ``path`` as a table, and its gold records. A plain table (CSV, TSV,
+    crowd-kit, Parquet) whose cells need no trimming, with no quotes, blank lines or gold
+    column, is read and checked in columns (``_plain_table``); any other file, or one that
+    fails a check, is read row by row (``read``), which names the line and the reason."""
+    from app.io.answer_table import AnswerTable  # pyarrow: loaded by an import only
+
+    source = _source(path, format, mapping)
+    if source.kind in ("csv", "tsv", "crowdkit", "parquet"):
+        table = _plain_table(source)
+        if table is not None:
+            return table, []
+    parsed = _checked_parsed(source.path, _parse(source))
+    records = parsed.labels
+    table = AnswerTable.of(
+        parsed.format,
+        [(r.item, r.worker, r.label, r.id, r.weight, r.line) for r in records],
+        parsed.skipped,
+    )
+    return table, parsed.gold
+
+
+def _plain_table(source: _Source) -> AnswerTable | None:
+    """A plain table read in columns, or None when it needs reading row by row: cells in
+    quotes, a first line that is blank, lone carriage returns, a gold column, or a check
+    failed (the rows' reading then names the line)."""
+    from app.io import answer_table
+
+    path = source.path
+    if source.text is None:
+        names, delimiter = answer_table.parquet_names(path), None
+    else:
+        text = source.text
+        first = text.partition("\n")[0].rstrip("\r")
+        if '"' in text or not first.strip() or text.count("\r") != text.count("\r\n"):
+            return None
+        delimiter = _delimiter(source.kind, text)
+        names = first.split(delimiter)
+    hline = None if delimiter is None else 1
+    index: dict[str, int] = {}
+    for n, name in enumerate(names):
+        index.setdefault(name.strip(), n)
+    columns = _columns(path, hline, index, source.mapping)
+    if columns["gold"] is not None:
+        return None
+    return answer_table.read_plain(path, source.kind, delimiter, columns, len(names))
+
+
+def _columns(
+    path: Path, hline: int | None, index: dict[str, int], mapping: dict[str, str]
+) -> dict[str, int | None]:
+    """The column of each of ``MAP_KEYS`` (item, worker and label required)."""
+    defaults = {"item": ("item", "task"), "worker": ("worker",), "label": ("label",),
+                "id": ("id",), "weight": ("weight",), "gold": ()}  # fmt: skip
+    out: dict[str, int | None] = {}
+    for key in MAP_KEYS:
+        out[key] = _column(path, hline, index, mapping, key, *defaults[key])
+        if key in ("item", "worker", "label"):
+            _need(path, hline, out[key], key, index)
+    return out
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: Path
+    kind: str
+    text: str | None  # (None: Parquet)
+    mapping: dict[str, str]
+
+
+def _source(path: str | Path, format: str, mapping: dict[str, str] | None) -> _Source:
     path = Path(path)
     if format not in FORMATS:
         raise InputError(
@@ -153,23 +227,30 @@ def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None 
         )
     mapping = dict(mapping or {})
     if format == "parquet" or (format == "auto" and _is_parquet(path)):
-        return _checked_parsed(path, _tabular(path, _parquet_rows(path), mapping, "parquet"))
+        return _Source(path, "parquet", None, mapping)
     text = _text(path)
     if not text.strip():
         raise InputError(path, None, "the file is empty")
-    kind = detect(path, text) if format == "auto" else format
+    return _Source(path, detect(path, text) if format == "auto" else format, text, mapping)
+
+
+def _parse(source: _Source) -> Parsed:
+    path, kind, text, mapping = source.path, source.kind, source.text, source.mapping
+    if text is None:
+        return _tabular(path, _parquet_rows(path), mapping, "parquet")
     if kind in ("csv", "tsv", "crowdkit"):
-        delimiter = "\t" if kind == "tsv" or (kind == "crowdkit" and _tabbed(text)) else ","
-        parsed = _tabular(path, _rows(text, delimiter), mapping, kind)
-    elif kind == "jsonl":
-        parsed = _jsonl(path, text, mapping)
-    elif kind == "toloka":
-        parsed = _toloka(path, text, mapping)
-    elif kind == "mturk":
-        parsed = _mturk(path, text, mapping)
-    else:
-        parsed = _labelstudio(path, text, mapping)
-    return _checked_parsed(path, parsed)
+        return _tabular(path, _rows(text, _delimiter(kind, text)), mapping, kind)
+    if kind == "jsonl":
+        return _jsonl(path, text, mapping)
+    if kind == "toloka":
+        return _toloka(path, text, mapping)
+    if kind == "mturk":
+        return _mturk(path, text, mapping)
+    return _labelstudio(path, text, mapping)
+
+
+def _delimiter(kind: str, text: str) -> str:
+    return "\t" if kind == "tsv" or (kind == "crowdkit" and _tabbed(text)) else ","
 
 
 def _is_parquet(path: Path) -> bool:
@@ -292,18 +373,9 @@ def _tabular(
     path: Path, rows: Iterator[tuple[int | None, list[str]]], mapping: dict[str, str], kind: str
 ) -> Parsed:
     hline, index = _header(path, rows)
-    item_c = _need(
-        path, hline, _column(path, hline, index, mapping, "item", "item", "task"), "item", index
-    )
-    worker_c = _need(
-        path, hline, _column(path, hline, index, mapping, "worker", "worker"), "worker", index
-    )
-    label_c = _need(
-        path, hline, _column(path, hline, index, mapping, "label", "label"), "label", index
-    )
-    id_c = _column(path, hline, index, mapping, "id", "id")
-    weight_c = _column(path, hline, index, mapping, "weight", "weight")
-    gold_c = _column(path, hline, index, mapping, "gold")
+    columns = _columns(path, hline, index, mapping)
+    item_c, worker_c, label_c = columns["item"], columns["worker"], columns["label"]
+    id_c, weight_c, gold_c = columns["id"], columns["weight"], columns["gold"]
     parsed = Parsed(kind)
     seen: dict[tuple[str, str, str], int] = {}
     for line, row in rows:
@@ -325,7 +397,7 @@ def _tabular(
             rid = _name(path, line, "id", given)
         else:  # the n-th occurrence of this answer in the file
             n = seen[item, worker, label] = seen.get((item, worker, label), 0) + 1
-            rid = _hash_id("row", item, worker, label, str(n))
+            rid = hash_id("row", item, worker, label, str(n))
         weight = _weight(path, line, _cell(row, weight_c)) if weight_c is not None else 1.0
         parsed.records.append(Record(item, worker, label, rid, weight, line=line))
     return parsed
@@ -357,7 +429,7 @@ def _jsonl(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
             rid = _name(path, line, "id", obj[keys["id"]])
         else:
             n = seen[item, worker, label] = seen.get((item, worker, label), 0) + 1
-            rid = _hash_id("row", item, worker, label, str(n))
+            rid = hash_id("row", item, worker, label, str(n))
         weight = _weight(path, line, obj.get(keys["weight"]))
         parsed.records.append(Record(item, worker, label, rid, weight, line=line))
     return parsed
@@ -634,9 +706,8 @@ def _labelstudio(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
     return parsed
 
 
-def distinct_labels(records: list[Record]) -> list[str]:
-    """The label names seen, in numeric order when all are integers, else sorted."""
-    names = {r.label for r in records}
+def label_order(names: set[str]) -> list[str]:
+    """Label names in numeric order when all are integers, else sorted."""
     try:
         return sorted(names, key=int)
     except ValueError:

@@ -29,9 +29,13 @@ from app.io.input import InputError
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
 
+    from app.io.answer_table import AnswerTable
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUS = {429, 500, 502, 503, 504}
 RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
+PUSHBACK_WAIT_S = 600.0
+"""How long in all a request refused with 429 is sent again before the command gives up."""
 
 
 class ServiceError(ValueError):
@@ -69,20 +73,25 @@ def call(
     path: str,
     *,
     body: Any = None,
+    content: bytes | None = None,
     params: dict[str, Any] | None = None,
     retry: bool = True,
     retries: int | None = None,
 ) -> httpx.Response:
-    """A request; connection errors, 429 and 5xx are retried with back-off when ``retry``
-    (``retries`` times, default ``RETRIES``: 5, ``--retries`` of the commands). A 429 is
-    retried even without ``retry`` (the service took nothing), after its ``Retry-After``."""
+    """A request with a JSON ``body`` (or ``content``, JSON already); connection errors and 5xx
+    are retried with back-off when ``retry`` (``retries`` times, default ``RETRIES``: 5,
+    ``--retries`` of the commands). A 429 (push-back: the service took nothing) is sent again
+    after its ``Retry-After`` whatever ``retry`` says, without spending the retries, for up to
+    PUSHBACK_WAIT_S of waiting in all: a long import waits for a busy engine."""
     import httpx
 
     retries = RETRIES.get() if retries is None else retries
-    content = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"} if body is not None else None
-    for attempt in range(retries + 1):
-        last = attempt == retries
+    if body is not None:
+        content = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if content is not None else None
+    attempt, pushed_back = 0, 0.0
+    while True:
+        last = attempt >= retries
         try:
             resp = http.request(method, path, content=content, params=params, headers=headers)
         except httpx.TransportError as exc:
@@ -90,12 +99,19 @@ def call(
                 raise ServiceError(f"cannot reach {http.base_url}: {exc}") from None
             wait = None
         else:
-            again = resp.status_code == 429 or (retry and resp.status_code in RETRY_STATUS)
-            if last or not again:
+            if resp.status_code == 429:
+                if pushed_back >= PUSHBACK_WAIT_S:
+                    return resp
+                wait = _retry_after(resp)
+                wait = wait if wait is not None else _backoff(min(attempt, 5))
+                pushed_back += wait
+                time.sleep(wait)
+                continue
+            if last or not (retry and resp.status_code in RETRY_STATUS):
                 return resp
             wait = _retry_after(resp)
         time.sleep(wait if wait is not None else _backoff(attempt))
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 def _backoff(attempt: int) -> float:
@@ -136,7 +152,8 @@ def _ensure_project(
     http: httpx.Client,
     project: str,
     create_with: list[str] | None,
-    parsed: importers.Parsed,
+    answers: AnswerTable,
+    gold: list[Record],
     path: Path,
 ) -> tuple[list[str], bool]:
     created = False
@@ -153,15 +170,15 @@ def _ensure_project(
         )
     _check(resp, f"project {project!r}")
     classes: list[str] = resp.json()["labels"]
-    known = set(classes)
-    for r in parsed.records:
-        if r.label not in known:
-            what = "gold label" if r.gold else "label"
-            raise InputError(
-                path,
-                r.line,
-                f"{what} {r.label!r} is not one of project {project!r}'s labels {classes}",
-            )
+    unknown = answers.first_label_not_in(classes)
+    if unknown is not None:
+        label = answers.labels[unknown].as_py()
+        raise InputError(path, answers.line(unknown),
+                         f"label {label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
+    for r in gold:
+        if r.label not in classes:
+            raise InputError(path, r.line,
+                             f"gold label {r.label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
     return classes, created
 
 
@@ -179,38 +196,36 @@ def run_import(
     wait: bool = True,
     progress: bool = False,
 ) -> ImportResult:
-    """Parse ``path`` and post its labels (then gold) to ``project``; returns the tallies."""
+    """Read ``path`` and post its labels (then gold) to ``project``; returns the tallies."""
     t0 = time.perf_counter()
-    parsed = importers.read(path, format, mapping)
+    answers, gold = importers.read_answers(path, format, mapping)
     if truth is not None:
         from app.io.triples import read_truth  # pyarrow: loaded only for a truth file
 
-        parsed.records.extend(
+        gold.extend(
             Record(item, "", label, None, gold=True) for item, label in read_truth(truth).items()
         )
     if auto_labels:
-        create_with = importers.distinct_labels(parsed.records)
-    _ensure_project(http, project, create_with, parsed, path)
-    labels, gold = parsed.labels, parsed.gold
-    blocks = [labels[k : k + batch_size] for k in range(0, len(labels), batch_size)]
-    accepted = duplicates = 0
-    with _progress(progress, len(labels), f"import {path.name}") as advance:
-        for n, block in enumerate(blocks):
-            body = [_label_json(r) for r in block]
-            last = n == len(blocks) - 1
+        create_with = importers.label_order(answers.label_names() | {r.label for r in gold})
+    _ensure_project(http, project, create_with, answers, gold, path)
+    accepted = duplicates = n_blocks = 0
+    with _progress(progress, len(answers), f"import {path.name}") as advance:
+        for lo, hi, body in answers.bodies(batch_size):
+            n_blocks += 1
+            last = hi == len(answers)
             params = {"wait": "true"} if wait and last and not gold else None
             resp = call(
-                http, "POST", f"/v1/projects/{_p(project)}/labels", body=body, params=params
+                http, "POST", f"/v1/projects/{_p(project)}/labels", content=body, params=params
             )
             if resp.status_code >= 400:
                 text, entry = _error_text(resp)
-                line = block[entry].line if entry is not None and entry < len(block) else None
+                line = answers.line(lo + entry) if entry is not None and entry < hi - lo else None
                 raise InputError(path, line, f"the service refused this block: {text} "
                                  f"({accepted + duplicates} labels were accepted before it; re-run to resume)")  # fmt: skip
             got = resp.json()
             accepted += got["accepted"]
             duplicates += got["duplicates"]
-            advance(len(block))
+            advance(hi - lo)
     if gold:
         # Gold has no ids in the API; posting it again sets the same answers (idempotent for
         # the posteriors, though workers' gold tallies count it again).
@@ -228,25 +243,16 @@ def run_import(
             )
             _check(resp, "posting gold")
     return ImportResult(
-        format=parsed.format,
-        labels=len(labels),
+        format=answers.format,
+        labels=len(answers),
         accepted=accepted,
         duplicates=duplicates,
         gold=len({r.item for r in gold}),
-        skipped=parsed.skipped,
-        blocks=len(blocks),
+        skipped=answers.skipped,
+        blocks=n_blocks,
         created=create_with is not None,
         seconds=time.perf_counter() - t0,
     )
-
-
-def _label_json(r: Record) -> dict[str, Any]:
-    d: dict[str, Any] = {"item": r.item, "worker": r.worker, "label": r.label}
-    if r.id is not None:
-        d["id"] = r.id
-    if r.weight != 1.0:
-        d["weight"] = r.weight
-    return d
 
 
 class _NoProgress:

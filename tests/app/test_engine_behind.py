@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from app.api.errors import engine_behind
 from app.engine.loop import EngineLoop
+from app.io import transfer
 from app.io.transfer import call
 from app.store.base import Store
 from tests.app.conftest import ADMIN, service_settings
@@ -179,3 +180,25 @@ def test_the_import_command_waits_out_a_429_even_where_it_does_not_retry() -> No
         assert r.status_code == 202 and len(seen) == 2
         answers[:] = [httpx.Response(503)]  # other errors: still not retried
         assert call(http, "POST", "/v1/projects/p/gold", body=[], retry=False).status_code == 503
+
+
+def test_the_import_command_waits_for_a_busy_engine_beyond_its_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Push-back is not a failure: 429s do not spend ``--retries`` (a 1M-answer import into a
+    busy embedded service gave up after five of them); they are waited out up to
+    PUSHBACK_WAIT_S in all, then answered as they are."""
+    slept: list[float] = []
+    monkeypatch.setattr(transfer.time, "sleep", slept.append)
+    answers = [httpx.Response(429, headers={"Retry-After": "2"}) for _ in range(12)]
+    answers.append(httpx.Response(202, json={}))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers.pop(0) if answers else httpx.Response(429, headers={"Retry-After": "8"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://ct.test") as http:
+        assert call(http, "POST", "/v1/projects/p/labels", body=[], retries=2).status_code == 202
+        assert slept == [2.0] * 12
+        slept.clear()
+        assert call(http, "POST", "/v1/projects/p/labels", body=[], retries=2).status_code == 429
+        assert sum(slept) == pytest.approx(transfer.PUSHBACK_WAIT_S) and set(slept) == {8.0}

@@ -1,0 +1,263 @@
+"""Answers to import, in columns, and the request bodies that post them.
+
+A table is what ``crowdtally import`` sends: item, worker and label names, ids, weights and
+the source line of each answer, in file order. Plain tables (CSV, TSV, crowd-kit, Parquet) are
+read into one by pyarrow and checked in vectorised code (``app.io.importers``); the blocks'
+JSON bodies are written by pyarrow's string kernels, one slice of one buffer per block, with no
+Python object made per answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+
+from app.io.input import MAX_ID_LENGTH, hash_id
+from app.io.triples import parquet_file
+
+NO_LINE = -1
+
+_CONTROL = r"[\x00-\x1f]"  # must be escaped in JSON strings: such tables take the slow road
+_PY_SPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""The characters ``str.strip`` removes (``str.isspace``), as a regex class body."""
+_EDGE_SPACE = f"^[{_PY_SPACE}]|[{_PY_SPACE}]$"
+_NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+"""A weight written as a plain decimal number (any other is read row by row, as ``float``)."""
+Row = tuple[str, str, str, str | None, float, int | None]
+
+
+@dataclass(frozen=True)
+class AnswerTable:
+    """Answers in file order; ``ids`` null where an answer has none, ``weights`` None when all
+    are 1, ``lines`` the source line (or row) of each answer, NO_LINE where it has none."""
+
+    format: str
+    items: pa.Array
+    workers: pa.Array
+    labels: pa.Array
+    ids: pa.Array
+    weights: npt.NDArray[np.float64] | None
+    lines: npt.NDArray[np.int64]
+    skipped: int = 0
+    """Source rows left out (rejected or cancelled assignments, say)."""
+
+    @classmethod
+    def of(cls, format: str, rows: Sequence[Row], skipped: int = 0) -> AnswerTable:
+        """A table of (item, worker, label, id, weight, line) rows (read row by row)."""
+        items, workers, labels, ids, weights, lines = (
+            (list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 6
+        )
+        w = np.asarray(weights, dtype=np.float64)
+        return cls(
+            format, pa.array(items, pa.string()), pa.array(workers, pa.string()),
+            pa.array(labels, pa.string()), pa.array(ids, pa.string()),
+            None if (w == 1.0).all() else w,
+            np.array([NO_LINE if x is None else x for x in lines], dtype=np.int64),
+            skipped,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def line(self, row: int) -> int | None:
+        at = int(self.lines[row])
+        return None if at == NO_LINE else at
+
+    def label_names(self) -> set[str]:
+        return set(pc.unique(self.labels).to_pylist())
+
+    def first_label_not_in(self, names: list[str]) -> int | None:
+        """The first answer whose label is none of ``names`` (None: every one is)."""
+        known = pc.is_in(self.labels, value_set=pa.array(names, pa.string()))
+        bad = np.flatnonzero(~known.to_numpy(zero_copy_only=False))
+        return int(bad[0]) if bad.size else None
+
+    def bodies(self, batch_size: int) -> Iterator[tuple[int, int, bytes]]:
+        """(first row, end row, JSON array of the answers as ``POST .../labels`` takes them) for
+        each block of ``batch_size`` answers."""
+        n = len(self)
+        if any(_has_control(c) for c in (self.items, self.workers, self.labels, self.ids)):
+            for lo in range(0, n, batch_size):  # (rare: control characters to escape)
+                hi = min(lo + batch_size, n)
+                yield lo, hi, orjson.dumps(self._dicts(lo, hi))
+            return
+        offsets, data = _buffers(self._rows())
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            yield lo, hi, b"[" + data[offsets[lo] : offsets[hi] - 1].tobytes() + b"]"
+
+    def _rows(self) -> pa.Array:
+        """Each answer as a JSON object followed by a comma."""
+        ids = pc.if_else(
+            pc.is_null(self.ids), "", pc.binary_join_element_wise(',"id":"', _escaped(self.ids), '"', "")
+        )  # fmt: skip
+        parts = ['{"item":"', _escaped(self.items), '","worker":"', _escaped(self.workers),
+                 '","label":"', _escaped(self.labels), '"', ids]  # fmt: skip
+        if self.weights is not None:
+            w = pa.array(self.weights)
+            text = pc.binary_join_element_wise(',"weight":', pc.cast(w, pa.string()), "")
+            parts.append(pc.if_else(pc.equal(w, 1.0), "", text))
+        return pc.binary_join_element_wise(*parts, "},", "")
+
+    def _dicts(self, lo: int, hi: int) -> list[dict[str, object]]:
+        cols = [c[lo:hi].to_pylist() for c in (self.items, self.workers, self.labels, self.ids)]
+        weights = self.weights[lo:hi].tolist() if self.weights is not None else [1.0] * (hi - lo)
+        out: list[dict[str, object]] = []
+        for item, worker, label, rid, w in zip(*cols, weights, strict=True):
+            d: dict[str, object] = {"item": item, "worker": worker, "label": label}
+            if rid is not None:
+                d["id"] = rid
+            if w != 1.0:
+                d["weight"] = w
+            out.append(d)
+        return out
+
+
+def _escaped(values: pa.Array) -> pa.Array:
+    """The JSON string text of each value (backslashes and quotes escaped)."""
+    out = pc.replace_substring(values, "\\", "\\\\")
+    return pc.replace_substring(out, '"', '\\"')
+
+
+def _has_control(values: pa.Array) -> bool:
+    return bool(pc.any(pc.match_substring_regex(values, _CONTROL)).as_py())
+
+
+def _buffers(
+    array: pa.Array | pa.ChunkedArray,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """A string array's offsets (from 0) and its bytes."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    array = array.cast(pa.large_string())
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64, len(array) + 1, array.offset * 8)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return offsets - offsets[0], data[offsets[0] :]
+
+
+def parquet_names(path: Path) -> list[str]:
+    """The column names of a Parquet file."""
+    return list(parquet_file(path).schema_arrow.names)
+
+
+def read_plain(
+    path: Path, format: str, delimiter: str | None, columns: dict[str, int | None], n_fields: int
+) -> AnswerTable | None:
+    """The answers of a CSV or TSV file (``delimiter``; its first line the header, of
+    ``n_fields`` fields, no quotes) or a Parquet file (``delimiter`` None), from the columns
+    ``columns`` gives for each key, checked as the rows' reading checks them: None when a
+    cell would need trimming, is empty or too long, a weight is not a plain number >= 0, or
+    pyarrow refuses the file (a row of another length, a blank line, bytes not UTF-8)."""
+    try:
+        cells, first_line = _cells(path, delimiter, columns, n_fields)
+    except pa.ArrowException:
+        return None
+    n = len(cells["item"])
+    items, workers, labels = (cells[k] for k in ("item", "worker", "label"))
+    if n == 0 or not all(_plain(c) for c in (items, workers, labels)):
+        return None
+    plain_weights, weights = _weights(cells.get("weight"))
+    if not plain_weights:
+        return None
+    ids = _ids(cells.get("id"), items, workers, labels)
+    if ids is None:
+        return None
+    lines = np.arange(first_line, first_line + n, dtype=np.int64)
+    return AnswerTable(format, items, workers, labels, ids, weights, lines)
+
+
+def _cells(
+    path: Path, delimiter: str | None, columns: dict[str, int | None], n_fields: int
+) -> tuple[dict[str, pa.Array], int]:
+    """Each mapped column as text (Parquet: cast as its rows' reading casts it, a null as
+    empty), and the line (or row) of the first answer."""
+    wanted = {k: i for k, i in columns.items() if i is not None}
+    if delimiter is None:  # (every column cast, as the rows' reading does: one it cannot
+        table = parquet_file(path).read()  # cast is refused there, with its reason)
+        text = [pc.fill_null(pc.cast(c, pa.string()), "") for c in table.columns]
+        return {k: _flat(text[i]) for k, i in wanted.items()}, 1
+    names = [f"f{i}" for i in range(n_fields)]
+    table = pa_csv.read_csv(
+        path,
+        read_options=pa_csv.ReadOptions(skip_rows=1, column_names=names),
+        parse_options=pa_csv.ParseOptions(
+            delimiter=delimiter, quote_char=False, ignore_empty_lines=False
+        ),
+        convert_options=pa_csv.ConvertOptions(
+            column_types={f"f{i}": pa.string() for i in wanted.values()},
+            include_columns=[f"f{i}" for i in sorted(set(wanted.values()))],
+            strings_can_be_null=False,
+        ),
+    )
+    return {k: _flat(table.column(f"f{i}")) for k, i in wanted.items()}, 2
+
+
+def _flat(column: pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _plain(values: pa.Array) -> bool:
+    """Every value non-empty, at most MAX_ID_LENGTH characters, with no space at its ends."""
+    if not len(values):
+        return True
+    length = pc.utf8_length(values)
+    if pc.min(length).as_py() == 0 or pc.max(length).as_py() > MAX_ID_LENGTH:
+        return False
+    return not pc.any(pc.match_substring_regex(values, _EDGE_SPACE)).as_py()
+
+
+def _weights(raw: pa.Array | None) -> tuple[bool, npt.NDArray[np.float64] | None]:
+    """Whether the weights are plain numbers >= 0 (else the rows' reading reads them), and
+    they (None: no column, or all 1)."""
+    if raw is None:
+        return True, None
+    given = pc.not_equal(raw, "")
+    if not pc.all(pc.or_(pc.invert(given), pc.match_substring_regex(raw, _NUMBER))).as_py():
+        return False, None
+    values = pc.cast(pc.if_else(given, raw, "1"), pa.float64()).to_numpy()
+    if not (np.isfinite(values) & (values >= 0)).all():
+        return False, None
+    return True, None if (values == 1.0).all() else values
+
+
+def _ids(
+    given: pa.Array | None, items: pa.Array, workers: pa.Array, labels: pa.Array
+) -> pa.Array | None:
+    """Each answer's id: the file's, else the rows' reading's: ``row:`` and a hash of its item,
+    worker, label and how many times that answer came before in the file, plus one."""
+    missing = np.ones(len(items), dtype=bool)
+    if given is not None:
+        missing = pc.equal(given, "").to_numpy(zero_copy_only=False)
+        if not _plain(pc.filter(given, pa.array(~missing))):
+            return None
+        if not missing.any():
+            return given
+    rows = np.flatnonzero(missing)
+    take = pa.array(rows)
+    answer = pc.binary_join_element_wise(
+        pc.take(items, take), pc.take(workers, take), pc.take(labels, take), "\x1f"
+    )
+    codes = pc.dictionary_encode(answer).indices.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    ranked = codes[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    occurrence = np.empty(codes.size, dtype=np.int64)
+    occurrence[order] = (
+        np.arange(codes.size) - np.repeat(starts, np.diff(np.r_[starts, codes.size])) + 1
+    )
+    keys = pc.binary_join_element_wise(answer, pc.cast(pa.array(occurrence), pa.string()), "\x1f")
+    hashed = [hash_id("row", k) for k in keys.to_pylist()]  # SHA-256: one call per answer
+    if given is None:
+        return pa.array(hashed, pa.string())
+    return pc.replace_with_mask(given, pa.array(missing), pa.array(hashed, pa.string()))

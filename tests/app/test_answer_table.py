@@ -1,0 +1,142 @@
+"""``crowdtally import`` reads plain tables in columns: the same answers, ids and errors as
+reading them row by row, and request bodies that are the answers' JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app.io import importers
+from app.io.answer_table import AnswerTable
+
+PLAIN = {
+    "repeats, no ids": (
+        "a.csv",
+        "item,worker,label\ni1,w1,x\ni1,w1,x\ni2,w1,y\ni1,w1,x\ni1,w2,x\n",
+    ),
+    "some ids, weights": (
+        "b.csv",
+        "item,worker,label,id,weight,note\ni1,w1,x,,0.5,n\ni2,w1,y,k-2,,n\ni1,w1,x,,2,n\n"
+        "i3,w2,x,k-4,1e-3,n\ni3,w2,x,,1,n\n",
+    ),
+    "tsv, unicode and backslashes": (
+        "c.tsv",
+        "item\tworker\tlabel\r\ncaf\u00e9\tw\\1\t\u65e5\u672c\r\nit'em\tw2\tx\r\n",
+    ),
+    "crowd-kit, extra and repeated columns": (
+        "d.csv",
+        "task,worker,label,worker\nt1,w1,x,zz\nt2,w2,y,zz\nt1,w1,x,zz\n",
+    ),
+}
+BY_ROWS = {
+    "a cell in quotes": ("e.csv", 'item,worker,label\n"i,1",w1,x\ni2,w1,y\n'),
+    "a cell to trim": ("f.csv", "item,worker,label\ni1 ,w1,x\ni2,\u00a0w1,y\n"),
+    "a blank line": ("g.csv", "item,worker,label\ni1,w1,x\n\ni2,w1,y\n"),
+    "a gold column": ("h.csv", "item,worker,label,gold\ni1,w1,x,\ni2,,,y\n"),
+    "a weight Python reads": ("i.csv", "item,worker,label,weight\ni1,w1,x,1_0\ni2,w1,y,.5\n"),
+    "a short row": ("j.csv", "item,worker,label,note\ni1,w1,x,n\ni2,w1,y\n"),
+}
+
+
+def by_rows(path: Path) -> AnswerTable:
+    parsed = importers.read(path)
+    rows = [(r.item, r.worker, r.label, r.id, r.weight, r.line) for r in parsed.labels]
+    return AnswerTable.of(parsed.format, rows)
+
+
+def same(a: AnswerTable, b: AnswerTable) -> None:
+    assert a.format == b.format
+    for name in ("items", "workers", "labels", "ids"):
+        assert getattr(a, name).to_pylist() == getattr(b, name).to_pylist(), name
+    assert (a.weights is None) == (b.weights is None)
+    if a.weights is not None and b.weights is not None:
+        assert a.weights.tolist() == b.weights.tolist()
+    assert a.lines.tolist() == b.lines.tolist()
+
+
+@pytest.mark.parametrize("case", PLAIN, ids=list(PLAIN))
+def test_plain_tables_read_in_columns_equal_their_rows(tmp_path: Path, case: str) -> None:
+    name, text = PLAIN[case]
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    source = importers._source(path, "auto", None)
+    assert importers._plain_table(source) is not None  # read in columns
+    table, gold = importers.read_answers(path)
+    assert gold == []
+    same(table, by_rows(path))
+
+
+def test_a_parquet_file_in_columns_equals_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"item": ["i1", "i2", "i1", "i1"], "worker": [7, 8, 7, 7],
+                             "label": ["x", "y", "x", "x"], "weight": [0.5, 1.0, 1.0, 3.0]}), path)  # fmt: skip
+    assert importers._plain_table(importers._source(path, "auto", None)) is not None
+    table, _ = importers.read_answers(path)
+    same(table, by_rows(path))
+    assert table.lines.tolist() == [1, 2, 3, 4] and table.workers.to_pylist()[0] == "7"
+
+
+@pytest.mark.parametrize("case", BY_ROWS, ids=list(BY_ROWS))
+def test_other_tables_are_read_by_rows_with_the_same_answers_or_errors(
+    tmp_path: Path, case: str
+) -> None:
+    name, text = BY_ROWS[case]
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    assert importers._plain_table(importers._source(path, "auto", None)) is None
+    try:
+        expected: AnswerTable | str = by_rows(path)
+    except importers.InputError as err:
+        expected = str(err)
+    try:
+        got: AnswerTable | str = importers.read_answers(path)[0]
+    except importers.InputError as err:
+        got = str(err)
+    if isinstance(expected, str) or isinstance(got, str):
+        assert got == expected
+    else:
+        same(got, expected)
+
+
+def test_a_large_file_is_read_in_columns_with_each_lines_number(tmp_path: Path) -> None:
+    n = 30_000
+    rng = np.random.default_rng(0)
+    items, workers = rng.integers(0, 500, n), rng.integers(0, 40, n)
+    rows = [f"item-{i},w{w},{'xyz'[(i + w) % 3]}" for i, w in zip(items, workers, strict=True)]
+    path = tmp_path / "big.csv"
+    path.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    table, _ = importers.read_answers(path)
+    same(table, by_rows(path))
+    assert len(set(table.ids.to_pylist())) == n and table.line(n - 1) == n + 1
+
+
+def test_bodies_are_the_answers_json_in_blocks() -> None:
+    rows = [
+        ('i"1', "w\\1", "x", "id-1", 1.0, 2),
+        ("caf\u00e9", "w2", "y", None, 0.25, 3),
+        ("i3", "w3", "z", "id-3", 1e-7, 4),
+        ("i4", "w4", "x", None, 3.0, None),
+        ("i5", "w5", "y", "id-5", 1.0, 6),
+    ]
+    table = AnswerTable.of("csv", rows)
+
+    expected = [
+        [{"item": 'i"1', "worker": "w\\1", "label": "x", "id": "id-1"},
+         {"item": "caf\u00e9", "worker": "w2", "label": "y", "weight": 0.25}],
+        [{"item": "i3", "worker": "w3", "label": "z", "id": "id-3", "weight": 1e-7},
+         {"item": "i4", "worker": "w4", "label": "x", "weight": 3.0}],
+        [{"item": "i5", "worker": "w5", "label": "y", "id": "id-5"}],
+    ]  # fmt: skip
+    blocks = list(table.bodies(2))
+    assert [(lo, hi) for lo, hi, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
+    assert [orjson.loads(body) for _, _, body in blocks] == expected
+    with_control = AnswerTable.of("csv", [("a\tb", "w", "x", None, 1.0, 1), *rows])
+    assert orjson.loads(next(with_control.bodies(10))[2])[0] == {
+        "item": "a\tb", "worker": "w", "label": "x"
+    }  # fmt: skip
+    assert table.line(3) is None and table.first_label_not_in(["x", "y"]) == 2
