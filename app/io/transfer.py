@@ -104,7 +104,7 @@ def call(
                     return resp
                 wait = _retry_after(resp)
                 wait = wait if wait is not None else _backoff(min(attempt, 5))
-                pushed_back += wait
+                pushed_back += max(wait, 0.1)  # (a Retry-After of 0 again and again still ends)
                 time.sleep(wait)
                 continue
             if last or not (retry and resp.status_code in RETRY_STATUS):

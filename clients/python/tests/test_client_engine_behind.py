@@ -62,7 +62,10 @@ def test_post_labels_waits_out_engine_behind(tmp_path: Path) -> None:
     }
     store = RedisStore(REDIS_URL, prefix)
     try:
-        with running_service(tmp_path, env) as url, Client(url, ADMIN, retries=30) as c:
+        with (
+            running_service(tmp_path, env) as url,
+            Client(url, ADMIN) as c,
+        ):  # (the default waits out push-back)
             c.create_project("p", ["a", "b"], worker_slots=64, dyadic={"enabled": False})
             first = c.post_labels("p", _block("x", 40), ids="auto", id_namespace="x")
             assert first.accepted == 40

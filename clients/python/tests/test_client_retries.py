@@ -109,3 +109,27 @@ def test_retry_after_is_waited_as_seconds_or_a_date_within_max_backoff() -> None
     assert wait(formatdate(time.time() - 4, usegmt=True)) == 0.0
     for unreadable in ("soon", "nan", "inf"):  # the jittered back-off instead: 8 s, halved
         assert 4.0 <= wait(unreadable) < 8.0, unreadable  # to 8 at random
+
+
+def test_push_back_is_waited_out_without_spending_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 429 took nothing: a long import against a busy engine waits (up to ``max_pushback``
+    seconds in all) instead of failing after ``retries`` answers."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    seen: list[httpx.Request] = []
+    answers: list[object] = [httpx.Response(429, headers={"Retry-After": "2"}) for _ in range(9)]
+    answers.append(httpx.Response(202, json=ACCEPTED))
+    with fast(scripted(answers, seen), retries=1) as c:
+        assert c.post_labels("p", [("i", "w", "a")]).accepted == 1
+    assert len(seen) == 10 and slept == [2.0] * 9
+    slept.clear()
+    answers = [httpx.Response(429, headers={"Retry-After": "0"}) for _ in range(31)]
+    with (
+        fast(scripted(answers, seen), retries=1, max_pushback=2.95) as c,
+        pytest.raises(ApiError) as err,
+    ):
+        c.post_labels("p", [("i", "w", "a")])
+    assert err.value.status == 429 and not answers  # 30 waits of 0 s, counted 0.1 s each
+    assert slept == [0.0] * 30

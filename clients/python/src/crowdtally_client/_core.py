@@ -20,6 +20,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_BATCH = 1_000
 MAX_BATCH = 10_000  # the service's default limit of labels per block
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+PUSHBACK_FLOOR = 0.1
+"""Seconds each 429 counts for at least against ``max_pushback`` (a ``Retry-After: 0``
+answered again and again still ends)."""
 
 LabelLike = Label | Mapping[str, Any] | Sequence[Any]
 IdMode = Literal["auto"] | None
@@ -224,15 +227,18 @@ class RetryPolicy:
     """Exponential back-off: ``backoff * 2**attempt`` seconds (jittered, capped at ``max_backoff``);
     an answer's ``Retry-After`` (a 429, a 503) is waited instead, capped at ``max_backoff``.
 
-    Connection failures before the request went out and 429 are always retried (a 429 took
-    nothing: the service's ``engine_behind`` appends nothing of the refused block, so the same
-    block is sent again); other transport errors and 5xx only for idempotent requests (GETs,
-    DELETEs, label blocks whose labels all carry ids). ``retries`` bounds them all.
+    Connection failures before the request went out are always retried, other transport
+    errors and 5xx only for idempotent requests (GETs, DELETEs, label blocks whose labels all
+    carry ids); ``retries`` bounds them. A 429 is push-back, not a failure (the service's
+    ``engine_behind`` appends nothing of the refused block): the same request is sent again
+    after each wait, without spending the retries, for up to ``max_pushback`` seconds of
+    waiting in all.
     """
 
     retries: int = 5
     backoff: float = 0.25
     max_backoff: float = 8.0
+    max_pushback: float = 600.0
 
     def delay(self, attempt: int, response: httpx.Response | None) -> float:
         after = retry_after(response) if response is not None else None
@@ -242,9 +248,9 @@ class RetryPolicy:
         return d / 2 + random.random() * d / 2
 
     def should_retry_status(self, status: int, attempt: int, idempotent: bool) -> bool:
-        if attempt >= self.retries or status not in RETRY_STATUS:
+        if attempt >= self.retries or status not in RETRY_STATUS or status == 429:
             return False
-        return idempotent or status == 429
+        return idempotent
 
     def should_retry_exc(self, exc: httpx.TransportError, attempt: int, idempotent: bool) -> bool:
         if attempt >= self.retries:
@@ -258,6 +264,7 @@ class Attempts:
 
     def __init__(self, policy: RetryPolicy, method: str, url: str, idempotent: bool | None) -> None:
         self.policy, self.what, self.attempt = policy, f"{method} {url}", 0
+        self.pushed_back = 0.0  # seconds waited after 429s
         self.idempotent = (
             method in ("GET", "HEAD", "DELETE", "PUT") if idempotent is None else idempotent
         )
@@ -270,6 +277,10 @@ class Attempts:
 
     def after_answer(self, response: httpx.Response) -> float | None:
         """The wait, or None: ``response`` is the answer (``ApiError`` if it is an error)."""
+        if response.status_code == 429 and self.pushed_back < self.policy.max_pushback:
+            delay = self.policy.delay(min(self.attempt, 5), response)
+            self.pushed_back += max(delay, PUSHBACK_FLOOR)
+            return delay
         if self.policy.should_retry_status(response.status_code, self.attempt, self.idempotent):
             return self._next(response)
         raise_for(response)

@@ -57,12 +57,13 @@ class _Base:
         retries: int = 5,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
+        max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
     ) -> None:
         self.url = url.rstrip("/")
         self.key = key
         self.timeout = timeout
-        self.retry = RetryPolicy(retries, backoff, max_backoff)
+        self.retry = RetryPolicy(retries, backoff, max_backoff, max_pushback)
         self.batch_size = _core.check_batch(batch_size)
 
 
@@ -82,6 +83,7 @@ class Client(_Base):
         retries: int = 5,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
+        max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -92,6 +94,7 @@ class Client(_Base):
             retries=retries,
             backoff=backoff,
             max_backoff=max_backoff,
+            max_pushback=max_pushback,
             batch_size=batch_size,
         )
         self._http = httpx.Client(
@@ -403,6 +406,7 @@ class AsyncClient(_Base):
         retries: int = 5,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
+        max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
         concurrency: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -414,6 +418,7 @@ class AsyncClient(_Base):
             retries=retries,
             backoff=backoff,
             max_backoff=max_backoff,
+            max_pushback=max_pushback,
             batch_size=batch_size,
         )
         self.concurrency = concurrency
