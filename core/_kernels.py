@@ -36,7 +36,7 @@ _MAX_NEWTON_STEP = 1.0  # trust region of the M-step: no logit moves more than t
 _MAX_PRIOR_SHRINK = 0.5
 
 
-@jit
+@jit_inline
 def _logsumexp(x):
     m = -np.inf
     for v in x:
@@ -49,7 +49,7 @@ def _logsumexp(x):
     return m + math.log(acc)
 
 
-@jit
+@jit_inline
 def _theta(population, worker, scale, s, z, theta):
     """theta = Gamma[z] + A_s[z]: slot s's logits for true class z (eq. 1)."""
     for k in range(theta.shape[0]):
@@ -101,7 +101,7 @@ def _log_joint(
             logq[z] += h * (d * theta[l] - m - log_acc)
 
 
-@jit
+@jit_inline
 def _normalise(logq, q):
     """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood. One
     exp per class (q = exp(logq - max), then divided by its sum): the E-step's costliest part."""
@@ -214,7 +214,9 @@ def _item_em(
     return b, _normalise(logq, q) - 0.5 * lam_b * b * b
 
 
-@jit
+# The global step's parts below are inlined into learn_blocks: called once per item each, with
+# a dozen arrays as arguments, they cost about a seventh of a first pass (1M answers, K = 5).
+@jit_inline
 def _label_gradients(
     lo,
     hi,
@@ -263,7 +265,7 @@ def _label_gradients(
                 grad[r, z, l] -= c_old
 
 
-@jit
+@jit_inline
 def _global_step(
     lo,
     hi,
@@ -322,7 +324,7 @@ def _global_step(
         scalars[SCALE] = 1.0
 
 
-@jit
+@jit_inline
 def _slot_is_empty(counts, s):
     """No label has been counted for slot s yet."""
     K = counts.shape[1]
@@ -333,7 +335,7 @@ def _slot_is_empty(counts, s):
     return True
 
 
-@jit
+@jit_inline
 def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_old):
     """Statistics of the labels under the item's latest posterior (eq. 14).
 
@@ -437,7 +439,7 @@ EVIDENCE_FULL = 100_000.0
 EVIDENCE_EVERY = 8.0
 
 
-@jit
+@jit_inline
 def _evidence_share(evidence, scalars):
     """How many times this arrival's prequential scores count (0: not scored)."""
     if evidence[evidence.shape[0] - 1] < EVIDENCE_FULL:

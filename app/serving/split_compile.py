@@ -1,13 +1,16 @@
 """The nominal model's learning kernel (``core._kernels.learn_blocks``), compiled by two
 processes at once on a first start.
 
-Compiling it takes about 7.5 s in one process, three quarters of which go to the kernels it
-calls. numba compiles a callee when it types the caller, and looks in the disk cache first
-(``Dispatcher.compile``), so the callees are split in two halves: the service's process
-compiles one (``SERVE_HALF``) while the warm-up's second process compiles the other
-(``SECOND_HALF``), waits for the first half's cache files, then compiles ``learn_blocks``
-itself, which loads both halves. Each callee is compiled with the exact signature
-``learn_blocks`` calls it with (tests/app/test_warmup.py checks them against the cache that a
+numba compiles a callee when it types the caller, and looks in the disk cache first
+(``Dispatcher.compile``), so the callees that ``learn_blocks`` calls (rather than inlines) are
+split in two halves: the service's process compiles one (``SERVE_HALF``) while the warm-up's
+second process compiles the other (``SECOND_HALF``), waits for the first half's cache files,
+then compiles ``learn_blocks`` itself, which loads both halves. The global step of a new
+arrival (the label gradients, the statistics, the step) is inlined into ``learn_blocks``: a
+call per item to each, passing a dozen arrays, cost about a seventh of the pass. Inlining the
+per-item E-step too would save a little more but make ``learn_blocks`` alone take most of a
+first start's compile. Each callee is compiled with the exact signature ``learn_blocks``
+calls it with (tests/app/test_warmup.py checks them against the cache that a
 real compile writes); a wrong one would only cost the time to compile it twice.
 """
 
@@ -22,18 +25,16 @@ from core._numba import compile_for
 
 SERVE_HALF = {
     "_kernels._item_em": "I I i1 i1 f1 f1 f2 f3 F f1 F f1 f1 f1 f1 f3",
-    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1 F",
 }
-"""The per-item E-step (and the kernels it calls) and the prequential evidence (eq. 22)."""
+"""The per-item E-step (and the kernels it calls)."""
 
 SECOND_HALF = {
-    "_kernels._label_gradients": "I I I i1 i1 f1 f2 f3 F f1 F f1 F f1 f1 f3 f3",
-    "_kernels._add_counts": "I I I i1 i1 f1 f3 f1 f1 f1",
+    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1 F",
     "_kernels._slot_newton_steps": "I I i1 f2 f3 f1 f3 f1 F f1 f1 f2 f1 f1",
     "_kernels._revisit_step": "f1 f1 f2 f2 f1 f1 f1 F",
-    "_kernels._global_step": "I I B i1 f1 f1 f2 f2 f3 f1 f1 f1 f1 f1 f3",
 }
-"""The global step's parts: gradients, statistics, the slots' Newton steps, the revisit."""
+"""The prequential evidence (eq. 22) and a revisit's global step: the slots' Newton steps
+and the shared parameters' step."""
 
 _MODULES = {
     "_kernels": _kernels,
