@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from core._numba import jit
+from core._numba import jit, jit_inline
 
 HINGE, LOGISTIC, SQUARED, QUANTILE = 0, 1, 2, 3
 
@@ -661,13 +661,13 @@ def _h_bracket(gap, rho, sp, sm, c0, Q, eta_d, lam, L0, mu):
 # ---------------------------------------------------------------- the model's tables
 
 
-@jit
+@jit_inline
 def _slot(ident, n):
     m = ident % n
     return m + n if m < 0 else m
 
 
-@jit
+@jit_inline
 def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, update):
     """(η_d, η_r, η_t, η_c): global decaying rate, or per-coordinate adaptive rates (003).
 
@@ -695,7 +695,7 @@ def _rates(hyper, G, GWR, GWT, GC, GA, GB, s, r, t, grad2, h, bnorm2, anorm2, up
     return ed, er, et, ec
 
 
-@jit
+@jit_inline
 def _stats(A, B, s, r, t):
     """(S₊, S₋, c0) of scorer s at (r, t)."""
     sp = 0.0
@@ -710,7 +710,7 @@ def _stats(A, B, s, r, t):
     return 0.5 * sp, 0.5 * sm, c0
 
 
-@jit
+@jit_inline
 def _pair_stats(A, B, si, sj, r, t):
     """(S₊, S₋, c0) of p = f_si − f_sj at (r, t) (sj < 0: p = f_si); all 0 when k = 0.
 
@@ -727,7 +727,7 @@ def _pair_stats(A, B, si, sj, r, t):
     return sp, sm, c0
 
 
-@jit
+@jit_inline
 def _predict1(A, B, WR, WT, WC, s, r, t):
     p = WR[r, s] + WT[t, s] + WC[s]
     for d in range(A.shape[2]):
@@ -735,12 +735,12 @@ def _predict1(A, B, WR, WT, WC, s, r, t):
     return p
 
 
-@jit
+@jit_inline
 def _lin1(WR, WT, WC, s, r, t):
     return WR[r, s] + WT[t, s] + WC[s]
 
 
-@jit
+@jit_inline
 def _apply(A, B, WR, WT, WC, s, r, t, u, dec, ldec, sig_r, sig_t, sig_c):
     cu = math.cosh(u)
     su = math.sinh(u)
@@ -759,7 +759,7 @@ def _apply(A, B, WR, WT, WC, s, r, t, u, dec, ldec, sig_r, sig_t, sig_c):
         WC[s] = ldec * WC[s] + sig_c
 
 
-@jit
+@jit_inline
 def _norm2(M, s, i):
     acc = 0.0
     for d in range(M.shape[2]):
@@ -830,7 +830,7 @@ def _best_in(A, B, WR, WT, WC, r, t, lo, hi, K):
 BINARY, OAA, TREE, ORDINAL = 0, 1, 2, 3
 
 
-@jit
+@jit_inline
 def learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, lab, h):
     """Learn one example (rater slot r, task slot t, class lab, weight h > 0)."""
     if reduction != TREE:
@@ -864,6 +864,15 @@ def learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r,
                     break
             width *= 2
     G[0] += h
+
+
+@jit
+def _learn_one_compiled(
+    A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, lab, h
+):
+    """``learn_one`` as a call: h_min's searches call it, so that their kernels hold one copy
+    of it, not one inlined per call site."""
+    learn_one(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, lab, h)
 
 
 @jit
@@ -937,7 +946,7 @@ def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K,
     _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one)
     a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
     row = np.int64(0)  # (not the literal 0: one compiled specialization, see _numba)
-    learn_one(
+    _learn_one_compiled(
         a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1, hyper, reduction, K, row, row, tg, h
     )
     f = _predict1(a1, b1, wr1, wt1, wc1, tg, row, row)
