@@ -133,6 +133,31 @@ def stored_item_views(
     ]
 
 
+def export_records(
+    record: ProjectRecord, page: list[tuple[str, bytes]], g: Globals
+) -> list[dict[str, Any]]:
+    """Stored items as the export writes them: an ``Item``'s fields but its labels, as plain
+    dicts in the model's order (a page at once; no model per item, the best labels found in
+    one call)."""
+    parsed = [orjson.loads(blob) for _, blob in page]
+    posteriors = stored_posteriors(parsed, g)
+    best = posteriors.argmax(axis=1).tolist() if len(parsed) else []
+    classes = record.labels
+    return [
+        {
+            "item": name,
+            "label": classes[b] if (known := has_evidence(d)) else None,
+            "probability": p[b] if known else None,
+            "posterior": dict(zip(classes, p, strict=True)),
+            "n_labels": len(d["labels"]),
+            "gold": classes[d["gold"]] if d.get("gold") is not None else None,
+            "computed_at": iso(d["computed_at"]),
+            "position": d["position"],
+        }
+        for (name, _), d, p, b in zip(page, parsed, posteriors.tolist(), best, strict=True)
+    ]
+
+
 def _item(
     record: ProjectRecord,
     item: str,

@@ -8,6 +8,7 @@ each with the time it was computed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,9 @@ from core.online import OnlineEM
 from core.served import held_out_posteriors
 
 
+@functools.lru_cache(maxsize=4096)
 def iso(ts: float) -> str:
+    """``ts`` in ISO 8601, UTC, to the millisecond (cached: the items a step wrote share it)."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -48,6 +48,8 @@ class _ProjectState:
         self.globals: bytes | None = None
         self.rows: dict[int, bytes] = {}
         self.items: dict[str, bytes] = {}
+        self.item_order: list[str] = []
+        """The items' names in ``items``' order, for paging (rebuilt when items were added)."""
         self.workers: dict[str, bytes] = {}
         self.queue: dict[str, float] = {}
         self.queue_settings: bytes | None = None
@@ -420,7 +422,9 @@ class EmbeddedStore:
             st = self._state.get(project)
             if st is None:
                 return 0, []
-            keys = list(st.items)[cursor : cursor + count]
+            if len(st.item_order) != len(st.items):  # (items are only ever added)
+                st.item_order = list(st.items)
+            keys = st.item_order[cursor : cursor + count]
             page = [(k, st.items[k]) for k in keys]
             nxt = cursor + len(keys)
             return (nxt if nxt < len(st.items) else 0), page

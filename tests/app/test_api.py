@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from typing import Any
 
@@ -149,6 +151,43 @@ def test_items_pages_filter_and_export(client: TestClient) -> None:
     csv_text = client.get("/v1/projects/census/export", params={"format": "csv"}, headers=key).text
     lines = csv_text.strip().splitlines()
     assert lines[0].startswith("item,label,probability,asian,black") and len(lines) == 21
+
+
+def test_the_export_is_the_listing_without_labels_over_several_pages(client: TestClient) -> None:
+    """Export rows are built without a model per item: they must be the listing's items
+    (gold, unlabelled and unicode ones included) but their labels, over pages of 1,000."""
+    key = make_project(client)
+    block = [{"item": f"it\u00e9m {i}", "worker": f"w{i % 7}", "label": LABELS[i % 3 + (i % 11 == 0)]}
+             for i in range(2_300)]  # fmt: skip
+    for lo in range(0, len(block), 50):  # (the test service takes blocks of 50)
+        last = lo + 50 >= len(block)
+        assert post(client, key, block[lo : lo + 50], wait=last).status_code == 202
+    gold = [{"item": "it\u00e9m 5", "label": "white"}]
+    assert (
+        client.post("/v1/projects/census/gold?wait=true", json=gold, headers=key).status_code == 202
+    )
+    bare = [{"item": f"new {i}"} for i in range(3)]
+    assert (
+        client.post("/v1/projects/census/items?wait=true", json=bare, headers=key).status_code < 300
+    )
+    listed: dict[str, Any] = {}
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/v1/projects/census/items", params=params, headers=key).json()
+        listed |= {x["item"]: {k: v for k, v in x.items() if k != "labels"} for x in page["items"]}
+        if (cursor := page["next_cursor"]) is None:
+            break
+    lines = client.get("/v1/projects/census/export", headers=key).text.splitlines()
+    exported = {r["item"]: r for r in map(orjson.loads, lines)}
+    assert len(lines) == len(exported) == len(listed) == 2_303 and exported == listed
+    assert exported["it\u00e9m 5"]["gold"] == "white" and exported["new 0"]["label"] is None
+    rows = list(csv.reader(io.StringIO(
+        client.get("/v1/projects/census/export", params={"format": "csv"}, headers=key).text)))  # fmt: skip
+    assert len(rows) == 2_304 and {r[0] for r in rows[1:]} == set(listed)
+    first = exported[rows[1][0]]
+    assert rows[1][1:4] == [first["label"], f"{first['probability']:.6g}",
+                            f"{first['posterior']['asian']:.6g}"]  # fmt: skip
 
 
 def test_workers_ranked_spammer_first(client: TestClient) -> None:

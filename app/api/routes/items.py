@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
 from app.api.schemas import Item, ItemPage
-from app.api.views import globals_of, item_view, stored_item_views, within
+from app.api.views import export_records, globals_of, item_view, stored_item_views, within
 
 router = APIRouter()
 
@@ -115,18 +115,17 @@ def export_items(
 ) -> StreamingResponse:
     record = svc.project(project)
 
-    def pages() -> Iterator[list[Item]]:
+    def pages() -> Iterator[list[dict[str, Any]]]:
         cursor = 0
         while True:
             cursor, page = svc.store.scan_items(project, cursor, 1000)
-            g = globals_of(svc, record)
-            yield stored_item_views(record, page, g)
+            yield export_records(record, page, globals_of(svc, record))
             if cursor == 0:
                 return
 
     def jsonl() -> Iterator[bytes]:
         for page in pages():
-            yield b"".join(orjson.dumps(x.model_dump(exclude={"labels"})) + b"\n" for x in page)
+            yield b"".join(orjson.dumps(x) + b"\n" for x in page)
 
     def csv_rows() -> Iterator[str]:
         buf = io.StringIO()
@@ -135,18 +134,18 @@ def export_items(
             ["item", "label", "probability", *record.labels, "n_labels", "gold", "computed_at"]
         )
         for page in pages():
-            for x in page:
-                w.writerow(
-                    [
-                        x.item,
-                        x.label or "",
-                        "" if x.probability is None else f"{x.probability:.6g}",
-                        *(f"{x.posterior[c]:.6g}" for c in record.labels),
-                        x.n_labels,
-                        x.gold or "",
-                        x.computed_at,
-                    ]
-                )
+            w.writerows(
+                [
+                    x["item"],
+                    x["label"] or "",
+                    "" if x["probability"] is None else f"{x['probability']:.6g}",
+                    *(f"{v:.6g}" for v in x["posterior"].values()),
+                    x["n_labels"],
+                    x["gold"] or "",
+                    x["computed_at"],
+                ]
+                for x in page
+            )
             yield buf.getvalue()
             buf.seek(0)
             buf.truncate()
