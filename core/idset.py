@@ -109,7 +109,11 @@ def _insert(table, keys, present):  # type: ignore[no-untyped-def]
 def hash_ids(joined: bytes, n: int | None = None) -> tuple[Keys, npt.NDArray[np.bool_]]:
     """The keys of a newline-joined block of ``n`` ids (by default one more than its newlines:
     ``n`` tells an empty block from one label without an id), and which segments hold an id."""
-    n = joined.count(b"\n") + 1 if n is None else n
+    segments = joined.count(b"\n") + 1
+    if n is None:
+        n = segments
+    elif n and segments != n:
+        raise ValueError(f"{n} ids joined into {segments} lines: an id holds a newline")
     keys = np.empty((n, 2), dtype=np.uint64)
     present = np.empty(n, dtype=np.bool_)
     if n:

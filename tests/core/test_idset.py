@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,3 +55,8 @@ def test_the_two_halves_of_a_key_differ_and_the_first_is_never_zero() -> None:
     keys, _ = hash_ids(join_ids([str(k) for k in range(10_000)]))
     assert (keys[:, 0] & np.uint64(1)).all()
     assert np.unique(keys[:, 0]).size == 10_000 and np.unique(keys[:, 1]).size == 10_000
+
+
+def test_an_id_with_a_newline_is_refused_not_hashed_out_of_bounds() -> None:
+    with pytest.raises(ValueError, match="newline"):
+        hash_ids(join_ids(["a\nb", "c"]), 2)
