@@ -34,6 +34,8 @@ _EDGE_SPACE = f"^[{_PY_SPACE}]|[{_PY_SPACE}]$"
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 """A weight written as a plain decimal number (any other is read row by row, as ``float``)."""
 Row = tuple[str, str, str, str | None, float, int | None]
+_HASHED_AT_ONCE = 1 << 16
+_ROWS_AT_ONCE = 1 << 17  # answers whose JSON is written at once (about 12 MB)
 
 
 @dataclass(frozen=True)
@@ -91,20 +93,26 @@ class AnswerTable:
                 hi = min(lo + batch_size, n)
                 yield lo, hi, orjson.dumps(self._dicts(lo, hi))
             return
-        offsets, data = _buffers(self._rows())
-        for lo in range(0, n, batch_size):
-            hi = min(lo + batch_size, n)
-            yield lo, hi, b"[" + data[offsets[lo] : offsets[hi] - 1].tobytes() + b"]"
+        span = batch_size * max(1, _ROWS_AT_ONCE // batch_size)  # (whole blocks per span)
+        for start in range(0, n, span):
+            end = min(start + span, n)
+            offsets, data = _buffers(self._rows(start, end))
+            for lo in range(start, end, batch_size):
+                hi = min(lo + batch_size, end)
+                at, to = offsets[lo - start], offsets[hi - start] - 1
+                yield lo, hi, b"[" + data[at:to].tobytes() + b"]"
 
-    def _rows(self) -> pa.Array:
-        """Each answer as a JSON object followed by a comma."""
+    def _rows(self, start: int, end: int) -> pa.Array:
+        """Answers ``start`` to ``end``, each as a JSON object followed by a comma."""
+        cols = [c.slice(start, end - start) for c in (self.items, self.workers, self.labels)]
+        ids = self.ids.slice(start, end - start)
         ids = pc.if_else(
-            pc.is_null(self.ids), "", pc.binary_join_element_wise(',"id":"', _escaped(self.ids), '"', "")
+            pc.is_null(ids), "", pc.binary_join_element_wise(',"id":"', _escaped(ids), '"', "")
         )  # fmt: skip
-        parts = ['{"item":"', _escaped(self.items), '","worker":"', _escaped(self.workers),
-                 '","label":"', _escaped(self.labels), '"', ids]  # fmt: skip
+        parts = ['{"item":"', _escaped(cols[0]), '","worker":"', _escaped(cols[1]),
+                 '","label":"', _escaped(cols[2]), '"', ids]  # fmt: skip
         if self.weights is not None:
-            w = pa.array(self.weights)
+            w = pa.array(self.weights[start:end])
             text = pc.binary_join_element_wise(',"weight":', pc.cast(w, pa.string()), "")
             parts.append(pc.if_else(pc.equal(w, 1.0), "", text))
         return pc.binary_join_element_wise(*parts, "},", "")
@@ -257,7 +265,13 @@ def _ids(
         np.arange(codes.size) - np.repeat(starts, np.diff(np.r_[starts, codes.size])) + 1
     )
     keys = pc.binary_join_element_wise(answer, pc.cast(pa.array(occurrence), pa.string()), "\x1f")
-    hashed = [hash_id("row", k) for k in keys.to_pylist()]  # SHA-256: one call per answer
+    hashed = pa.concat_arrays(
+        [
+            pa.array([hash_id("row", k) for k in keys.slice(lo, _HASHED_AT_ONCE).to_pylist()])
+            for lo in range(0, len(keys), _HASHED_AT_ONCE)
+        ]  # SHA-256: one call per answer; a slice's strings at a time in memory
+        or [pa.array([], pa.string())]
+    )
     if given is None:
-        return pa.array(hashed, pa.string())
-    return pc.replace_with_mask(given, pa.array(missing), pa.array(hashed, pa.string()))
+        return hashed
+    return pc.replace_with_mask(given, pa.array(missing), hashed)

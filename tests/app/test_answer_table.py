@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.io import importers
+from app.io import answer_table, importers
 from app.io.answer_table import AnswerTable
 
 PLAIN = {
@@ -132,9 +132,12 @@ def test_bodies_are_the_answers_json_in_blocks() -> None:
          {"item": "i4", "worker": "w4", "label": "x", "weight": 3.0}],
         [{"item": "i5", "worker": "w5", "label": "y", "id": "id-5"}],
     ]  # fmt: skip
-    blocks = list(table.bodies(2))
-    assert [(lo, hi) for lo, hi, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
-    assert [orjson.loads(body) for _, _, body in blocks] == expected
+    for at_once in (1 << 17, 3, 5):  # the rows' JSON written in one span, or in several
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(answer_table, "_ROWS_AT_ONCE", at_once)
+            blocks = list(table.bodies(2))
+        assert [(lo, hi) for lo, hi, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
+        assert [orjson.loads(body) for _, _, body in blocks] == expected
     with_control = AnswerTable.of("csv", [("a\tb", "w", "x", None, 1.0, 1), *rows])
     assert orjson.loads(next(with_control.bodies(10))[2])[0] == {
         "item": "a\tb", "worker": "w", "label": "x"
