@@ -2,7 +2,9 @@
 
 A snapshot is everything ``ProjectEngine`` holds at a log position (parameters with their
 online statistics, every label per item, posteriors, gold, worker tallies, id tables), as an
-``.npz`` blob. Restoring one and replaying the log after its position gives bit-identical
+``.npz`` blob compressed by Zstandard (level 1: a 1M-label project's 63 MB of arrays in 0.09 s,
+where zlib's level 1 took 0.50 s; snapshots written by zlib, before, are read too). Restoring
+one and replaying the log after its position gives bit-identical
 state, because the engine is a pure function of the log. Taking one is split in two: a
 ``capture`` (array copies, in the engine's thread: the only stall) and the encoding and SQL
 write (``app.store.archive.SnapshotDB``), in a background thread.
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
+import zstandard
 
 from app.engine.dyadic import DyadicCapture
 from app.engine.project import ProjectEngine
@@ -30,7 +33,7 @@ from app.store.base import LogEntry, ProjectRecord, Store
 from core.evidence import evidence_size
 from core.nominal import NominalParams
 
-FORMAT = 1  # a zlib-compressed .npz
+FORMAT = 1  # the .npz's layout (its compression is told by its first bytes)
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -118,7 +121,17 @@ def encode(cap: Capture) -> bytes:
     if cap.dyadic is not None:
         arrays.update(cap.dyadic.pack())
     np.savez(buf, **arrays)
-    return zlib.compress(buf.getvalue(), 1)  # level 1: ~3x smaller for ~0.1 s per 10 MB
+    return zstandard.ZstdCompressor(level=1).compress(buf.getvalue())
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def decompress(blob: bytes) -> bytes:
+    """A snapshot's .npz bytes: Zstandard's frame, or zlib's (snapshots written before)."""
+    if blob[:4] == _ZSTD_MAGIC:
+        return zstandard.ZstdDecompressor().decompress(blob)
+    return zlib.decompress(blob)
 
 
 class StaleSnapshotError(ValueError):
@@ -127,7 +140,7 @@ class StaleSnapshotError(ValueError):
 
 def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     """A ProjectEngine in exactly the state the snapshot was taken in."""
-    z = np.load(io.BytesIO(zlib.decompress(blob)))
+    z = np.load(io.BytesIO(decompress(blob)))
     fmt, position, computed_at = z["meta"]
     if int(fmt) != FORMAT:
         raise ValueError(f"snapshot format {int(fmt)} is not {FORMAT}")
@@ -187,7 +200,7 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
 
 def describe(blob: bytes) -> dict[str, Any]:
     """The arrays in a snapshot and their shapes (``crowdtally snapshots inspect``)."""
-    z = np.load(io.BytesIO(zlib.decompress(blob)))
+    z = np.load(io.BytesIO(decompress(blob)))
     fmt, position, _ = z["meta"]
     return {
         "format": int(fmt),

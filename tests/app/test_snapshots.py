@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.engine.dyadic import settings_for
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
-from app.engine.snapshots import Snapshotter, capture, encode, restore
+from app.engine.snapshots import Snapshotter, capture, decompress, describe, encode, restore
 from app.store.archive import SnapshotDB, rebuild_store
 from app.store.base import ProjectRecord, Store
 from app.store.redis_store import RedisStore
@@ -74,6 +75,20 @@ def test_snapshot_round_trip_then_replay_is_bit_identical(synthetic: Synthetic) 
     for e in entries[5:]:
         resumed.apply(e)
     same_state(full, resumed)
+
+
+def test_snapshots_are_zstandard_and_those_written_by_zlib_still_restore(
+    synthetic: Synthetic,
+) -> None:
+    engine = ProjectEngine(RECORD)
+    for e in label_entries(synthetic, [2000, 4000]):
+        engine.apply(e)
+    blob = encode(capture(engine))
+    assert blob[:4] == b"\x28\xb5\x2f\xfd"  # a Zstandard frame
+    older = zlib.compress(decompress(blob), 1)  # as snapshots were written before
+    same_state(engine, restore(RECORD, older))
+    same_state(engine, restore(RECORD, blob))
+    assert describe(older) == describe(blob)
 
 
 def post_all(store: Store, synthetic: Synthetic, cuts: list[int]) -> None:
