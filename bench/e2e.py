@@ -3,8 +3,8 @@
 Whole processes first: ``crowdtally extract`` (online, one pass) and ``crowdtally extract
 --batch`` on the synthetic file of 1,000,000 answers (200,000 items x 5, 2,000 workers, 5
 classes, seed 0; rows in random order) that this command writes, predictions written to a
-CSV file, each timed from its start to its exit with its peak memory (the child's maximum
-resident set, from ``wait4``), median of ``--runs``; crowd-kit's DawidSkene as a whole process
+CSV file, each timed from its start to its exit with its peak memory (the command's own
+high-water mark, ``bench.measure.whole_process``), median of ``--runs``; crowd-kit's DawidSkene as a whole process
 on the same file (pandas reads it, predictions written the same way) as the peer; then the
 same two commands on 10,000,000 answers (2,000,000 items; generated, not kept).
 Fit-only figures second: online EM labels/s and batch EM label-iterations/s on one core, in
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
+from bench import measure
 from bench.synthetic import SyntheticSet, dawid_skene
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -62,18 +62,9 @@ def write_answers(s: SyntheticSet, path: Path) -> None:
 
 
 def whole_process(command: list[str]) -> Run:
-    """Wall time from start to exit, and the child's peak resident memory."""
-    t0 = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    seconds = time.perf_counter() - t0
-    child.returncode = os.waitstatus_to_exitcode(status)
-    err = child.stderr.read().decode() if child.stderr else ""
-    if child.stderr:
-        child.stderr.close()
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {child.returncode}: {err[-2000:]}")
-    return Run(seconds, usage.ru_maxrss / 1024)
+    """Wall time from start to exit, and the command's peak resident memory."""
+    r = measure.whole_process(command)
+    return Run(r.seconds, r.peak_mib)
 
 
 def median_run(command: list[str], runs: int) -> Run:
