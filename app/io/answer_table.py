@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,9 +34,25 @@ _PY_SPACE = (
 _EDGE_SPACE = f"^[{_PY_SPACE}]|[{_PY_SPACE}]$"
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 """A weight written as a plain decimal number (any other is read row by row, as ``float``)."""
-Row = tuple[str, str, str, str | None, float, int | None]
 _HASHED_AT_ONCE = 1 << 16
 _ROWS_AT_ONCE = 1 << 17  # answers whose JSON is written at once (about 12 MB)
+
+
+class Answer(Protocol):
+    """One answer read row by row (``app.io.importers.Record``)."""
+
+    @property
+    def item(self) -> str: ...
+    @property
+    def worker(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def line(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -54,18 +71,18 @@ class AnswerTable:
     """Source rows left out (rejected or cancelled assignments, say)."""
 
     @classmethod
-    def of(cls, format: str, rows: Sequence[Row], skipped: int = 0) -> AnswerTable:
-        """A table of (item, worker, label, id, weight, line) rows (read row by row)."""
-        items, workers, labels, ids, weights, lines = (
-            (list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 6
-        )
-        w = np.asarray(weights, dtype=np.float64)
+    def of(cls, format: str, answers: Sequence[Answer], skipped: int = 0) -> AnswerTable:
+        """A table of answers read row by row (a column at a time from them)."""
+
+        def column(name: str) -> pa.Array:
+            return pa.array([getattr(a, name) for a in answers], pa.string())
+
+        n = len(answers)
+        weights = np.fromiter((a.weight for a in answers), np.float64, n)
+        lines = np.fromiter((NO_LINE if a.line is None else a.line for a in answers), np.int64, n)
         return cls(
-            format, pa.array(items, pa.string()), pa.array(workers, pa.string()),
-            pa.array(labels, pa.string()), pa.array(ids, pa.string()),
-            None if (w == 1.0).all() else w,
-            np.array([NO_LINE if x is None else x for x in lines], dtype=np.int64),
-            skipped,
+            format, column("item"), column("worker"), column("label"), column("id"),
+            None if (weights == 1.0).all() else weights, lines, skipped,
         )  # fmt: skip
 
     def __len__(self) -> int:

@@ -162,13 +162,7 @@ def read_answers(
         if table is not None:
             return table, []
     parsed = _checked_parsed(source.path, _parse(source))
-    records = parsed.labels
-    table = AnswerTable.of(
-        parsed.format,
-        [(r.item, r.worker, r.label, r.id, r.weight, r.line) for r in records],
-        parsed.skipped,
-    )
-    return table, parsed.gold
+    return AnswerTable.of(parsed.format, parsed.labels, parsed.skipped), parsed.gold
 
 
 def _plain_table(source: _Source) -> AnswerTable | None:

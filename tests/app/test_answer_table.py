@@ -45,8 +45,11 @@ BY_ROWS = {
 
 def by_rows(path: Path) -> AnswerTable:
     parsed = importers.read(path)
-    rows = [(r.item, r.worker, r.label, r.id, r.weight, r.line) for r in parsed.labels]
-    return AnswerTable.of(parsed.format, rows)
+    return AnswerTable.of(parsed.format, parsed.labels)
+
+
+def answers(*rows: tuple[str, str, str, str | None, float, int | None]) -> list[importers.Record]:
+    return [importers.Record(i, w, lab, rid, h, line=n) for i, w, lab, rid, h, n in rows]
 
 
 def same(a: AnswerTable, b: AnswerTable) -> None:
@@ -123,7 +126,7 @@ def test_bodies_are_the_answers_json_in_blocks() -> None:
         ("i4", "w4", "x", None, 3.0, None),
         ("i5", "w5", "y", "id-5", 1.0, 6),
     ]
-    table = AnswerTable.of("csv", rows)
+    table = AnswerTable.of("csv", answers(*rows))
 
     expected = [
         [{"item": 'i"1', "worker": "w\\1", "label": "x", "id": "id-1"},
@@ -138,7 +141,7 @@ def test_bodies_are_the_answers_json_in_blocks() -> None:
             blocks = list(table.bodies(2))
         assert [(lo, hi) for lo, hi, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
         assert [orjson.loads(body) for _, _, body in blocks] == expected
-    with_control = AnswerTable.of("csv", [("a\tb", "w", "x", None, 1.0, 1), *rows])
+    with_control = AnswerTable.of("csv", answers(("a\tb", "w", "x", None, 1.0, 1), *rows))
     assert orjson.loads(next(with_control.bodies(10))[2])[0] == {
         "item": "a\tb", "worker": "w", "label": "x"
     }  # fmt: skip
