@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
             for fmt in ("csv", "jsonl"):
                 out = Path(folder) / f"export.{fmt}"
                 r = whole_process([*cli, "export", "-p", "columns", "-o", str(out), *url])
-                items = sum(1 for _ in out.open()) - (fmt == "csv")
+                with out.open() as f:
+                    items = sum(1 for _ in f) - (fmt == "csv")
                 row(f"export {fmt} ({items:,} items)", r)
 
 
