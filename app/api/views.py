@@ -137,24 +137,12 @@ def export_records(
     record: ProjectRecord, page: list[tuple[str, bytes]], g: Globals
 ) -> list[dict[str, Any]]:
     """Stored items as the export writes them: an ``Item``'s fields but its labels, as plain
-    dicts in the model's order (a page at once; no model per item, the best labels found in
-    one call)."""
+    dicts in the model's order (a page at once, no model per item)."""
     parsed = [orjson.loads(blob) for _, blob in page]
-    posteriors = stored_posteriors(parsed, g)
-    best = posteriors.argmax(axis=1).tolist() if len(parsed) else []
-    classes = record.labels
+    posteriors = stored_posteriors(parsed, g).tolist()
     return [
-        {
-            "item": name,
-            "label": classes[b] if (known := has_evidence(d)) else None,
-            "probability": p[b] if known else None,
-            "posterior": dict(zip(classes, p, strict=True)),
-            "n_labels": len(d["labels"]),
-            "gold": classes[d["gold"]] if d.get("gold") is not None else None,
-            "computed_at": iso(d["computed_at"]),
-            "position": d["position"],
-        }
-        for (name, _), d, p, b in zip(page, parsed, posteriors.tolist(), best, strict=True)
+        _fields(record.labels, name, d, p, d["computed_at"], d["position"])
+        for (name, _), d, p in zip(page, parsed, posteriors, strict=True)
     ]
 
 
@@ -167,22 +155,39 @@ def _item(
     position: int,
     with_labels: bool,
 ) -> Item:
-    best = int(posterior.argmax())
     classes = record.labels
-    known = has_evidence(d)  # else no best label: the posterior is the prior
-    return Item(
-        item=item,
-        label=classes[best] if known else None,
-        probability=float(posterior[best]) if known else None,
-        posterior={c: float(p) for c, p in zip(classes, posterior.tolist(), strict=True)},
-        n_labels=len(d["labels"]),
-        gold=classes[d["gold"]] if d.get("gold") is not None else None,
-        labels=[ItemLabel(worker=w, label=classes[z], weight=x) for w, z, x in d["labels"]]
+    labels = (
+        [ItemLabel(worker=w, label=classes[z], weight=x) for w, z, x in d["labels"]]
         if with_labels
-        else None,
-        computed_at=iso(computed_at),
-        position=position,
+        else None
     )
+    return Item(
+        **_fields(classes, item, d, posterior.tolist(), computed_at, position), labels=labels
+    )
+
+
+def _fields(
+    classes: tuple[str, ...],
+    item: str,
+    d: dict[str, Any],
+    posterior: list[float],
+    computed_at: float,
+    position: int,
+) -> dict[str, Any]:
+    """An item's served fields but its labels, in ``Item``'s order; no best label while it
+    has no evidence (its posterior is then the prior)."""
+    best = max(range(len(posterior)), key=posterior.__getitem__)  # (the first, on ties)
+    known = has_evidence(d)
+    return {
+        "item": item,
+        "label": classes[best] if known else None,
+        "probability": posterior[best] if known else None,
+        "posterior": dict(zip(classes, posterior, strict=True)),
+        "n_labels": len(d["labels"]),
+        "gold": classes[d["gold"]] if d.get("gold") is not None else None,
+        "computed_at": iso(computed_at),
+        "position": position,
+    }
 
 
 def within(item: Item, lo: float, hi: float) -> bool:
