@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from app.io.input import MAX_ID_LENGTH, hash_id
-from app.io.triples import parquet_file
+from app.io.triples import parquet_file, string_buffers
 
 NO_LINE = -1
 
@@ -113,7 +113,7 @@ class AnswerTable:
         span = batch_size * max(1, _ROWS_AT_ONCE // batch_size)  # (whole blocks per span)
         for start in range(0, n, span):
             end = min(start + span, n)
-            offsets, data = _buffers(self._rows(start, end))
+            offsets, data = string_buffers(self._rows(start, end))
             for lo in range(start, end, batch_size):
                 hi = min(lo + batch_size, end)
                 at, to = offsets[lo - start], offsets[hi - start] - 1
@@ -156,19 +156,6 @@ def _escaped(values: pa.Array) -> pa.Array:
 
 def _has_control(values: pa.Array) -> bool:
     return bool(pc.any(pc.match_substring_regex(values, _CONTROL)).as_py())
-
-
-def _buffers(
-    array: pa.Array | pa.ChunkedArray,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """A string array's offsets (from 0) and its bytes."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    array = array.cast(pa.large_string())
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64, len(array) + 1, array.offset * 8)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    return offsets - offsets[0], data[offsets[0] :]
 
 
 def parquet_names(path: Path) -> list[str]:

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from app.io.triples import CHUNK_BYTES, read_answer_chunks
+from app.io.triples import CHUNK_BYTES, read_answer_chunks, string_buffers
 from core._numba import jit
 
 Codes = npt.NDArray[np.int32]
@@ -104,23 +104,6 @@ def _grown(a: npt.NDArray[Any], need: int) -> npt.NDArray[Any]:
     out = np.empty(max(need, 2 * a.size), dtype=a.dtype)
     out[: a.size] = a
     return out
-
-
-def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """A string array's offsets (as int64) and bytes, without copying the bytes."""
-    wide = pa.types.is_large_string(array.type)
-    width = np.int64 if wide else np.int32
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(
-        offsets_buf,
-        dtype=width,
-        count=len(array) + 1,
-        offset=array.offset * np.dtype(width).itemsize,
-    ).astype(np.int64)
-    data = (
-        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    )
-    return offsets, data
 
 
 _FNV_OFFSET = np.uint64(14695981039346656037)

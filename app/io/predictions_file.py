@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.io.codes import arrow_ints, valid
+from app.io.triples import string_buffers
 from core._numba import jit
 from core.blocks import FloatArray, IntArray
 
@@ -69,8 +70,8 @@ def _write_csv(
     labels = _csv_fields(arrow_strings(list(classes)))
     if not _plain_numbers(posteriors):
         return _write_csv_slowly(path, items, labels, posteriors, best, header.getvalue())
-    item_offsets, item_bytes = _string_buffers(items)
-    label_offsets, label_bytes = _string_buffers(labels)
+    item_offsets, item_bytes = string_buffers(items)
+    label_offsets, label_bytes = string_buffers(labels)
     K = posteriors.shape[1]
     widest = int(np.diff(label_offsets).max()) + (K + 1) * 17 + 4  # a row, but for its item
 
@@ -148,19 +149,6 @@ def arrow_strings(values: list[str]) -> pa.Array:
 def arrow_floats(values: FloatArray) -> pa.Array:
     values = np.ascontiguousarray(values, dtype=np.float64)
     return pa.Array.from_buffers(pa.float64(), values.size, [None, pa.py_buffer(values)])
-
-
-def _string_buffers(names: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """Offsets (from 0) and bytes of an arrow string array."""
-    if names.type != pa.string():
-        return _string_buffers(names.cast(pa.string()))
-    offsets = np.frombuffer(
-        names.buffers()[1], dtype=np.int32, count=len(names) + 1, offset=names.offset * 4
-    ).astype(np.int64)
-    data = names.buffers()[2]
-    raw = np.frombuffer(data if data is not None else b"", dtype=np.uint8)
-    raw.setflags(write=False)  # whatever arrow's buffer was: one compiled signature of the writer
-    return offsets, raw
 
 
 def _significant_digits(x: FloatArray) -> tuple[IntArray, IntArray]:

@@ -79,6 +79,26 @@ def _check_id(path: Path, line: int, kind: str, value: str) -> str:
     return value
 
 
+def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """A string array's offsets (as int64, into its bytes) and its bytes, without copying the
+    bytes; the bytes read-only whatever arrow's buffer was (one compiled signature of the
+    kernels that read them). Other arrays are cast to strings first."""
+    wide = pa.types.is_large_string(array.type)
+    if not wide and not pa.types.is_string(array.type):
+        array = array.cast(pa.string())
+    width = np.int64 if wide else np.int32
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(
+        offsets_buf,
+        dtype=width,
+        count=len(array) + 1,
+        offset=array.offset * np.dtype(width).itemsize,
+    ).astype(np.int64)
+    data = np.frombuffer(data_buf if data_buf is not None else b"", dtype=np.uint8)
+    data.setflags(write=False)
+    return offsets, data
+
+
 def read_triples(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Triples:
     """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
     crowd-kit's ``task,worker,label``) is skipped. Parquet files (``.parquet``) hold those

@@ -13,6 +13,7 @@ import pytest
 
 from app.io import predictions_file
 from app.io.predictions_file import arrow_strings, write_predictions
+from app.io.triples import string_buffers
 
 
 def python_csv(path: Path, items: list[str], classes: list[str], posteriors: np.ndarray) -> None:
@@ -87,5 +88,5 @@ def test_parquet_keeps_full_precision(tmp_path: Path) -> None:
 def test_name_bytes_reach_the_writer_read_only_whatever_their_buffer() -> None:
     """Arrow's buffers are read-only or not by origin; the compiled writer gets one type."""
     for names in (arrow_strings(["a", "bc"]), pa.array(["a", "bc"]), pa.array(["", ""])):
-        _, raw = predictions_file._string_buffers(names)
+        _, raw = string_buffers(names)
         assert not raw.flags.writeable
