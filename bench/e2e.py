@@ -19,13 +19,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-from bench import measure
+from bench.measure import ProcessRun, whole_process
 from bench.synthetic import SyntheticSet, dawid_skene
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -42,12 +41,6 @@ DawidSkene().fit_predict(answers).to_csv(sys.argv[2])
 """
 
 
-@dataclass(frozen=True)
-class Run:
-    seconds: float
-    peak_mib: float
-
-
 def write_answers(s: SyntheticSet, path: Path) -> None:
     """item,worker,label CSV, unquoted, rows in the set's (random) order."""
     table = pa.table({
@@ -61,19 +54,11 @@ def write_answers(s: SyntheticSet, path: Path) -> None:
         pa_csv.write_csv(table, fh, options)
 
 
-def whole_process(command: list[str]) -> Run:
-    """Wall time from start to exit, and the command's peak resident memory."""
-    r = measure.whole_process(command)
-    return Run(r.seconds, r.peak_mib)
-
-
-def median_run(command: list[str], runs: int) -> Run:
+def median_run(command: list[str], runs: int) -> ProcessRun:
     whole_process(command)  # warm-up: the kernels' cache, the file in the page cache
     measured = [whole_process(command) for _ in range(runs)]
-    return Run(
-        statistics.median(r.seconds for r in measured),
-        statistics.median(r.peak_mib for r in measured),
-    )
+    return ProcessRun(*(statistics.median(getattr(r, f) for r in measured)
+                        for f in ("seconds", "cpu_s", "peak_mib")))  # fmt: skip
 
 
 def extract_command(path: Path, out: Path, batch: bool) -> list[str]:
@@ -82,7 +67,7 @@ def extract_command(path: Path, out: Path, batch: bool) -> list[str]:
             "--predictions", str(out)]  # fmt: skip
 
 
-def row(what: str, run: Run, target: str = "") -> None:
+def row(what: str, run: ProcessRun, target: str = "") -> None:
     print(f"{what:<44} {run.seconds:>8.2f} s {run.peak_mib:>8.0f} MiB   {target}", flush=True)
 
 
