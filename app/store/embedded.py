@@ -264,28 +264,23 @@ class EmbeddedStore:
             now = time.monotonic()
             if max_lag_s is not None and (lag := st.lag(now)) > max_lag_s:
                 raise EngineBehindError(project, lag)
-            joined = keys = present = None
-            keep, accepted, duplicates = b"", 0, 0
-            if ids is not None:
-                joined = join_ids(ids)
-                keys, present = hash_ids(joined, len(ids))
-                keep = st.ids.new_in_block(keys, present)
-                accepted = keep.count(b"1")
-                duplicates = len(ids) - accepted
-                if accepted == 0:
-                    return AppendResult(st.log_end, 0, duplicates)
+            joined = join_ids(ids) if ids is not None else None
+            keys, present = hash_ids(joined or b"", len(ids) if ids is not None else 0)
+            keep = st.ids.new_in_block(keys, present)  # (b"" without ids)
+            accepted = keep.count(b"1")
+            if ids is not None and accepted == 0:
+                return AppendResult(st.log_end, 0, len(ids))
             position = st.log_end + 1
             self._db.execute(
                 "INSERT INTO label_log (project, position, kind, payload, keep, ids) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (project, position, kind, payload, keep, joined),
             )  # (one statement: its own transaction)
-            if keys is not None and present is not None:
-                st.ids.add(keys, present)
+            st.ids.add(keys, present)
             st.log_end = position
             st.pending.append((position, now))
         self._appended.set()
-        return AppendResult(position, accepted, duplicates)
+        return AppendResult(position, accepted, len(ids) - accepted if ids is not None else 0)
 
     def read_log(
         self,
