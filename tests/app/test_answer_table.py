@@ -146,3 +146,11 @@ def test_bodies_are_the_answers_json_in_blocks() -> None:
         "item": "a\tb", "worker": "w", "label": "x"
     }  # fmt: skip
     assert table.line(3) is None and table.first_label_not_in(["x", "y"]) == 2
+
+
+def test_the_columns_see_every_space_that_str_strip_removes() -> None:
+    """A cell with any of them at an end must go to the rows' reading, which strips it."""
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    cells = pa.array([f"{s}x" for s in spaces] + [f"x{s}" for s in spaces] + ["x\u200b", "a b"])
+    edge = answer_table.pc.match_substring_regex(cells, answer_table._EDGE_SPACE).to_pylist()
+    assert edge == [True] * (2 * len(spaces)) + [False, False]  # (U+200B is no space to strip)
