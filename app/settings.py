@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     """Idle time after the last label before the engine starts refinement sweeps."""
     engine_batch_entries: int = 256
     """Log entries the engine applies before writing state."""
+    join_queued_labels: bool = True
+    """Blocks of labels that queue up while the engine is busy are learned as one block (each
+    item's per-item EM runs once over its new labels, not once per block), as the log records
+    at append time: a replay groups them alike (docs/architecture.md, "Queued blocks learned
+    together"). Off: every block is learned alone, whatever the load."""
     log_format: str = Field("json", pattern="^(json|text)$")
     """``json``: one JSON object per line with the request id; ``text`` for people."""
     log_level: str = "INFO"

@@ -71,6 +71,7 @@ def restore(
     Rebuilds an emptied store (a wiped Redis) from the SQL side first. The service does all
     this by itself on start; this command does it on demand, e.g. from an older snapshot.
     """
+    from app.engine.groups import runs
     from app.engine.loop import EngineLoop
     from app.engine.snapshots import Snapshotter
     from app.engine.snapshots import restore as restore_state
@@ -101,8 +102,8 @@ def restore(
             entries = snap.read_log(record.name, eng.position, 1000)
             if not entries:
                 break
-            for e in entries:
-                eng.apply(e)
+            for run in runs(entries, complete=len(entries) < 1000):
+                eng.apply_run(run)
         eng.mark_all_dirty()
         store.write_state(record.name, eng.state_update())
         loop.engines[record.name] = eng

@@ -19,12 +19,14 @@ fed the same stream.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
+from app.engine.groups import runs
 from app.engine.item_json import items_json
 from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
@@ -131,6 +133,35 @@ class ProjectEngine:
         self.dyadic = DyadicTrainer(dyadic) if dyadic is not None else None
 
     # ---------------------------------------------------------------- applying entries
+    def apply_all(self, entries: Sequence[LogEntry]) -> None:
+        """Apply a log's entries, to its end, cut into runs as the engine cuts them."""
+        for run in runs(entries, complete=True):
+            self.apply_run(run)
+
+    def apply_run(self, run: Sequence[LogEntry]) -> None:
+        """Apply one run of ``app.engine.groups.runs``: label entries that joined are learned
+        as one block of labels (the first entry's position for the dyadic model's queue)."""
+        if len(run) == 1:
+            self.apply(run[0])
+            return
+        if any(e.kind != "labels" for e in run) or run[0].position != self.position + 1:
+            raise RuntimeError(f"entries {run[0].position}-{run[-1].position}: not one run")
+        bodies = [orjson.loads(e.payload) for e in run]
+        body: dict[str, list[object]] = {
+            key: [x for b in bodies for x in b[key]] for key in ("items", "workers", "labels")
+        }
+        if any(b["weights"] is not None for b in bodies):
+            body["weights"] = [
+                x for b in bodies for x in (b["weights"] or [1.0] * len(b["labels"]))
+            ]
+        else:
+            body["weights"] = None  # type: ignore[assignment]
+        keep = b"".join(e.keep or b"1" * len(b["labels"]) for e, b in zip(run, bodies, strict=True))
+        self._apply_labels(body, keep, run[0].position)
+        self.refine_due = True
+        self.position = run[-1].position
+        self.computed_at = time.time()
+
     def apply(self, entry: LogEntry) -> None:
         if entry.position != self.position + 1:
             raise RuntimeError(

@@ -298,11 +298,12 @@ class Snapshotter:
         limit: int,
         anchor: int | None = None,
         served: int | None = None,
+        seal: bool = False,
     ) -> list[LogEntry]:
         """Entries after ``after``: from the live log, or from the archive where trimmed.
         With ``anchor``, the live log must still hold the entry at ``after`` with that token
-        (else ``LogRewoundError``)."""
-        entries = self.store.read_log(project, after, limit, anchor, served)
+        (else ``LogRewoundError``); ``seal`` as in ``Store.read_log``."""
+        entries = self.store.read_log(project, after, limit, anchor, served, seal)
         if entries and entries[0].position == after + 1:
             return entries
         if not entries and self.store.log_end(project) <= after:

@@ -26,10 +26,13 @@ def open_store(settings: Settings) -> Store:
             cluster=settings.redis_cluster,
             wait_replicas=settings.redis_wait_replicas,
             wait_timeout_ms=settings.redis_wait_timeout_ms,
+            join_entries=settings.join_queued_labels,
         )
     from app.store.embedded import EmbeddedStore
 
-    return EmbeddedStore(settings.data_dir / "crowdtally.sqlite3")
+    return EmbeddedStore(
+        settings.data_dir / "crowdtally.sqlite3", join_entries=settings.join_queued_labels
+    )
 
 
 def open_store_when_reachable(

@@ -106,6 +106,7 @@ class SnapshotDB:
                         payload=e.payload,
                         keep=e.keep,
                         token=e.token,
+                        joins=e.joins,
                     )
                     for e in archive
                     if e.position not in have
@@ -188,7 +189,14 @@ class SnapshotDB:
     def read_archive(self, project: str, after: int, limit: int) -> list[LogEntry]:
         with self.engine.connect() as c:
             rows = c.execute(
-                select(LogRow.position, LogRow.kind, LogRow.payload, LogRow.keep, LogRow.token)
+                select(
+                    LogRow.position,
+                    LogRow.kind,
+                    LogRow.payload,
+                    LogRow.keep,
+                    LogRow.token,
+                    LogRow.joins,
+                )
                 .where(
                     LogRow.deployment == self.deployment,
                     LogRow.project == project,
@@ -198,8 +206,8 @@ class SnapshotDB:
                 .limit(limit)
             )
             return [
-                LogEntry(p, cast(EntryKind, k), bytes(b), bytes(m), int(t))
-                for p, k, b, m, t in rows
+                LogEntry(p, cast(EntryKind, k), bytes(b), bytes(m), int(t), bool(j))
+                for p, k, b, m, t, j in rows
             ]
 
     def anchors(self, project: str) -> list[tuple[int, int, int]]:

@@ -125,6 +125,10 @@ class LogEntry:
     token: int = 1
     """Drawn at random when the entry is appended (Redis): two entries at one position are
     the same entry only if their tokens are equal (1: entries logged before tokens were)."""
+    joins: bool = False
+    """Appended while the entry before it was still unread by the engine (``read_log`` with
+    ``seal``): consecutive label entries that joined are learned as one block of labels
+    (``app.engine.groups``), live and on every replay alike."""
 
 
 @dataclass
@@ -249,11 +253,14 @@ class Store(Protocol):
         limit: int,
         anchor: int | None = None,
         served: int | None = None,
+        seal: bool = False,
     ) -> list[LogEntry]:
         """Entries after position ``after``. With ``anchor`` (the token of the entry at
         ``after``, which the reader has applied), atomically checked first: raises
         ``LogRewoundError`` when the log no longer holds that entry, or (with ``served``)
-        when the served state is no longer at the position the reader last wrote."""
+        when the served state is no longer at the position the reader last wrote. With
+        ``seal`` (the engine's read), in the same step: the entries returned are marked read,
+        so an entry appended after them does not join them (``LogEntry.joins``)."""
         ...
 
     def holds(self, project: str, position: int, token: int) -> bool:

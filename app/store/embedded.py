@@ -63,6 +63,9 @@ class _ProjectState:
         self.pending: deque[tuple[int, float]] = deque()
         """(position, time.monotonic() at append) of the entries appended since start and not
         applied yet, oldest first: what ``lag`` reads."""
+        self.sealed = 0
+        """The last position the engine has read (``read_log(seal=True)``): an entry appended
+        past an unread one joins it (``LogEntry.joins``)."""
         self.entry_s = 0.0  # the engine's recent seconds per entry (StateUpdate.entry_s)
         self.step_s = 0.0  # and per step of label entries (StateUpdate.step_s)
         self._ranked: tuple[list[str], np.ndarray] | None = None  # cached order of the queue
@@ -89,8 +92,11 @@ class _ProjectState:
 class EmbeddedStore:
     log_in_sql = True
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, join_entries: bool = False) -> None:
+        """``join_entries``: an entry appended while the one before it is unread by the engine
+        joins it (``LogEntry.joins``); False logs every entry alone."""
         self.path = str(path)
+        self.join_entries = join_entries
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         upgrade(f"sqlite:///{self.path}", deployment="")  # the schema is Alembic's (migrations/)
@@ -125,7 +131,8 @@ class EmbeddedStore:
             "SELECT project, MAX(position) FROM label_log GROUP BY project"
         ):
             if project in self._state:  # (the served state is rebuilt by the engine)
-                self._state[project].log_end = self._state[project].restoring = end
+                st = self._state[project]
+                st.log_end = st.restoring = st.sealed = end  # (none joins an entry from before)
         for project, st in self._state.items():
             self._load_ids(project, st.ids)
 
@@ -272,15 +279,18 @@ class EmbeddedStore:
                 return AppendResult(st.log_end, 0, len(ids))
             position = st.log_end + 1
             self._db.execute(
-                "INSERT INTO label_log (project, position, kind, payload, keep, ids) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (project, position, kind, payload, keep, joined),
+                "INSERT INTO label_log (project, position, kind, payload, keep, ids, joins) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (project, position, kind, payload, keep, joined, self._joins(st)),
             )  # (one statement: its own transaction)
             st.ids.add(keys, present)
             st.log_end = position
             st.pending.append((position, now))
         self._appended.set()
         return AppendResult(position, accepted, len(ids) - accepted if ids is not None else 0)
+
+    def _joins(self, st: _ProjectState) -> bool:
+        return self.join_entries and st.log_end > st.sealed
 
     def read_log(
         self,
@@ -289,17 +299,20 @@ class EmbeddedStore:
         limit: int,
         anchor: int | None = None,
         served: int | None = None,
+        seal: bool = False,
     ) -> list[LogEntry]:
         """(The SQLite log never goes back in time: ``anchor`` is checked against its end.)"""
         if anchor is not None and after > self.log_end(project):
             raise LogRewoundError(f"{project}: the log ends before entry {after}")
         with self._lock:
             rows = self._db.execute(
-                "SELECT position, kind, payload, keep FROM label_log "
+                "SELECT position, kind, payload, keep, joins FROM label_log "
                 "WHERE project = ? AND position > ? ORDER BY position LIMIT ?",
                 (project, after, limit),
             ).fetchall()
-        return [LogEntry(p, k, bytes(b), bytes(m)) for p, k, b, m in rows]
+            if seal and rows and (st := self._state.get(project)) is not None:
+                st.sealed = max(st.sealed, rows[-1][0])
+        return [LogEntry(p, k, bytes(b), bytes(m), 1, bool(j)) for p, k, b, m, j in rows]
 
     def holds(self, project: str, position: int, token: int) -> bool:
         return position <= self.log_end(project)

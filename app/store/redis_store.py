@@ -70,7 +70,9 @@ _LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], KEYS[3], now)\n"
 # KEYS: ids set, log stream, sequence, served state. ARGV: kind, payload, with ids, token, the
 # bound on the lag in ms ('' = none), then the label ids ('' = no id). Refuses ({-1, lag})
 # when the lag passes the bound; else marks each label 1 (new) or 0 (id seen before), appends
-# the entry (with its time, 't') unless nothing is new. The entry's stream id is
+# the entry (with its time, 't') unless nothing is new; with KEYS[5] (the engine's seal: the
+# last position it has read), 'j' = 1 when the entry before is still unread (LogEntry.joins),
+# else 0. The entry's stream id is
 # ``position-token``: the token (random) tells this entry from another one at the same
 # position after Redis went back in time.
 _APPEND = (
@@ -96,7 +98,11 @@ if with_ids == 1 and accepted == 0 then
   return {tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
 end
 local pos = redis.call('INCR', KEYS[3])
-redis.call('XADD', KEYS[2], pos .. '-' .. ARGV[4], 'k', ARGV[1], 'p', ARGV[2], 'm', mask, 't', stamp)
+local joins = '0'
+if KEYS[5] and pos - 1 > tonumber(redis.call('GET', KEYS[5]) or '0') then joins = '1' end
+redis.call(
+  'XADD', KEYS[2], pos .. '-' .. ARGV[4], 'k', ARGV[1], 'p', ARGV[2], 'm', mask, 't', stamp,
+  'j', joins)
 return {pos, accepted}
 """
 )
@@ -119,18 +125,25 @@ if tonumber(string.match(first[1][1], '^(%d+)')) > pos then return 1 end
 return 0
 """
 
-# The anchor check of _HOLDS and (ARGV[5] unless '') that the served state (KEYS[3]) is still
-# at that applied position; then up to ARGV[4] entries from id ARGV[3].
+# The anchor check of _HOLDS (unless ARGV[2] is '') and (ARGV[5] unless '') that the served
+# state (KEYS[3]) is still at that applied position; then up to ARGV[4] entries from id
+# ARGV[3], and with ARGV[6] = '1' the last of them marked read in KEYS[4] (the seal: an entry
+# appended past an unread one joins it, LogEntry.joins).
 _READ = (
     "local function holds()\n"
     + _HOLDS
     + "end\n"
     + """
-if holds() == 0 then return {0} end
+if ARGV[2] ~= '' and holds() == 0 then return {0} end
 if ARGV[5] ~= '' and (redis.call('HGET', KEYS[3], 'applied') or '0') ~= ARGV[5] then
   return {0}
 end
-return {1, redis.call('XRANGE', KEYS[1], ARGV[3], '+', 'COUNT', ARGV[4])}
+local found = redis.call('XRANGE', KEYS[1], ARGV[3], '+', 'COUNT', ARGV[4])
+if ARGV[6] == '1' and #found > 0 then
+  local last = tonumber(string.match(found[#found][1], '^(%d+)'))
+  if last > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEYS[4], last) end
+end
+return {1, found}
 """
 )
 
@@ -146,7 +159,10 @@ def _entry(entry_id: bytes, fields: Any) -> LogEntry:
     position, token = entry_id.split(b"-")
     if isinstance(fields, list):  # (from a script: a flat list)
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    return LogEntry(int(position), fields[b"k"].decode(), fields[b"p"], fields[b"m"], int(token))
+    joins = fields.get(b"j") == b"1"  # (entries logged before joins were: False)
+    return LogEntry(
+        int(position), fields[b"k"].decode(), fields[b"p"], fields[b"m"], int(token), joins
+    )
 
 
 def new_token() -> int:
@@ -170,7 +186,7 @@ return {holds(), applied, fence}
 
 _STATE_KEYS = (
     "ids", "log", "seq", "state", "rows", "items", "workers", "queue", "draters", "dtasks",
-    "restoring", "lease", "fence",
+    "restoring", "lease", "fence", "sealed",
 )  # fmt: skip
 
 # KEYS: the project's lease and fence. ARGV: the holder, the lease in ms. The holder renews;
@@ -274,6 +290,7 @@ class RedisStore:
         cluster: bool = False,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        join_entries: bool = False,
     ) -> None:
         """``timeout_s``: how long one command may wait for Redis (connecting included)
         before it raises redis' TimeoutError (the API's 503); None or 0 waits forever.
@@ -282,7 +299,9 @@ class RedisStore:
         answers, finds the others and follows the slots as they move. ``wait_replicas``: an
         append returns once that many replicas of the project's primary have it (``WAIT``, up
         to ``wait_timeout_ms``; fewer raise ``NotReplicatedError``, a 503: the block is in the
-        log, to be re-posted)."""
+        log, to be re-posted). ``join_entries``: an entry appended while the one before it is
+        unread by the engine joins it (``LogEntry.joins``); False logs every entry alone."""
+        self.join_entries = join_entries
         wait = timeout_s or None
         first, *more = [u.strip() for u in url.split(",") if u.strip()] or [url]
         if more and not cluster:
@@ -435,7 +454,8 @@ class RedisStore:
         args: list[Any] = [kind, payload, 0 if ids is None else 1, new_token(), bound]
         if ids is not None:
             args.extend("" if i is None else i for i in ids)
-        keys = [self._k(project, what) for what in ("ids", "log", "seq", "state")]
+        names = ("ids", "log", "seq", "state", "sealed")[: 5 if self.join_entries else 4]
+        keys = [self._k(project, what) for what in names]
         position, accepted = self._append_and_wake(project, keys, args)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
@@ -526,12 +546,16 @@ class RedisStore:
         limit: int,
         anchor: int | None = None,
         served: int | None = None,
+        seal: bool = False,
     ) -> list[LogEntry]:
         log = self._k(project, "log")
-        if anchor is None:
+        if anchor is None and not seal:
             return [_entry(i, f) for i, f in self.r.xrange(log, min=f"{after + 1}-0", count=limit)]
-        keys = [log, self._k(project, "seq"), self._k(project, "state")]
-        args: list[Any] = [after, anchor, f"{after + 1}-0", limit, "" if served is None else served]
+        keys = [log, self._k(project, "seq"), self._k(project, "state"), self._k(project, "sealed")]
+        args: list[Any] = [
+            after, "" if anchor is None else anchor, f"{after + 1}-0", limit,
+            "" if served is None else served, 1 if seal else 0,
+        ]  # fmt: skip
         found = self._read(keys=keys, args=args)
         if not found[0]:
             raise LogRewoundError(
@@ -550,12 +574,13 @@ class RedisStore:
         for e in entries:
             pipe.xadd(
                 self._k(project, "log"),
-                {"k": e.kind, "p": e.payload, "m": e.keep},
+                {"k": e.kind, "p": e.payload, "m": e.keep, "j": b"1" if e.joins else b"0"},
                 id=f"{e.position}-{e.token}",
             )
         for lo in range(0, len(ids), 10_000):
             pipe.sadd(self._k(project, "ids"), *ids[lo : lo + 10_000])
         pipe.set(self._k(project, "seq"), end)
+        pipe.set(self._k(project, "sealed"), end)  # (an entry appended next starts its group)
         if end:  # served once the engine's state reaches the end (see ``restoring``)
             pipe.set(self._k(project, "restoring"), end)
         pipe.execute()

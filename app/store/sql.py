@@ -13,6 +13,7 @@ from pathlib import Path
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Float,
     Index,
     Integer,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     create_engine,
     event,
+    false,
     text,
 )
 from sqlalchemy.engine import Engine
@@ -68,6 +70,8 @@ class LogRow(Base):
     keep: Mapped[bytes] = mapped_column(LargeBinary)
     token: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
     """The entry's token in the Redis log (``LogEntry.token``)."""
+    joins: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """``LogEntry.joins``: appended while the entry before it was unread by the engine."""
     ids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     """The block's label ids, newline-joined (an empty line: a label without one); the
     embedded store's, from which it rebuilds the set of ids seen (``core.idset``)."""
@@ -122,7 +126,7 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
-HEAD = "0005"
+HEAD = "0006"
 """The newest migration (``migrations/versions``; a test checks it is Alembic's head)."""
 
 

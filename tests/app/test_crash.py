@@ -81,8 +81,7 @@ def replay(store: RedisStore, db: SnapshotDB) -> ProjectEngine:
     eng = ProjectEngine(store.get_project("p"))  # type: ignore[arg-type]
     log = whole_log(store, db)
     assert [e.position for e in log] == list(range(1, store.log_end("p") + 1))
-    for e in log:
-        eng.apply(e)
+    eng.apply_all(log)
     return eng
 
 

@@ -68,8 +68,7 @@ def full_reads(loads: mock.Mock) -> int:
 def assert_served_is_a_replay(store: Store, names: list[str] = NAMES) -> None:
     for name in names:
         replay = ProjectEngine(store.get_project(name))  # type: ignore[arg-type]
-        for entry in store.read_log(name, 0, 10**6):
-            replay.apply(entry)
+        replay.apply_all(store.read_log(name, 0, 10**6))
         assert store.applied_position(name) == replay.position == store.log_end(name)
         served = dict(store.scan_items(name, 0, 10**6)[1])
         for item, code in replay.items.code.items():

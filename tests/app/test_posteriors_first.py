@@ -61,8 +61,7 @@ class Recorder:
 
 def replayed(store: Store) -> ProjectEngine:
     replay = ProjectEngine(RECORD)
-    for entry in store.read_log("p", 0, 1000):
-        replay.apply(entry)
+    replay.apply_all(store.read_log("p", 0, 1000))
     return replay
 
 

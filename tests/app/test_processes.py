@@ -135,8 +135,7 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
     record = store.get_project("p")
     assert record is not None
     replay = ProjectEngine(record)
-    for entry in store.read_log("p", 0, 1000):
-        replay.apply(entry)
+    replay.apply_all(store.read_log("p", 0, 1000))
     pairs = [("w1", "i4"), ("w3", "i17"), ("w6", "i29"), ("stranger", "i4")]
     got = client.post(
         "/v1/projects/p/predictions",

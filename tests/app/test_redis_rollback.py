@@ -124,8 +124,7 @@ def check_against_replay(
     assert len(applied) == len(set(applied)), "a label was applied twice"
     assert set(applied) == want_ids, "an acknowledged (and retried) label is missing"
     replay = ProjectEngine(store.get_project(project))  # type: ignore[arg-type]
-    for e in log:
-        replay.apply(e)
+    replay.apply_all(log)
     assert replay.labels.n_labels == len(want_ids)
     assert replay.position == store.applied_position(project)
     served = dict(store.scan_items(project, 0, 10**7)[1])

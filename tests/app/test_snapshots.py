@@ -64,16 +64,13 @@ def test_snapshot_round_trip_then_replay_is_bit_identical(synthetic: Synthetic) 
         *(LogEntry(e.position + 2, e.kind, e.payload) for e in entries[3:]),
     ]
     full = ProjectEngine(RECORD)
-    for e in entries:
-        full.apply(e)
+    full.apply_all(entries)
     half = ProjectEngine(RECORD)
-    for e in entries[:5]:
-        half.apply(e)
+    half.apply_all(entries[:5])
     assert half.last_refit is not None and half.last_refit["position"] == 5
     resumed = restore(RECORD, encode(capture(half)))
     same_state(half, resumed)
-    for e in entries[5:]:
-        resumed.apply(e)
+    resumed.apply_all(entries[5:])
     same_state(full, resumed)
 
 
@@ -81,8 +78,7 @@ def test_snapshots_are_zstandard_and_those_written_by_zlib_still_restore(
     synthetic: Synthetic,
 ) -> None:
     engine = ProjectEngine(RECORD)
-    for e in label_entries(synthetic, [2000, 4000]):
-        engine.apply(e)
+    engine.apply_all(label_entries(synthetic, [2000, 4000]))
     blob = encode(capture(engine))
     assert blob[:4] == b"\x28\xb5\x2f\xfd"  # a Zstandard frame
     older = zlib.compress(decompress(blob), 1)  # as snapshots were written before
@@ -151,8 +147,7 @@ def test_engine_restarts_from_snapshot_and_archive(
         if store.log_in_sql
         else [*db.read_archive("p", 0, 100), *store.read_log("p", 6, 100)]
     )
-    for e in log:
-        reference.apply(e)
+    reference.apply_all(log)
     same_state(reference, second.engines["p"])
     assert second.engines["p"].position == 7
 
