@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import orjson
@@ -46,10 +46,10 @@ def _entry(
     return LogEntry(position, "labels", orjson.dumps(body), b"")
 
 
-def measure(
-    items: int, dyadic: bool, preload: int = 50_000, entries: int = 100, size: int = 1000,
-    workers: int = 500, seed: int = 0,
-) -> StepCost:  # fmt: skip
+def _preloaded(
+    items: int, dyadic: bool, preload: int, entries: int, size: int, workers: int, seed: int
+) -> tuple[ProjectEngine, list[LogEntry]]:
+    """A project engine with ``preload`` labels applied and served, and the entries to time."""
     config = NominalConfig(n_classes=len(LABELS)).to_dict()
     config["dyadic"] = settings_for(len(LABELS)).to_dict() if dyadic else None
     eng = ProjectEngine(ProjectRecord("bench", LABELS, config, 0.0))
@@ -57,7 +57,14 @@ def measure(
     for position in range(1, preload // size + 1):
         eng.apply(_entry(rng, position, size, items, workers))
     eng.state_update()
-    timed = [_entry(rng, eng.position + 1 + n, size, items, workers) for n in range(entries)]
+    return eng, [_entry(rng, eng.position + 1 + n, size, items, workers) for n in range(entries)]
+
+
+def measure(
+    items: int, dyadic: bool, preload: int = 50_000, entries: int = 100, size: int = 1000,
+    workers: int = 500, seed: int = 0,
+) -> StepCost:  # fmt: skip
+    eng, timed = _preloaded(items, dyadic, preload, entries, size, workers, seed)
     applying = updating = 0.0
     for entry in timed:
         start = time.perf_counter()
@@ -72,12 +79,43 @@ def measure(
     )  # fmt: skip
 
 
+def joined(
+    run: int, joins: bool, items: int = 10_000, preload: int = 50_000, entries: int = 256,
+    size: int = 1000, workers: int = 500, seed: int = 0,
+) -> float:  # fmt: skip
+    """Labels/s of an engine applying ``entries`` entries ``run`` at a time, with a state
+    update after each ``run`` (one step of the engine): as one block of labels each
+    (``joins``: what the log records for blocks that queued up) or one entry after another
+    (every block alone)."""
+    eng, timed = _preloaded(items, True, preload, entries, size, workers, seed)
+    timed = [replace(e, joins=joins and n % run > 0) for n, e in enumerate(timed)]
+    start = time.perf_counter()
+    for lo in range(0, entries, run):
+        eng.apply_all(timed[lo : lo + run])
+        eng.state_update()
+    return entries * size / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_step", description=__doc__)
     parser.add_argument("--items", default="30000,2000", help="item counts, one run each")
     parser.add_argument("--entries", type=int, default=100, help="timed entries per run")
     parser.add_argument("--preload", type=int, default=50_000, help="labels applied first")
+    parser.add_argument(
+        "--runs", default="", help="entries a step, e.g. 1,4,16,64: queued blocks learned as "
+        "one against one at a time (10,000 items, dyadic on), instead of the table per entry",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.runs:
+        print("engine steps of n entries of 1,000 labels after 50,000 (10,000 items, 500 "
+              "workers, 3 classes, dyadic on), labels/s: the entries learned as one block "
+              "(joined) against one after another (alone)")  # fmt: skip
+        print(f"{'n':>4} {'alone':>10} {'joined':>10} {'ratio':>6}")
+        joined(1, False, entries=4)  # (the kernels loaded before the first timed run)
+        for run in (int(x) for x in args.runs.split(",")):
+            alone, together = joined(run, False), joined(run, True)
+            print(f"{run:>4} {alone:>10,.0f} {together:>10,.0f} {together / alone:>6.2f}")
+        return
     print(f"engine step, entries of 1,000 labels after {args.preload:,} (500 workers, 3 classes)")
     print(f"{'items':>7} {'dyadic':>6} {'apply ms':>9} {'update ms':>10} {'labels/s':>10}")
     for items in (int(x) for x in args.items.split(",")):
