@@ -252,7 +252,7 @@ class ProjectEngine:
         self.b[touched] = result.clarity
         self.learned[touched] = blocks.sizes()
         self._dirty_items.update(touched.tolist())
-        self._dirty_rows.update(np.unique(blocks.slots).tolist())
+        self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
         if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
             self._all_rows = True
 
@@ -282,7 +282,7 @@ class ProjectEngine:
             self.q[learned] = result.posteriors
             self.held_out[learned] = 0.0
             self.b[learned] = result.clarity
-            self._dirty_rows.update(np.unique(blocks.slots).tolist())
+            self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
 
     def _refine_pass(self) -> None:
         """One more pass over every item, each label already counted (docs/model.md)."""
