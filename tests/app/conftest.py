@@ -21,10 +21,11 @@ from fastapi.testclient import TestClient
 
 from app.api import create_app
 from app.settings import Settings
+from app.store.archive import SnapshotDB
 from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
-from app.store.sql import upgrade
+from app.store.sql import sql_engine, upgrade
 from app.testing import free_port
 from bench.local_cluster import LocalCluster
 from bench.scale import fresh_database
@@ -179,3 +180,12 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     with fresh_postgres() as url:
         yield url
+
+
+@pytest.fixture
+def db(sql_url: str) -> Iterator[SnapshotDB]:
+    """The snapshot database on each SQL backend, migrated."""
+    upgrade(sql_url)
+    snapshots = SnapshotDB(sql_engine(sql_url))
+    yield snapshots
+    snapshots.close()

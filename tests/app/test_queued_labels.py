@@ -4,8 +4,6 @@ replay of the log, however the engine's steps fell."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import orjson
 import pytest
@@ -18,7 +16,6 @@ from app.engine.project import ProjectEngine
 from app.store.archive import SnapshotDB
 from app.store.base import LogEntry, Store
 from app.store.redis_store import RedisStore
-from app.store.sql import sql_engine, upgrade
 from tests.app.test_posteriors_first import RECORD, labels_body
 from tests.app.test_snapshots import drain, loop_for, same_state
 
@@ -132,15 +129,7 @@ def test_however_appends_and_steps_interleave_the_served_state_is_the_logs_repla
     store.delete_project(name)
 
 
-@pytest.fixture
-def snapshot_db(sql_url: str) -> Iterator[SnapshotDB]:
-    upgrade(sql_url)
-    snapshots = SnapshotDB(sql_engine(sql_url))
-    yield snapshots
-    snapshots.close()
-
-
-def test_the_archive_keeps_which_entries_joined(store: Store, snapshot_db: SnapshotDB) -> None:
+def test_the_archive_keeps_which_entries_joined(store: Store, db: SnapshotDB) -> None:
     """Snapshots archive the log in SQL (and trim it on Redis): a replay from the archive cuts
     the log where the live engine did; a Redis rebuilt from SQL logs the entries as they were."""
     store.join_entries = True  # type: ignore[attr-defined]
@@ -148,7 +137,6 @@ def test_the_archive_keeps_which_entries_joined(store: Store, snapshot_db: Snaps
     rng = np.random.default_rng(2)
     for _ in range(5):  # queued before the engine looks: one run
         store.append("p", "labels", labels_body(rng, 50, 20, 6))
-    db = snapshot_db
     loop = loop_for(store, db)
     drain(loop)
     store.append("p", "labels", labels_body(rng, 50, 20, 6))  # after the engine's read: alone

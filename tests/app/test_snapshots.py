@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -111,14 +110,6 @@ def drain(loop: EngineLoop, snapshot: bool = True) -> None:
         assert snap.last_error is None
         if not snapshot or all(snap.covered(n) == e.position for n, e in loop.engines.items()):
             return
-
-
-@pytest.fixture
-def db(sql_url: str) -> Iterator[SnapshotDB]:
-    upgrade(sql_url)
-    snapshots = SnapshotDB(sql_engine(sql_url))
-    yield snapshots
-    snapshots.close()
 
 
 def test_engine_restarts_from_snapshot_and_archive(
