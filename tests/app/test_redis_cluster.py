@@ -34,7 +34,7 @@ from tests.app.conftest import (
     cluster_url,
     service_settings,
 )
-from tests.app.test_redis_rollback import RECORD, block, check_against_replay
+from tests.app.test_redis_rollback import RECORD, block, check_against_replay, whole_log
 
 
 def dog_blocks(n_blocks: int = 6, size: int = 500) -> list[list[dict[str, str]]]:
@@ -81,15 +81,16 @@ def test_the_service_on_a_redis_cluster_answers_as_on_the_embedded_store(tmp_pat
 def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
     tmp_path: Path,
 ) -> None:
-    """SIGKILL the primary that holds the project's slot while blocks stream in; its replica
-    takes over. Clients retry what failed and re-post what was acknowledged in the last
-    seconds (same label ids), as docs/deploy.md asks: every label applied exactly once, and
-    the served state that of a fresh replay of the log."""
+    """SIGKILL the primary that holds the project's slot while blocks stream in, some queued
+    behind others (learned as one); its replica takes over. Clients retry what failed and
+    re-post what was acknowledged in the last seconds (same label ids), as docs/deploy.md
+    asks: every label applied exactly once, and the served state that of a fresh replay of
+    the log, its queued blocks joined as the log says."""
     cluster = LocalCluster(tmp_path / "cluster").start()
     url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
     upgrade(url)
     db = SnapshotDB(sql_engine(url))
-    store = RedisStore(cluster.url, "fo", timeout_s=2.0, cluster=True)
+    store = RedisStore(cluster.url, "fo", timeout_s=2.0, cluster=True, join_entries=True)
     rng = np.random.default_rng(5)
     blocks = [block(n, rng) for n in range(40)]
     loop = EngineLoop(store, refine_passes=0, snapshotter=Snapshotter(db, store, 0.0, 3),
@@ -106,14 +107,16 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
 
     try:
         store.create_project(RECORD)
-        for n in range(15):
+        for n in range(15):  # two blocks a step from the third on: they queue and join
             retried(lambda n=n: store.append("p", "labels", *blocks[n]))
-            retried(loop.step)
+            if n < 2 or n % 2:
+                retried(loop.step)
         primary = store.r.get_node_from_key(store._k("p", "log"))
         cluster.procs[primary.port].kill()  # mid-stream: the engine is at work on the log
         for n in range(15, 30):
             retried(lambda n=n: store.append("p", "labels", *blocks[n]))
-            retried(loop.step)
+            if n % 3 == 0:
+                retried(loop.step)
         cluster.wait_healthy()
         assert store.r.get_node_from_key(store._k("p", "log")).port != primary.port
         for n in [*range(10, 30), *range(30, 40)]:  # re-posted, then new blocks
@@ -122,6 +125,8 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
         retried(loop.run_until_idle)
         want = {i for _, ids in blocks for i in ids if i is not None}
         check_against_replay(store, db, loop.engines["p"], want)
+        joined = sum(e.joins for e in whole_log(store, db, "p", end=store.log_end("p")))
+        assert joined >= 5, joined
     finally:
         assert loop.snapshotter is not None
         loop.snapshotter.close()
