@@ -147,7 +147,7 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
     url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
     upgrade(url)
     db = SnapshotDB(sql_engine(url))
-    store = RedisStore(redis_.url, "rb")
+    store = RedisStore(redis_.url, "rb", join_entries=True)  # (the first 15 blocks queue: one run)
     rng = np.random.default_rng(3)
     blocks = [block(n, rng) for n in range(40)]
 
@@ -194,6 +194,7 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
         assert store.log_end("p") == 40
         want = {i for _, ids in blocks for i in ids if i is not None}
         replay = check_against_replay(store, db, loop.engines["p"], want)
+        assert sum(e.joins for e in whole_log(store, db, "p", end=40)) >= 14
         # A later restart of the engine restores a snapshot of this log and agrees too.
         loop.snapshotter.close()  # type: ignore[union-attr]
         again = new_loop()
