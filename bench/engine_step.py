@@ -82,18 +82,18 @@ def measure(
 def joined(
     run: int, joins: bool, items: int = 10_000, preload: int = 50_000, entries: int = 256,
     size: int = 1000, workers: int = 500, seed: int = 0,
-) -> float:  # fmt: skip
+) -> tuple[float, ProjectEngine]:  # fmt: skip
     """Labels/s of an engine applying ``entries`` entries ``run`` at a time, with a state
     update after each ``run`` (one step of the engine): as one block of labels each
     (``joins``: what the log records for blocks that queued up) or one entry after another
-    (every block alone)."""
+    (every block alone); and the engine."""
     eng, timed = _preloaded(items, True, preload, entries, size, workers, seed)
     timed = [replace(e, joins=joins and n % run > 0) for n, e in enumerate(timed)]
     start = time.perf_counter()
     for lo in range(0, entries, run):
         eng.apply_all(timed[lo : lo + run])
         eng.state_update()
-    return entries * size / (time.perf_counter() - start)
+    return entries * size / (time.perf_counter() - start), eng
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'n':>4} {'alone':>10} {'joined':>10} {'ratio':>6}")
         joined(1, False, entries=4)  # (the kernels loaded before the first timed run)
         for run in (int(x) for x in args.runs.split(",")):
-            alone, together = joined(run, False), joined(run, True)
+            alone, together = joined(run, False)[0], joined(run, True)[0]
             print(f"{run:>4} {alone:>10,.0f} {together:>10,.0f} {together / alone:>6.2f}")
         return
     print(f"engine step, entries of 1,000 labels after {args.preload:,} (500 workers, 3 classes)")

@@ -273,10 +273,12 @@ async def run_store(
 
 # ---------------------------------------------------------------------------------- processes
 @contextlib.contextmanager
-def service(store: str, args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Cluster]:
+def service(
+    store: str, args: argparse.Namespace, prefix: str, admin: str, setting: dict[str, str]
+) -> Iterator[Cluster]:
     env = dict(os.environ)
     env.update(CROWDTALLY_STORE=store, REDIS_URL=args.redis_url, CROWDTALLY_REDIS_PREFIX=prefix,
-               CROWDTALLY_ADMIN_KEY=admin)  # fmt: skip
+               CROWDTALLY_ADMIN_KEY=admin, **setting)  # fmt: skip
     for name in ("CROWDTALLY_ENGINE_IN_PROCESS", "CROWDTALLY_DATABASE_URL"):
         env.pop(name, None)
     cluster = Cluster(env, free_port())
@@ -313,7 +315,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the load's labels go to items new to each phase, R labels each "
                    "(default 0: to the preloaded items, which gather ever more labels)")  # fmt: skip
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--vs", default="", metavar="NAME=VALUE[,...]",
+                   help="each store also with each of these service settings, in turn, in the "
+                   "same run: the peer of a change that has a setting (e.g. "
+                   "CROWDTALLY_JOIN_QUEUED_LABELS=false)")  # fmt: skip
     args = p.parse_args(argv)
+    try:
+        args.vs = settings_to_compare(args.vs)
+    except ValueError as exc:
+        p.error(str(exc))
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     if not set(args.stores) <= {"embedded", "redis"} or not args.stores:
@@ -321,6 +331,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(r < 0 for r in args.rates) or args.preload < 1000 or args.workers < 5:
         p.error("need rates >= 0, --preload >= 1000, --workers >= 5")
     return args
+
+
+def settings_to_compare(text: str) -> list[dict[str, str]]:
+    """``--vs``: the service's defaults first, then one setting each (``NAME=VALUE``)."""
+    out: list[dict[str, str]] = [{}]
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = part.partition("=")
+        if not sep or not name.startswith("CROWDTALLY_"):
+            raise ValueError(f"--vs: {part!r} is not CROWDTALLY_NAME=VALUE")
+        out.append({name: value})
+    return out
 
 
 def _sigterm(*_: object) -> None:
@@ -347,9 +368,13 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)  # fmt: skip
     print(HEADER, flush=True)
     for store in args.stores:
-        prefix = f"benchfresh-{secrets.token_hex(4)}"
-        with service(store, args, prefix, admin) as cluster:
-            asyncio.run(run_store(store, args, cluster, admin))
+        for setting in args.vs:
+            if len(args.vs) > 1:
+                said = " ".join(f"{k}={v}" for k, v in setting.items()) or "the defaults"
+                print(f"{store}, {said}:", flush=True)
+            prefix = f"benchfresh-{secrets.token_hex(4)}"
+            with service(store, args, prefix, admin, setting) as cluster:
+                asyncio.run(run_store(store, args, cluster, admin))
     print("acked/s: labels answered 202 per second; applied/s: labels the engine applied during "
           "the phase per second; lag end: labels acknowledged but not applied when the phase "
           "ended; 429 lbl: labels refused (engine behind); p50/p99/max: ms from a probe "

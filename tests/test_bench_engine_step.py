@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench import engine_step
@@ -20,3 +21,13 @@ def test_the_command_prints_a_row_per_item_count_and_model(
     engine_step.main(["--items", "300", "--entries", "2", "--preload", "1000"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [(r[0], r[1]) for r in rows] == [("300", "on"), ("300", "off")]
+
+
+def test_entries_learned_as_one_block_take_every_label_and_learn_otherwise() -> None:
+    small = {"items": 200, "preload": 2000, "entries": 6, "size": 100}
+    alone_rate, alone = engine_step.joined(3, False, **small)
+    joined_rate, joined = engine_step.joined(3, True, **small)
+    assert alone_rate > 0 and joined_rate > 0
+    assert alone.position == joined.position and alone.labels.n_labels == joined.labels.n_labels
+    n = alone.items_count
+    assert not np.array_equal(alone.q[:n], joined.q[:n])  # each item's new labels at once

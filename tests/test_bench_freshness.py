@@ -73,3 +73,12 @@ def test_a_request_on_a_connection_the_server_closed_is_sent_again_on_a_new_one(
 
     answer, connections = asyncio.run(scenario())
     assert answer == (200, b"ok") and connections == 2
+
+
+def test_settings_to_compare_are_the_defaults_then_each_setting() -> None:
+    vs = freshness.settings_to_compare("CROWDTALLY_JOIN_QUEUED_LABELS=false, CROWDTALLY_X=1")
+    assert vs == [{}, {"CROWDTALLY_JOIN_QUEUED_LABELS": "false"}, {"CROWDTALLY_X": "1"}]
+    assert freshness.settings_to_compare("") == [{}]
+    for bad in ("JOIN=false", "CROWDTALLY_JOIN"):
+        with pytest.raises(ValueError, match="CROWDTALLY_NAME=VALUE"):
+            freshness.settings_to_compare(bad)
