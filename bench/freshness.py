@@ -274,11 +274,14 @@ async def run_store(
 # ---------------------------------------------------------------------------------- processes
 @contextlib.contextmanager
 def service(
-    store: str, args: argparse.Namespace, prefix: str, admin: str, setting: dict[str, str]
-) -> Iterator[Cluster]:
+    store: str, args: argparse.Namespace, prefix: str, admin: str,
+    setting: dict[str, str] | None = None,
+) -> Iterator[Cluster]:  # fmt: skip
+    """The service's processes on ``store``, with ``setting`` (environment variables) over
+    the bench's own."""
     env = dict(os.environ)
     env.update(CROWDTALLY_STORE=store, REDIS_URL=args.redis_url, CROWDTALLY_REDIS_PREFIX=prefix,
-               CROWDTALLY_ADMIN_KEY=admin, **setting)  # fmt: skip
+               CROWDTALLY_ADMIN_KEY=admin, **(setting or {}))  # fmt: skip
     for name in ("CROWDTALLY_ENGINE_IN_PROCESS", "CROWDTALLY_DATABASE_URL"):
         env.pop(name, None)
     cluster = Cluster(env, free_port())
