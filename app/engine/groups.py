@@ -16,6 +16,10 @@ results are bit-identical to what was served.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from typing import Any
+
+import orjson
 
 from app.store.base import LogEntry
 
@@ -44,3 +48,24 @@ def runs(entries: Sequence[LogEntry], *, complete: bool) -> list[list[LogEntry]]
     if not complete and out and out[-1][0].kind == "labels" and len(out[-1]) < JOIN_CAP:
         out.pop()
     return out
+
+
+def joined_labels(run: Sequence[LogEntry]) -> tuple[dict[str, Any], bytes]:
+    """The body (``items, workers, labels, weights``) and keep mask of a run of label entries
+    as one block, in log order; a lone entry's own."""
+    if len(run) == 1:
+        return orjson.loads(run[0].payload), run[0].keep
+    if any(e.kind != "labels" for e in run):
+        raise ValueError("only label entries join")
+    bodies = [orjson.loads(e.payload) for e in run]
+    body: dict[str, Any] = {
+        key: list(chain.from_iterable(b[key] for b in bodies))
+        for key in ("items", "workers", "labels")
+    }
+    body["weights"] = (
+        list(chain.from_iterable(b["weights"] or [1.0] * len(b["labels"]) for b in bodies))
+        if any(b["weights"] is not None for b in bodies)
+        else None
+    )
+    keep = b"".join(e.keep or b"1" * len(b["labels"]) for e, b in zip(run, bodies, strict=True))
+    return body, keep

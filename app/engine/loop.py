@@ -511,8 +511,9 @@ class EngineLoop:
                 self.store.write_state(name, first)
                 self._served[name] = eng.position
         anchor = self._anchor.get(name)
-        entries = [] if quiet else self._read_runs(name, eng, anchor)
         # (quiet: entries appended since the step began wait for the next one)
+        step_runs = [] if quiet else self._read_runs(name, eng, anchor)
+        entries = [e for run in step_runs for e in run]
         now = time.monotonic()
         if not entries:
             served = eng.position >= self._catch_up.get(name, 0)
@@ -525,7 +526,7 @@ class EngineLoop:
             return 0
         force_snapshot = False
         started, labels_before = time.perf_counter(), eng.labels.n_labels
-        for run in runs(entries, complete=True):
+        for run in step_runs:
             eng.apply_run(run)
         for entry in entries:
             force_snapshot |= entry.kind == "snapshot"
@@ -566,21 +567,20 @@ class EngineLoop:
             _smooth(self._step_s, name, time.perf_counter() - started)
         return len(entries)
 
-    def _read_runs(self, name: str, eng: ProjectEngine, anchor: int | None) -> list[LogEntry]:
-        """The entries this step applies: up to ``batch_entries``, read with the seal (entries
-        appended from now on start a new run), ending where a run ends (``app.engine.groups``):
-        a read that fills its limit may stop inside a run, whose rest is then read first."""
+    def _read_runs(self, name: str, eng: ProjectEngine, anchor: int | None) -> list[list[LogEntry]]:
+        """The runs this step applies (``app.engine.groups``): up to ``batch_entries`` entries,
+        read with the seal (entries appended from now on start a new run), ending where a run
+        ends: a read that fills its limit may stop inside a run, whose rest is read first."""
         snap = self.snapshotter
         read = snap.read_log if snap is not None else self.store.read_log
         served = self._served.get(name)
         entries = read(name, eng.position, self.batch_entries, anchor, served, seal=True)
-        full = len(entries) >= self.batch_entries
-        whole = [e for run in runs(entries, complete=not full) for e in run]
+        whole = runs(entries, complete=len(entries) < self.batch_entries)
         if whole or not entries:
             return whole
         # one run fills the read: all of it, and the entry after it (or the end of the log)
         entries = read(name, eng.position, JOIN_CAP + 1, anchor, served, seal=True)
-        return runs(entries, complete=len(entries) <= JOIN_CAP)[0]
+        return runs(entries, complete=len(entries) <= JOIN_CAP)[:1]
 
     def _pace(self, name: str, started: float, entries: int, labels: int) -> None:
         """The pace push-back projects from (a moving average of seconds per label entry):

@@ -21,12 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
-from app.engine.groups import runs
+from app.engine.groups import joined_labels, runs
 from app.engine.item_json import items_json
 from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
@@ -138,40 +139,33 @@ class ProjectEngine:
         for run in runs(entries, complete=True):
             self.apply_run(run)
 
+    def apply(self, entry: LogEntry) -> None:
+        self.apply_run((entry,))
+
     def apply_run(self, run: Sequence[LogEntry]) -> None:
-        """Apply one run of ``app.engine.groups.runs``: label entries that joined are learned
-        as one block of labels (the first entry's position for the dyadic model's queue)."""
-        if len(run) == 1:
-            self.apply(run[0])
-            return
-        if any(e.kind != "labels" for e in run) or run[0].position != self.position + 1:
-            raise RuntimeError(f"entries {run[0].position}-{run[-1].position}: not one run")
-        bodies = [orjson.loads(e.payload) for e in run]
-        body: dict[str, list[object]] = {
-            key: [x for b in bodies for x in b[key]] for key in ("items", "workers", "labels")
-        }
-        if any(b["weights"] is not None for b in bodies):
-            body["weights"] = [
-                x for b in bodies for x in (b["weights"] or [1.0] * len(b["labels"]))
-            ]
+        """Apply one run of ``app.engine.groups.runs``: one entry, or label entries that
+        joined, learned as one block of labels (the first entry's position for the dyadic
+        model's queue)."""
+        first = run[0]
+        if first.position != self.position + 1:
+            raise RuntimeError(
+                f"log entry {first.position} applied after {self.position}: the log has a gap"
+            )
+        if first.kind == "labels":
+            body, keep = joined_labels(run)
+            self._apply_labels(body, keep, first.position)
+            self.refine_due = True
+        elif len(run) > 1:
+            raise RuntimeError(f"entries {first.position}-{run[-1].position}: not one run")
         else:
-            body["weights"] = None  # type: ignore[assignment]
-        keep = b"".join(e.keep or b"1" * len(b["labels"]) for e, b in zip(run, bodies, strict=True))
-        self._apply_labels(body, keep, run[0].position)
-        self.refine_due = True
+            self._apply_other(first)
         self.position = run[-1].position
         self.computed_at = time.time()
 
-    def apply(self, entry: LogEntry) -> None:
-        if entry.position != self.position + 1:
-            raise RuntimeError(
-                f"log entry {entry.position} applied after {self.position}: the log has a gap"
-            )
+    def _apply_other(self, entry: LogEntry) -> None:
+        """Any entry but labels."""
         body = orjson.loads(entry.payload)
-        if entry.kind == "labels":
-            self._apply_labels(body, entry.keep, entry.position)
-            self.refine_due = True
-        elif entry.kind == "gold":
+        if entry.kind == "gold":
             self._apply_gold(body)
             self.refine_due = True
         elif entry.kind == "refine":
@@ -195,10 +189,8 @@ class ProjectEngine:
             self.queue_settings = QueueSettings(**body["queue"])
             self._queue_all = True
         # "snapshot" changes nothing: the engine loop snapshots the state it reaches
-        self.position = entry.position
-        self.computed_at = time.time()
 
-    def _apply_labels(self, body: dict[str, list[object]], keep: bytes, position: int) -> None:
+    def _apply_labels(self, body: dict[str, Any], keep: bytes, position: int) -> None:
         items = body["items"]
         workers = body["workers"]
         labels = np.asarray(body["labels"], dtype=np.int64)
@@ -210,8 +202,8 @@ class ProjectEngine:
             labels, weights = labels[mask], weights[mask]
         if not labels.size:
             return
-        item_codes, new_items = self.items.encode(items)  # type: ignore[arg-type]
-        worker_codes, new_workers = self.workers.encode(workers)  # type: ignore[arg-type]
+        item_codes, new_items = self.items.encode(items)
+        worker_codes, new_workers = self.workers.encode(workers)
         self._grow_items(len(new_items))
         self._grow_workers(new_workers)
         slots = self.worker_slot[worker_codes]
