@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -153,14 +153,14 @@ def test_a_failing_project_does_not_stall_the_others(
     small_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = small_client
-    apply = ProjectEngine.apply
+    apply_run = ProjectEngine.apply_run
 
-    def failing(self: ProjectEngine, e: LogEntry) -> None:
-        if self.record.name == "bad" and e.kind == "labels":
+    def failing(self: ProjectEngine, run: Sequence[LogEntry]) -> None:
+        if self.record.name == "bad" and run[0].kind == "labels":
             raise MemoryError("injected")
-        apply(self, e)
+        apply_run(self, run)
 
-    monkeypatch.setattr(ProjectEngine, "apply", failing)
+    monkeypatch.setattr(ProjectEngine, "apply_run", failing)
     keys = {}
     for name in ("bad", "good"):
         made = c.post("/v1/projects", json={"name": name, "labels": ["a", "b"], "worker_slots": 64})
