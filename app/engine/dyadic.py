@@ -226,14 +226,16 @@ class DyadicTrainer:
 
     # ------------------------------------------------------------------ snapshots
     def capture(self) -> DyadicCapture:
-        """Copies of the learned state (plain copies: the engine thread's stall)."""
-        self.catch_up()
+        """Copies of the learned state and the queued labels as they are (plain copies: the
+        engine thread's stall). Nothing is learned here: a snapshot taken while the model
+        lags keeps its queue, and the restored model learns it as this one will."""
         return DyadicCapture(
             self.model.config,
             self.model.arrays(),
             self._raters.slots[: self._raters.n].copy(),
             self._tasks.slots[: self._tasks.n].copy(),
             self.examples,
+            tuple(self._queued),
         )
 
     def restore(self, arrays: Any) -> None:
@@ -248,6 +250,23 @@ class DyadicTrainer:
             self.model.set_rows(table, at, np.asarray(rows, dtype=np.float64))
         self.model.set_shared(np.asarray(arrays["dyadic_shared"], dtype=np.float64))
         self.examples = int(arrays["dyadic_examples"][0])
+        if "dyadic_queue_runs" in arrays:  # (older snapshots: learned through their position)
+            self._restore_queue(arrays)
+
+    def _restore_queue(self, arrays: Any) -> None:
+        """The queued labels of ``DyadicCapture.pack``, each back on the row of its slot."""
+        raters = _rows_of(self._raters, arrays["dyadic_queue_raters"])
+        tasks = _rows_of(self._tasks, arrays["dyadic_queue_tasks"])
+        labels = np.asarray(arrays["dyadic_queue_labels"], dtype=np.int64)
+        weights = np.asarray(arrays["dyadic_queue_weights"], dtype=np.float64)
+        runs = np.asarray(arrays["dyadic_queue_runs"], dtype=np.int64).reshape(-1, 2)
+        ends = np.cumsum(runs[:, 1]).tolist()
+        starts = [0, *ends[:-1]] if ends else []
+        for position, lo, hi in zip(runs[:, 0].tolist(), starts, ends, strict=True):
+            self._queued.append(
+                _Queued(position, raters[lo:hi], tasks[lo:hi], labels[lo:hi], weights[lo:hi])
+            )
+        self.backlog = int(ends[-1]) if ends else 0
 
 
 class _SlotRows:
@@ -308,12 +327,16 @@ class DyadicCapture:
     """The slot of each rater row in use."""
     task_slots: IntArray
     examples: int
+    queued: tuple[_Queued, ...] = ()
+    """The labels not learned yet, in order (their arrays are never written to)."""
 
     def pack(self) -> dict[str, npt.NDArray[Any]]:
-        """The snapshot's arrays: the rows of the slots in use (the rest is the initial model)."""
+        """The snapshot's arrays: the rows of the slots in use (the rest is the initial model)
+        and the queued labels, each under its rater's and task's slot."""
         model = DyadicModel.from_arrays(self.config, self.tables)
         r = np.arange(self.rater_slots.size, dtype=np.int64)
         t = np.arange(self.task_slots.size, dtype=np.int64)
+        q = self.queued
         return {
             "dyadic_rater_slots": self.rater_slots,
             "dyadic_rater_rows": model.rows(RATER, r),
@@ -321,7 +344,29 @@ class DyadicCapture:
             "dyadic_task_rows": model.rows(TASK, t),
             "dyadic_shared": model.shared(),
             "dyadic_examples": np.array([self.examples], dtype=np.int64),
+            "dyadic_queue_raters": self.rater_slots[_joined([x.raters for x in q], np.int64)],
+            "dyadic_queue_tasks": self.task_slots[_joined([x.tasks for x in q], np.int64)],
+            "dyadic_queue_labels": _joined([x.labels for x in q], np.int64),
+            "dyadic_queue_weights": _joined([x.weights for x in q], np.float64),
+            "dyadic_queue_runs": np.array(
+                [(x.position, x.labels.size) for x in q], dtype=np.int64
+            ).reshape(-1, 2),
         }
+
+
+def _joined(parts: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def _rows_of(index: _SlotRows, slots: npt.NDArray[Any]) -> IntArray:
+    """The rows of slots already in use (a snapshot's queued labels)."""
+    slots = np.asarray(slots, dtype=np.int64)
+    in_use = index.slots[: index.n]
+    order = np.argsort(in_use, kind="stable")
+    at = np.minimum(np.searchsorted(in_use[order], slots), max(index.n - 1, 0))
+    if slots.size and (index.n == 0 or not np.array_equal(in_use[order[at]], slots)):
+        raise ValueError("the snapshot queues dyadic labels for slots it has no row for")
+    return order[at] if slots.size else np.empty(0, dtype=np.int64)
 
 
 def _append(codes: IntArray, n: int, rows: IntArray) -> tuple[IntArray, int]:

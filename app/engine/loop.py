@@ -519,7 +519,7 @@ class EngineLoop:
             served = eng.position >= self._catch_up.get(name, 0)
             if served and (limit := self._dyadic_limit(name, eng, True)) is not None:
                 self._write_dyadic(name, eng, anchor, limit)
-            if snap is not None and served and not self._dyadic_waits(eng):
+            if snap is not None and served:
                 snap.maybe_snapshot(eng, token=anchor)  # the last entries before a quiet spell
             if now - self._last_label.get(name, now) >= self.refine_idle_s:
                 self._idle_sweeps(name, eng)
@@ -561,7 +561,7 @@ class EngineLoop:
         limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
         if limit is not None:  # counts: the posteriors of the entries waiting go first)
             self._write_dyadic(name, eng, anchor, limit)
-        if snap is not None and not self._dyadic_waits(eng):
+        if snap is not None:
             snap.maybe_snapshot(eng, force=force_snapshot, token=anchor)
         if labels_only:
             _smooth(self._step_s, name, time.perf_counter() - started)
@@ -606,11 +606,6 @@ class EngineLoop:
         if maybe_drained and self.store.log_end(name) <= eng.position:
             return max(over, DYADIC_SLICE)
         return over if over > 0 else None
-
-    def _dyadic_waits(self, eng: ProjectEngine) -> bool:
-        """Labels queued for a dyadic model whose kernels are not loaded yet (a first start):
-        a snapshot (which learns them all) waits, rather than compile them in this process."""
-        return bool(eng.dyadic_backlog) and not self.dyadic_ready()
 
     def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
         """Learn up to ``limit`` queued labels and write the dyadic rows they changed (with

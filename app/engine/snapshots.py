@@ -7,7 +7,9 @@ where zlib's level 1 took 0.50 s; snapshots written by zlib, before, are read to
 one and replaying the log after its position gives bit-identical
 state, because the engine is a pure function of the log. Taking one is split in two: a
 ``capture`` (array copies, in the engine's thread: the only stall) and the encoding and SQL
-write (``app.store.archive.SnapshotDB``), in a background thread.
+write (``app.store.archive.SnapshotDB``), in a background thread. A capture learns nothing:
+the dyadic model's queued labels (it may lag behind the posteriors) are kept as they are, and
+the restored model learns them later, as the live one does.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from app.store.base import LogEntry, ProjectRecord, Store
 from core.evidence import evidence_size
 from core.nominal import NominalParams
 
-FORMAT = 1  # the .npz's layout (its compression is told by its first bytes)
+FORMAT = 2  # the .npz's layout (its compression is told by its first bytes)
+READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every capture)
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -82,11 +85,12 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         "worker_labels": eng.worker_labels[:nw].copy(),
         "worker_gold_seen": eng.worker_gold_seen[:nw].copy(),
         "worker_gold_right": eng.worker_gold_right[:nw].copy(),
-        "label_item": L.item[:nl].copy(),
+        # (views: ItemLabels only ever appends past n_labels, or moves to a larger copy)
+        "label_item": L.item[:nl],
         "label_slot": eng.slot_of_row[L.slot[:nl]],
-        "label_label": L.label[:nl].copy(),
-        "label_weight": L.weight[:nl].copy(),
-        "label_worker": L.worker[:nl].copy(),
+        "label_label": L.label[:nl],
+        "label_weight": L.weight[:nl],
+        "label_worker": L.worker[:nl],
         "class_logits": p.class_logits.copy(),
         "population": p.population.copy(),
         "scalars": p.scalars.copy(),
@@ -142,8 +146,8 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     """A ProjectEngine in exactly the state the snapshot was taken in."""
     z = np.load(io.BytesIO(decompress(blob)))
     fmt, position, computed_at = z["meta"]
-    if int(fmt) != FORMAT:
-        raise ValueError(f"snapshot format {int(fmt)} is not {FORMAT}")
+    if int(fmt) not in READS:
+        raise ValueError(f"snapshot format {int(fmt)} is not one of {READS}")
     names = orjson.loads(z["names"].tobytes())
     created = names.get("created_at")  # (older snapshots: not recorded)
     if created is not None and created != record.created_at:

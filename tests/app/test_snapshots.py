@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import zlib
@@ -84,6 +85,52 @@ def test_snapshots_are_zstandard_and_those_written_by_zlib_still_restore(
     same_state(engine, restore(RECORD, older))
     same_state(engine, restore(RECORD, blob))
     assert describe(older) == describe(blob)
+
+
+def _dyadic_arrays(eng: ProjectEngine) -> dict[str, np.ndarray]:
+    assert eng.dyadic is not None
+    return eng.dyadic.hashed_model().arrays()  # (learns what is queued first)
+
+
+def test_a_capture_learns_nothing_and_the_restored_dyadic_model_learns_its_queue_alike(
+    synthetic: Synthetic,
+) -> None:
+    """The dyadic model may lag behind the posteriors; a snapshot keeps its queue instead of
+    learning it in the engine's thread, and the restored model learns it bit for bit as the
+    live one does, whatever the slices."""
+    record = ProjectRecord(
+        "p",
+        RECORD.labels,
+        {**RECORD.config, "dyadic": settings_for(len(RECORD.labels)).to_dict()},
+        1.0,
+    )
+    live = ProjectEngine(record)
+    live.apply_all(label_entries(synthetic, [1500, 3000, 4500, 6000]))
+    assert live.dyadic is not None
+    live.dyadic_update(2000)  # learns the first 2,000 labels: the rest stays queued
+    backlog, through = live.dyadic_backlog, live.dyadic.learned_through(live.position)
+    assert backlog > 0 and 0 < through < live.position
+    learned = live.dyadic.model.arrays()
+    blob = encode(capture(live))
+    assert live.dyadic_backlog == backlog  # nothing learned by the capture
+    assert all(np.array_equal(v, live.dyadic.model.arrays()[k]) for k, v in learned.items())
+    back = restore(record, blob)
+    assert back.dyadic is not None
+    assert back.dyadic_backlog == backlog and back.dyadic.learned_through(back.position) == through
+    back.dyadic_update(777)  # other slices than the live model's
+    back.dyadic_update(5)
+    ours, theirs = _dyadic_arrays(live), _dyadic_arrays(back)
+    assert all(np.array_equal(v, theirs[k]) for k, v in ours.items())
+    # a snapshot of the format before (its model learned through its position) has no queue
+    z = np.load(io.BytesIO(decompress(encode(capture(live)))))
+    older = {k: z[k] for k in z.files if not k.startswith("dyadic_queue_")}
+    older["meta"] = np.array([1.0, *z["meta"][1:]])
+    buf = io.BytesIO()
+    np.savez(buf, **older)
+    again = restore(record, zlib.compress(buf.getvalue(), 1))
+    assert again.dyadic_backlog == 0
+    theirs = _dyadic_arrays(again)
+    assert all(np.array_equal(v, theirs[k]) for k, v in ours.items())
 
 
 def post_all(store: Store, synthetic: Synthetic, cuts: list[int]) -> None:
