@@ -142,6 +142,10 @@ def _learn(
         last[item] = res.posteriors[n], float(res.clarity[n])
 
 
+SETTLE_S = 0.5
+"""How long the log must stay still, applied to its end, for a refinement sweep to be over."""
+
+
 def serve_stream(
     client: Any,
     stream: Stream,
@@ -168,10 +172,15 @@ def serve_stream(
         posted()
     deadline = time.monotonic() + timeout_s
     refined = False
-    while time.monotonic() < deadline:  # wait for the refinement entry and its application
+    # The sweep's slices are logged one after another, each once the one before is applied:
+    # it is over when the log, with the engine at its end, has not moved for SETTLE_S.
+    still: tuple[int, float] = (-1, 0.0)  # log end, and since when the engine is there
+    while time.monotonic() < deadline:
         stats = client.get(f"/v1/projects/{project}", headers=key).json()["stats"]
-        entries = stats["log_end"]
-        refined = entries > len(stream.cuts) and stats["applied"] == entries
+        entries, now = stats["log_end"], time.monotonic()
+        at_end = entries > len(stream.cuts) and stats["applied"] == entries
+        still = (entries, still[1] if at_end and still[0] == entries else now)
+        refined = at_end and now - still[1] >= SETTLE_S
         if refined:
             break
         time.sleep(0.05)

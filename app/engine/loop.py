@@ -59,6 +59,9 @@ DYADIC_BACKLOG = 262_144
 """Labels the dyadic model may lag behind the posteriors (about 8 MB queued): past it, every
 step learns the excess, so a load the two cannot keep up with together shows as the engine's
 lag (and push-back), not as a queue growing without bound."""
+SWEEP_SLICE = 16_384
+"""Labels' worth of a refinement sweep's work in one log entry (``app.engine.sweeps``):
+about 15 ms of revisits, the most a label arriving meanwhile waits for the sweep."""
 SWEEPS_AT_ONCE = 1
 """Idle sweeps (refinement, dyadic passes: log entries) waiting to be applied, over all the
 projects of an engine: with many projects gone quiet at once, their sweeps come one after
@@ -171,6 +174,7 @@ class EngineLoop:
         self._refine_due: dict[str, bool] = {}
         self._sweep_pending: dict[str, bool] = {}
         self._sweeping: set[str] = set()
+        self._slice_pending: set[str] = set()  # a sweep's slice logged and not applied yet
         self.failed: dict[str, Failure] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -316,6 +320,8 @@ class EngineLoop:
         eng = self.engines.get(name)
         if eng is None or name in self._sweeping or eng.position < self._catch_up.get(name, 0):
             return False
+        if eng.sweep is not None:
+            return False
         if self._refine_due.get(name) or self._sweep_pending.get(name):
             return False
         if eng.dyadic_unpublished:
@@ -450,6 +456,7 @@ class EngineLoop:
         self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
         self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
         self._sweeping.discard(name)
+        self._slice_pending.discard(name)
         self._catch_up.pop(name, None)
         give_back_freed_memory()
         self.store.set_project_failed(name, error)
@@ -462,6 +469,9 @@ class EngineLoop:
         self.engines.pop(name, None)
         for held in (self._catch_up, self._anchor, self._served):
             held.pop(name, None)
+        self._sweeping.discard(name)  # (its sweep's entry may be among those lost)
+        self._slice_pending.discard(name)
+        self._sweep_pending.pop(name, None)
         if self.snapshotter is not None:
             self.snapshotter.unload(name)  # (waits for the snapshot being written)
 
@@ -475,6 +485,7 @@ class EngineLoop:
         self._anchor.pop(name, None)
         self._served.pop(name, None)
         self._sweeping.discard(name)
+        self._slice_pending.discard(name)
         self.failed.pop(name, None)
         if self.snapshotter is not None:
             if forget_sql:
@@ -521,7 +532,9 @@ class EngineLoop:
                 self._write_dyadic(name, eng, anchor, limit)
             if snap is not None and served:
                 snap.maybe_snapshot(eng, token=anchor)  # the last entries before a quiet spell
-            if now - self._last_label.get(name, now) >= self.refine_idle_s:
+            if eng.sweep is not None:
+                self._next_slice(name, eng)  # (labels that came meanwhile are applied first)
+            elif now - self._last_label.get(name, now) >= self.refine_idle_s:
                 self._idle_sweeps(name, eng)
             return 0
         force_snapshot = False
@@ -532,7 +545,9 @@ class EngineLoop:
             force_snapshot |= entry.kind == "snapshot"
             if entry.kind == "dyadic":
                 self._sweep_pending[name] = False
-            if entry.kind in ("refine", "dyadic"):
+            if entry.kind == "refine":
+                self._slice_pending.discard(name)
+            if entry.kind == "dyadic" or (entry.kind == "refine" and eng.sweep is None):
                 self._sweeping.discard(name)
             if entry.kind in ("labels", "gold"):
                 self._last_label[name] = now
@@ -628,12 +643,23 @@ class EngineLoop:
             return
         if self._refine_due.get(name):
             self._refine_due[name] = False
-            self.store.append(name, "refine", orjson.dumps({"passes": self.refine_passes}))
-            self._sweeping.add(name)
+            self._next_slice(name, eng)
         elif not self._sweep_pending.get(name) and self.dyadic_ready() and eng.wants_dyadic_sweep():
             self._sweep_pending[name] = True
             self.store.append(name, "dyadic", b"{}")
             self._sweeping.add(name)
+
+    def _next_slice(self, name: str, eng: ProjectEngine) -> None:
+        """Log the next slice of the project's refinement sweep (the first of a new one if
+        none is in progress), once the one before is applied and no other project sweeps."""
+        if self.refine_passes <= 0 or name in self._slice_pending:
+            return
+        if name not in self._sweeping and len(self._sweeping) >= SWEEPS_AT_ONCE:
+            return
+        cut = eng.next_sweep_slice(self.refine_passes, SWEEP_SLICE)
+        self.store.append(name, "refine", orjson.dumps(cut.to_dict()))
+        self._slice_pending.add(name)
+        self._sweeping.add(name)
 
     def sweeps_pending(self) -> bool:
         """Idle sweeps still to come or logged and not applied yet (what ``run_until_idle``
@@ -643,6 +669,7 @@ class EngineLoop:
         return (
             bool(self._sweeping)
             or any(self._refine_due.values())
+            or any(e.sweep is not None for e in self.engines.values())
             or any(
                 self._sweep_pending.get(n) or e.wants_dyadic_sweep()
                 for n, e in self.engines.items()

@@ -34,6 +34,7 @@ from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
 from app.engine.slot_rows import rows_by_slot
+from app.engine.sweeps import Slice, next_slice
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
@@ -123,7 +124,8 @@ class ProjectEngine:
         self.progress = Progress()
         self.em_iterations = 0  # batch EM iterations run by refits (a metric)
         self.last_refit: dict[str, object] | None = None  # the last refit's report (RefitReport)
-        self.refine_due = False  # labels or gold applied since the last refinement sweep
+        self.refine_due = False  # labels or gold applied since the last refinement sweep began
+        self.sweep: Slice | None = None  # the sweep in progress: its next unit is ``stop``
         self._queue_all = True
         self._budget_spent = False
         self._dirty_items: set[int] = set()
@@ -169,13 +171,7 @@ class ProjectEngine:
             self._apply_gold(body)
             self.refine_due = True
         elif entry.kind == "refine":
-            for _ in range(int(body.get("passes", 1))):
-                self._refine_pass()
-            # The items are served re-predicted, and their next revisit counts from there while
-            # the statistics keep the sweep's own posteriors: a lag that keeps sweeps over one
-            # answer an item out of the MAP's one-class optimum (docs/model.md, eq. 14).
-            self._hold_out(self._predict_all(), laplace=False)
-            self.refine_due = False
+            self._apply_slice(Slice.of(body, self.items_count))
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
                 self.dyadic.sweep(self.labels)
@@ -276,36 +272,63 @@ class ProjectEngine:
             self.b[learned] = result.clarity
             self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
 
-    def _refine_pass(self) -> None:
-        """One more pass over every item, each label already counted (docs/model.md)."""
-        n = self.items_count
-        if n == 0:
-            return
-        everything = np.arange(n, dtype=np.int64)
-        blocks, _ = self.labels.gather(everything)
-        previous = BlockResult(self.q[:n].copy(), self.b[:n].copy(), np.zeros(n))
-        result = self.online.revisit_many(blocks, previous, known=self.gold[:n])
-        self.q[:n] = result.posteriors
-        self.b[:n] = result.clarity
-        self.learned[:n] = blocks.sizes()
-        self._all_rows = True
+    # ---------------------------------------------------------------- refinement sweeps
+    def _apply_slice(self, cut: Slice) -> None:
+        """Units [start, stop) of a refinement sweep (``app.engine.sweeps``): revisit passes
+        over items, then the round that serves them."""
+        if cut.start == 0:
+            self.refine_due = False  # labels from here on make another sweep due
+        for round_, lo, hi in cut.rounds():
+            if round_ < cut.passes:
+                self._revisit(np.arange(lo, hi, dtype=np.int64))
+                continue
+            # The serving round: eq. 26 takes every item's statistics, so its first unit
+            # serves all the sweep's items at once; the round's slices then write them out.
+            if lo == 0:
+                self._serve_refined(np.arange(cut.items, dtype=np.int64))
+            self._dirty_items.update(range(lo, hi))
+        self.sweep = None if cut.last else cut
 
-    def _predict_all(self) -> LabelBlocks:
-        """Every item's posterior under the current parameters; returns the items' blocks."""
-        n = self.items_count
-        blocks, _ = self.labels.gather(np.arange(n, dtype=np.int64))
-        if n:
-            result = self.online.predict_many(blocks, known=self.gold[:n])
-            self.q[:n] = result.posteriors
-            self.b[:n] = result.clarity
-            self._dirty_items.update(range(n))
-        return blocks
+    def next_sweep_slice(self, passes: int, budget: int) -> Slice:
+        """The next slice of the sweep in progress, or the first of a new sweep of ``passes``
+        passes over the items there are: about ``budget`` labels' work."""
+        at = self.sweep
+        if at is None:
+            return next_slice(self.labels.count, passes, self.items_count, 0, budget)
+        return next_slice(self.labels.count, at.passes, at.items, at.stop, budget)
+
+    def _revisit(self, items: IntArray) -> None:
+        """One more pass over these items, each label already counted (docs/model.md)."""
+        blocks, _ = self.labels.gather(items)
+        previous = BlockResult(self.q[items], self.b[items], np.zeros(items.size))
+        scale_before = self.online.params.scalars[0]
+        result = self.online.revisit_many(blocks, previous, known=self.gold[items])
+        self.q[items] = result.posteriors
+        self.b[items] = result.clarity
+        self.learned[items] = blocks.sizes()
+        self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
+        if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
+            self._all_rows = True
+
+    def _serve_refined(self, items: IntArray) -> None:
+        """These items re-predicted under the swept parameters, each held out (eq. 26).
+        Their next revisit counts from there while the statistics keep the sweep's own
+        posteriors: a lag that keeps sweeps over one answer an item out of the MAP's one-class
+        optimum (docs/model.md, eq. 14)."""
+        blocks, _ = self.labels.gather(items)
+        result = self.online.predict_many(blocks, known=self.gold[items])
+        self.q[items] = result.posteriors
+        self.b[items] = result.clarity
+        params, lam = self.online.params, self.config.worker_prior
+        self.held_out[items] = held_out_corrections(
+            params, blocks, self.q[items], lam, laplace=False
+        )
 
     def _hold_out(self, blocks: LabelBlocks, laplace: bool) -> None:
-        """After a sweep or a refit the parameters are fitted to every item (``blocks``, all
-        of them): each item is served as scored by slot rows fitted without it (docs/model.md
-        eq. 26; after a refit, batch EM's optimum, under the rows' Laplace predictives too,
-        eq. 27), until its next labels."""
+        """After a refit the parameters are fitted to every item (``blocks``, all of them):
+        each item is served as scored by slot rows fitted without it (docs/model.md eq. 26), at
+        batch EM's optimum under the rows' Laplace predictives too (eq. 27), until its next
+        labels (a sweep's serving round: ``_serve_refined``)."""
         n = blocks.n_blocks
         if n:
             params, lam = self.online.params, self.config.worker_prior

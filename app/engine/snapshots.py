@@ -30,6 +30,7 @@ import zstandard
 from app.engine.dyadic import DyadicCapture
 from app.engine.project import ProjectEngine
 from app.engine.queue import QueueSettings
+from app.engine.sweeps import Slice
 from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
 from core.evidence import evidence_size
@@ -61,6 +62,8 @@ class Capture:
     """Labels or gold applied since the last refinement sweep."""
     last_refit: dict[str, Any] | None = None
     """The last refit's report (``ProjectEngine.last_refit``)."""
+    sweep: dict[str, int] | None = None
+    """The refinement sweep in progress (``ProjectEngine.sweep``), as its last slice."""
 
     @property
     def n_labels(self) -> int:
@@ -105,6 +108,7 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
         eng.record.created_at, 1 if token is None else token, eng.refine_due, eng.last_refit,
+        eng.sweep.to_dict() if eng.sweep is not None else None,
     )  # fmt: skip
 
 
@@ -119,6 +123,7 @@ def encode(cap: Capture) -> bytes:
             "token": cap.token,
             "refine_due": cap.refine_due,
             "last_refit": cap.last_refit,
+            "sweep": cap.sweep,
         }
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
@@ -199,6 +204,8 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
     # (older snapshots: not recorded; a sweep is then due once, if there are labels)
     eng.refine_due = bool(names.get("refine_due", eng.labels.n_labels > 0))
     eng.last_refit = names.get("last_refit")  # (older snapshots: not recorded)
+    sweep = names.get("sweep")  # (older snapshots: a sweep was one entry, never in progress)
+    eng.sweep = Slice.of(sweep, n) if sweep is not None else None
     return eng
 
 
