@@ -91,6 +91,8 @@ class DyadicTrainer:
         self._queued: deque[_Queued] = deque()
         self.backlog = 0
         """Labels given to ``learn`` and not learned yet."""
+        self._swept = 0
+        """Of those, how many are the last sweep's or came before them (``sweep_backlog``)."""
         self._dirty_raters: list[IntArray] = []  # rows
         self._dirty_tasks: list[IntArray] = []
 
@@ -166,7 +168,14 @@ class DyadicTrainer:
             self._dirty_tasks.append(np.unique(head.tasks))
             left -= head.labels.size
         self.backlog -= todo
+        self._swept = max(self._swept - todo, 0)
         return todo
+
+    @property
+    def sweep_backlog(self) -> int:
+        """Queued labels up to the end of the last sweep's: a sweep queues every stored label
+        at once, and these are learned a slice at a time (the queue's bound leaves them out)."""
+        return self._swept
 
     @property
     def unpublished(self) -> bool:
@@ -182,14 +191,17 @@ class DyadicTrainer:
         """Labels have had fewer than ``passes`` passes on average (queued ones counted)."""
         return stored.n_labels > 0 and self.examples < self.settings.passes * stored.n_labels
 
-    def sweep(self, stored: ItemLabels) -> bool:
-        """A pass over every stored label, in stored order, if ``wants_sweep``; True if it ran."""
+    def sweep(self, stored: ItemLabels, position: int) -> bool:
+        """A pass over every stored label, in stored order, if ``wants_sweep`` (True then):
+        queued behind the labels waiting, and learned with them, a slice at a time, never in
+        the step that applies the sweep's entry (at ``position``)."""
         n = stored.n_labels
         if not self.wants_sweep(stored):
             return False
-        self.catch_up()
-        self.learn(stored.worker[:n], stored.item[:n], stored.label[:n], stored.weight[:n])
-        self.catch_up()
+        self.learn(
+            stored.worker[:n], stored.item[:n], stored.label[:n], stored.weight[:n], position
+        )
+        self._swept = self.backlog
         return True
 
     def mark_all_dirty(self) -> None:
@@ -236,6 +248,7 @@ class DyadicTrainer:
             self._tasks.slots[: self._tasks.n].copy(),
             self.examples,
             tuple(self._queued),
+            self._swept,
         )
 
     def restore(self, arrays: Any) -> None:
@@ -267,6 +280,7 @@ class DyadicTrainer:
                 _Queued(position, raters[lo:hi], tasks[lo:hi], labels[lo:hi], weights[lo:hi])
             )
         self.backlog = int(ends[-1]) if ends else 0
+        self._swept = int(arrays["dyadic_queue_swept"][0]) if "dyadic_queue_swept" in arrays else 0
 
 
 class _SlotRows:
@@ -329,6 +343,8 @@ class DyadicCapture:
     examples: int
     queued: tuple[_Queued, ...] = ()
     """The labels not learned yet, in order (their arrays are never written to)."""
+    swept: int = 0
+    """``DyadicTrainer.sweep_backlog``."""
 
     def pack(self) -> dict[str, npt.NDArray[Any]]:
         """The snapshot's arrays: the rows of the slots in use (the rest is the initial model)
@@ -348,6 +364,7 @@ class DyadicCapture:
             "dyadic_queue_tasks": self.task_slots[_joined([x.tasks for x in q], np.int64)],
             "dyadic_queue_labels": _joined([x.labels for x in q], np.int64),
             "dyadic_queue_weights": _joined([x.weights for x in q], np.float64),
+            "dyadic_queue_swept": np.array([self.swept], dtype=np.int64),
             "dyadic_queue_runs": np.array(
                 [(x.position, x.labels.size) for x in q], dtype=np.int64
             ).reshape(-1, 2),

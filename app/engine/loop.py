@@ -613,11 +613,13 @@ class EngineLoop:
         """How many queued labels the dyadic model learns in this step, its rows then written
         (None: no dyadic write). Once its kernels are loaded: ``DYADIC_SLICE`` when the log
         has nothing new past the posteriors just written (no posterior waits; the next step
-        looks at the log again), and any excess over ``DYADIC_BACKLOG`` whatever waits. With
-        nothing queued, the rows a sweep changed are written when the log is drained."""
+        looks at the log again), and any excess over ``DYADIC_BACKLOG`` whatever waits (a
+        dyadic sweep's labels, queued all at once, left out of that count: they are learned a
+        slice at a time). With nothing queued, the rows a sweep changed are written when the
+        log is drained."""
         if not eng.dyadic_unpublished or not self.dyadic_ready():
             return None
-        over = eng.dyadic_backlog - DYADIC_BACKLOG
+        over = eng.dyadic_backlog - eng.dyadic_sweep_backlog - DYADIC_BACKLOG
         if maybe_drained and self.store.log_end(name) <= eng.position:
             return max(over, DYADIC_SLICE)
         return over if over > 0 else None
@@ -644,7 +646,12 @@ class EngineLoop:
         if self._refine_due.get(name):
             self._refine_due[name] = False
             self._next_slice(name, eng)
-        elif not self._sweep_pending.get(name) and self.dyadic_ready() and eng.wants_dyadic_sweep():
+        elif (
+            not self._sweep_pending.get(name)
+            and not eng.dyadic_sweep_backlog  # (the last sweep's labels are learned)
+            and self.dyadic_ready()
+            and eng.wants_dyadic_sweep()
+        ):
             self._sweep_pending[name] = True
             self.store.append(name, "dyadic", b"{}")
             self._sweeping.add(name)

@@ -174,7 +174,7 @@ class ProjectEngine:
             self._apply_slice(Slice.of(body, self.items_count))
         elif entry.kind == "dyadic":  # an idle sweep of the dyadic model over every label
             if self.dyadic is not None:
-                self.dyadic.sweep(self.labels)
+                self.dyadic.sweep(self.labels, entry.position)
         elif entry.kind == "refit":
             self._refit(entry.position)
         elif entry.kind == "items":  # registered before any label: they enter the queue
@@ -540,6 +540,11 @@ class ProjectEngine:
     def dyadic_backlog(self) -> int:
         """Labels applied to the posteriors that the dyadic model has not learned yet."""
         return self.dyadic.backlog if self.dyadic is not None else 0
+
+    @property
+    def dyadic_sweep_backlog(self) -> int:
+        """Of ``dyadic_backlog``, the labels up to the end of the last dyadic sweep's."""
+        return self.dyadic.sweep_backlog if self.dyadic is not None else 0
 
     @property
     def dyadic_unpublished(self) -> bool:

@@ -108,7 +108,7 @@ def dyadic_learning() -> None:
         stored = ItemLabels()
         stored.add_items(int(items.max()) + 1)
         stored.append(items, workers, labels, np.ones(labels.size), workers)
-        trainer.sweep(stored)
+        trainer.sweep(stored, position=0)
         trainer.update(position=0)
 
 

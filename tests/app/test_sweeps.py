@@ -9,11 +9,12 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.loop import EngineLoop
+from app.engine.dyadic import settings_for
+from app.engine.loop import DYADIC_SLICE, EngineLoop
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import capture, encode, restore
 from app.engine.sweeps import Slice, next_slice
-from app.store.base import LogEntry, Store
+from app.store.base import LogEntry, ProjectRecord, Store
 from tests.app.test_engine import RECORD, label_entries
 from tests.conftest import Synthetic
 
@@ -131,3 +132,37 @@ def test_a_label_posted_during_a_sweep_is_served_before_the_sweep_ends(
     assert eng.sweep is None and not eng.refine_due  # the sweep ended, and another after it
     refines = [orjson.loads(e.payload) for e in store.read_log("p", 0, 1000) if e.kind == "refine"]
     assert [r["from"] for r in refines].count(0) == 2  # (the label came after the first began)
+
+
+def test_a_dyadic_sweep_queues_its_labels_to_be_learned_a_slice_at_a_time(
+    store: Store, synthetic: Synthetic
+) -> None:
+    """A `dyadic` entry queues every stored label instead of learning them in the step that
+    applies it; the queue's bound leaves them out, and they are learned DYADIC_SLICE at a time
+    while the log is drained, to the model a replay learns."""
+    dyadic = settings_for(len(RECORD.labels), passes=2).to_dict()
+    record = ProjectRecord("p", RECORD.labels, {**RECORD.config, "dyadic": dyadic}, 1.0)
+    store.create_project(record)
+    for e in label_entries(synthetic, [5000, 10000]):
+        store.append("p", "labels", e.payload)
+    loop = EngineLoop(store, refine_passes=1, refine_idle_s=0.0)
+    backlogs = []
+    for _ in range(2000):
+        loop.step()
+        eng = loop.engines.get("p")
+        if eng is not None and eng.dyadic_sweep_backlog:
+            backlogs.append(eng.dyadic_backlog)
+        if backlogs and not eng.dyadic_sweep_backlog:  # type: ignore[union-attr]
+            break
+    # queued whole (the step that applied it learned one slice at most), then a slice a step
+    assert backlogs and backlogs[0] >= synthetic.items.size - DYADIC_SLICE
+    steps = np.diff(backlogs)
+    assert steps.size >= 2 and np.all(-steps <= DYADIC_SLICE)
+    loop.run_until_idle(timeout_s=60)
+    assert eng is not None and eng.dyadic is not None and eng.dyadic_backlog == 0
+    assert eng.dyadic.examples == 2 * eng.labels.n_labels  # (arrival, then one sweep)
+    replay = ProjectEngine(record)
+    replay.apply_all(store.read_log("p", 0, 10_000))
+    assert replay.dyadic is not None
+    ours, theirs = eng.dyadic.hashed_model().arrays(), replay.dyadic.hashed_model().arrays()
+    assert all(np.array_equal(v, theirs[k]) for k, v in ours.items())
