@@ -320,7 +320,7 @@ class EngineLoop:
         eng = self.engines.get(name)
         if eng is None or name in self._sweeping or eng.position < self._catch_up.get(name, 0):
             return False
-        if eng.sweep is not None:
+        if eng.sweep is not None and self.refine_passes > 0:  # (a sweep to go on with)
             return False
         if self._refine_due.get(name) or self._sweep_pending.get(name):
             return False
