@@ -229,3 +229,37 @@ def test_a_refit_serves_items_under_the_rows_laplace_predictives_and_a_sweep_doe
         lam = eng.config.worker_prior
         want = held_out_corrections(eng.online.params, blocks, eng.q[:n], lam, laplace=laplace)
         np.testing.assert_array_equal(eng.held_out[:n], want)
+
+
+def test_with_gold_the_whole_queue_is_scored_again_only_once_the_calibration_moved(
+    synthetic: Synthetic,
+) -> None:
+    """With gold the calibration (eq. 25) moves a little at every step: the touched items are
+    scored under the current one, the whole queue only once rho or epsilon moved past their
+    tolerances, so every queued item's served confidence is within about that of today's."""
+    from app.engine.project import QUEUE_EPS_TOLERANCE, QUEUE_RHO_TOLERANCE
+
+    entries = label_entries(synthetic, [2000, 4000, 6000, 8000, 9000, 10000, 11000, 12000])
+    eng = ProjectEngine(RECORD)
+    eng.apply_all(entries[:2])
+    gold = {"items": [f"item-{i}" for i in range(40)], "labels": synthetic.truth[:40].tolist()}
+    eng.apply(LogEntry(3, "gold", orjson.dumps(gold)))
+    assert eng.state_update().queue_replace  # (a first update scores every item)
+    replaced = 0
+    for n, e in enumerate(entries[2:]):
+        scored_with = eng._queue_calibration
+        eng.apply(LogEntry(4 + n, "labels", e.payload))
+        update = eng.state_update()
+        now = eng.calibration
+        assert now.components  # (with gold: the posterior mean over (rho, eps))
+        moved = (
+            abs(now.rho - scored_with.rho) > QUEUE_RHO_TOLERANCE
+            or abs(now.eps - scored_with.eps) > QUEUE_EPS_TOLERANCE
+        )
+        assert update.queue_replace == moved
+        replaced += moved
+        shown, w = eng.shown(np.arange(eng.items_count)), eng.weight[: eng.items_count]
+        queued = eng._queue_calibration.from_posteriors(shown, w).max(axis=1)
+        today = now.from_posteriors(shown, w).max(axis=1)
+        assert np.abs(queued - today).max() < 0.01
+    assert replaced < len(entries) - 2  # (every step did, before)
