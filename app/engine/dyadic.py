@@ -254,6 +254,7 @@ class DyadicTrainer:
     def restore(self, arrays: Any) -> None:
         """The inverse of ``capture``, once the engine has re-added workers and items by name
         (which gives every slot its row again)."""
+        row_now: list[IntArray] = []  # per table: the row now of each row then
         for table, index, slots, rows in (
             (RATER, self._raters, arrays["dyadic_rater_slots"], arrays["dyadic_rater_rows"]),
             (TASK, self._tasks, arrays["dyadic_task_slots"], arrays["dyadic_task_rows"]),
@@ -261,15 +262,16 @@ class DyadicTrainer:
             at, _ = index.assign(np.asarray(slots, dtype=np.int64))
             self._fit(self._raters.n, self._tasks.n)
             self.model.set_rows(table, at, np.asarray(rows, dtype=np.float64))
+            row_now.append(at)
         self.model.set_shared(np.asarray(arrays["dyadic_shared"], dtype=np.float64))
         self.examples = int(arrays["dyadic_examples"][0])
         if "dyadic_queue_runs" in arrays:  # (older snapshots: learned through their position)
-            self._restore_queue(arrays)
+            self._restore_queue(arrays, *row_now)
 
-    def _restore_queue(self, arrays: Any) -> None:
-        """The queued labels of ``DyadicCapture.pack``, each back on the row of its slot."""
-        raters = _rows_of(self._raters, arrays["dyadic_queue_raters"])
-        tasks = _rows_of(self._tasks, arrays["dyadic_queue_tasks"])
+    def _restore_queue(self, arrays: Any, rater_row: IntArray, task_row: IntArray) -> None:
+        """The queued labels of ``DyadicCapture.pack``, each on its rows as restored."""
+        raters = rater_row[np.asarray(arrays["dyadic_queue_raters"], dtype=np.int64)]
+        tasks = task_row[np.asarray(arrays["dyadic_queue_tasks"], dtype=np.int64)]
         labels = np.asarray(arrays["dyadic_queue_labels"], dtype=np.int64)
         weights = np.asarray(arrays["dyadic_queue_weights"], dtype=np.float64)
         runs = np.asarray(arrays["dyadic_queue_runs"], dtype=np.int64).reshape(-1, 2)
@@ -348,7 +350,8 @@ class DyadicCapture:
 
     def pack(self) -> dict[str, npt.NDArray[Any]]:
         """The snapshot's arrays: the rows of the slots in use (the rest is the initial model)
-        and the queued labels, each under its rater's and task's slot."""
+        and the queued labels, each with its rater's and task's row (in the order of the
+        slots above)."""
         model = DyadicModel.from_arrays(self.config, self.tables)
         r = np.arange(self.rater_slots.size, dtype=np.int64)
         t = np.arange(self.task_slots.size, dtype=np.int64)
@@ -360,8 +363,8 @@ class DyadicCapture:
             "dyadic_task_rows": model.rows(TASK, t),
             "dyadic_shared": model.shared(),
             "dyadic_examples": np.array([self.examples], dtype=np.int64),
-            "dyadic_queue_raters": self.rater_slots[_joined([x.raters for x in q], np.int64)],
-            "dyadic_queue_tasks": self.task_slots[_joined([x.tasks for x in q], np.int64)],
+            "dyadic_queue_raters": _joined([x.raters for x in q], np.int64),  # (rows)
+            "dyadic_queue_tasks": _joined([x.tasks for x in q], np.int64),
             "dyadic_queue_labels": _joined([x.labels for x in q], np.int64),
             "dyadic_queue_weights": _joined([x.weights for x in q], np.float64),
             "dyadic_queue_swept": np.array([self.swept], dtype=np.int64),
@@ -373,17 +376,6 @@ class DyadicCapture:
 
 def _joined(parts: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
-
-
-def _rows_of(index: _SlotRows, slots: npt.NDArray[Any]) -> IntArray:
-    """The rows of slots already in use (a snapshot's queued labels)."""
-    slots = np.asarray(slots, dtype=np.int64)
-    in_use = index.slots[: index.n]
-    order = np.argsort(in_use, kind="stable")
-    at = np.minimum(np.searchsorted(in_use[order], slots), max(index.n - 1, 0))
-    if slots.size and (index.n == 0 or not np.array_equal(in_use[order[at]], slots)):
-        raise ValueError("the snapshot queues dyadic labels for slots it has no row for")
-    return order[at] if slots.size else np.empty(0, dtype=np.int64)
 
 
 def _append(codes: IntArray, n: int, rows: IntArray) -> tuple[IntArray, int]:

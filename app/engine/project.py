@@ -229,21 +229,28 @@ class ProjectEngine:
             self.dyadic.learn(worker_codes, item_codes, labels, weights, position)
 
     def _learn(self, touched: IntArray) -> None:
-        blocks, _ = self.labels.gather(touched)
-        previous = BlockResult(self.q[touched], self.b[touched], np.zeros(touched.size))
-        n_prev = self.learned[touched]
-        scale_before = self.online.params.scalars[0]
-        result = self.online.learn_many(
-            blocks, previous=previous, n_previous=n_prev, known=self.gold[touched]
-        )
-        self.q[touched] = result.posteriors
+        blocks = self._relearn(touched, self.learned[touched])
         self.held_out[touched] = 0.0
-        self.b[touched] = result.clarity
         self.learned[touched] = blocks.sizes()
         self._dirty_items.update(touched.tolist())
+
+    def _relearn(self, items: IntArray, n_previous: IntArray | None = None) -> LabelBlocks:
+        """The items' EM again, over all their labels, from their latest results:
+        ``n_previous`` labels of each already counted (None: all of them, a revisit). Notes
+        the slot rows it moved; returns the items' blocks."""
+        blocks, _ = self.labels.gather(items)
+        previous = BlockResult(self.q[items], self.b[items], np.zeros(items.size))
+        counted = blocks.sizes() if n_previous is None else n_previous
+        scale_before = self.online.params.scalars[0]
+        result = self.online.learn_many(
+            blocks, previous=previous, n_previous=counted, known=self.gold[items]
+        )
+        self.q[items] = result.posteriors
+        self.b[items] = result.clarity
         self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
         if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
             self._all_rows = True
+        return blocks
 
     def _apply_gold(self, body: dict[str, list[object]]) -> None:
         items = [str(x) for x in body["items"]]
@@ -265,13 +272,8 @@ class ProjectEngine:
         # the change of their contribution moves the workers (each label still counted once).
         learned = np.unique(item_codes[self.learned[item_codes] > 0])
         if learned.size:
-            blocks, _ = self.labels.gather(learned)
-            previous = BlockResult(self.q[learned], self.b[learned], np.zeros(learned.size))
-            result = self.online.revisit_many(blocks, previous, known=self.gold[learned])
-            self.q[learned] = result.posteriors
+            self._relearn(learned)
             self.held_out[learned] = 0.0
-            self.b[learned] = result.clarity
-            self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
 
     # ---------------------------------------------------------------- refinement sweeps
     def _apply_slice(self, cut: Slice) -> None:
@@ -293,26 +295,15 @@ class ProjectEngine:
     def next_sweep_slice(self, passes: int, budget: int) -> Slice:
         """The next slice of the sweep in progress, or the first of a new sweep of ``passes``
         passes over the items there are: about ``budget`` labels' work."""
-        at = self.sweep
-        if at is None:
-            return next_slice(self.labels.count, passes, self.items_count, 0, budget)
+        at = self.sweep or Slice(passes, self.items_count, 0, 0)
         return next_slice(self.labels.count, at.passes, at.items, at.stop, budget)
 
     def _revisit(self, items: IntArray) -> None:
         """One more pass over these items, each label already counted (docs/model.md)."""
-        blocks, _ = self.labels.gather(items)
-        previous = BlockResult(self.q[items], self.b[items], np.zeros(items.size))
-        scale_before = self.online.params.scalars[0]
-        result = self.online.revisit_many(blocks, previous, known=self.gold[items])
-        self.q[items] = result.posteriors
-        self.b[items] = result.clarity
-        self.learned[items] = blocks.sizes()
-        self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
-        if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
-            self._all_rows = True
+        self.learned[items] = self._relearn(items).sizes()
 
     def _serve_refined(self, items: IntArray) -> None:
-        """These items re-predicted under the swept parameters, each held out (eq. 26).
+        """The items 0..n-1 re-predicted under the swept parameters, each held out (eq. 26).
         Their next revisit counts from there while the statistics keep the sweep's own
         posteriors: a lag that keeps sweeps over one answer an item out of the MAP's one-class
         optimum (docs/model.md, eq. 14)."""
@@ -320,16 +311,13 @@ class ProjectEngine:
         result = self.online.predict_many(blocks, known=self.gold[items])
         self.q[items] = result.posteriors
         self.b[items] = result.clarity
-        params, lam = self.online.params, self.config.worker_prior
-        self.held_out[items] = held_out_corrections(
-            params, blocks, self.q[items], lam, laplace=False
-        )
+        self._hold_out(blocks, laplace=False)
 
     def _hold_out(self, blocks: LabelBlocks, laplace: bool) -> None:
-        """After a refit the parameters are fitted to every item (``blocks``, all of them):
-        each item is served as scored by slot rows fitted without it (docs/model.md eq. 26), at
-        batch EM's optimum under the rows' Laplace predictives too (eq. 27), until its next
-        labels (a sweep's serving round: ``_serve_refined``)."""
+        """After a sweep or a refit the parameters are fitted to every item (``blocks``, the
+        items 0..n-1): each item is served as scored by slot rows fitted without it
+        (docs/model.md eq. 26; after a refit, batch EM's optimum, under the rows' Laplace
+        predictives too, eq. 27), until its next labels."""
         n = blocks.n_blocks
         if n:
             params, lam = self.online.params, self.config.worker_prior

@@ -65,14 +65,12 @@ class Slice:
 
 def next_slice(label_counts: IntArray, passes: int, items: int, start: int, budget: int) -> Slice:
     """The slice from unit ``start`` whose units cost about ``budget`` labels (each unit an
-    item's labels, at least 1), at least one unit and at most to the end of the sweep."""
-    sweep = Slice(passes, items, start, start)
-    if items == 0:
-        return sweep
-    cost = np.maximum(label_counts[:items], 1)
-    cum = np.concatenate(([0], np.cumsum(cost)))  # cost of units [0, k) of one round
-    per_round = int(cum[-1])
-    spent = (start // items) * per_round + int(cum[start % items])
-    rounds, rest = divmod(spent + budget, per_round)
-    stop = rounds * items + int(np.searchsorted(cum, rest, side="right")) - 1
-    return Slice(passes, items, start, min(max(stop, start + 1), sweep.units))
+    item's labels, at least 1), at least one unit and at most to the end of the sweep. (At
+    most ``budget`` units, so only those are looked at: O(budget), not O(items), a slice.)"""
+    end = (passes + 1) * items
+    window = np.arange(start, min(start + budget, end), dtype=np.int64)
+    if not window.size:
+        return Slice(passes, items, start, start)
+    spent = np.cumsum(np.maximum(label_counts[window % items], 1))
+    within = int(np.searchsorted(spent, budget, side="right"))  # units whose total <= budget
+    return Slice(passes, items, start, start + max(within, 1))
