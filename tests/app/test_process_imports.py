@@ -34,3 +34,24 @@ def test_the_command_line_loads_numba_only_for_what_computes() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_command_freezes_the_objects_alive_before_the_last_collection_at_exit() -> None:
+    """``main`` freezes every object alive at exit (``gc.freeze`` at exit), so the
+    interpreter's final collection does not walk numba's registries (0.2 s of every command
+    that loaded a kernel). atexit hooks run last registered first: one registered before
+    ``main`` runs after the freeze, and sees it."""
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+        "from app.cli import main\n"
+        "sys.argv = ['crowdtally', '--help']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('after main', gc.get_freeze_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2:] == ["after main 0", "frozen True"], out.stdout
