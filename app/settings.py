@@ -40,7 +40,9 @@ class Settings(BaseSettings):
     snapshot_interval_s: float = 60.0
     """Snapshot each project at least this often while it receives labels."""
     snapshot_labels: int = 100_000
-    """... and after this many new labels, whichever comes first."""
+    """... and after this many new labels, whichever comes first. With the log in SQLite
+    (embedded), after a tenth of the labels the project held at its last snapshot when that
+    is more: the snapshot only saves replay there, and costs in proportion to the project."""
     snapshot_keep: int = 3
     """Snapshots kept per project (older ones are deleted after a new one is written)."""
     admin_key: str | None = None

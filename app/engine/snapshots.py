@@ -38,6 +38,9 @@ from core.nominal import NominalParams
 
 FORMAT = 2  # the .npz's layout (its compression is told by its first bytes)
 READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every capture)
+REPLAY_SHARE = 0.1
+"""With the log in SQL, a snapshot is due once the labels since the last one reach this share
+of the project's labels at that snapshot (and ``every_labels``): ``Snapshotter.labels_between``."""
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -325,6 +328,18 @@ class Snapshotter:
         """A snapshot at the engine's position was taken (so none is due until it moves)."""
         return self._last.get(eng.record.name, (0.0, 0, 0))[2] >= eng.position
 
+    def labels_between(self, labels: int) -> int:
+        """New labels after a snapshot of a project with ``labels`` labels that make the next
+        one due. Where the log is the store's own (SQLite, embedded), a snapshot only saves
+        replay, and it costs in proportion to the whole project: after ``every_labels`` or a
+        ``REPLAY_SHARE`` of the labels it holds, whichever is more, so that its cost per label
+        stays constant as a project grows and a restart replays at most that share. Where the
+        archive is written with the snapshot (Redis), every ``every_labels``: what a lost Redis
+        volume costs is what came after the last one."""
+        if not self.store.log_in_sql:
+            return self.every_labels
+        return max(self.every_labels, int(labels * REPLAY_SHARE))
+
     def maybe_snapshot(
         self, eng: ProjectEngine, force: bool = False, token: int | None = None
     ) -> Future[SnapshotInfo | None] | None:
@@ -332,8 +347,9 @@ class Snapshotter:
         name = eng.record.name
         now = time.monotonic()
         t, labels, position = self._last.setdefault(name, (now, 0, 0))
+        new_labels = eng.labels.n_labels - labels
         due = eng.position > position and (
-            force or now - t >= self.interval_s or eng.labels.n_labels - labels >= self.every_labels
+            force or now - t >= self.interval_s or new_labels >= self.labels_between(labels)
         )
         if not due:
             return None

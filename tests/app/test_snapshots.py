@@ -241,6 +241,26 @@ def test_an_engine_restored_at_the_log_end_still_sweeps(
     assert eng.dyadic is not None and eng.dyadic.examples == 3 * eng.labels.n_labels
 
 
+def test_with_the_log_in_sql_snapshots_come_after_a_share_of_the_labels_not_a_fixed_count(
+    store: Store, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    """Embedded (the log in SQLite): after a snapshot of 4,000 labels the next is due after
+    400 more (``REPLAY_SHARE``), not after ``every_labels`` = 100: a snapshot costs in
+    proportion to the project. Redis (the archive goes with the snapshot): after 100."""
+    store.create_project(RECORD)
+    entries = label_entries(synthetic, [4000, 4200, 4450])
+    snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5)
+    loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
+    snapshotted = []
+    for e in entries[:3]:
+        store.append("p", "labels", e.payload, None)
+        drain(loop, snapshot=False)
+        snapshotted.append(db.infos("p")[-1].position)
+    assert snap.labels_between(4000) == (400 if store.log_in_sql else 100)
+    # 4,000 labels, then 200 (200 < 400: none with the log in SQL), then 250 (450 >= 400)
+    assert snapshotted == ([1, 1, 3] if store.log_in_sql else [1, 2, 3])
+
+
 def test_wiped_redis_is_rebuilt_from_sql(
     tmp_path: Path, db: SnapshotDB, synthetic: Synthetic
 ) -> None:
