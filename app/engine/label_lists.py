@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from app.engine.untracked import UntrackedList
 from core._numba import jit
 from core.blocks import IntArray
 from core.itemlabels import ItemLabels, grow
@@ -27,7 +28,7 @@ class LabelLists:
     """The encoded label lists of a project's items (dense codes 0..n-1), grown on demand."""
 
     def __init__(self) -> None:
-        self._encoded: list[bytes] = []  # an item's list, as JSON
+        self._encoded: UntrackedList[bytes] = UntrackedList()  # an item's list, as JSON
         self._count = np.zeros(0, dtype=np.int64)  # labels encoded per item
         self._worker_text: Bytes = np.empty(0, dtype=np.uint8)  # each worker's id as JSON
         self._worker_end = np.zeros(1, dtype=np.int64)  # worker w's: [end[w], end[w + 1])
@@ -36,8 +37,7 @@ class LabelLists:
         """The label list of each item in ``codes``, as JSON (an array each)."""
         self._make_room(int(codes.max()) + 1 if codes.size else 0)
         self._encode_new(codes, labels, workers)
-        encoded = self._encoded
-        return [encoded[i] for i in codes.tolist()]
+        return self._encoded.take(codes)
 
     def _make_room(self, n_items: int) -> None:
         if n_items > self._count.size:
@@ -80,11 +80,13 @@ class LabelLists:
             (sizes - done).astype(np.int64),
         )  # fmt: skip
         rows = memoryview(text.tobytes())
-        encoded = self._encoded
-        for i, lo, hi in zip(items.tolist(), ends[:-1].tolist(), ends[1:].tolist(), strict=True):
-            old = encoded[i]  # its rows so far, then ",", or "[" for the first ones
+        lists = []
+        for old, lo, hi in zip(
+            self._encoded.take(items), ends[:-1].tolist(), ends[1:].tolist(), strict=True
+        ):  # its rows so far, then ",", or "[" for the first ones
             head = (b"[",) if old == _EMPTY else (memoryview(old)[:-1], b",")
-            encoded[i] = b"".join((*head, rows[lo:hi], b"]"))
+            lists.append(b"".join((*head, rows[lo:hi], b"]")))
+        self._encoded.put(items, lists)
         self._count[items] = labels.count[items]
 
 

@@ -35,6 +35,7 @@ from app.engine.queue import member as queue_member
 from app.engine.queue import scores as queue_scores
 from app.engine.slot_rows import rows_by_slot
 from app.engine.sweeps import Slice, next_slice
+from app.engine.untracked import UntrackedList
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
@@ -64,21 +65,21 @@ class _Codes:
 
     def __init__(self) -> None:
         self.code: dict[str, int] = {}
-        self.names: list[str] = []
+        self.names: UntrackedList[str] = UntrackedList()
 
     def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
         """Codes of ``ids`` and the ids that were new (one dict look-up per distinct id; the
         per-id work is done by dict and map in C)."""
         distinct = dict.fromkeys(ids)  # first-appearance order
         new: list[str] = []
-        code, names = self.code, self.names
+        code, n = self.code, len(self.names)
         for name in distinct:
             c = code.get(name)
             if c is None:
-                c = code[name] = len(names)
-                names.append(name)
+                c = code[name] = n + len(new)
                 new.append(name)
             distinct[name] = c
+        self.names.extend(new)
         return np.fromiter(map(distinct.__getitem__, ids), np.int64, len(ids)), new
 
 
@@ -105,7 +106,7 @@ class ProjectEngine:
         self.workers = _Codes()
         self.labels = ItemLabels()
         self.label_lists = LabelLists()  # the served label lists, encoded once per label
-        self._members: list[str] = []  # the queue member of each item
+        self._members: UntrackedList[str] = UntrackedList()  # the queue member of each item
         self.q = np.empty((0, self.K))  # EM's posteriors (what the statistics count, eq. 14)
         self.held_out = np.empty((0, self.K))  # c_i of eq. 26 since the last sweep or refit
         self.b = np.empty(0)
@@ -576,14 +577,16 @@ class ProjectEngine:
         keep = np.isfinite(s)
         to_go = labels_to_finish(self.queue_settings, served, count, confusion)
         self.progress.update(codes, ~keep, gold < 0, served.max(axis=1), to_go)
-        member = self._queue_members().__getitem__
-        queue = dict(zip(map(member, codes[keep].tolist()), s[keep].tolist(), strict=True))
-        return queue, list(map(member, codes[~keep].tolist())), replace
+        members = self._queue_members()
+        queue = dict(zip(members.take(codes[keep]), s[keep].tolist(), strict=True))
+        return queue, members.take(codes[~keep]), replace
 
-    def _queue_members(self) -> list[str]:
+    def _queue_members(self) -> UntrackedList[str]:
         """Every item's queue member (by item code), made once per item."""
-        members, names = self._members, self.items.names
-        members.extend(queue_member(i, names[i]) for i in range(len(members), len(names)))
+        members, done = self._members, len(self._members)
+        members.extend(
+            queue_member(i, name) for i, name in enumerate(self.items.names[done:], done)
+        )
         return members
 
     def _calibrate(self) -> Calibration:
@@ -637,8 +640,7 @@ class ProjectEngine:
             posterior, self.b[codes], label_lists, gold, self.held_out[codes],
             self.position, self.computed_at,
         )  # fmt: skip
-        names = self.items.names
-        return dict(zip([names[i] for i in codes.tolist()], rendered, strict=True))
+        return dict(zip(self.items.names.take(codes), rendered, strict=True))
 
     def item_json(self, i: int) -> bytes:
         return self.items_json(np.array([i], dtype=np.int64))[self.items.names[i]]
@@ -647,13 +649,12 @@ class ProjectEngine:
         return self.workers_json(np.array([w], dtype=np.int64))[self.workers.names[w]]
 
     def workers_json(self, codes: IntArray) -> dict[str, bytes]:
-        names = self.workers.names
         return {
-            names[w]: orjson.dumps(
+            name: orjson.dumps(
                 {"slot": slot, "n_labels": n, "gold_seen": seen, "gold_right": right}
             )
-            for w, slot, n, seen, right in zip(
-                codes.tolist(),
+            for name, slot, n, seen, right in zip(
+                self.workers.names.take(codes),
                 self.worker_slot[codes].tolist(),
                 self.worker_labels[codes].tolist(),
                 self.worker_gold_seen[codes].tolist(),

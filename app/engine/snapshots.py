@@ -51,8 +51,10 @@ class Capture:
     project: str
     position: int
     arrays: dict[str, npt.NDArray[Any]]
-    item_names: list[str]
-    worker_names: list[str]
+    item_names: npt.NDArray[np.object_]
+    """(Object arrays, not lists: a list of every item would be walked by each full garbage
+    collection while the snapshot is written.)"""
+    worker_names: npt.NDArray[np.object_]
     queue_settings: dict[str, Any]
     dyadic: DyadicCapture | None = None
     """Copied in the engine's thread, packed to its touched rows by ``encode``."""
@@ -108,7 +110,7 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         "meta": np.array([FORMAT, eng.position, eng.computed_at]),
     }
     return Capture(
-        eng.record.name, eng.position, arrays, eng.items.names[:n], eng.workers.names[:nw],
+        eng.record.name, eng.position, arrays, eng.items.names.head(n), eng.workers.names.head(nw),
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
         eng.record.created_at, 1 if token is None else token, eng.refine_due, eng.last_refit,
         eng.sweep.to_dict() if eng.sweep is not None else None,
@@ -119,8 +121,8 @@ def encode(cap: Capture) -> bytes:
     buf = io.BytesIO()
     names = orjson.dumps(
         {
-            "items": cap.item_names,
-            "workers": cap.worker_names,
+            "items": cap.item_names.tolist(),
+            "workers": cap.worker_names.tolist(),
             "queue": cap.queue_settings,
             "created_at": cap.created_at,
             "token": cap.token,
@@ -175,17 +177,13 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
         evidence,
     )
     eng.load_rows(z["used_slots"].astype(np.int64), params)  # only the rows in use
-    for name in names["items"]:
-        eng.items.code[name] = len(eng.items.names)
-        eng.items.names.append(name)
+    eng.items.encode(names["items"])
     eng._grow_items(len(names["items"]))
     n = eng.items_count
     eng.q[:n], eng.b[:n], eng.learned[:n], eng.gold[:n] = z["q"], z["b"], z["learned"], z["gold"]
     if "held_out" in z.files:  # (older snapshots: none)
         eng.held_out[:n] = z["held_out"]
-    for name in names["workers"]:
-        eng.workers.code[name] = len(eng.workers.names)
-        eng.workers.names.append(name)
+    eng.workers.encode(names["workers"])
     nw = len(names["workers"])
     eng._grow_workers(names["workers"])
     eng.worker_slot[:nw] = z["worker_slot"]

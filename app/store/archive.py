@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -41,8 +41,12 @@ class SnapshotMeta(Protocol):
     project: str
     position: int
     token: int
-    item_names: list[str]
-    worker_names: list[str]
+
+    @property
+    def item_names(self) -> Sized: ...
+
+    @property
+    def worker_names(self) -> Sized: ...
 
     @property
     def n_labels(self) -> int: ...
