@@ -153,6 +153,8 @@ class EngineLoop:
         self.poll_s = poll_s
         self.dyadic_learned = 0
         """Labels the dyadic models learned in the last step (work, even with no entry)."""
+        self.queue_slices = 0
+        """Slices of a queue scored again in the last step without an entry (work too)."""
         self.engines: dict[str, ProjectEngine] = {}
         self._catch_up: dict[str, int] = {}
         self._anchor: dict[str, int | None] = {}
@@ -279,7 +281,7 @@ class EngineLoop:
             projects = {n: r for n, r in projects.items() if n not in self._lapsed}
         self._quiet = self._quiet_logs(projects)
         done = 0
-        self.dyadic_learned = 0
+        self.dyadic_learned = self.queue_slices = 0
         now = time.monotonic()
         for name, record in projects.items():
             if name in self._dormant and name in self._quiet:
@@ -324,7 +326,7 @@ class EngineLoop:
             return False
         if self._refine_due.get(name) or self._sweep_pending.get(name):
             return False
-        if eng.dyadic_unpublished:
+        if eng.dyadic_unpublished or eng.queue_rescoring:
             return False
         if self.refine_passes > 0 and eng.wants_dyadic_sweep():
             return False
@@ -528,6 +530,8 @@ class EngineLoop:
         now = time.monotonic()
         if not entries:
             served = eng.position >= self._catch_up.get(name, 0)
+            if served and eng.queue_rescoring:
+                self._write_queue_slice(name, eng, anchor)
             if served and (limit := self._dyadic_limit(name, eng, True)) is not None:
                 self._write_dyadic(name, eng, anchor, limit)
             if snap is not None and served:
@@ -624,6 +628,15 @@ class EngineLoop:
             return max(over, DYADIC_SLICE)
         return over if over > 0 else None
 
+    def _write_queue_slice(self, name: str, eng: ProjectEngine, anchor: int | None) -> None:
+        """The queue's next slice scored again (``ProjectEngine.queue_rescoring``) while no
+        entry comes: a write at the position already served."""
+        update = eng.state_update(dyadic=False)
+        update.anchor, update.served = anchor, self._served.get(name)
+        update.fence = self._leases.get(name)
+        self.store.write_state(name, update)
+        self.queue_slices += 1
+
     def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
         """Learn up to ``limit`` queued labels and write the dyadic rows they changed (with
         the pace, and the dyadic model's recent seconds per label noted for it)."""
@@ -689,7 +702,9 @@ class EngineLoop:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rewinds = self.rewinds  # a project dropped at a rewind is reloaded at the next step
-            if self.step() == 0 and self.rewinds == rewinds and not self.dyadic_learned:
+            applied = self.step()  # (then what it did without an entry)
+            busy = applied or self.dyadic_learned or self.queue_slices
+            if not busy and self.rewinds == rewinds:
                 if not self.sweeps_pending():
                     return
                 time.sleep(self.poll_s)
@@ -709,7 +724,7 @@ class EngineLoop:
             try:
                 done = self.step()
                 self.last_error = None
-                done += self.dyadic_learned
+                done += self.dyadic_learned + self.queue_slices
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
             except Exception as exc:  # keep serving; report in /readyz and the log

@@ -129,6 +129,7 @@ class ProjectEngine:
         self.refine_due = False  # labels or gold applied since the last refinement sweep began
         self.sweep: Slice | None = None  # the sweep in progress: its next unit is ``stop``
         self._queue_all = True
+        self._rescore_from: int | None = None  # the next item of a re-scoring in slices
         self._budget_spent = False
         self._dirty_items: set[int] = set()
         self._dirty_workers: set[int] = set()
@@ -483,6 +484,12 @@ class ProjectEngine:
         return OnlineEM(self.config, full)
 
     # ---------------------------------------------------------------- serving
+    @property
+    def queue_rescoring(self) -> bool:
+        """The queue is being scored again in slices (the calibration moved): the next
+        ``state_update`` carries a slice, whether or not labels came."""
+        return self._rescore_from is not None
+
     def mark_all_dirty(self) -> None:
         """Make the next ``state_update`` carry every item, worker and used slot."""
         self._dirty_items.update(range(self.items_count))
@@ -499,7 +506,8 @@ class ProjectEngine:
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
         self.calibration = self._calibrate()
         if _moved(self.calibration, self._queue_calibration):
-            self._queue_all = True  # every queued item's served posterior moved
+            # every queued item's served posterior moved: scored again a slice a step
+            self._queue_calibration, self._rescore_from = self.calibration, 0
         shown = self.shown(dirty)  # (once: the items and the queue both serve it)
         items = self.items_json(dirty, shown)
         queue, queue_remove, replace = self._queue_update(dirty, shown)
@@ -564,13 +572,19 @@ class ProjectEngine:
         codes = np.arange(self.items_count, dtype=np.int64) if replace else dirty
         self._queue_all = False
         if replace:
-            self._queue_calibration = self.calibration
+            self._queue_calibration, self._rescore_from = self.calibration, None
+        elif self._rescore_from is not None:
+            start = self._rescore_from
+            stop = min(start + QUEUE_SLICE, self.items_count)
+            codes = np.union1d(dirty, np.arange(start, stop, dtype=np.int64))
+            self._rescore_from = stop if stop < self.items_count else None
         if not codes.size:
             return {}, [], replace
         pop = self.online.params.population
         confusion = np.exp(pop - pop.max(axis=1, keepdims=True))
         confusion /= confusion.sum(axis=1, keepdims=True)
-        shown = self.shown(codes) if replace else shown  # (``shown``: the dirty items')
+        if codes.size != dirty.size:  # (``shown``: the dirty items')
+            shown = self.shown(codes)
         served = self.calibration.from_posteriors(shown, self.weight[codes])
         count, gold = self.labels.count[codes], self.gold[codes]
         s = queue_scores(self.queue_settings, served, count, gold, used, confusion)
@@ -689,6 +703,12 @@ def model_bytes(record: ProjectRecord) -> int:
         total += c.rater_slots * (rater + 1) + c.task_slots * (task + 1)  # (+ touched flags)
     return total
 
+
+QUEUE_SLICE = 16_384
+"""Items scored again a step, beside those whose labels changed, once the calibration moved:
+scoring and writing the whole queue in one step held every posterior back (450-500 ms on a
+400,000-item project); a slice costs about 10 ms, and the queue is whole again after
+items / QUEUE_SLICE steps (the engine takes them while idle too)."""
 
 QUEUE_RHO_TOLERANCE, QUEUE_EPS_TOLERANCE = 0.002, 0.0005
 """How far the calibration's rho and epsilon (eq. 21; with gold, their posterior means, eq. 25)

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from app.engine.project import ProjectEngine
 from app.engine.snapshots import capture, encode, restore
 from app.store.base import LogEntry, ProjectRecord
 from core.blocks import LabelBlocks, canonical_order
+from core.calibration import Calibration
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
 from core.online import BlockResult, OnlineEM
@@ -256,10 +258,50 @@ def test_with_gold_the_whole_queue_is_scored_again_only_once_the_calibration_mov
             abs(now.rho - scored_with.rho) > QUEUE_RHO_TOLERANCE
             or abs(now.eps - scored_with.eps) > QUEUE_EPS_TOLERANCE
         )
-        assert update.queue_replace == moved
+        assert (eng._queue_calibration is not scored_with) == moved
+        if moved:  # (in one slice: fewer items than QUEUE_SLICE)
+            assert len(update.queue) + len(update.queue_remove) == eng.items_count
         replaced += moved
         shown, w = eng.shown(np.arange(eng.items_count)), eng.weight[: eng.items_count]
         queued = eng._queue_calibration.from_posteriors(shown, w).max(axis=1)
         today = now.from_posteriors(shown, w).max(axis=1)
         assert np.abs(queued - today).max() < 0.01
     assert replaced < len(entries) - 2  # (every step did, before)
+
+
+def test_once_the_calibration_moved_the_queue_is_scored_again_a_slice_a_step(
+    synthetic: Synthetic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not all at once (that held every posterior back): QUEUE_SLICE items a step, beside
+    the items whose labels changed, until every item is scored as a whole re-scoring would
+    score it; a move meanwhile starts over."""
+    from app.engine import project
+
+    monkeypatch.setattr(project, "QUEUE_SLICE", 700)
+    entries = label_entries(synthetic, [5000, 10000])
+    eng = ProjectEngine(RECORD)
+    eng.apply_all(entries)
+    assert eng.state_update().queue_replace and not eng.queue_rescoring
+    eng._queue_calibration = Calibration(rho=0.9)  # as if the calibration moved from there
+    scored: dict[str, float] = {}
+    finished: set[str] = set()
+    steps = 0
+    while True:
+        update = eng.state_update()
+        steps += 1
+        assert not update.queue_replace
+        assert len(update.queue) + len(update.queue_remove) <= 700
+        scored.update(update.queue)
+        finished.update(update.queue_remove)
+        if not eng.queue_rescoring:
+            break
+    assert steps == -(-3000 // 700) and len(scored) + len(finished) == 3000
+    eng._queue_all = True  # the whole queue at once, for comparison
+    whole = eng.state_update()
+    assert whole.queue == scored and set(whole.queue_remove) == finished
+    eng._queue_calibration = Calibration(rho=0.9)
+    eng.state_update()
+    assert eng.queue_rescoring  # (after the first slice)
+    eng._queue_calibration = Calibration(rho=0.8)  # moved again: from the first item
+    eng.state_update()
+    assert eng._rescore_from == 700

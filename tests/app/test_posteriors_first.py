@@ -259,3 +259,31 @@ def test_the_pace_counts_the_dyadic_learning_the_entries_will_cost(
     store.append("p", "labels", labels_body(rng, 40, 15, 6))
     assert loop.step() == 1 and loop.dyadic_learned == 0  # its labels wait...
     assert loop._entry_s["p"] >= 0.7 * first + 0.3 * 0.04  # ...and their 40 ms count
+
+
+def test_an_idle_engine_scores_its_queue_again_a_slice_a_step_until_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the calibration moved, the queue is scored again a slice a step, the engine going
+    on while no entry comes; the store then holds what a whole re-scoring gives."""
+    from app.engine import project as engine_project
+    from core.calibration import Calibration
+
+    monkeypatch.setattr(engine_project, "QUEUE_SLICE", 300)
+    record = ProjectRecord("p", ("a", "b", "c"), NominalConfig(n_classes=3).to_dict(), 1.0)
+    store.create_project(record)
+    rng = np.random.default_rng(3)
+    store.append("p", "labels", labels_body(rng, 6000, 2000, 30), None)
+    loop = EngineLoop(store, refine_passes=0)
+    loop.run_until_idle(timeout_s=60)
+    eng = loop.engines["p"]
+    eng._queue_calibration = Calibration(rho=0.9)  # as if the calibration moved from there
+    store.append("p", "labels", labels_body(rng, 10, 2000, 30), None)
+    loop.step()
+    assert eng.queue_rescoring  # (a first slice written with the entry)
+    loop.run_until_idle(timeout_s=60)
+    assert not eng.queue_rescoring
+    served = dict(store.read_queue("p", 10_000))
+    eng._queue_all = True
+    whole = eng.state_update()
+    assert served == whole.queue
