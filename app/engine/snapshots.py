@@ -69,6 +69,11 @@ class Capture:
     """The last refit's report (``ProjectEngine.last_refit``)."""
     sweep: dict[str, int] | None = None
     """The refinement sweep in progress (``ProjectEngine.sweep``), as its last slice."""
+    label_rows: npt.NDArray[np.int64] | None = None
+    row_slots: npt.NDArray[np.int64] | None = None
+    """Each label's worker row (a view) and each row's slot: ``encode`` writes each label's
+    slot (``label_slot``), a gather over every label that the engine's thread does not wait
+    for."""
 
     @property
     def n_labels(self) -> int:
@@ -95,7 +100,6 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         "worker_gold_right": eng.worker_gold_right[:nw].copy(),
         # (views: ItemLabels only ever appends past n_labels, or moves to a larger copy)
         "label_item": L.item[:nl],
-        "label_slot": eng.slot_of_row[L.slot[:nl]],
         "label_label": L.label[:nl],
         "label_weight": L.weight[:nl],
         "label_worker": L.worker[:nl],
@@ -113,7 +117,8 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         eng.record.name, eng.position, arrays, eng.items.names.head(n), eng.workers.names.head(nw),
         eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
         eng.record.created_at, 1 if token is None else token, eng.refine_due, eng.last_refit,
-        eng.sweep.to_dict() if eng.sweep is not None else None,
+        eng.sweep.to_dict() if eng.sweep is not None else None, L.slot[:nl],
+        eng.slot_of_row[:rows].copy(),
     )  # fmt: skip
 
 
@@ -132,6 +137,8 @@ def encode(cap: Capture) -> bytes:
         }
     )
     arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
+    if cap.label_rows is not None and cap.row_slots is not None:
+        arrays["label_slot"] = cap.row_slots[cap.label_rows]
     if cap.dyadic is not None:
         arrays.update(cap.dyadic.pack())
     np.savez(buf, **arrays)
