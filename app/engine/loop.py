@@ -47,7 +47,14 @@ from app.engine.groups import JOIN_CAP, runs
 from app.engine.project import ProjectEngine
 from app.engine.sharing import UNKNOWN, Rates, acquire, plan_share
 from app.engine.snapshots import Snapshotter
-from app.store.base import LeaseLostError, LogEntry, LogRewoundError, ProjectRecord, Store
+from app.store.base import (
+    LeaseLostError,
+    LogEntry,
+    LogRewoundError,
+    ProjectRecord,
+    StateUpdate,
+    Store,
+)
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -518,10 +525,7 @@ class EngineLoop:
             self._served[name] = served
             if served < eng.position:  # a restored snapshot the store has not seen: serve it all
                 eng.mark_all_dirty()
-                first = eng.state_update()
-                first.anchor, first.served = anchor, served
-                first.fence = self._leases.get(name)
-                self.store.write_state(name, first)
+                self._write(name, eng.state_update(), anchor, served)
                 self._served[name] = eng.position
         anchor = self._anchor.get(name)
         # (quiet: entries appended since the step began wait for the next one)
@@ -560,8 +564,6 @@ class EngineLoop:
         # The posteriors first, with the applied position; then the dyadic model learns the
         # labels (when its turn comes: _dyadic_limit) and its rows are written.
         update = eng.state_update(dyadic=False)
-        update.anchor, update.served = anchor, self._served.get(name)
-        update.fence = self._leases.get(name)
         maybe_drained = len(entries) < self.batch_entries
         if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
             limit = self._dyadic_limit(name, eng, maybe_drained)
@@ -570,9 +572,8 @@ class EngineLoop:
                 eng.dyadic_update(limit)
                 self.dyadic_learned += before - eng.dyadic_backlog
             return len(entries)
-        update.entry_s = self._entry_s.get(name)  # (this step's pace goes with the next write)
-        update.step_s = self._step_s.get(name)
-        self.store.write_state(name, update)
+        # (this step's pace goes with the next write)
+        self._write(name, update, anchor, self._served.get(name), pace=True)
         self._served[name] = eng.position
         labels_only = all(e.kind == "labels" for e in entries)  # (the steps the paces follow)
         if labels_only:
@@ -631,10 +632,7 @@ class EngineLoop:
     def _write_queue_slice(self, name: str, eng: ProjectEngine, anchor: int | None) -> None:
         """The queue's next slice scored again (``ProjectEngine.queue_rescoring``) while no
         entry comes: a write at the position already served."""
-        update = eng.state_update(dyadic=False)
-        update.anchor, update.served = anchor, self._served.get(name)
-        update.fence = self._leases.get(name)
-        self.store.write_state(name, update)
+        self._write(name, eng.state_update(dyadic=False), anchor, self._served.get(name))
         self.queue_slices += 1
 
     def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
@@ -646,8 +644,18 @@ class EngineLoop:
         if learned:
             _smooth(self._dyadic_s, name, (time.perf_counter() - started) / learned)
         self.dyadic_learned += learned
-        update.anchor, update.served, update.fence = anchor, eng.position, self._leases.get(name)
-        update.entry_s, update.step_s = self._entry_s.get(name), self._step_s.get(name)
+        self._write(name, update, anchor, eng.position, pace=True)
+
+    def _write(
+        self, name: str, update: StateUpdate, anchor: int | None, served: int | None,
+        pace: bool = False,
+    ) -> None:  # fmt: skip
+        """Write ``update``: the state after the log entry of token ``anchor``, over the
+        state served at ``served``, under this engine's lease (its fence); with ``pace``, the
+        project's recent paces go with it (what push-back projects from)."""
+        update.anchor, update.served, update.fence = anchor, served, self._leases.get(name)
+        if pace:
+            update.entry_s, update.step_s = self._entry_s.get(name), self._step_s.get(name)
         self.store.write_state(name, update)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:

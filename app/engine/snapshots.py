@@ -55,6 +55,11 @@ class Capture:
     """(Object arrays, not lists: a list of every item would be walked by each full garbage
     collection while the snapshot is written.)"""
     worker_names: npt.NDArray[np.object_]
+    label_rows: npt.NDArray[np.int64]
+    row_slots: npt.NDArray[np.int64]
+    """Each label's worker row (a view) and each row's slot: ``encode`` writes each label's
+    slot (``label_slot``), a gather over every label that the engine's thread does not wait
+    for."""
     queue_settings: dict[str, Any]
     dyadic: DyadicCapture | None = None
     """Copied in the engine's thread, packed to its touched rows by ``encode``."""
@@ -69,11 +74,6 @@ class Capture:
     """The last refit's report (``ProjectEngine.last_refit``)."""
     sweep: dict[str, int] | None = None
     """The refinement sweep in progress (``ProjectEngine.sweep``), as its last slice."""
-    label_rows: npt.NDArray[np.int64] | None = None
-    row_slots: npt.NDArray[np.int64] | None = None
-    """Each label's worker row (a view) and each row's slot: ``encode`` writes each label's
-    slot (``label_slot``), a gather over every label that the engine's thread does not wait
-    for."""
 
     @property
     def n_labels(self) -> int:
@@ -115,10 +115,10 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     }
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names.head(n), eng.workers.names.head(nw),
-        eng.queue_settings.to_dict(), eng.dyadic.capture() if eng.dyadic is not None else None,
+        L.slot[:nl], eng.slot_of_row[:rows].copy(), eng.queue_settings.to_dict(),
+        eng.dyadic.capture() if eng.dyadic is not None else None,
         eng.record.created_at, 1 if token is None else token, eng.refine_due, eng.last_refit,
-        eng.sweep.to_dict() if eng.sweep is not None else None, L.slot[:nl],
-        eng.slot_of_row[:rows].copy(),
+        eng.sweep.to_dict() if eng.sweep is not None else None,
     )  # fmt: skip
 
 
@@ -139,9 +139,11 @@ def encode(cap: Capture) -> bytes:
             "sweep": cap.sweep,
         }
     )
-    arrays: dict[str, Any] = {**cap.arrays, "names": np.frombuffer(names, dtype=np.uint8)}
-    if cap.label_rows is not None and cap.row_slots is not None:
-        arrays["label_slot"] = cap.row_slots[cap.label_rows]
+    arrays: dict[str, Any] = {
+        **cap.arrays,
+        "names": np.frombuffer(names, dtype=np.uint8),
+        "label_slot": cap.row_slots[cap.label_rows],
+    }
     if cap.dyadic is not None:
         arrays.update(cap.dyadic.pack())
     out = io.BytesIO()
