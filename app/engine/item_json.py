@@ -3,7 +3,9 @@
 Each item's bytes are those ``orjson.dumps`` gives for its dict ``{"posterior", "clarity",
 "labels", "gold", "held_out", "position", "computed_at"}``, assembled from one orjson call per
 column rather than one per item: the engine writes every item a step touched, and the call
-per item was the largest part of building a step's update.
+per item was the largest part of building a step's update. The label lists come open (without
+their closing bracket, as ``LabelLists`` keeps them), so that a list is never copied to be
+closed.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ _NULL = b"null"
 def items_json(
     posterior: FloatArray,
     clarity: FloatArray,
-    labels: Sequence[bytes],
+    open_labels: Sequence[bytes],
     gold: IntArray,
     held_out: FloatArray,
     position: int,
     computed_at: float,
 ) -> list[bytes]:
-    """One JSON object per row: ``labels`` already encoded (a JSON array each), ``gold`` -1
-    for none, a ``held_out`` row of zeros for none."""
-    if not len(labels):
+    """One JSON object per row: ``open_labels`` each item's label list encoded, without its
+    closing ``]``; ``gold`` -1 for none, a ``held_out`` row of zeros for none."""
+    if not len(open_labels):
         return []
     held = np.any(held_out != 0.0, axis=1)
     corrections = [_NULL] * held.size
@@ -37,12 +39,12 @@ def items_json(
         corrections[i] = row
     tail = b',"position":%b,"computed_at":%b}' % (orjson.dumps(position), orjson.dumps(computed_at))
     return [
-        b'{"posterior":%b,"clarity":%b,"labels":%b,"gold":%b,"held_out":%b%b'
+        b'{"posterior":%b,"clarity":%b,"labels":%b],"gold":%b,"held_out":%b%b'
         % (p, c, l, g, h, tail)
         for p, c, l, g, h in zip(
             rows(posterior),
             numbers(clarity.tolist()),
-            labels,
+            open_labels,
             numbers([g if g >= 0 else None for g in gold.tolist()]),
             corrections,
             strict=True,
@@ -52,10 +54,12 @@ def items_json(
 
 def rows(matrix: FloatArray) -> list[bytes]:
     """Each row of a 2-D float array as orjson writes it, from one call: numbers hold no
-    ``],[``, so the whole array's text splits into its rows."""
+    ``],[``, so the whole array's text splits into its rows. (orjson writes a float64 array
+    as it writes the same numbers as Python floats, without making them.)"""
     if not matrix.shape[0]:
         return []
-    text = orjson.dumps(matrix.tolist())
+    array = np.ascontiguousarray(matrix, dtype=np.float64)
+    text = orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY)
     return [b"[%b]" % row for row in text[2:-2].split(b"],[")]
 
 

@@ -3,8 +3,10 @@ label.
 
 An item's labels only grow (``core.itemlabels.ItemLabels`` is append-only), so the engine
 keeps every item's list already encoded and, on each write, encodes only the labels that
-arrived since: an update of an item with n labels costs O(new labels), not O(n). The bytes
-are those ``orjson.dumps`` gives for the whole list.
+arrived since: an update of an item with n labels costs O(new labels) of Python, not O(n).
+The bytes are those ``orjson.dumps`` gives for the whole list, kept open (without the closing
+``]``), so that new rows are appended without taking the bracket off, and every touched
+item's list is made by one join over all of them, not a join per item.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from core._numba import jit
 from core.blocks import IntArray
 from core.itemlabels import ItemLabels, grow
 
-_EMPTY = b"[]"
+_OPEN = b"["  # an item without labels, its list opened
+_SEPARATOR = np.array([b"", b","], dtype=object)  # before an item's new rows: none, or a comma
+_NUL = b"\0"  # after each item's rows: no JSON text holds a NUL (orjson escapes it)
 Bytes = npt.NDArray[np.uint8]
 
 
@@ -33,8 +37,10 @@ class LabelLists:
         self._worker_text: Bytes = np.empty(0, dtype=np.uint8)  # each worker's id as JSON
         self._worker_end = np.zeros(1, dtype=np.int64)  # worker w's: [end[w], end[w + 1])
 
-    def of(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> list[bytes]:
-        """The label list of each item in ``codes``, as JSON (an array each)."""
+    def open_lists(
+        self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]
+    ) -> list[bytes]:
+        """The label list of each item in ``codes``, as JSON without its closing ``]``."""
         self._make_room(int(codes.max()) + 1 if codes.size else 0)
         self._encode_new(codes, labels, workers)
         return self._encoded.take(codes)
@@ -42,7 +48,7 @@ class LabelLists:
     def _make_room(self, n_items: int) -> None:
         if n_items > self._count.size:
             self._count = grow(self._count, max(n_items, 2 * self._count.size), 0)
-            self._encoded.extend([_EMPTY] * (self._count.size - len(self._encoded)))
+            self._encoded.extend([_OPEN] * (self._count.size - len(self._encoded)))
 
     def _know_workers(self, workers: Sequence[str]) -> None:
         """Each worker's id encoded once, when first met."""
@@ -61,7 +67,9 @@ class LabelLists:
         stale = np.flatnonzero(labels.count[codes] > done)
         if not stale.size:
             return
-        items = np.unique(codes[stale])  # (a code asked twice is encoded once)
+        items = codes[stale]
+        if items.size > 1 and not np.all(items[1:] > items[:-1]):
+            items = np.unique(items)  # (a code asked twice is encoded once)
         done = self._count[items]
         ptr, positions = labels.positions(items)
         sizes = np.diff(ptr)
@@ -73,20 +81,20 @@ class LabelLists:
         weights, weight_of = np.unique(labels.weight[new], return_inverse=True)
         weight_texts = orjson.dumps(weights.tolist())[1:-1].split(b",")
         weight_end = np.concatenate(([0], np.cumsum([len(t) for t in weight_texts])))
-        text, ends = _rows(
+        text = _rows(
             labels.worker[new], labels.label[new], weight_of.ravel().astype(np.int64),
             self._worker_text, self._worker_end,
             np.frombuffer(b"".join(weight_texts), dtype=np.uint8), weight_end.astype(np.int64),
             (sizes - done).astype(np.int64),
         )  # fmt: skip
-        rows = memoryview(text.tobytes())
-        lists = []
-        for old, lo, hi in zip(
-            self._encoded.take(items), ends[:-1].tolist(), ends[1:].tolist(), strict=True
-        ):  # its rows so far, then ",", or "[" for the first ones
-            head = (b"[",) if old == _EMPTY else (memoryview(old)[:-1], b",")
-            lists.append(b"".join((*head, rows[lo:hi], b"]")))
-        self._encoded.put(items, lists)
+        # per item: its list so far, a comma if it had rows, its new rows, a NUL; all joined
+        # at once, then split back into the items' lists
+        parts = np.empty((items.size, 4), dtype=object)
+        parts[:, 0] = self._encoded.take(items)
+        parts[:, 1] = _SEPARATOR[(done > 0).astype(np.intp)]
+        parts[:, 2] = text.tobytes().split(_NUL)[:-1]
+        parts[:, 3] = _NUL
+        self._encoded.put(items, b"".join(parts.ravel().tolist()).split(_NUL)[:-1])
         self._count[items] = labels.count[items]
 
 
@@ -111,24 +119,22 @@ def _copy(src, lo, hi, out, at):  # type: ignore[no-untyped-def]
 
 @jit
 def _rows(worker, label, weight, worker_text, worker_end, weight_text, weight_end, per_item):  # type: ignore[no-untyped-def]
-    """The rows ``["worker",label,weight]`` of each item's new labels, comma-separated, back
-    to back: item n's are ``text[ends[n]:ends[n + 1]]``. The bytes orjson gives for the
-    same rows (the ids and weights are orjson's own text; a label is a class code >= 0)."""
+    """The rows ``["worker",label,weight]`` of each item's new labels, comma-separated, each
+    item's followed by a NUL byte (0), back to back: the bytes orjson gives for the same rows
+    (the ids and weights are orjson's own text; a label is a class code >= 0)."""
     n = worker.size
     size = 0
     for j in range(n):
         w, u = worker[j], weight[j]
         size += worker_end[w + 1] - worker_end[w] + _width(label[j]) + weight_end[u + 1]
         size += 4 - weight_end[u]  # the brackets and the two commas inside a row
-    size += n - per_item.size  # commas between rows: one fewer than the rows of each item
+    size += n  # after each row, a comma or (after an item's last) the NUL
     for m in range(per_item.size):
         if per_item[m] == 0:
-            size += 1  # (an item without rows has no comma to take away)
+            size += 1  # (an item without rows: its NUL alone)
     text = np.empty(size, dtype=np.uint8)
-    ends = np.empty(per_item.size + 1, dtype=np.int64)
     at = 0
     j = 0
-    ends[0] = 0
     for m in range(per_item.size):
         for r in range(per_item[m]):
             if r > 0:
@@ -153,7 +159,8 @@ def _rows(worker, label, weight, worker_text, worker_end, weight_text, weight_en
             text[at] = 93  # ]
             at += 1
             j += 1
-        ends[m + 1] = at
+        text[at] = 0
+        at += 1
     if at != size:
         raise AssertionError("the rows' size was miscounted")
-    return text, ends
+    return text

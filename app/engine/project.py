@@ -643,7 +643,7 @@ class ProjectEngine:
         once per label (``LabelLists``). ``shown``: ``shown(codes)``, if already at hand."""
         if not codes.size:
             return {}
-        label_lists = self.label_lists.of(codes, self.labels, self.workers.names)
+        label_lists = self.label_lists.open_lists(codes, self.labels, self.workers.names)
         gold = self.gold[codes]
         posterior = np.where(
             gold[:, None] >= 0,

@@ -59,6 +59,7 @@ def test_items_json_is_orjsons_per_item(
 ) -> None:
     posterior, clarity, gold, held_out, workers = arrays
     labels = [orjson.dumps([[w, 0, 1.0]]) for w in workers]  # any JSON array, ids with ],[
-    got = items_json(posterior, clarity, labels, gold, held_out, position, computed_at)
+    open_labels = [lab[:-1] for lab in labels]  # as the engine keeps them: no closing bracket
+    got = items_json(posterior, clarity, open_labels, gold, held_out, position, computed_at)
     want = one_by_one(posterior, clarity, labels, gold, held_out, position, computed_at)
     assert got == want
