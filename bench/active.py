@@ -212,10 +212,11 @@ class Campaign:
         idx, _ = self.revealed_answers()
         blocks = LabelBlocks.group(cw.item[idx], cw.worker[idx], cw.label[idx],
                                    np.ones(idx.size), n_blocks=cw.n_items)  # fmt: skip
-        labels = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0].labels
+        probas = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0].probas
+        labels = probas.argmax(axis=1)
         e = self.engine
-        by_code = np.empty_like(labels)
-        by_code[self.code] = labels  # (every item arrived with the campaign's first entry)
+        by_code = np.empty_like(probas)
+        by_code[self.code] = probas  # (every item arrived with the campaign's first entry)
         if not e.refit_verdict(by_code, e.position)["adopted"]:
             labels = e.shown(self.code).argmax(axis=1)
         self.cache["measured_labels"] = labels  # what ``clairvoyant`` reads

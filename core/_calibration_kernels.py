@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from core._numba import jit
+from core._numba import invalidate_on_change, jit
+from core._softmax_rows import solve_softmax_row
 
 
 @jit
@@ -116,16 +117,15 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
 
 
 @jit
-def held_out_corrections(
-    ptr, rows, labels, weights, q, totals, curvature, vectors, p_along, lam, excess, out
-):
+def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, excess, out):
     """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T ((C - h_j q_b(z)) D + lam I)^-1
     (e_l - p) over block b's labels, for row z of the label's slot r_j: C = totals[r_j, z],
-    D = diag p - p p^T = V diag(curvature[r_j, z]) V^T with V = vectors[r_j, z], and
-    (e_l - p)^T v_k = V[l, k] - p_along[r_j, z, k]; plus sum_j h_j excess[r_j, z, l_j] when
+    p = probs[r_j, z] and D = diag p - p p^T; plus sum_j h_j excess[r_j, z, l_j] when
     ``excess`` has rows (eq. 27: log p - log p~ of each row's labels)."""
     K = q.shape[1]
     laplace = excess.shape[0] > 0
+    v = np.empty(K)  # e_l - p
+    x = np.empty(K)  # ((C - h q) D + lam I)^-1 v
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
             out[b, z] = 0.0
@@ -137,10 +137,17 @@ def held_out_corrections(
             for z in range(K):
                 pull = h * q[b, z]
                 without = max(totals[r, z] - pull, 0.0)  # the row's weight without the label
+                p = probs[r, z]
+                for k in range(K):
+                    v[k] = -p[k]
+                v[l] += 1.0
+                solve_softmax_row(without, p, lam, v, x)  # O(K): no K x K inverse
                 leverage = 0.0
                 for k in range(K):
-                    along = vectors[r, z, l, k] - p_along[r, z, k]
-                    leverage += along * along / (without * curvature[r, z, k] + lam)
+                    leverage += v[k] * x[k]
                 out[b, z] += h * pull * leverage
                 if laplace:
                     out[b, z] += h * excess[r, z, l]
+
+
+invalidate_on_change(held_out_corrections, solve_softmax_row)

@@ -13,6 +13,7 @@ import numpy as np
 
 from core._calibration_kernels import prequential_scores
 from core._numba import invalidate_on_change, jit, jit_inline
+from core._softmax_rows import solve_softmax_row
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
 (
@@ -367,7 +368,7 @@ def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_ol
 
 @jit
 def _slot_newton_steps(
-    lo, hi, slots, population, worker, scalars, counts, sums, lam_a, theta, p, a, rhs, step
+    lo, hi, slots, population, worker, scalars, counts, sums, lam_a, theta, p, rhs, step
 ):
     """One Newton step per row of every slot in the block, on its own statistics (eq. 15).
 
@@ -393,10 +394,7 @@ def _slot_newton_steps(
                 continue
             for k in range(K):
                 rhs[k] = counts[s, z, k] - c * p[k] - lam_a * scale * worker[s, z, k]
-                for m in range(K):
-                    a[k, m] = -c * p[k] * p[m]
-                a[k, k] += c * p[k] + lam_a
-            _solve_spd(a, rhs, step)
+            solve_softmax_row(c, p, lam_a, rhs, step)
             _clip_step(step)
             for k in range(K):
                 worker[s, z, k] += step[k] / scale
@@ -495,7 +493,6 @@ def learn_blocks(
     grad = np.empty((max(max_len, 1), K, K))
     probs = np.empty((max(max_len, 1), K, K))
     q_prev = np.empty(K)
-    a_mat = np.empty((K, K))
     rhs = np.empty(K)
     step = np.empty(K)
     log_prior = np.empty(K)
@@ -574,7 +571,7 @@ def learn_blocks(
                 )
                 _slot_newton_steps(
                     lo, hi, slots, population, worker, scalars, counts, sums, hyper[H_LAM_A],
-                    theta, p, a_mat, rhs, step,
+                    theta, p, rhs, step,
                 )  # fmt: skip
             else:
                 _global_step(
@@ -700,6 +697,17 @@ def soft_counts(ptr, workers, labels, weights, q, counts):
                 counts[w, z, l] += h * q[i, z]
 
 
+@jit_inline
+def _row(counts, population, worker, w, z, theta, p):
+    """p = softmax(Theta_w[z]) (``theta`` scratch); returns the row's weight C_wz (eq. 12)."""
+    _theta(population, worker, 1.0, w, z, theta)
+    _softmax_scaled(theta, 1.0, p)
+    c = 0.0
+    for k in range(theta.shape[0]):
+        c += counts[w, z, k]
+    return c
+
+
 @jit
 def grad_hess_from_counts(counts, population, worker, grad, neg_hess):
     """Gradient and negative Hessian of the data term per row Theta_w[z] (eq. 12)."""
@@ -708,11 +716,7 @@ def grad_hess_from_counts(counts, population, worker, grad, neg_hess):
     p = np.empty(K)
     for w in range(W):
         for z in range(K):
-            _theta(population, worker, 1.0, w, z, theta)
-            _softmax_scaled(theta, 1.0, p)
-            c = 0.0
-            for k in range(K):
-                c += counts[w, z, k]
+            c = _row(counts, population, worker, w, z, theta, p)
             for k in range(K):
                 grad[w, z, k] = counts[w, z, k] - c * p[k]
                 for m in range(K):
@@ -785,6 +789,63 @@ def _clip_step(step):
 
 
 @jit
+def newton_workers_from_counts(counts, population, worker, lam):
+    """``newton_workers`` on the rows' soft counts (no difficulty): each row's gradient and
+    negative Hessian (``grad_hess_from_counts``) at the current parameters, solved in O(K)
+    (``solve_softmax_row``) instead of through a K x K matrix per row."""
+    W, K = worker.shape[0], population.shape[0]
+    theta = np.empty(K)
+    p = np.empty(K)
+    rhs = np.empty(K)
+    step = np.empty(K)
+    for w in range(W):
+        for z in range(K):
+            c = _row(counts, population, worker, w, z, theta, p)
+            for k in range(K):
+                rhs[k] = counts[w, z, k] - c * p[k] - lam * worker[w, z, k]
+            solve_softmax_row(c, p, lam, rhs, step)
+            _clip_step(step)
+            for k in range(K):
+                worker[w, z, k] += step[k]
+
+
+@jit_inline
+def _population_prior(population, population_mean, lam, z, a, rhs):
+    """Row Gamma[z]'s Newton system before the data: a = lam I, rhs = -lam (Gamma_z - mean)."""
+    K = population.shape[0]
+    for k in range(K):
+        rhs[k] = -lam * (population[z, k] - population_mean[z, k])
+        for m in range(K):
+            a[k, m] = 0.0
+        a[k, k] = lam
+
+
+@jit
+def newton_population_from_counts(counts, population, worker, population_mean, lam):
+    """``newton_population`` on the rows' soft counts (no difficulty), each worker's gradient
+    and negative Hessian summed as it is computed: no (W, K, K, K) table of them."""
+    W, K = worker.shape[0], population.shape[0]
+    theta = np.empty(K)
+    p = np.empty(K)
+    a = np.empty((K, K))
+    rhs = np.empty(K)
+    step = np.empty(K)
+    for z in range(K):
+        _population_prior(population, population_mean, lam, z, a, rhs)
+        for w in range(W):
+            c = _row(counts, population, worker, w, z, theta, p)
+            for k in range(K):
+                rhs[k] += counts[w, z, k] - c * p[k]
+                for m in range(K):
+                    a[k, m] -= c * p[k] * p[m]
+                a[k, k] += c * p[k]
+        _solve_spd(a, rhs, step)
+        _clip_step(step)
+        for k in range(K):
+            population[z, k] += step[k]
+
+
+@jit
 def newton_workers(worker, grad, neg_hess, lam):
     """One Newton step per row A_w[z] on data + N(0, 1/lam) prior (eq. 13)."""
     W, K = worker.shape[0], worker.shape[1]
@@ -812,11 +873,7 @@ def newton_population(population, population_mean, grad, neg_hess, lam):
     rhs = np.empty(K)
     step = np.empty(K)
     for z in range(K):
-        for k in range(K):
-            rhs[k] = -lam * (population[z, k] - population_mean[z, k])
-            for m in range(K):
-                a[k, m] = 0.0
-            a[k, k] = lam
+        _population_prior(population, population_mean, lam, z, a, rhs)
         for w in range(W):
             for k in range(K):
                 rhs[k] += grad[w, z, k]
@@ -885,4 +942,4 @@ def missing_information_product(
                 out_theta[s, z, k] -= mass[s, z] * p[s, z, k]
 
 
-invalidate_on_change(learn_blocks, prequential_scores)
+invalidate_on_change(learn_blocks, prequential_scores, solve_softmax_row)

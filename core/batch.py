@@ -245,30 +245,32 @@ class BatchEM:
     ) -> None:
         """Generalised M-step: Newton on Gamma (rows summed over workers), then on each A_w."""
         cfg = self.config
-        grad = np.empty_like(params.worker)
-        neg_hess = np.empty((*params.worker.shape, cfg.n_classes))
-        counts = None
-        if not cfg.difficulty:
+        if not cfg.difficulty:  # each row's Newton system from its soft counts, solved in O(K)
             counts = np.empty_like(params.worker)
             _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, q, counts)
+            _kernels.newton_population_from_counts(
+                counts, params.population, params.worker, cfg.population_mean(),
+                cfg.population_prior,
+            )  # fmt: skip
+            _kernels.newton_workers_from_counts(
+                counts, params.population, params.worker, cfg.worker_prior
+            )
+        else:
+            grad = np.empty_like(params.worker)
+            neg_hess = np.empty((*params.worker.shape, cfg.n_classes))
 
-        def derivatives() -> None:
-            if counts is not None:
-                _kernels.grad_hess_from_counts(
-                    counts, params.population, params.worker, grad, neg_hess
-                )
-            else:
+            def derivatives() -> None:
                 _kernels.grad_hess_from_labels(
                     blocks.ptr, blocks.slots, blocks.labels, blocks.weights, q, clarity,
                     params.population, params.worker, grad, neg_hess,
                 )  # fmt: skip
 
-        derivatives()
-        _kernels.newton_population(
-            params.population, cfg.population_mean(), grad, neg_hess, cfg.population_prior
-        )
-        derivatives()
-        _kernels.newton_workers(params.worker, grad, neg_hess, cfg.worker_prior)
+            derivatives()
+            _kernels.newton_population(
+                params.population, cfg.population_mean(), grad, neg_hess, cfg.population_prior
+            )
+            derivatives()
+            _kernels.newton_workers(params.worker, grad, neg_hess, cfg.worker_prior)
         self._recentre(params)
         self._class_prior_step(q, params)
 

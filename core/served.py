@@ -51,15 +51,17 @@ def held_out_corrections(
     rows = row_of_slot[blocks.slots]
     theta = _row_logits(params, used)
     log_p = log_softmax(theta)
-    totals, curvature, vectors, p_along = _row_curvatures(np.exp(log_p), counts, used)
+    p = np.exp(log_p)
+    totals = counts[used].sum(axis=2)
     excess = np.empty((0, K, K))
     if laplace:
+        curvature, vectors = _row_curvatures(p)
         predictive = laplace_predictive(theta, totals, curvature, vectors, worker_prior)
         excess = log_p - np.log(predictive)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(
-        blocks.ptr, rows, blocks.labels, blocks.weights, fitted,
-        totals, curvature, vectors, p_along, worker_prior, excess, out,
+        blocks.ptr, rows, blocks.labels, blocks.weights, fitted, totals, p, worker_prior,
+        excess, out,
     )  # fmt: skip
     return out if decimals is None else np.round(out, decimals, out=out)
 
@@ -122,19 +124,14 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
     return out
 
 
-def _row_curvatures(
-    p: FloatArray, counts: FloatArray, used: IntArray
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """For row z of slot s = used[u], p[u, z] its confusion (eq. 26): its weight C_sz
-    (totals[u, z]), the eigenvalues d and eigenvectors V of D = diag p - p p^T (curvature[u,
-    z], vectors[u, z]) and p^T V (p_along[u, z]). Then for any weight c,
-    (e_l - p)^T (c D + lambda I)^-1 (e_l - p) = sum_k (V[l, k] - p_along[k])^2 / (c d_k + lambda)."""
-    K = counts.shape[1]
+def _row_curvatures(p: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """The eigenvalues d (ascending) and eigenvectors V of D = diag p - p p^T for each row's
+    confusion p (rows, K, K): the directions of eq. 27's sigma points."""
+    K = p.shape[-1]
     curvature, vectors = np.linalg.eigh(
         p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
     )
-    p_along = np.einsum("uzm,uzmk->uzk", p, vectors)
-    return counts[used].sum(axis=2), curvature, vectors, p_along
+    return curvature, vectors
 
 
 def log_prior(params: NominalParams) -> FloatArray:

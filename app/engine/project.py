@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
@@ -50,6 +51,8 @@ from core.served import calibration, held_out_corrections, held_out_posteriors
 # A refit whose labels agree with the served ones on fewer items than this is declined: where
 # answers are too few for batch EM's optimum (docs/model.md, "A limit"), the two part ways.
 REFIT_MIN_AGREEMENT = 0.85
+TIE = 1e-9
+"""Probabilities within this share of an item's largest tie with it (``refit_verdict``)."""
 
 
 _NO_BLOCKS = LabelBlocks(
@@ -332,14 +335,17 @@ class ProjectEngine:
         scored without its own pull on its workers' rows since the last sweep (eq. 26)."""
         return held_out_posteriors(self.q[codes], self.held_out[codes])
 
-    def refit_verdict(self, fitted: IntArray, position: int) -> dict[str, object]:
-        """The report of a refit at ``position`` whose labels are ``fitted`` (by item code):
-        the share of the answered items on which it keeps the served label, and whether that
-        reaches REFIT_MIN_AGREEMENT (adopted) or not (declined, the served model kept)."""
+    def refit_verdict(self, fitted: FloatArray, position: int) -> dict[str, object]:
+        """The report of a refit at ``position`` whose posteriors are ``fitted`` (by item
+        code): the share of the answered items on which it keeps the served label, and whether
+        that reaches REFIT_MIN_AGREEMENT (adopted) or not (declined, the served model kept).
+        Classes within TIE of an item's top probability tie: either label keeps it (on
+        symmetric answers, which of two equal posteriors rounds higher is not a verdict)."""
         n = self.items_count
         answered = self.weight[:n] > 0
-        served = self.shown(np.arange(n, dtype=np.int64)).argmax(axis=1)
-        same = served[answered] == fitted[:n][answered]
+        served = self.shown(np.arange(n, dtype=np.int64))[answered]
+        fit = fitted[:n][answered]
+        same = _among_top(fit, served.argmax(axis=1)) | _among_top(served, fit.argmax(axis=1))
         agreement = float(same.mean()) if same.size else 1.0
         adopted = agreement >= REFIT_MIN_AGREEMENT
         return {"position": position, "adopted": adopted, "agreement": agreement}
@@ -355,7 +361,7 @@ class ProjectEngine:
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
         fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
         self.em_iterations += fitted.n_iter
-        self.last_refit = self.refit_verdict(fitted.labels, position)
+        self.last_refit = self.refit_verdict(fitted.probas, position)
         if not self.last_refit["adopted"]:
             return
         counts = self.worker_labels[:nw].astype(np.float64)
@@ -716,6 +722,13 @@ may move before every queued item is scored again. With gold they move a little 
 step, and scoring the whole queue each step cost 86 ms of a 104 ms step on 60,000 items (21
 ms without gold); items whose labels changed are scored with the current calibration
 anyway. Moved by these, an item with 10 answers at 95% moves by about 0.2 point."""
+
+
+def _among_top(posteriors: FloatArray, labels: IntArray) -> npt.NDArray[np.bool_]:
+    """Whether each row's ``labels`` class ties with its most probable one (within TIE)."""
+    rows = np.arange(labels.size)
+    out: npt.NDArray[np.bool_] = posteriors[rows, labels] >= posteriors.max(axis=1) * (1.0 - TIE)
+    return out
 
 
 def _moved(now: Calibration, then: Calibration) -> bool:

@@ -30,7 +30,7 @@ SERVE_HALF = {
 
 SECOND_HALF = {
     "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1 F",
-    "_kernels._slot_newton_steps": "I I i1 f2 f3 f1 f3 f1 F f1 f1 f2 f1 f1",
+    "_kernels._slot_newton_steps": "I I i1 f2 f3 f1 f3 f1 F f1 f1 f1 f1",
     "_kernels._revisit_step": "f1 f1 f2 f2 f1 f1 f1 F",
 }
 """The prequential evidence (eq. 22) and a revisit's global step: the slots' Newton steps

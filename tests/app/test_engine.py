@@ -165,6 +165,20 @@ def test_refit_swaps_in_batch_parameters(synthetic: Synthetic) -> None:
     assert (predicted == gold).mean() > 0.9
 
 
+def test_a_refit_that_only_breaks_ties_otherwise_keeps_the_served_labels() -> None:
+    eng = ProjectEngine(RECORD)
+    body = {"items": ["i0", "i0", "i1", "i1"], "workers": ["x", "y", "x", "y"],
+            "labels": [0, 1, 1, 2], "weights": None}  # fmt: skip
+    eng.apply(LogEntry(1, "labels", orjson.dumps(body), b""))
+    served = eng.shown(np.arange(2, dtype=np.int64))
+    # every class as likely, but for rounding in the last digits: no label of its own
+    tied = np.tile([1 / 3, 1 / 3, 1 / 3], (2, 1)) * (1.0 + 1e-13 * np.eye(3)[[2, 2]])
+    assert eng.refit_verdict(tied, 2)["agreement"] == 1.0
+    other = np.eye(3)[served.argmin(axis=1)]  # on both items a label the served one ranks last
+    assert eng.refit_verdict(other, 2) == {"position": 2, "adopted": False, "agreement": 0.0}
+    assert eng.refit_verdict(served, 2) == {"position": 2, "adopted": True, "agreement": 1.0}
+
+
 def test_gold_teaches_the_model(synthetic: Synthetic) -> None:
     entries = label_entries(synthetic, [6000])
     truth = {

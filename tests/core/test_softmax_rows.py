@@ -1,0 +1,61 @@
+"""A softmax row's Newton system, c (diag p - p p^T) + lam I, solved in O(K) (Sherman-Morrison),
+is the dense solve; batch EM's M-step from the soft counts is the one through the dense
+(W, K, K, K) Hessians it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import _kernels
+from core._softmax_rows import solve_softmax_row
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(2, 40),
+    st.floats(0.0, 1e5),
+    st.floats(1e-3, 1e3),
+    st.floats(0.05, 5.0),
+    st.integers(0, 2**32 - 1),
+)
+def test_the_rows_solve_is_the_dense_solve(
+    K: int, c: float, lam: float, concentration: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(K, concentration))
+    p = np.maximum(p, 1e-300)
+    p /= p.sum()
+    rhs = rng.normal(size=K)
+    # diag p - p p^T built without cancelling: its diagonal as p_k (1 - p_k)
+    dense = -c * np.outer(p, p)
+    dense[np.diag_indices(K)] = c * p * (1.0 - p) + lam
+    got = np.empty(K)
+    solve_softmax_row(c, p, lam, rhs, got)
+    # backward stable: the residual is rounding's, relative to |H| |x| + |rhs| (the system's
+    # condition, up to c / lam, makes the solution itself only that accurate)
+    scale = np.abs(dense) @ np.abs(got) + np.abs(rhs)
+    assert np.all(np.abs(dense @ got - rhs) <= 1e-12 * K * scale)
+    if c / lam < 1e6:
+        assert np.allclose(got, np.linalg.solve(dense, rhs), rtol=1e-6, atol=1e-9)
+
+
+def test_the_m_step_from_counts_is_the_one_through_dense_hessians() -> None:
+    rng = np.random.default_rng(7)
+    W, K, lam_a, lam_g = 30, 7, 1.0, 0.1
+    counts = rng.gamma(0.5, 2.0, size=(W, K, K)) * (rng.random((W, K, 1)) < 0.8)
+    population = 1.75 * np.eye(K) + rng.normal(0, 0.3, (K, K))
+    worker = rng.normal(0, 0.5, (W, K, K))
+    mean = 1.75 * np.eye(K)
+    dense_pop, dense_worker = population.copy(), worker.copy()
+    grad, neg_hess = np.empty((W, K, K)), np.empty((W, K, K, K))
+    _kernels.grad_hess_from_counts(counts, dense_pop, dense_worker, grad, neg_hess)
+    _kernels.newton_population(dense_pop, mean, grad, neg_hess, lam_g)
+    _kernels.grad_hess_from_counts(counts, dense_pop, dense_worker, grad, neg_hess)
+    _kernels.newton_workers(dense_worker, grad, neg_hess, lam_a)
+    _kernels.newton_population_from_counts(counts, population, worker, mean, lam_g)
+    _kernels.newton_workers_from_counts(counts, population, worker, lam_a)
+    assert np.allclose(population, dense_pop, rtol=0, atol=1e-10)
+    assert np.allclose(worker, dense_worker, rtol=0, atol=1e-10)
+    assert not np.allclose(worker, 0.0)  # (the step moved the rows)
