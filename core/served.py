@@ -23,6 +23,9 @@ def log_likelihoods(params: NominalParams, blocks: LabelBlocks) -> tuple[FloatAr
     )  # fmt: skip
 
 
+LAPLACE_FLOATS = 1 << 22
+"""Eq. 27 decomposes the rows of this many floats' worth of slots at a time (32 MiB of
+eigenvectors: every slot at once was K^4 floats a slot, 2.4 GB for 300 workers at 100 classes)."""
 HELD_OUT_DECIMALS = 4
 """c_i in nats to 1e-4: a posterior moves by at most about 1e-4 of itself (eq. 26)."""
 
@@ -54,9 +57,15 @@ def held_out_corrections(
     p = np.exp(log_p)
     totals = counts[used].sum(axis=2)
     excess = np.empty((0, K, K))
-    if laplace:
-        curvature, vectors = _row_curvatures(p)
-        predictive = laplace_predictive(theta, totals, curvature, vectors, worker_prior)
+    if laplace:  # a few slots at a time: each row's eigenvectors are K x K
+        predictive = np.empty_like(p)
+        step = max(1, LAPLACE_FLOATS // K**3)
+        for lo in range(0, used.size, step):
+            rows_of = slice(lo, lo + step)
+            curvature, vectors = _row_curvatures(p[rows_of])
+            predictive[rows_of] = laplace_predictive(
+                theta[rows_of], totals[rows_of], curvature, vectors, worker_prior
+            )
         excess = log_p - np.log(predictive)
     out = np.empty((blocks.n_blocks, K))
     _calibration_kernels.held_out_corrections(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import calibration
+from core import calibration, served
 from core._kernels import EVIDENCE_FULL
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -411,6 +411,21 @@ def test_laplace_predictive_is_the_mean_over_the_rows_laplace_posterior(K: int) 
     assert np.all(got.max(axis=2) < point.max(axis=2))
     many = laplace_predictive(theta, totals * 1e8, curvature, vectors, lam)  # certain rows
     np.testing.assert_allclose(many, point, atol=1e-3)
+
+
+def test_the_laplace_term_is_the_same_a_few_slots_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eq. 27 decomposes the slot rows in chunks (bounded memory at many classes): chunks of
+    one slot give what all the slots at once give, to the bit."""
+    blocks, _, W = ambiguous_crowd(5, n_items=200, n_workers=40, per_item=3)
+    config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
+    result, params = BatchEM(config).fit(blocks, W)
+    lam, q = config.worker_prior, result.probas
+    whole = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
+    monkeypatch.setattr(served, "LAPLACE_FLOATS", 1)
+    chunked = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
+    assert np.array_equal(whole, chunked)
 
 
 def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictive() -> None:
