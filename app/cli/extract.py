@@ -249,7 +249,7 @@ def extract(
         )
         refined = passes > 1 and not test_only
         posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)
-        slot_params = run.model.params
+        slot_params = run.slot_params() if model is not None else run.model.params
         rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
     print(

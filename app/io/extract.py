@@ -262,6 +262,16 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
         edge *= 2
 
 
+def slot_rows(blocks: LabelBlocks) -> tuple[IntArray, LabelBlocks]:
+    """The worker slots in use (ascending) and the blocks with each label's slot replaced by
+    its row among them. A model over those rows learns every row as the model over all the
+    slots learns its slot (the kernels touch the slots of a block's labels, and the rows keep
+    the slots' order), without a K x K table for each of the others (65,536 by default: 5 GB
+    at 100 classes)."""
+    used, rows = np.unique(blocks.slots, return_inverse=True)
+    return used, LabelBlocks(blocks.ptr, rows.reshape(-1), blocks.labels, blocks.weights)
+
+
 @dataclass
 class OnlineRun:
     model: OnlineEM
@@ -269,6 +279,26 @@ class OnlineRun:
     final: BlockResult
     seconds: float
     table_average: float
+    used: IntArray | None = None
+    """The slots the model's rows stand for (None: the model has every slot)."""
+    n_slots: int = 0
+
+    def slot_params(self) -> NominalParams:
+        """The parameters over every slot (a slot without labels at the prior's mean, 0), as
+        a model file keeps them."""
+        p = self.model.params
+        if self.used is None:
+            return p
+        shape = (self.n_slots, *p.worker.shape[1:])
+        worker = np.zeros(shape)
+        worker[self.used] = p.worker
+        counts = None
+        if p.counts is not None:
+            counts = np.zeros(shape)
+            counts[self.used] = p.counts
+        return NominalParams(
+            p.class_logits, p.population, worker, p.scalars, counts, p.sums, p.evidence
+        )
 
     def served(self, refined: bool) -> tuple[FloatArray, Calibration]:
         """The posteriors the service serves for these answers (calibrated, no gold). After
@@ -295,7 +325,12 @@ def run_online(
     """Stream items (file order, or shuffled per pass) through the online model; with
     ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items."""
     blocks = hashed_blocks(data, config)
-    model = OnlineEM(config, params)
+    used: IntArray | None = None
+    if params is None:  # a new model: only the slots in use need a table
+        used, blocks = slot_rows(blocks)
+        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)))
+    else:  # (a loaded model's other slots are kept as they are)
+        model = OnlineEM(config, params)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)
     ratings = blocks.sizes()
@@ -337,7 +372,7 @@ def run_online(
         seconds += time.perf_counter() - t0
     else:
         final = model.predict_many(blocks)
-    return OnlineRun(model, blocks, final, seconds, table.average)
+    return OnlineRun(model, blocks, final, seconds, table.average, used, config.n_worker_slots)
 
 
 def served(

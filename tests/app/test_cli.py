@@ -21,6 +21,7 @@ from app.io import extract as job
 from app.io.codes import read_codes
 from app.io.input import InputError
 from core.nominal import NominalConfig
+from core.online import OnlineEM
 from tests.cli_in_process import run_cli
 
 
@@ -512,6 +513,33 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
     assert whole.worker_names.equals(chunked.worker_names)
     for a, b in zip(fit_whole, fit_chunked, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
+    datasets_root: Path,
+) -> None:
+    """extract's new online model keeps a table for the worker slots in use only: the same
+    posteriors, and saved, the same parameters over every slot, bit for bit, as the model
+    over all the slots fed the same items (one pass, then revisits)."""
+    path = datasets_root / "web" / "answers.csv"
+    answers = read_codes(path)
+    classes = job.resolve_classes(answers.label_names.to_pylist(), None, None, str(path))
+    data = job.encode(answers, classes, str(path))
+    config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
+    gold = np.full(data.n_items, -1)
+    run = job.run_online(data, config, None, 3, 0, gold, False, io.StringIO())
+    assert run.used is not None and run.model.params.worker.shape[0] == run.used.size
+    assert run.used.size < config.n_worker_slots
+    full = OnlineEM(config)
+    blocks = job.hashed_blocks(data, config)
+    rng = np.random.default_rng(0)  # run_online's orders: one per pass, seed 0
+    result = full.learn_many(blocks, order=rng.permutation(data.n_items))
+    for _ in range(2):
+        result = full.revisit_many(blocks, result, order=rng.permutation(data.n_items), out=result)
+    assert np.array_equal(run.final.posteriors, full.predict_many(blocks).posteriors)
+    saved, want = run.slot_params(), full.params
+    for name, array in want.arrays().items():
+        assert np.array_equal(saved.arrays()[name], array), name
 
 
 def test_the_online_pass_run_beside_batch_em_gives_what_it_gives_alone(
