@@ -709,26 +709,12 @@ def _row(counts, population, worker, w, z, theta, p):
 
 
 @jit
-def grad_hess_from_counts(counts, population, worker, grad, neg_hess):
-    """Gradient and negative Hessian of the data term per row Theta_w[z] (eq. 12)."""
-    W, K = worker.shape[0], population.shape[0]
-    theta = np.empty(K)
-    p = np.empty(K)
-    for w in range(W):
-        for z in range(K):
-            c = _row(counts, population, worker, w, z, theta, p)
-            for k in range(K):
-                grad[w, z, k] = counts[w, z, k] - c * p[k]
-                for m in range(K):
-                    neg_hess[w, z, k, m] = -c * p[k] * p[m]
-                neg_hess[w, z, k, k] += c * p[k]
-
-
-@jit
 def grad_hess_from_labels(
     ptr, workers, labels, weights, q, clarity, population, worker, grad, neg_hess
 ):
-    """As grad_hess_from_counts, with each item's clarity d_i scaling the logits (eq. 12')."""
+    """Gradient and negative Hessian of the data term per row Theta_w[z] (eq. 12), with each
+    item's clarity d_i scaling the logits (eq. 12'): per answer, so the rows' Hessians are
+    sums over answers of different p (without difficulty, see ``newton_workers_from_counts``)."""
     grad[:] = 0.0
     neg_hess[:] = 0.0
     K = population.shape[0]
@@ -790,8 +776,8 @@ def _clip_step(step):
 
 @jit
 def newton_workers_from_counts(counts, population, worker, lam):
-    """``newton_workers`` on the rows' soft counts (no difficulty): each row's gradient and
-    negative Hessian (``grad_hess_from_counts``) at the current parameters, solved in O(K)
+    """``newton_workers`` on the rows' soft counts (no difficulty): each row's gradient
+    N - C p and negative Hessian C (diag p - p p^T) (eq. 12) at the current parameters, solved in O(K)
     (``solve_softmax_row``) instead of through a K x K matrix per row."""
     W, K = worker.shape[0], population.shape[0]
     theta = np.empty(K)

@@ -91,21 +91,35 @@ class _Curvature:
             config.class_prior_strength,
         )
         a = theta - gamma[None]
-        # each row's data gradient N - C p and information C (diag p - p p^T) (eq. 12)
-        data_grad, rows = np.empty_like(theta), np.empty((*theta.shape, layout.K))
-        _kernels.grad_hess_from_counts(counts, gamma, a, data_grad, rows)
+        # each row's data gradient N - C p (eq. 12); its information C (diag p - p p^T) plus
+        # the prior, diagonal minus rank one, is inverted in O(K) (``_row_solve``)
+        data_grad = counts - self.c[..., None] * self.p
         self.gradient = np.concatenate([
             q.sum(axis=0) - n * self.pi - lam_pi * (g_pi - config.class_prior_logits()),
             (lam_a * a.sum(axis=0) - lam_g * (gamma - config.population_mean())).ravel(),
             (data_grad - lam_a * a).ravel(),
         ])  # fmt: skip
         self.class_block = n * (np.diag(self.pi) - np.outer(self.pi, self.pi)) + lam_pi * eye
-        rows += lam_a * eye
-        self.rows_inv = np.linalg.inv(rows)  # (W, K, K, K): each row's block, inverted
+        # row (s, z)'s inverse is diag(1 / a) + (C / den) u u^T with a = C p + lam_A, u = p / a
+        self.diag = self.c[..., None] * self.p + lam_a
+        u = self.p / self.diag
+        self.den = lam_a * u.sum(axis=2) + _residue(self.p)
         # Gamma couples to every Theta_s through the prior: its Schur complement per row z
-        schur = (lam_a * W + lam_g) * eye - lam_a**2 * self.rows_inv.sum(axis=0)
+        weighted = u * (self.c / self.den)[..., None]
+        rows_inv_sum = np.einsum("szk,szm->zkm", weighted, u, optimize=True)
+        diagonal = np.arange(layout.K)
+        rows_inv_sum[:, diagonal, diagonal] += (1.0 / self.diag).sum(axis=0)
+        schur = (lam_a * W + lam_g) * eye - lam_a**2 * rows_inv_sum
         self.schur_inv = np.linalg.inv(schur)
         self.class_inv = np.linalg.inv(self.class_block)
+
+    def _row_solve(self, r: FloatArray) -> FloatArray:
+        """Each row's (C (diag p - p p^T) + lam_A I)^-1 r (Sherman-Morrison, as in
+        ``core._softmax_rows``): t + (r - lam_A t) / a with t = sum_k p_k r_k / a_k / den."""
+        lam_a = self.config.worker_prior
+        t = np.einsum("szk,szk->sz", self.p, r / self.diag) / self.den
+        out: FloatArray = t[..., None] + (r - lam_a * t[..., None]) / self.diag
+        return out
 
     def information(self, v: FloatArray) -> FloatArray:
         """(B + prior) v: the complete-data information plus the prior's precision."""
@@ -138,13 +152,23 @@ class _Curvature:
         """(B + prior)^-1 r: per row, with Gamma eliminated through its Schur complement."""
         lay, lam_a = self.layout, self.config.worker_prior
         r_pi, r_gamma, r_theta = lay.split(r)
-        y = np.einsum("szkm,szm->szk", self.rows_inv, r_theta)
+        y = self._row_solve(r_theta)
         x_gamma = np.einsum("zkm,zm->zk", self.schur_inv, r_gamma + lam_a * y.sum(axis=0))
-        x_theta = y + lam_a * np.einsum("szkm,zm->szk", self.rows_inv, x_gamma)
+        x_theta = y + lam_a * self._row_solve(np.broadcast_to(x_gamma, r_theta.shape))
         return np.concatenate([self.class_inv @ r_pi, x_gamma.ravel(), x_theta.ravel()])
 
     def norm(self, v: FloatArray) -> float:
         return math.sqrt(max(float(v @ self.information(v)), 0.0))
+
+
+def _residue(p: FloatArray) -> FloatArray:
+    """1 - sum_k p_k of each row (0 but for rounding), taken from its largest p_k down (exact
+    when that is at least 1/2), as ``core._softmax_rows`` takes it."""
+    top = p.argmax(axis=-1)[..., None]
+    rest = p.copy()
+    np.put_along_axis(rest, top, 0.0, axis=-1)
+    out: FloatArray = (1.0 - np.take_along_axis(p, top, axis=-1)[..., 0]) - rest.sum(axis=-1)
+    return out
 
 
 def steihaug(curv: _Curvature, radii: tuple[float, ...]) -> list[FloatArray]:

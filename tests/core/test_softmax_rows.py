@@ -41,6 +41,21 @@ def test_the_rows_solve_is_the_dense_solve(
         assert np.allclose(got, np.linalg.solve(dense, rhs), rtol=1e-6, atol=1e-9)
 
 
+def dense_rows(
+    counts: np.ndarray, population: np.ndarray, worker: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's data gradient N - C p and negative Hessian C (diag p - p p^T) (eq. 12), whole:
+    a (W, K, K, K) table."""
+    theta = population[None] + worker
+    p = np.exp(theta - theta.max(axis=2, keepdims=True))
+    p /= p.sum(axis=2, keepdims=True)
+    c = counts.sum(axis=2)[..., None]
+    neg_hess = c[..., None] * (
+        p[..., :, None] * np.eye(p.shape[2]) - p[..., :, None] * p[..., None, :]
+    )
+    return counts - c * p, neg_hess
+
+
 def test_the_m_step_from_counts_is_the_one_through_dense_hessians() -> None:
     rng = np.random.default_rng(7)
     W, K, lam_a, lam_g = 30, 7, 1.0, 0.1
@@ -49,11 +64,8 @@ def test_the_m_step_from_counts_is_the_one_through_dense_hessians() -> None:
     worker = rng.normal(0, 0.5, (W, K, K))
     mean = 1.75 * np.eye(K)
     dense_pop, dense_worker = population.copy(), worker.copy()
-    grad, neg_hess = np.empty((W, K, K)), np.empty((W, K, K, K))
-    _kernels.grad_hess_from_counts(counts, dense_pop, dense_worker, grad, neg_hess)
-    _kernels.newton_population(dense_pop, mean, grad, neg_hess, lam_g)
-    _kernels.grad_hess_from_counts(counts, dense_pop, dense_worker, grad, neg_hess)
-    _kernels.newton_workers(dense_worker, grad, neg_hess, lam_a)
+    _kernels.newton_population(dense_pop, mean, *dense_rows(counts, dense_pop, dense_worker), lam_g)
+    _kernels.newton_workers(dense_worker, *dense_rows(counts, dense_pop, dense_worker), lam_a)
     _kernels.newton_population_from_counts(counts, population, worker, mean, lam_g)
     _kernels.newton_workers_from_counts(counts, population, worker, lam_a)
     assert np.allclose(population, dense_pop, rtol=0, atol=1e-10)
