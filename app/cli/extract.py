@@ -225,7 +225,7 @@ def extract(
         if (warning := job.one_answer_warning(encoded)) is not None:
             print(warning, file=sys.stderr)
         fit = job.run_batch(encoded, config, out, one_pass=not raw)
-        slot_params = job.slot_params_from_batch(fit.params, encoded, config)
+        slot_params, used = job.slot_params_from_batch(fit.params, encoded, config), None
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
         if raw:
             posteriors = fit.result.probas
@@ -249,7 +249,7 @@ def extract(
         )
         refined = passes > 1 and not test_only
         posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)
-        slot_params = run.slot_params() if model is not None else run.model.params
+        slot_params, used = run.model.params, run.used  # (the rows of the slots in use)
         rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
         speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
     print(
@@ -265,7 +265,7 @@ def extract(
         write_predictions(predictions, encoded.item_names, classes, posteriors)
         print(f"predictions written to {predictions}", file=out)
     if model is not None:
-        save_model(model, SavedModel(config=config, params=slot_params, classes=classes))
+        save_model(model, SavedModel(config=config, params=slot_params, classes=classes), used)
         print(f"model written to {model}", file=out)
 
 

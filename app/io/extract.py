@@ -280,25 +280,7 @@ class OnlineRun:
     seconds: float
     table_average: float
     used: IntArray | None = None
-    """The slots the model's rows stand for (None: the model has every slot)."""
-    n_slots: int = 0
-
-    def slot_params(self) -> NominalParams:
-        """The parameters over every slot (a slot without labels at the prior's mean, 0), as
-        a model file keeps them."""
-        p = self.model.params
-        if self.used is None:
-            return p
-        shape = (self.n_slots, *p.worker.shape[1:])
-        worker = np.zeros(shape)
-        worker[self.used] = p.worker
-        counts = None
-        if p.counts is not None:
-            counts = np.zeros(shape)
-            counts[self.used] = p.counts
-        return NominalParams(
-            p.class_logits, p.population, worker, p.scalars, counts, p.sums, p.evidence
-        )
+    """The slots the model's rows stand for, ascending (None: the model has every slot)."""
 
     def served(self, refined: bool) -> tuple[FloatArray, Calibration]:
         """The posteriors the service serves for these answers (calibrated, no gold). After
@@ -372,7 +354,7 @@ def run_online(
         seconds += time.perf_counter() - t0
     else:
         final = model.predict_many(blocks)
-    return OnlineRun(model, blocks, final, seconds, table.average, used, config.n_worker_slots)
+    return OnlineRun(model, blocks, final, seconds, table.average, used)
 
 
 def served(

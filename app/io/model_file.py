@@ -1,4 +1,11 @@
-"""Saving and loading a fitted nominal model: one ``.npz`` holding arrays, config and class names."""
+"""Saving and loading a fitted nominal model: one ``.npz`` holding arrays, config and class names.
+
+The worker table and its statistics have a K x K row per hashed slot (65,536 by default), most
+of them never used: a file keeps the rows of the slots in use and their numbers
+(``crowdtally-nominal/2``), and a loaded model has the others at 0 again, in pages the system
+gives on first touch. A 100-class model was 5 GB of zeros a table to compress and to read back
+(``crowdtally-nominal/1``, still read).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +19,15 @@ import numpy as np
 import numpy.typing as npt
 
 from core.evidence import evidence_size
-from core.nominal import NominalConfig, NominalParams
+from core.nominal import NominalConfig, NominalParams, sums_size
 
-FORMAT = "crowdtally-nominal/1"
+FORMAT = "crowdtally-nominal/2"
+FORMATS = ("crowdtally-nominal/1", FORMAT)
+"""What ``load_model`` reads: /1 kept every slot's row, /2 those of the slots in use."""
+_TABLES = ("worker", "counts")
+"""The per-slot arrays, kept by slot in use."""
+_SCAN_FLOATS = 1 << 22
+"""Numbers of a table looked at a time when finding the slots in use (bounded temporaries)."""
 
 
 class ModelFileError(ValueError):
@@ -28,15 +41,62 @@ class SavedModel:
     classes: tuple[str, ...]
 
 
-def save_model(path: str | Path, model: SavedModel) -> None:
-    """Write atomically (temporary file, then rename) so a crash never leaves half a model."""
+def save_model(
+    path: str | Path, model: SavedModel, slots: npt.NDArray[np.int64] | None = None
+) -> None:
+    """Write atomically (temporary file, then rename) so a crash never leaves half a model.
+    ``slots``: the model's worker table (and statistics) hold the rows of these slots only
+    (ascending; every other slot's row is 0); None: a row for every slot, those in use found
+    by looking at them."""
     path = Path(path)
     meta = {"format": FORMAT, "config": model.config.to_dict(), "classes": list(model.classes)}
+    arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **model.params.arrays()}
+    if slots is None:
+        slots = slots_in_use([arrays[name] for name in _TABLES if name in arrays])
+        for name in _TABLES:
+            if name in arrays:
+                arrays[name] = arrays[name][slots]
+    arrays["slots"] = np.asarray(slots, dtype=np.int64)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as fh:
-        arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **model.params.arrays()}
         np.savez_compressed(fh, **arrays)
     tmp.replace(path)
+
+
+def slots_in_use(tables: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.int64]:
+    """The slots (first axis) where any of ``tables`` is not 0, ascending; looked at
+    ``_SCAN_FLOATS`` numbers of a table at a time."""
+    if not tables:
+        return np.zeros(0, dtype=np.int64)
+    n, row = tables[0].shape[0], int(np.prod(tables[0].shape[1:]))
+    step = max(1, _SCAN_FLOATS // max(row, 1))
+    used = np.zeros(n, dtype=bool)
+    for lo in range(0, n, step):
+        for table in tables:
+            used[lo : lo + step] |= np.any(table[lo : lo + step].reshape(-1, row) != 0, axis=1)
+    return np.flatnonzero(used).astype(np.int64)
+
+
+def _parameters(data: Any, config: NominalConfig) -> NominalParams:
+    """The file's parameters, the worker table with every slot's row. Statistics start empty,
+    as for any model that comes without them (``core.online.statistics_for``): no label
+    counted, the worker table's sum over slots (in slot order) that of the rows in the file."""
+    arrays = {k: data[k] for k in ("class_logits", "population", "scalars")}
+    if "slots" not in data.files:  # /1: every slot's row (statistics made on first use)
+        return NominalParams.from_arrays({**arrays, "worker": data["worker"]})
+    slots = np.asarray(data["slots"], dtype=np.int64)
+    K, S = config.n_classes, config.n_worker_slots
+    if slots.size and (slots.min() < 0 or slots.max() >= S or np.any(np.diff(slots) <= 0)):
+        raise ValueError(f"slots not ascending in 0..{S - 1}")
+    rows = np.asarray(data["worker"], dtype=np.float64)
+    worker = np.zeros((S, K, K))  # (pages given on first touch: only the rows in use)
+    worker[slots] = rows
+    sums = np.zeros(sums_size(K))
+    sums[: K * K] = rows.sum(axis=0).ravel()
+    given = NominalParams.from_arrays({**arrays, "worker": rows[:0]})  # (checked, copied)
+    return NominalParams(
+        given.class_logits, given.population, worker, given.scalars, np.zeros((S, K, K)), sums
+    )
 
 
 def _evidence(data: Any) -> npt.NDArray[np.float64] | None:
@@ -52,13 +112,12 @@ def load_model(path: str | Path) -> SavedModel:
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-            if meta.get("format") != FORMAT:
+            if meta.get("format") not in FORMATS:
                 raise ModelFileError(
                     f"{path}: not a crowdtally model (format {meta.get('format')!r})"
                 )
-            params = NominalParams.from_arrays(
-                {k: data[k] for k in ("class_logits", "population", "worker", "scalars")}
-            )
+            config = NominalConfig.from_dict(meta["config"])
+            params = _parameters(data, config)
             params.evidence = _evidence(data)
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no such file") from None
@@ -66,5 +125,4 @@ def load_model(path: str | Path) -> SavedModel:
         if isinstance(err, ModelFileError):
             raise
         raise ModelFileError(f"{path}: not a readable crowdtally model ({err})") from None
-    config = NominalConfig.from_dict(meta["config"])
     return SavedModel(config=config, params=params, classes=tuple(meta["classes"]))

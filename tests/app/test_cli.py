@@ -20,6 +20,7 @@ import pytest
 from app.io import extract as job
 from app.io.codes import read_codes
 from app.io.input import InputError
+from app.io.model_file import SavedModel, load_model, save_model
 from core.nominal import NominalConfig
 from core.online import OnlineEM
 from tests.cli_in_process import run_cli
@@ -516,11 +517,12 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
 
 
 def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
-    datasets_root: Path,
+    datasets_root: Path, tmp_path: Path
 ) -> None:
     """extract's new online model keeps a table for the worker slots in use only: the same
-    posteriors, and saved, the same parameters over every slot, bit for bit, as the model
-    over all the slots fed the same items (one pass, then revisits)."""
+    posteriors, rows and statistics, bit for bit, as the model over all the slots fed the
+    same items (one pass, then revisits); saved with the slots' numbers and loaded again, the
+    worker table over every slot."""
     path = datasets_root / "web" / "answers.csv"
     answers = read_codes(path)
     classes = job.resolve_classes(answers.label_names.to_pylist(), None, None, str(path))
@@ -537,9 +539,17 @@ def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
     for _ in range(2):
         result = full.revisit_many(blocks, result, order=rng.permutation(data.n_items), out=result)
     assert np.array_equal(run.final.posteriors, full.predict_many(blocks).posteriors)
-    saved, want = run.slot_params(), full.params
-    for name, array in want.arrays().items():
-        assert np.array_equal(saved.arrays()[name], array), name
+    rows, want, used = run.model.params, full.params, run.used
+    others = np.ones(config.n_worker_slots, dtype=bool)
+    others[used] = False
+    for name in ("worker", "counts"):
+        assert np.array_equal(getattr(rows, name), getattr(want, name)[used]), name
+        assert not np.any(getattr(want, name)[others]), name
+    for name in ("class_logits", "population", "scalars", "sums", "evidence"):
+        assert np.array_equal(getattr(rows, name), getattr(want, name)), name
+    file = tmp_path / "m.npz"
+    save_model(file, SavedModel(config, rows, classes), used)
+    assert np.array_equal(load_model(file).params.worker, want.worker)
 
 
 def test_the_online_pass_run_beside_batch_em_gives_what_it_gives_alone(
