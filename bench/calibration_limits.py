@@ -13,11 +13,17 @@ Three measurements per crowd, each scored on the items with gold (ECE in points,
   crowd's confusion matrix, the pooling strength chosen by empirical Bayes, the E-step on
   digamma expectations), against batch EM's own posterior (``batch-raw``): whether averaging
   over each worker's confusion uncertainty removes the overconfidence.
+
+``--twins 0.1,0.3``: for each crowd, twins with the very same answers whose gold differs on
+that share of the items (moved to another class): a crowd that errs together on those items,
+as the answers see it (docs/model.md eq. 23). Every method that reads answers alone serves
+each twin the same posteriors, so its ECE on the crowd and on a twin cannot both be small.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,6 +142,40 @@ def limits(crowd: Crowd, draws: int = 200) -> Limits:
     )  # fmt: skip
 
 
+def consensus_twin(crowd: Crowd, share: float, seed: int = 0) -> Crowd:
+    """The same answers, the gold of ``share`` of the items with gold moved to another class
+    (uniformly): what a crowd that errs together on those items looks like to the answers."""
+    rng = np.random.default_rng(seed)
+    gold = crowd.gold.copy()
+    has = np.flatnonzero(gold >= 0)
+    moved = rng.choice(has, round(share * has.size), replace=False)
+    gold[moved] = (gold[moved] + rng.integers(1, crowd.n_classes, moved.size)) % crowd.n_classes
+    return dataclasses.replace(
+        crowd, name=f"{crowd.name} +{share:g}", gold=gold,
+        oracle=None, answer_loglik=None, log_prior=None,
+    )  # fmt: skip
+
+
+def twins_table(crowd: Crowd, shares: Sequence[float]) -> str:
+    """ECE and accuracy of batch EM's served posterior and of majority vote, each computed
+    once from the answers, on the crowd and on each of its consensus twins."""
+    config = nominal_config(crowd)
+    blocks = exact_blocks(crowd)
+    _, params = BatchEM(config).fit(blocks, crowd.n_workers)
+    cal = batch_calibration(config, params, blocks, crowd.n_workers)
+    ell, n = log_likelihoods(params, blocks)
+    served, votes = cal.from_log_likelihood(ell, n, log_prior(params)), vote_shares(crowd)
+    lines = [
+        "the same answers, gold moved on a share of the items: ECE in points / accuracy in %",
+        f"{'crowd':28s} {'served':>14s} {'majority vote':>14s}",
+    ]
+    for twin in [crowd, *(consensus_twin(crowd, x) for x in shares)]:
+        cells = [f"{ece(q, twin.gold):6.2f} / {100 * accuracy(q, twin.gold):5.2f}"
+                 for q in (served, votes)]  # fmt: skip
+        lines.append(f"{twin.name:28s} {cells[0]:>14s} {cells[1]:>14s}")
+    return "\n".join(lines)
+
+
 def table(rows: Sequence[Limits]) -> str:
     head = (
         f"{'crowd':20s} {'scored':>6s} {'served':>7s} {'floor':>6s} {'best':>6s} "
@@ -166,10 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--datasets", default=None, help="comma-separated shared sets (default: all)")
     ap.add_argument("--synthetic", default="none", help=f"regimes of {list(SYNTHETIC)} or 'none'")
     ap.add_argument("--draws", type=int, default=200)
+    ap.add_argument("--twins", default=None, metavar="SHARES",
+                    help="consensus twins of each crowd instead (e.g. 0.1,0.3)")  # fmt: skip
     args = ap.parse_args(argv)
     names = dataset_names(DEFAULT_ROOT) if args.datasets is None else args.datasets.split(",")
     regimes = [] if args.synthetic.strip() == "none" else args.synthetic.split(",")
     crowds = [load_shared(n) for n in names if n] + [synthetic(r) for r in regimes if r]
+    if args.twins is not None:
+        shares = [float(x) for x in args.twins.split(",") if x.strip()]
+        if any(not 0.0 < x < 1.0 for x in shares):
+            ap.error("--twins: shares between 0 and 1")
+        print("\n\n".join(twins_table(crowd, shares) for crowd in crowds))
+        return 0
     rows = []
     for crowd in crowds:
         print(f"{crowd.name} ...", file=sys.stderr, flush=True)

@@ -43,3 +43,18 @@ def test_limits_on_a_synthetic_crowd() -> None:
     assert row.best_ece <= row.served_ece + 1e-9  # the grid contains a choice at least as good
     assert 0.0 < row.floor < 3.0
     assert "syn_one_coin" in cl.table([row])
+
+
+def test_a_consensus_twin_has_the_same_answers_and_other_gold_on_its_share() -> None:
+    crowd = synthetic("ds")
+    twin = cl.consensus_twin(crowd, 0.3)
+    for name in ("item", "worker", "label"):
+        assert np.array_equal(getattr(twin, name), getattr(crowd, name))
+    has = crowd.gold >= 0
+    moved = twin.gold[has] != crowd.gold[has]
+    assert abs(moved.mean() - 0.3) < 0.01 and np.all(twin.gold[has] >= 0)
+    # one served posterior for both (the answers are the same): calibrated on the crowd, far
+    # off on its twin
+    text = cl.twins_table(crowd, [0.3])
+    ece_crowd, ece_twin = (float(line.split()[-6]) for line in text.splitlines()[2:4])
+    assert ece_crowd < 3.0 and ece_twin > 20.0
