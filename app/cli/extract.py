@@ -246,6 +246,7 @@ def extract(
             test_only,
             out,
             later_passes,
+            saved.slots if saved else None,
         )
         refined = passes > 1 and not test_only
         posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)

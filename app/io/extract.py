@@ -262,14 +262,27 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
         edge *= 2
 
 
-def slot_rows(blocks: LabelBlocks) -> tuple[IntArray, LabelBlocks]:
-    """The worker slots in use (ascending) and the blocks with each label's slot replaced by
-    its row among them. A model over those rows learns every row as the model over all the
-    slots learns its slot (the kernels touch the slots of a block's labels, and the rows keep
-    the slots' order), without a K x K table for each of the others (65,536 by default: 5 GB
-    at 100 classes)."""
-    used, rows = np.unique(blocks.slots, return_inverse=True)
-    return used, LabelBlocks(blocks.ptr, rows.reshape(-1), blocks.labels, blocks.weights)
+def slot_rows(blocks: LabelBlocks, also: IntArray | None = None) -> tuple[IntArray, LabelBlocks]:
+    """The worker slots in use, by the blocks' labels or in ``also`` (ascending), and the
+    blocks with each label's slot replaced by its row among them. A model over those rows
+    learns every row as the model over all the slots learns its slot (the kernels touch the
+    slots of a block's labels, the prior's shrinkage and a rescale reach every row, and the
+    rows keep the slots' order), without a K x K table for each of the others (65,536 by
+    default: 5 GB at 100 classes)."""
+    used = np.unique(blocks.slots) if also is None else np.union1d(blocks.slots, also)
+    rows = np.searchsorted(used, blocks.slots).astype(np.int64)
+    return used, LabelBlocks(blocks.ptr, rows, blocks.labels, blocks.weights)
+
+
+def rows_of(params: NominalParams, slots: IntArray, used: IntArray) -> NominalParams:
+    """``params``, whose worker table holds the rows of ``slots`` (every other row 0), over
+    the rows of the slots ``used`` (which include ``slots``): no label counted yet."""
+    worker = np.zeros((used.size, *params.worker.shape[1:]))
+    worker[np.searchsorted(used, slots)] = params.worker
+    return NominalParams(
+        params.class_logits, params.population, worker, params.scalars,
+        np.zeros_like(worker), params.sums, params.evidence,
+    )  # fmt: skip
 
 
 @dataclass
@@ -303,15 +316,23 @@ def run_online(
     test_only: bool,
     out: TextIO,
     later: LaterPasses = LaterPasses.revisit,
+    params_slots: IntArray | None = None,
 ) -> OnlineRun:
     """Stream items (file order, or shuffled per pass) through the online model; with
-    ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items."""
+    ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items.
+    ``params_slots``: ``params``' worker table holds the rows of these slots only (a model
+    file's, ``SavedModel.slots``); the model then holds those and the answers' slots
+    (without them, ``params`` has every slot)."""
     blocks = hashed_blocks(data, config)
     used: IntArray | None = None
     if params is None:  # a new model: only the slots in use need a table
         used, blocks = slot_rows(blocks)
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)))
-    else:  # (a loaded model's other slots are kept as they are)
+    elif params_slots is not None:
+        used, blocks = slot_rows(blocks, params_slots)
+        rows = rows_of(params, params_slots, used)
+        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
+    else:  # (a model file of the first format: every slot)
         model = OnlineEM(config, params)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)

@@ -2,8 +2,8 @@
 
 The worker table and its statistics have a K x K row per hashed slot (65,536 by default), most
 of them never used: a file keeps the rows of the slots in use and their numbers
-(``crowdtally-nominal/2``), and a loaded model has the others at 0 again, in pages the system
-gives on first touch. A 100-class model was 5 GB of zeros a table to compress and to read back
+(``crowdtally-nominal/2``), and a loaded model keeps them so (``SavedModel.slots``), every other
+row 0. A 100-class model was 5 GB of zeros a table to compress and to read back
 (``crowdtally-nominal/1``, still read).
 """
 
@@ -39,6 +39,9 @@ class SavedModel:
     config: NominalConfig
     params: NominalParams
     classes: tuple[str, ...]
+    slots: npt.NDArray[np.int64] | None = None
+    """Loaded from a file of the slots in use: ``params``' worker table (and statistics) hold
+    the rows of these slots only, every other slot's row is 0; None: a row for every slot."""
 
 
 def save_model(
@@ -78,9 +81,9 @@ def slots_in_use(tables: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.int64]
 
 
 def _parameters(data: Any, config: NominalConfig) -> NominalParams:
-    """The file's parameters, the worker table with every slot's row. Statistics start empty,
-    as for any model that comes without them (``core.online.statistics_for``): no label
-    counted, the worker table's sum over slots (in slot order) that of the rows in the file."""
+    """The file's parameters: every slot's row (/1), or the rows of its slots (/2). Statistics
+    start empty, as for any model that comes without them (``core.online.statistics_for``): no
+    label counted, the worker table's sum over slots (in slot order) that of its rows."""
     arrays = {k: data[k] for k in ("class_logits", "population", "scalars")}
     if "slots" not in data.files:  # /1: every slot's row (statistics made on first use)
         return NominalParams.from_arrays({**arrays, "worker": data["worker"]})
@@ -88,15 +91,13 @@ def _parameters(data: Any, config: NominalConfig) -> NominalParams:
     K, S = config.n_classes, config.n_worker_slots
     if slots.size and (slots.min() < 0 or slots.max() >= S or np.any(np.diff(slots) <= 0)):
         raise ValueError(f"slots not ascending in 0..{S - 1}")
-    rows = np.asarray(data["worker"], dtype=np.float64)
-    worker = np.zeros((S, K, K))  # (pages given on first touch: only the rows in use)
-    worker[slots] = rows
-    sums = np.zeros(sums_size(K))
-    sums[: K * K] = rows.sum(axis=0).ravel()
-    given = NominalParams.from_arrays({**arrays, "worker": rows[:0]})  # (checked, copied)
-    return NominalParams(
-        given.class_logits, given.population, worker, given.scalars, np.zeros((S, K, K)), sums
-    )
+    params = NominalParams.from_arrays({**arrays, "worker": data["worker"]})
+    if params.worker.shape != (slots.size, K, K):
+        raise ValueError(f"worker rows of shape {params.worker.shape} for {slots.size} slots")
+    params.sums = np.zeros(sums_size(K))
+    params.sums[: K * K] = params.worker.sum(axis=0).ravel()
+    params.counts = np.zeros_like(params.worker)
+    return params
 
 
 def _evidence(data: Any) -> npt.NDArray[np.float64] | None:
@@ -119,10 +120,11 @@ def load_model(path: str | Path) -> SavedModel:
             config = NominalConfig.from_dict(meta["config"])
             params = _parameters(data, config)
             params.evidence = _evidence(data)
+            slots = np.asarray(data["slots"], dtype=np.int64) if "slots" in data.files else None
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no such file") from None
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
         if isinstance(err, ModelFileError):
             raise
         raise ModelFileError(f"{path}: not a readable crowdtally model ({err})") from None
-    return SavedModel(config=config, params=params, classes=tuple(meta["classes"]))
+    return SavedModel(config=config, params=params, classes=tuple(meta["classes"]), slots=slots)

@@ -549,7 +549,16 @@ def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
         assert np.array_equal(getattr(rows, name), getattr(want, name)), name
     file = tmp_path / "m.npz"
     save_model(file, SavedModel(config, rows, classes), used)
-    assert np.array_equal(load_model(file).params.worker, want.worker)
+    loaded = load_model(file)
+    assert loaded.slots is not None and np.array_equal(loaded.slots, used)
+    assert np.array_equal(loaded.params.worker, want.worker[used])
+    # learning on from the file, over the slots of the file and the answers, as over every slot
+    again = job.run_online(data, config, loaded.params, 1, 1, gold, False, io.StringIO(),
+                           params_slots=loaded.slots)  # fmt: skip
+    every = OnlineEM(config, want.copy())
+    every.params.counts, every.params.sums = None, None  # (a loaded model has no statistics)
+    every.learn_many(blocks, order=np.random.default_rng(1).permutation(data.n_items))
+    assert np.array_equal(again.final.posteriors, every.predict_many(blocks).posteriors)
 
 
 def test_the_online_pass_run_beside_batch_em_gives_what_it_gives_alone(
