@@ -796,6 +796,15 @@ def newton_workers_from_counts(counts, population, worker, lam):
 
 
 @jit_inline
+def _newton_row(a, rhs, step, row):
+    """row += the Newton step a^-1 rhs (a symmetric positive definite), clipped (eq. 13)."""
+    _solve_spd(a, rhs, step)
+    _clip_step(step)
+    for k in range(row.shape[0]):
+        row[k] += step[k]
+
+
+@jit_inline
 def _population_prior(population, population_mean, lam, z, a, rhs):
     """Row Gamma[z]'s Newton system before the data: a = lam I, rhs = -lam (Gamma_z - mean)."""
     K = population.shape[0]
@@ -825,10 +834,7 @@ def newton_population_from_counts(counts, population, worker, population_mean, l
                 for m in range(K):
                     a[k, m] -= c * p[k] * p[m]
                 a[k, k] += c * p[k]
-        _solve_spd(a, rhs, step)
-        _clip_step(step)
-        for k in range(K):
-            population[z, k] += step[k]
+        _newton_row(a, rhs, step, population[z])
 
 
 @jit
@@ -845,10 +851,7 @@ def newton_workers(worker, grad, neg_hess, lam):
                 for m in range(K):
                     a[k, m] = neg_hess[w, z, k, m]
                 a[k, k] += lam
-            _solve_spd(a, rhs, step)
-            _clip_step(step)
-            for k in range(K):
-                worker[w, z, k] += step[k]
+            _newton_row(a, rhs, step, worker[w, z])
 
 
 @jit
@@ -865,10 +868,7 @@ def newton_population(population, population_mean, grad, neg_hess, lam):
                 rhs[k] += grad[w, z, k]
                 for m in range(K):
                     a[k, m] += neg_hess[w, z, k, m]
-        _solve_spd(a, rhs, step)
-        _clip_step(step)
-        for k in range(K):
-            population[z, k] += step[k]
+        _newton_row(a, rhs, step, population[z])
 
 
 # Later passes by trust-region Newton on F (docs/model.md, eq. 17-20).

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core import _kernels
+from core._softmax_rows import softmax_rows_den, solve_softmax_rows
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.nominal import NominalConfig, NominalParams, log_softmax
 
@@ -103,7 +104,9 @@ class _Curvature:
         # row (s, z)'s inverse is diag(1 / a) + (C / den) u u^T with a = C p + lam_A, u = p / a
         self.diag = self.c[..., None] * self.p + lam_a
         u = self.p / self.diag
-        self.den = lam_a * u.sum(axis=2) + _residue(self.p)
+        self.den = np.empty(self.c.size)
+        softmax_rows_den(self.c.ravel(), self.p.reshape(-1, layout.K), lam_a, self.den)
+        self.den = self.den.reshape(self.c.shape)
         # Gamma couples to every Theta_s through the prior: its Schur complement per row z
         weighted = u * (self.c / self.den)[..., None]
         rows_inv_sum = np.einsum("szk,szm->zkm", weighted, u, optimize=True)
@@ -114,11 +117,13 @@ class _Curvature:
         self.class_inv = np.linalg.inv(self.class_block)
 
     def _row_solve(self, r: FloatArray) -> FloatArray:
-        """Each row's (C (diag p - p p^T) + lam_A I)^-1 r (Sherman-Morrison, as in
-        ``core._softmax_rows``): t + (r - lam_A t) / a with t = sum_k p_k r_k / a_k / den."""
-        lam_a = self.config.worker_prior
-        t = np.einsum("szk,szk->sz", self.p, r / self.diag) / self.den
-        out: FloatArray = t[..., None] + (r - lam_a * t[..., None]) / self.diag
+        """Each row's (C (diag p - p p^T) + lam_A I)^-1 r, in O(K) (``core._softmax_rows``)."""
+        K = self.layout.K
+        out = np.empty(r.shape)
+        solve_softmax_rows(
+            self.c.ravel(), self.p.reshape(-1, K), self.config.worker_prior,
+            np.ascontiguousarray(r, dtype=np.float64).reshape(-1, K), out.reshape(-1, K),
+        )  # fmt: skip
         return out
 
     def information(self, v: FloatArray) -> FloatArray:
@@ -159,16 +164,6 @@ class _Curvature:
 
     def norm(self, v: FloatArray) -> float:
         return math.sqrt(max(float(v @ self.information(v)), 0.0))
-
-
-def _residue(p: FloatArray) -> FloatArray:
-    """1 - sum_k p_k of each row (0 but for rounding), taken from its largest p_k down (exact
-    when that is at least 1/2), as ``core._softmax_rows`` takes it."""
-    top = p.argmax(axis=-1)[..., None]
-    rest = p.copy()
-    np.put_along_axis(rest, top, 0.0, axis=-1)
-    out: FloatArray = (1.0 - np.take_along_axis(p, top, axis=-1)[..., 0]) - rest.sum(axis=-1)
-    return out
 
 
 def steihaug(curv: _Curvature, radii: tuple[float, ...]) -> list[FloatArray]:
