@@ -24,8 +24,9 @@ from core.nominal import NominalConfig, NominalParams, sums_size
 FORMAT = "crowdtally-nominal/2"
 FORMATS = ("crowdtally-nominal/1", FORMAT)
 """What ``load_model`` reads: /1 kept every slot's row, /2 those of the slots in use."""
-_TABLES = ("worker", "counts")
-"""The per-slot arrays, kept by slot in use."""
+_KEPT = ("class_logits", "population", "worker", "scalars", "evidence")
+"""What a file keeps: the parameters and the calibration's evidence. A loaded model's
+statistics start empty (``_parameters``), so the statistics are not written."""
 _SCAN_FLOATS = 1 << 22
 """Numbers of a table looked at a time when finding the slots in use (bounded temporaries)."""
 
@@ -40,25 +41,24 @@ class SavedModel:
     params: NominalParams
     classes: tuple[str, ...]
     slots: npt.NDArray[np.int64] | None = None
-    """Loaded from a file of the slots in use: ``params``' worker table (and statistics) hold
-    the rows of these slots only, every other slot's row is 0; None: a row for every slot."""
+    """Loaded from a file of the slots in use: ``params``' worker table holds the rows of these
+    slots only, every other slot's row is 0; None: a row for every slot."""
 
 
 def save_model(
     path: str | Path, model: SavedModel, slots: npt.NDArray[np.int64] | None = None
 ) -> None:
     """Write atomically (temporary file, then rename) so a crash never leaves half a model.
-    ``slots``: the model's worker table (and statistics) hold the rows of these slots only
-    (ascending; every other slot's row is 0); None: a row for every slot, those in use found
-    by looking at them."""
+    ``slots``: the model's worker table holds the rows of these slots only (ascending; every
+    other slot's row is 0); None: a row for every slot, those in use found by looking at
+    them."""
     path = Path(path)
     meta = {"format": FORMAT, "config": model.config.to_dict(), "classes": list(model.classes)}
-    arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **model.params.arrays()}
+    kept = {k: v for k, v in model.params.arrays().items() if k in _KEPT}
     if slots is None:
-        slots = slots_in_use([arrays[name] for name in _TABLES if name in arrays])
-        for name in _TABLES:
-            if name in arrays:
-                arrays[name] = arrays[name][slots]
+        slots = slots_in_use(kept["worker"])
+        kept["worker"] = kept["worker"][slots]
+    arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **kept}
     arrays["slots"] = np.asarray(slots, dtype=np.int64)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as fh:
@@ -66,24 +66,22 @@ def save_model(
     tmp.replace(path)
 
 
-def slots_in_use(tables: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.int64]:
-    """The slots (first axis) where any of ``tables`` is not 0, ascending; looked at
-    ``_SCAN_FLOATS`` numbers of a table at a time."""
-    if not tables:
-        return np.zeros(0, dtype=np.int64)
-    n, row = tables[0].shape[0], int(np.prod(tables[0].shape[1:]))
+def slots_in_use(table: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The slots (first axis) whose row of ``table`` is not all 0, ascending; looked at
+    ``_SCAN_FLOATS`` numbers at a time."""
+    n, row = table.shape[0], int(np.prod(table.shape[1:]))
     step = max(1, _SCAN_FLOATS // max(row, 1))
     used = np.zeros(n, dtype=bool)
     for lo in range(0, n, step):
-        for table in tables:
-            used[lo : lo + step] |= np.any(table[lo : lo + step].reshape(-1, row) != 0, axis=1)
+        used[lo : lo + step] = np.any(table[lo : lo + step].reshape(-1, row) != 0, axis=1)
     return np.flatnonzero(used).astype(np.int64)
 
 
 def _parameters(data: Any, config: NominalConfig) -> NominalParams:
     """The file's parameters: every slot's row (/1), or the rows of its slots (/2). Statistics
     start empty, as for any model that comes without them (``core.online.statistics_for``): no
-    label counted, the worker table's sum over slots (in slot order) that of its rows."""
+    label counted, the worker table's sum over slots (in slot order) that of its rows (/2:
+    given here, the table being only the rows)."""
     arrays = {k: data[k] for k in ("class_logits", "population", "scalars")}
     if "slots" not in data.files:  # /1: every slot's row (statistics made on first use)
         return NominalParams.from_arrays({**arrays, "worker": data["worker"]})
@@ -96,7 +94,6 @@ def _parameters(data: Any, config: NominalConfig) -> NominalParams:
         raise ValueError(f"worker rows of shape {params.worker.shape} for {slots.size} slots")
     params.sums = np.zeros(sums_size(K))
     params.sums[: K * K] = params.worker.sum(axis=0).ravel()
-    params.counts = np.zeros_like(params.worker)
     return params
 
 

@@ -23,7 +23,7 @@ def fitted() -> NominalParams:
     used = np.array([2, 17, 40, 63])
     params.worker[used] = rng.normal(size=(4, 3, 3))
     assert params.counts is not None and params.sums is not None
-    params.counts[[5, *used]] = rng.random((5, 3, 3))  # slot 5: counted, its row still 0
+    params.counts[used] = rng.random((4, 3, 3))  # (statistics: a file does not keep them)
     params.class_logits[:] = rng.normal(size=3)
     params.scalars[:] = [0.7, 123.0]
     return params
@@ -33,17 +33,17 @@ def test_a_model_file_keeps_the_slots_in_use_and_gives_every_row_back(tmp_path: 
     params = fitted()
     save_model(tmp_path / "m.npz", SavedModel(CONFIG, params, ("a", "b", "c")))
     with np.load(tmp_path / "m.npz") as data:
-        assert data["slots"].tolist() == [2, 5, 17, 40, 63]
-        assert data["worker"].shape == (5, 3, 3)
+        assert data["slots"].tolist() == [2, 17, 40, 63]
+        assert data["worker"].shape == (4, 3, 3) and "counts" not in data.files
     loaded = load_model(tmp_path / "m.npz")
     assert loaded.classes == ("a", "b", "c") and loaded.config == CONFIG
-    assert loaded.slots is not None and loaded.slots.tolist() == [2, 5, 17, 40, 63]
+    assert loaded.slots is not None and loaded.slots.tolist() == [2, 17, 40, 63]
     assert np.array_equal(every_row(loaded), params.worker)
     for name in ("class_logits", "population", "scalars"):
         assert np.array_equal(getattr(loaded.params, name), getattr(params, name)), name
     # statistics start empty, as for any model without them: the worker table's sum kept
     _, sums = statistics_for(params)
-    assert loaded.params.counts is not None and not np.any(loaded.params.counts)
+    assert loaded.params.counts is None
     assert np.array_equal(loaded.params.sums, sums)
 
 
@@ -59,11 +59,10 @@ def every_row(model: SavedModel) -> np.ndarray:
 
 def test_rows_of_the_slots_in_use_save_as_the_whole_table(tmp_path: Path) -> None:
     params = fitted()
-    assert params.counts is not None
-    used = slots_in_use([params.worker, params.counts])
+    used = slots_in_use(params.worker)
     rows = NominalParams(
         params.class_logits, params.population, params.worker[used], params.scalars,
-        params.counts[used], params.sums, params.evidence,
+        None, params.sums, params.evidence,
     )  # fmt: skip
     save_model(tmp_path / "whole.npz", SavedModel(CONFIG, params, ("a", "b", "c")))
     save_model(tmp_path / "rows.npz", SavedModel(CONFIG, rows, ("a", "b", "c")), used)
