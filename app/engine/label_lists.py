@@ -1,12 +1,13 @@
 """Each item's served label list, ``[[worker, label, weight], ...]``, encoded to JSON once per
 label.
 
-An item's labels only grow (``core.itemlabels.ItemLabels`` is append-only), so the engine
-keeps every item's list already encoded and, on each write, encodes only the labels that
-arrived since: an update of an item with n labels costs O(new labels) of Python, not O(n).
-The bytes are those ``orjson.dumps`` gives for the whole list, kept open (without the closing
-``]``), so that new rows are appended without taking the bracket off, and every touched
-item's list is made by one join over all of them, not a join per item.
+An item's labels only grow (``core.itemlabels.ItemLabels`` is append-only), so the store keeps
+every item's list already encoded (``app.store.item_records``; on Redis, from the engine's
+copy) and the engine sends, on each write, only the labels that arrived since: an update of an item with n labels costs O(new
+labels), not O(n). An item this engine has not written yet (or since ``forget``) gets its
+whole list, which replaces the stored one (left by an engine before this one). The bytes are
+those ``orjson.dumps`` gives for the whole list, and every touched item's text is made by one
+compiled pass and one join over all of them, not a join per item.
 """
 
 from __future__ import annotations
@@ -17,38 +18,74 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from app.engine.untracked import UntrackedList
+from app.store.item_records import WHOLE
 from core._numba import jit
 from core.blocks import IntArray
 from core.itemlabels import ItemLabels, grow
 
-_OPEN = b"["  # an item without labels, its list opened
-_SEPARATOR = np.array([b"", b","], dtype=object)  # before an item's new rows: none, or a comma
+_PREFIX = np.array([WHOLE, b","], dtype=object)  # before an item's rows: its whole list, or more
 _NUL = b"\0"  # after each item's rows: no JSON text holds a NUL (orjson escapes it)
 Bytes = npt.NDArray[np.uint8]
 
 
 class LabelLists:
-    """The encoded label lists of a project's items (dense codes 0..n-1), grown on demand."""
+    """What of a project's items' label lists (dense codes 0..n-1) this engine has written."""
 
     def __init__(self) -> None:
-        self._encoded: UntrackedList[bytes] = UntrackedList()  # an item's list, as JSON
-        self._count = np.zeros(0, dtype=np.int64)  # labels encoded per item
+        self._count = np.zeros(0, dtype=np.int64)  # labels written per item
         self._worker_text: Bytes = np.empty(0, dtype=np.uint8)  # each worker's id as JSON
         self._worker_end = np.zeros(1, dtype=np.int64)  # worker w's: [end[w], end[w + 1])
 
-    def open_lists(
-        self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]
-    ) -> list[bytes]:
-        """The label list of each item in ``codes``, as JSON without its closing ``]``."""
+    def texts(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> list[bytes]:
+        """For each item in ``codes`` (distinct): the text to put in its stored label list
+        (``app.store.item_records.ItemWrites.labels``), counted as written."""
         self._make_room(int(codes.max()) + 1 if codes.size else 0)
-        self._encode_new(codes, labels, workers)
-        return self._encoded.take(codes)
+        done = self._count[codes]
+        texts = self.encode(codes, done, labels, workers)
+        self._count[codes] = labels.count[codes]
+        return texts
+
+    def forget(self) -> None:
+        """Count nothing as written: the next text of every item is its whole list (after a
+        write that failed, or state built and not written)."""
+        self._count[:] = 0
+
+    def encode(
+        self, codes: IntArray, done: IntArray, labels: ItemLabels, workers: Sequence[str]
+    ) -> list[bytes]:
+        """Each item's labels after its first ``done``: ``WHOLE`` and every row where ``done``
+        is 0, else a comma and the new rows (nothing where none came)."""
+        if not codes.size:
+            return []
+        ptr, positions = labels.positions(codes)
+        sizes = np.diff(ptr)
+        # the labels after the first ``done`` of each item's chain (arrival order)
+        rank = np.arange(positions.size) - np.repeat(ptr[:-1], sizes)
+        new = positions[rank >= np.repeat(done, sizes)]
+        self._know_workers(workers)
+        # each distinct weight written once, as orjson writes it (numbers hold no comma)
+        weights, weight_of = np.unique(labels.weight[new], return_inverse=True)
+        weight_texts = orjson.dumps(weights.tolist())[1:-1].split(b",") if weights.size else []
+        weight_end = np.concatenate(([0], np.cumsum([len(t) for t in weight_texts])))
+        text = _rows(
+            labels.worker[new], labels.label[new], weight_of.ravel().astype(np.int64),
+            self._worker_text, self._worker_end,
+            np.frombuffer(b"".join(weight_texts), dtype=np.uint8), weight_end.astype(np.int64),
+            (sizes - done).astype(np.int64),
+        )  # fmt: skip
+        # per item: its prefix (none where nothing came), its rows, a NUL; all joined at
+        # once, then split back into the items' texts
+        prefix = _PREFIX[(done > 0).astype(np.intp)]
+        prefix[(done > 0) & (sizes == done)] = b""
+        parts = np.empty((codes.size, 3), dtype=object)
+        parts[:, 0] = prefix
+        parts[:, 1] = text.tobytes().split(_NUL)[:-1]
+        parts[:, 2] = _NUL
+        return b"".join(parts.ravel().tolist()).split(_NUL)[:-1]
 
     def _make_room(self, n_items: int) -> None:
         if n_items > self._count.size:
             self._count = grow(self._count, max(n_items, 2 * self._count.size), 0)
-            self._encoded.extend([_OPEN] * (self._count.size - len(self._encoded)))
 
     def _know_workers(self, workers: Sequence[str]) -> None:
         """Each worker's id encoded once, when first met."""
@@ -61,41 +98,6 @@ class LabelLists:
             [self._worker_text, np.frombuffer(b"".join(texts), dtype=np.uint8)]
         )
         self._worker_end = np.concatenate([self._worker_end, ends])
-
-    def _encode_new(self, codes: IntArray, labels: ItemLabels, workers: Sequence[str]) -> None:
-        done = self._count[codes]
-        stale = np.flatnonzero(labels.count[codes] > done)
-        if not stale.size:
-            return
-        items = codes[stale]
-        if items.size > 1 and not np.all(items[1:] > items[:-1]):
-            items = np.unique(items)  # (a code asked twice is encoded once)
-        done = self._count[items]
-        ptr, positions = labels.positions(items)
-        sizes = np.diff(ptr)
-        # the labels after the first ``done`` of each item's chain (arrival order)
-        rank = np.arange(positions.size) - np.repeat(ptr[:-1], sizes)
-        new = positions[rank >= np.repeat(done, sizes)]
-        self._know_workers(workers)
-        # each distinct weight written once, as orjson writes it (numbers hold no comma)
-        weights, weight_of = np.unique(labels.weight[new], return_inverse=True)
-        weight_texts = orjson.dumps(weights.tolist())[1:-1].split(b",")
-        weight_end = np.concatenate(([0], np.cumsum([len(t) for t in weight_texts])))
-        text = _rows(
-            labels.worker[new], labels.label[new], weight_of.ravel().astype(np.int64),
-            self._worker_text, self._worker_end,
-            np.frombuffer(b"".join(weight_texts), dtype=np.uint8), weight_end.astype(np.int64),
-            (sizes - done).astype(np.int64),
-        )  # fmt: skip
-        # per item: its list so far, a comma if it had rows, its new rows, a NUL; all joined
-        # at once, then split back into the items' lists
-        parts = np.empty((items.size, 4), dtype=object)
-        parts[:, 0] = self._encoded.take(items)
-        parts[:, 1] = _SEPARATOR[(done > 0).astype(np.intp)]
-        parts[:, 2] = text.tobytes().split(_NUL)[:-1]
-        parts[:, 3] = _NUL
-        self._encoded.put(items, b"".join(parts.ravel().tolist()).split(_NUL)[:-1])
-        self._count[items] = labels.count[items]
 
 
 @jit

@@ -566,6 +566,9 @@ class EngineLoop:
         update = eng.state_update(dyadic=False)
         maybe_drained = len(entries) < self.batch_entries
         if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
+            # (not written: the served lists already hold these labels, and the first write
+            # sends every list it carries whole)
+            eng.label_lists.forget()
             limit = self._dyadic_limit(name, eng, maybe_drained)
             if limit is not None:  # served: nothing to write
                 before = eng.dyadic_backlog
@@ -656,7 +659,12 @@ class EngineLoop:
         update.anchor, update.served, update.fence = anchor, served, self._leases.get(name)
         if pace:
             update.entry_s, update.step_s = self._entry_s.get(name), self._step_s.get(name)
-        self.store.write_state(name, update)
+        try:
+            self.store.write_state(name, update)
+        except BaseException:
+            if (eng := self.engines.get(name)) is not None:
+                eng.not_written()  # (kept when the store was unreachable: all written again)
+            raise
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
         """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic

@@ -29,7 +29,6 @@ import orjson
 
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
 from app.engine.groups import joined_labels, runs
-from app.engine.item_json import items_json
 from app.engine.label_lists import LabelLists
 from app.engine.queue import Progress, QueueSettings, labels_to_finish
 from app.engine.queue import member as queue_member
@@ -38,6 +37,7 @@ from app.engine.slot_rows import rows_by_slot
 from app.engine.sweeps import Slice, next_slice
 from app.engine.untracked import UntrackedList
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
+from app.store.item_records import ItemWrites, pack, render
 from core.batch import BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.calibration import Calibration
@@ -109,6 +109,7 @@ class ProjectEngine:
         self.workers = _Codes()
         self.labels = ItemLabels()
         self.label_lists = LabelLists()  # the served label lists, encoded once per label
+        self._written_lists: dict[str, bytearray] = {}  # (ItemWrites.written)
         self._members: UntrackedList[str] = UntrackedList()  # the queue member of each item
         self.q = np.empty((0, self.K))  # EM's posteriors (what the statistics count, eq. 14)
         self.held_out = np.empty((0, self.K))  # c_i of eq. 26 since the last sweep or refit
@@ -504,6 +505,12 @@ class ProjectEngine:
         if self.dyadic is not None:
             self.dyadic.mark_all_dirty()
 
+    def not_written(self) -> None:
+        """The last ``state_update`` was not written (the store failed): the next one carries
+        every item, worker and slot again, each item's label list whole."""
+        self.label_lists.forget()
+        self.mark_all_dirty()
+
     def state_update(self, dyadic: bool = True) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
         False, without the dyadic model's rows (its queued labels stay queued:
@@ -515,7 +522,7 @@ class ProjectEngine:
             # every queued item's served posterior moved: scored again a slice a step
             self._queue_calibration, self._rescore_from = self.calibration, 0
         shown = self.shown(dirty)  # (once: the items and the queue both serve it)
-        items = self.items_json(dirty, shown)
+        items = self.item_writes(dirty, shown)
         queue, queue_remove, replace = self._queue_update(dirty, shown)
         workers = self.workers_json(np.array(sorted(self._dirty_workers), dtype=np.int64))
         self._dirty_items.clear()
@@ -644,26 +651,34 @@ class ProjectEngine:
             }
         )
 
-    def items_json(self, codes: IntArray, shown: FloatArray | None = None) -> dict[str, bytes]:
-        """``item_json`` of many items (the engine's write path); each label list is encoded
-        once per label (``LabelLists``). ``shown``: ``shown(codes)``, if already at hand."""
+    def item_writes(self, codes: IntArray, shown: FloatArray | None = None) -> ItemWrites:
+        """The served state of the items ``codes`` (distinct; the engine's write path): their
+        records and their label lists' new text (``LabelLists``), counted as written.
+        ``shown``: ``shown(codes)``, if already at hand."""
         if not codes.size:
-            return {}
-        label_lists = self.label_lists.open_lists(codes, self.labels, self.workers.names)
+            return ItemWrites()
+        texts = self.label_lists.texts(codes, self.labels, self.workers.names)
+        names = self.items.names.take(codes)
+        return ItemWrites(names, self._records(codes, shown), texts, self._written_lists)
+
+    def item_json(self, i: int) -> bytes:
+        """Item ``i``'s JSON as a store renders it (nothing counted as written)."""
+        code = np.array([i], dtype=np.int64)
+        whole = self.label_lists.encode(
+            code, np.zeros(1, np.int64), self.labels, self.workers.names
+        )
+        return render(self._records(code, None), whole)[0]
+
+    def _records(self, codes: IntArray, shown: FloatArray | None) -> list[bytes]:
         gold = self.gold[codes]
         posterior = np.where(
             gold[:, None] >= 0,
             np.eye(self.K)[np.maximum(gold, 0)],
             self.shown(codes) if shown is None else shown,
         )
-        rendered = items_json(
-            posterior, self.b[codes], label_lists, gold, self.held_out[codes],
-            self.position, self.computed_at,
-        )  # fmt: skip
-        return dict(zip(self.items.names.take(codes), rendered, strict=True))
-
-    def item_json(self, i: int) -> bytes:
-        return self.items_json(np.array([i], dtype=np.int64))[self.items.names[i]]
+        return pack(
+            posterior, self.b[codes], gold, self.held_out[codes], self.position, self.computed_at
+        )
 
     def worker_json(self, w: int) -> bytes:
         return self.workers_json(np.array([w], dtype=np.int64))[self.workers.names[w]]

@@ -68,9 +68,10 @@ def nominal(idle: bool = True) -> None:
     ]
     if idle:
         entries += [("refine", {"passes": 2}), ("refit", {})]
-    update = _engine_after(entries).state_update()
+    eng = _engine_after(entries)
+    update = eng.state_update()
     g = Globals.parse(update.globals, _CONFIG)
-    item = orjson.loads(update.items["i0"])
+    item = orjson.loads(eng.item_json(eng.items.code["i0"]))
     slots, local = item_slots(item, _CONFIG.n_worker_slots)
     recompute_posterior(_CONFIG, item, g, [update.rows.get(s) for s in slots], local)
     stored_posterior(item, g)

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from app.store.item_records import ItemWrites
 from core.nominal import NominalConfig
 
 EntryKind = Literal[
@@ -152,7 +153,8 @@ class StateUpdate:
     """orjson of the shared parameters (class logits, population, scalars) and metadata."""
     rows: dict[int, bytes] = field(default_factory=dict)
     """Worker slots whose stored (scaled) deviation rows changed: slot -> float64 bytes."""
-    items: dict[str, bytes] = field(default_factory=dict)
+    items: ItemWrites = field(default_factory=ItemWrites)
+    """The items whose served state changed (``app.store.item_records``)."""
     workers: dict[str, bytes] = field(default_factory=dict)
     queue: dict[str, float] = field(default_factory=dict)
     """Active-learning scores of items that (still) need labels, by queue member (an item's

@@ -33,6 +33,7 @@ from app.store.base import (
     QueueHead,
     StateUpdate,
 )
+from app.store.item_records import ItemWrites, grow_lists, render
 from app.store.sql import upgrade
 from core.idset import IdSet, hash_ids, join_ids
 
@@ -47,7 +48,8 @@ class _ProjectState:
         """At start, the log end the served state must reach (0: served, or nothing to serve)."""
         self.globals: bytes | None = None
         self.rows: dict[int, bytes] = {}
-        self.items: dict[str, bytes] = {}
+        self.items: dict[str, bytes] = {}  # each item's record (app.store.item_records)
+        self.labels: dict[str, bytearray] = {}  # and its label list's JSON, open
         self.item_order: list[str] = []
         """The items' names in ``items``' order, for paging (rebuilt when items were added)."""
         self.workers: dict[str, bytes] = {}
@@ -369,7 +371,7 @@ class EmbeddedStore:
                 raise LeaseLostError(f"{project}: another engine holds it now")
             st.globals = _fitted(update.globals)
             st.rows.update(_all_fitted(update.rows))
-            st.items.update(_all_fitted(update.items))
+            _write_items(st, update.items)
             st.workers.update(_all_fitted(update.workers))
             if update.queue or update.queue_remove or update.queue_replace:
                 if update.queue_replace:
@@ -403,8 +405,8 @@ class EmbeddedStore:
         return st.applied if st else 0
 
     def get_item(self, project: str, item: str) -> bytes | None:
-        st = self._state.get(project)
-        return st.items.get(item) if st else None
+        found = self.get_items(project, [item])
+        return found[0]
 
     def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
         with self._lock:
@@ -433,7 +435,7 @@ class EmbeddedStore:
             if len(st.item_order) != len(st.items):  # (items are only ever added)
                 st.item_order = list(st.items)
             keys = st.item_order[cursor : cursor + count]
-            page = [(k, st.items[k]) for k in keys]
+            page = list(zip(keys, _rendered(st, keys), strict=True))
             nxt = cursor + len(keys)
             return (nxt if nxt < len(st.items) else 0), page
 
@@ -469,8 +471,13 @@ class EmbeddedStore:
         return len(st.queue) if st else 0
 
     def get_items(self, project: str, items: list[str]) -> list[bytes | None]:
-        st = self._state.get(project)
-        return [st.items.get(i) for i in items] if st else [None] * len(items)
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return [None] * len(items)
+            known = [i for i in items if i in st.items]
+            rendered = dict(zip(known, _rendered(st, known), strict=True))
+            return [rendered.get(i) for i in items]
 
     def queue_settings(self, project: str) -> bytes | None:
         st = self._state.get(project)
@@ -551,6 +558,18 @@ def _fitted(value: bytes) -> bytes:
     output in a buffer of at least 4 KiB; kept as served state, each item's few hundred bytes
     would hold 4 KiB (about 0.8 KiB per label at five labels per item)."""
     return bytes(memoryview(value))
+
+
+def _write_items(st: _ProjectState, items: ItemWrites) -> None:
+    """An update's items: records replaced, label lists replaced or appended to (the lock
+    held: a read sees an item's record and labels of the same write)."""
+    st.items.update(zip(items.names, items.records, strict=True))
+    grow_lists(st.labels, items)
+
+
+def _rendered(st: _ProjectState, names: list[str]) -> list[bytes]:
+    """The JSON of items held in ``st`` (the lock held)."""
+    return render([st.items[n] for n in names], [st.labels.get(n) for n in names])
 
 
 def _all_fitted(values: dict[_K, bytes]) -> dict[_K, bytes]:

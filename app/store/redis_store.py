@@ -11,6 +11,7 @@ last minute of it): an engine asks only those whether their log has news (``move
 from __future__ import annotations
 
 import contextlib
+import operator
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from app.store.base import (
     QueueHead,
     StateUpdate,
 )
+from app.store.item_records import grow_lists, render_values
 
 # The lag (ms) of a project, as a Lua function of the log stream, its served state, its
 # sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
@@ -768,8 +770,15 @@ class RedisStore:
         pipe.hset(state, mapping={"globals": update.globals})
         if update.rows:
             pipe.hset(self._k(project, "rows"), mapping={str(s): b for s, b in update.rows.items()})
-        if update.items:
-            pipe.hset(self._k(project, "items"), mapping=update.items)
+        items = update.items
+        if items:
+            lists = items.written  # (each list is sent whole: a script's read, join and
+            grow_lists(lists, items)  # write of each cost more than sending it)
+            lists_of = map(lists.__getitem__, items.names)
+            values = map(operator.add, items.records, lists_of)  # a record, then its labels
+            pipe.hset(
+                self._k(project, "items"), mapping=dict(zip(items.names, values, strict=True))
+            )
         if update.workers:
             pipe.hset(self._k(project, "workers"), mapping=update.workers)
         if update.queue_replace:
@@ -811,8 +820,7 @@ class RedisStore:
         return int(v) if v else 0
 
     def get_item(self, project: str, item: str) -> bytes | None:
-        blob: bytes | None = self.r.hget(self._k(project, "items"), item)
-        return blob
+        return self.get_items(project, [item])[0]
 
     def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
         pipe = self.r.pipeline(transaction=True)
@@ -841,7 +849,8 @@ class RedisStore:
         self, project: str, cursor: int, count: int
     ) -> tuple[int, list[tuple[str, bytes]]]:
         nxt, page = self.r.hscan(self._k(project, "items"), cursor=cursor, count=count)
-        return int(nxt), [(k.decode(), v) for k, v in page.items()]
+        names = [k.decode() for k in page]
+        return int(nxt), list(zip(names, render_values(list(page.values())), strict=True))
 
     def get_worker(self, project: str, worker: str) -> bytes | None:
         blob: bytes | None = self.r.hget(self._k(project, "workers"), worker)
@@ -865,8 +874,9 @@ class RedisStore:
     def get_items(self, project: str, items: list[str]) -> list[bytes | None]:
         if not items:
             return []
-        blobs: list[bytes | None] = self.r.hmget(self._k(project, "items"), items)
-        return blobs
+        values: list[bytes | None] = self.r.hmget(self._k(project, "items"), items)
+        rendered = iter(render_values([v for v in values if v is not None]))
+        return [None if v is None else next(rendered) for v in values]
 
     def queue_settings(self, project: str) -> bytes | None:
         blob: bytes | None = self.r.hget(self._k(project, "state"), "queue_settings")

@@ -1,4 +1,5 @@
-"""Served items' JSON built a column at a time is byte for byte what orjson gives per item."""
+"""Served items' JSON, rendered from packed records a column at a time, is byte for byte what
+orjson gives for each item's dict."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.engine.item_json import items_json
+from app.store.item_records import pack, render
 
 FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -52,14 +53,15 @@ def one_by_one(
     st.integers(0, 2**40),
     FLOATS,
 )
-def test_items_json_is_orjsons_per_item(
+def test_rendered_items_are_orjsons_per_item(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]],
     position: int,
     computed_at: float,
 ) -> None:
     posterior, clarity, gold, held_out, workers = arrays
     labels = [orjson.dumps([[w, 0, 1.0]]) for w in workers]  # any JSON array, ids with ],[
-    open_labels = [lab[:-1] for lab in labels]  # as the engine keeps them: no closing bracket
-    got = items_json(posterior, clarity, open_labels, gold, held_out, position, computed_at)
+    open_labels = [lab[:-1] for lab in labels]  # as the store keeps them: no closing bracket
+    records = pack(posterior, clarity, gold, held_out, position, computed_at)
+    got = render(records, open_labels)
     want = one_by_one(posterior, clarity, labels, gold, held_out, position, computed_at)
     assert got == want

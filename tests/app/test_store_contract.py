@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 import redis
@@ -24,6 +25,7 @@ from app.store.base import (
     StateUpdate,
     Store,
 )
+from app.store.item_records import ItemWrites, pack
 from app.store.redis_store import RedisStore
 from tests.app.conftest import REDIS_URL, STORES, opened_store
 
@@ -166,16 +168,41 @@ def test_ids_are_per_project(store: Store) -> None:
     assert store.append("q", "labels", b"x", ["same"]).accepted == 1
 
 
+def writes(
+    names: list[str],
+    texts: list[bytes],
+    position: int = 1,
+    written: dict[str, bytearray] | None = None,
+) -> ItemWrites:
+    """Items whose posterior is (i, 1 - i) / 1000 for item ``i``, their label lists' texts
+    (``written``: the writer's lists, kept from one write to the next)."""
+    i = np.array([int(n.split()[1].split("/")[0]) for n in names], dtype=np.float64)
+    posterior = np.stack([i / 1000, 1 - i / 1000], axis=1)
+    gold = np.where(i % 2 == 0, -1, 1)
+    records = pack(posterior, i / 10, gold, np.zeros_like(posterior), position, 1.5)
+    return ItemWrites(names, records, texts, {} if written is None else written)
+
+
+def item_dict(i: int, labels: list[object], position: int = 1) -> dict[str, object]:
+    return {
+        "posterior": [i / 1000, 1 - i / 1000], "clarity": i / 10, "labels": labels,
+        "gold": None if i % 2 == 0 else 1, "held_out": None, "position": position,
+        "computed_at": 1.5,
+    }  # fmt: skip
+
+
 def test_served_state(store: Store) -> None:
     store.create_project(project())
     assert store.applied_position("p") == 0
     assert store.get_params("p", [3]) == (None, [None])
-    items = {f"item {i}/é": orjson.dumps({"i": i}) for i in range(250)}
-    store.write_state("p", StateUpdate(7, b"g1", {3: b"row3"}, items, {"w": b"ws"}))
-    store.write_state("p", StateUpdate(8, b"g2", {5: b"row5"}, {}, {}))
+    names = [f"item {i}/é" for i in range(250)]
+    texts = [b'[["w",%d,1.0]' % i if i % 3 else b"[" for i in range(250)]
+    store.write_state("p", StateUpdate(7, b"g1", {3: b"row3"}, writes(names, texts), {"w": b"ws"}))
+    store.write_state("p", StateUpdate(8, b"g2", {5: b"row5"}, ItemWrites(), {}))
     assert store.applied_position("p") == 8
     assert store.get_params("p", [3, 4, 5]) == (b"g2", [b"row3", None, b"row5"])
-    assert store.get_item("p", "item 7/é") == orjson.dumps({"i": 7})
+    assert store.get_item("p", "item 7/é") == orjson.dumps(item_dict(7, [["w", 7, 1.0]]))
+    assert store.get_item("p", "item 3/é") == orjson.dumps(item_dict(3, []))
     assert store.get_item("p", "missing") is None
     assert store.get_worker("p", "w") == b"ws"
     assert store.all_workers("p") == [("w", b"ws")]
@@ -187,7 +214,26 @@ def test_served_state(store: Store) -> None:
             seen.setdefault(k, v)
         if cursor == 0:
             break
-    assert seen == items
+    assert seen == dict(zip(names, store.get_items("p", names), strict=True))
+    assert orjson.loads(seen["item 4/é"]) == item_dict(4, [["w", 4, 1.0]])
+
+
+def test_label_lists_grow_by_what_each_write_brings(store: Store) -> None:
+    """A text that starts with ``[`` replaces an item's list, a comma one adds rows, an empty
+    one leaves it; the item's record is replaced by each write."""
+    store.create_project(project())
+    names, sent = ["item 1", "item 2", "item 3"], dict[str, bytearray]()
+    first = [b'[["a",0,1.0]', b"[", b'[["d",0,1.0]']
+    store.write_state("p", StateUpdate(1, b"g", items=writes(names, first, 1, sent)))
+    more = [b',["b",1,0.5]', b'[["c",1,1.0]', b',["e",1,1.0],["f",0,1.0]']
+    store.write_state("p", StateUpdate(2, b"g", items=writes(names, more, 2, sent)))
+    store.write_state("p", StateUpdate(3, b"g", items=writes(names[:1], [b""], 3, sent)))
+    assert store.get_items("p", [*names, "item 4"]) == [
+        orjson.dumps(item_dict(1, [["a", 0, 1.0], ["b", 1, 0.5]], 3)),
+        orjson.dumps(item_dict(2, [["c", 1, 1.0]], 2)),
+        orjson.dumps(item_dict(3, [["d", 0, 1.0], ["e", 1, 1.0], ["f", 0, 1.0]], 2)),
+        None,
+    ]
 
 
 def test_progress_of_many_projects_is_what_each_read_gives(store: Store) -> None:
@@ -195,7 +241,8 @@ def test_progress_of_many_projects_is_what_each_read_gives(store: Store) -> None
     store.create_project(project("q"))
     for _ in range(3):
         store.append("p", "labels", b"{}")
-    store.write_state("p", StateUpdate(2, b"g2", {}, {"i": b"{}"}, {}, queue={"i": 0.5}))
+    items = writes(["item 1"], [b"["])
+    store.write_state("p", StateUpdate(2, b"g2", {}, items, {}, queue={"i": 0.5}))
     got = store.progress(["p", "q", "absent"])
     assert sorted(got) == ["p", "q"]  # an unknown project is left out
     for name, p in got.items():
@@ -242,20 +289,20 @@ def test_queue_head_is_the_queue_its_size_parameters_and_settings_of_one_write(
 def test_delete_project_drops_log_and_state(store: Store) -> None:
     store.create_project(project())
     store.append("p", "labels", b"x", ["id1"])
-    store.write_state("p", StateUpdate(1, b"g", {1: b"r"}, {"i": b"v"}, {}))
+    store.write_state("p", StateUpdate(1, b"g", {1: b"r"}, writes(["item 1"], [b"["]), {}))
     store.delete_project("p")
     store.create_project(project())
     assert store.log_end("p") == 0
     assert store.read_log("p", 0, 10) == []
-    assert store.get_item("p", "i") is None
+    assert store.get_item("p", "item 1") is None
     assert store.append("p", "labels", b"x", ["id1"]).accepted == 1  # ids forgotten too
 
 
 def test_state_of_a_deleted_project_is_not_written(store: Store) -> None:
     store.create_project(project())
     store.delete_project("p")
-    store.write_state("p", StateUpdate(1, b"g", {}, {"i": b"v"}, {}))
-    assert store.get_item("p", "i") is None
+    store.write_state("p", StateUpdate(1, b"g", {}, writes(["item 1"], [b"["]), {}))
+    assert store.get_item("p", "item 1") is None
 
 
 def test_lag_counts_the_wait_the_engine_s_pace_projects(store: Store) -> None:

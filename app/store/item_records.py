@@ -1,0 +1,144 @@
+"""An item's served state as a store keeps it, and its JSON rendered on read.
+
+The engine writes each touched item as a packed record (posterior, held-out correction,
+clarity, the step's time, gold, position: float64 and int64 fields, ``record_dtype``) and the
+new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
+each label list as JSON text without its closing ``]`` and appends to it, so an update of an
+item with n labels costs the engine O(new labels), not O(n) (the embedded store too; Redis is
+sent the whole list, which it cannot append to in place). What a read returns is the bytes ``orjson.dumps`` gives for the item's dict ``{"posterior", "clarity",
+"labels", "gold", "held_out", "position", "computed_at"}``.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from core.blocks import FloatArray, IntArray
+
+WHOLE = b"["
+"""A label text starting with this is an item's whole list (it replaces the stored one); any
+other non-empty text (a comma, then rows) is appended to it."""
+
+
+@dataclass
+class ItemWrites:
+    """A step's served items: per item its name, its packed record (``pack``) and the text to
+    put in its label list (``WHOLE`` and every row, or a comma and the new rows, or nothing)."""
+
+    names: list[str] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)
+    labels: list[bytes] = field(default_factory=list)
+    written: dict[str, bytearray] = field(default_factory=dict)
+    """The writer's lists as it last wrote them, for a store that writes every list whole
+    (Redis, which has no append to a hash's value): it grows them with ``grow_lists``. They
+    live as long as the engine that sends the texts, whose first text of an item is whole."""
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@functools.cache
+def record_dtype(n_classes: int) -> np.dtype:
+    return np.dtype(
+        [
+            ("n_classes", "<i8"),  # (a record tells its own size)
+            ("posterior", "<f8", (n_classes,)),
+            ("held_out", "<f8", (n_classes,)),  # a row of zeros for none
+            ("clarity", "<f8"),
+            ("computed_at", "<f8"),
+            ("gold", "<i8"),  # -1 for none
+            ("position", "<i8"),
+        ]
+    )
+
+
+def pack(
+    posterior: FloatArray,
+    clarity: FloatArray,
+    gold: IntArray,
+    held_out: FloatArray,
+    position: int,
+    computed_at: float,
+) -> list[bytes]:
+    """One record per row of ``posterior``, as bytes."""
+    n, k = posterior.shape
+    table = np.empty(n, dtype=record_dtype(k))
+    table["n_classes"] = k
+    table["posterior"], table["held_out"], table["clarity"] = posterior, held_out, clarity
+    table["computed_at"], table["gold"], table["position"] = computed_at, gold, position
+    blob, size = table.tobytes(), table.dtype.itemsize
+    return [blob[at : at + size] for at in range(0, n * size, size)]
+
+
+def record_classes(record: bytes) -> int:
+    """The number of classes of a record (or of a value that starts with one)."""
+    return int.from_bytes(record[:8], "little", signed=True)
+
+
+def record_size(record: bytes) -> int:
+    """The length of a record (or of the record a value starts with)."""
+    return _layout(record_classes(record)).size
+
+
+def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> list[str]:
+    """Apply a write's label texts to the stored lists ``lists``; the names of those changed.
+    An engine's first text of an item is its whole list, so an item appended to is there."""
+    changed = []
+    for name, text in zip(items.names, items.labels, strict=True):
+        if text.startswith(WHOLE):
+            lists[name] = bytearray(text)
+        elif not text:
+            continue
+        elif name in lists:
+            lists[name] += text
+        else:
+            raise LookupError(f"item {name!r}: labels added to a list that was never written")
+        changed.append(name)
+    return changed
+
+
+def render(records: Sequence[bytes], labels: Sequence[bytes | bytearray | None]) -> list[bytes]:
+    """Each item's JSON from its record and its stored label list (None: no labels yet)."""
+    return [
+        _item(record, WHOLE if lab is None else lab)
+        for record, lab in zip(records, labels, strict=True)
+    ]
+
+
+def _item(record: bytes, labels: bytes | bytearray) -> bytes:
+    k = record_classes(record)
+    values = _layout(k).unpack_from(record)  # (``record`` may go on with the labels)
+    held_out = values[1 + k : 1 + 2 * k]
+    clarity, computed_at, gold, position = values[1 + 2 * k :]
+    return orjson.dumps(
+        {
+            "posterior": values[1 : 1 + k],
+            "clarity": clarity,
+            "labels": orjson.Fragment(b"".join((labels, b"]"))),
+            "gold": gold if gold >= 0 else None,
+            "held_out": held_out if any(held_out) else None,
+            "position": position,
+            "computed_at": computed_at,
+        }
+    )
+
+
+@functools.cache
+def _layout(n_classes: int) -> struct.Struct:
+    """``record_dtype``'s fields as a struct: one record read this way costs a tenth of a read
+    by numpy."""
+    return struct.Struct(f"<q{2 * n_classes + 2}d2q")
+
+
+def render_values(values: Sequence[bytes]) -> list[bytes]:
+    """``render`` of values that each hold an item's record, then its label list."""
+    return [_item(v, v[record_size(v) :]) for v in values]
