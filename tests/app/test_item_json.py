@@ -1,5 +1,5 @@
-"""Served items' JSON, rendered from packed records a column at a time, is byte for byte what
-orjson gives for each item's dict."""
+"""Served items' JSON, rendered from packed records (a few one at a time, more a column at a
+time), is byte for byte what orjson gives for each item's dict."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.store.item_records import pack, render
+from app.store.item_records import COLUMNS_FROM, pack, render
 
 FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -37,10 +37,10 @@ def one_by_one(
     ]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.integers(1, 6).flatmap(
-        lambda k: st.integers(0, 12).flatmap(
+        lambda k: st.integers(0, 2 * COLUMNS_FROM).flatmap(
             lambda n: st.tuples(
                 hnp.arrays(np.float64, (n, k), elements=FLOATS),
                 hnp.arrays(np.float64, n, elements=FLOATS),
@@ -50,18 +50,26 @@ def one_by_one(
             )
         )
     ),
-    st.integers(0, 2**40),
-    FLOATS,
+    st.lists(st.integers(0, 2**40), min_size=2, max_size=2),
+    st.lists(FLOATS, min_size=2, max_size=2),
+    st.integers(0, 2 * COLUMNS_FROM),
 )
 def test_rendered_items_are_orjsons_per_item(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]],
-    position: int,
-    computed_at: float,
+    positions: list[int],
+    times: list[float],
+    cut: int,
 ) -> None:
+    """Items of two writes (two positions and times) read together."""
     posterior, clarity, gold, held_out, workers = arrays
     labels = [orjson.dumps([[w, 0, 1.0]]) for w in workers]  # any JSON array, ids with ],[
     open_labels = [lab[:-1] for lab in labels]  # as the store keeps them: no closing bracket
-    records = pack(posterior, clarity, gold, held_out, position, computed_at)
-    got = render(records, open_labels)
-    want = one_by_one(posterior, clarity, labels, gold, held_out, position, computed_at)
-    assert got == want
+    cut = min(cut, len(labels))
+    records, want = [], []
+    halves = (slice(0, cut), slice(cut, None))
+    for part, position, computed_at in zip(halves, positions, times, strict=True):
+        columns = posterior[part], clarity[part], gold[part], held_out[part]
+        records += pack(*columns, position, computed_at)
+        p, c, g, h = columns
+        want += one_by_one(p, c, labels[part], g, h, position, computed_at)
+    assert render(records, open_labels) == want
