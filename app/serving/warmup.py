@@ -16,6 +16,7 @@ API make, with the same argument types, so the cached signatures are the ones us
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -223,4 +224,8 @@ def _cached() -> bool:
 
 
 if __name__ == "__main__":
-    second_process()
+    try:
+        second_process()
+    except BrokenPipeError:  # the service stopped meanwhile: nobody to tell, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nor at exit)
+        sys.exit(1)

@@ -3,6 +3,7 @@ calls them with: after it, a whole session of requests adds no compiled signatur
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,17 @@ def test_a_first_start_serves_posteriors_before_the_dyadic_model_is_loaded(
     finally:
         release.touch()
         warmup._dyadic_loaded.set()
+
+
+def test_the_second_process_stops_quietly_when_the_service_is_gone() -> None:
+    """Its lines go to a pipe the service no longer reads (stopped while it compiled)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app.serving.warmup"],
+            stdout=write_end, stderr=subprocess.PIPE, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, b"")
