@@ -60,8 +60,12 @@ log = logging.getLogger("crowdtally.engine")
 
 RETRY_S, RETRY_MAX_S = 1.0, 60.0  # a failed project is tried again after this (doubling)
 DYADIC_SLICE = 4096
-"""Queued labels the dyadic model learns in a step while the log is drained: about 15 ms
-(bench.engine_step), the most a posterior arriving meanwhile waits for it."""
+"""Queued labels the dyadic model learns in a step while the log is drained (about 15 ms,
+bench.engine_step), a ``DYADIC_PART`` at a time."""
+DYADIC_PART = 512
+"""The slice is learned this many labels at a time, the log looked at between parts: a label
+posted meanwhile waits for one part (about 2 ms), not for the whole slice, and the slice's
+rest waits until its posterior is served."""
 DYADIC_BACKLOG = 262_144
 """Labels the dyadic model may lag behind the posteriors (about 8 MB queued): past it, every
 step learns the excess, so a load the two cannot keep up with together shows as the engine's
@@ -640,9 +644,16 @@ class EngineLoop:
 
     def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
         """Learn up to ``limit`` queued labels and write the dyadic rows they changed (with
-        the pace, and the dyadic model's recent seconds per label noted for it)."""
+        the pace, and the dyadic model's recent seconds per label noted for it): the excess
+        over ``DYADIC_BACKLOG`` at once, the rest ``DYADIC_PART`` at a time while the log has
+        nothing new."""
+        assert eng.dyadic is not None
         before, started = eng.dyadic_backlog, time.perf_counter()
-        update = eng.dyadic_update(limit)
+        over = eng.dyadic_backlog - eng.dyadic_sweep_backlog - DYADIC_BACKLOG
+        learned = eng.dyadic.catch_up(min(max(over, 0), limit))
+        while learned < limit and eng.dyadic_backlog and self.store.log_end(name) <= eng.position:
+            learned += eng.dyadic.catch_up(min(DYADIC_PART, limit - learned))
+        update = eng.dyadic_update(0)  # (the rows of what it learned)
         learned = before - eng.dyadic_backlog
         if learned:
             _smooth(self._dyadic_s, name, (time.perf_counter() - started) / learned)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine import loop as engine_loop
-from app.engine.dyadic import settings_for
+from app.engine.dyadic import DyadicTrainer, settings_for
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, Store
@@ -239,15 +239,14 @@ def test_the_pace_counts_the_dyadic_learning_the_entries_will_cost(
     """Push-back projects the wait of the entries not applied from the engine's pace: the
     dyadic model's learning of their labels is in it at its recent rate, also in a step
     that leaves that learning for later (under a sustained load it is taken from them)."""
-    learn = ProjectEngine.dyadic_update
+    learn = DyadicTrainer.catch_up
 
-    def slow(self: ProjectEngine, limit: int | None = None) -> StateUpdate:
-        before = self.dyadic_backlog
-        out = learn(self, limit)
-        time.sleep(1e-3 * (before - self.dyadic_backlog))  # 1 ms a label
-        return out
+    def slow(self: DyadicTrainer, limit: int | None = None) -> int:
+        learned = learn(self, limit)
+        time.sleep(1e-3 * learned)  # 1 ms a label
+        return learned
 
-    monkeypatch.setattr(ProjectEngine, "dyadic_update", slow)
+    monkeypatch.setattr(DyadicTrainer, "catch_up", slow)
     store.create_project(RECORD)
     rng = np.random.default_rng(7)
     arrivals = ArrivalsDuringSteps(store, [])
@@ -287,3 +286,32 @@ def test_an_idle_engine_scores_its_queue_again_a_slice_a_step_until_whole(
     eng._queue_all = True
     whole = eng.state_update()
     assert served == whole.queue
+
+
+def test_a_label_posted_while_the_dyadic_model_learns_waits_for_one_part(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the log drained the dyadic model learns ``DYADIC_PART`` labels at a time and looks
+    at the log between parts: an entry posted meanwhile stops it, and its posteriors come
+    before the rest of the slice."""
+    monkeypatch.setattr(engine_loop, "DYADIC_PART", 10)
+    learn, parts = DyadicTrainer.catch_up, []
+    rng = np.random.default_rng(5)
+
+    def posting(self: DyadicTrainer, limit: int | None = None) -> int:
+        learned = learn(self, limit)
+        parts.append(learned)
+        if len(parts) == 2:  # during the slice's first part, a block is posted
+            store.append("p", "labels", labels_body(rng, 5, 15, 6))
+        return learned
+
+    monkeypatch.setattr(DyadicTrainer, "catch_up", posting)
+    store.create_project(RECORD)
+    loop = EngineLoop(store, refine_passes=0)
+    store.append("p", "labels", labels_body(rng, 40, 15, 6))
+    assert loop.step() == 1
+    eng = loop.engines["p"]
+    assert (eng.dyadic_backlog, store.applied_position("p")) == (30, 1)  # one part learned
+    assert loop.step() == 1  # the block's posteriors, then the rest, a part at a time
+    assert (eng.dyadic_backlog, store.applied_position("p")) == (0, 2)
+    assert [n for n in parts if n] == [10, 10, 10, 10, 5]
