@@ -3,9 +3,10 @@ label.
 
 An item's labels only grow (``core.itemlabels.ItemLabels`` is append-only), so the store keeps
 every item's list already encoded (``app.store.item_records``; on Redis, from the engine's
-copy) and the engine sends, on each write, only the labels that arrived since: an update of an item with n labels costs O(new
-labels), not O(n). An item this engine has not written yet (or since ``forget``) gets its
-whole list, which replaces the stored one (left by an engine before this one). The bytes are
+copy) and the engine sends, on each write, only the labels that arrived since: an update of an
+item with n labels costs O(new labels), not O(n). An item this engine has not written yet (or
+since ``forget``) gets its whole list, which replaces the stored one (left by an engine before
+this one). The bytes are
 those ``orjson.dumps`` gives for the whole list, and every touched item's text is made by one
 compiled pass and one join over all of them, not a join per item.
 """

@@ -5,8 +5,9 @@ clarity, the step's time, gold, position: float64 and int64 fields, ``record_dty
 new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
 each label list as JSON text without its closing ``]`` and appends to it, so an update of an
 item with n labels costs the engine O(new labels), not O(n) (the embedded store too; Redis is
-sent the whole list, which it cannot append to in place). What a read returns is the bytes ``orjson.dumps`` gives for the item's dict ``{"posterior", "clarity",
-"labels", "gold", "held_out", "position", "computed_at"}``.
+sent the whole list, which it cannot append to in place). What a read returns is the bytes
+``orjson.dumps`` gives for the item's dict ``{"posterior", "clarity", "labels", "gold",
+"held_out", "position", "computed_at"}``.
 """
 
 from __future__ import annotations
@@ -89,10 +90,9 @@ def record_size(record: bytes) -> int:
     return _layout(record_classes(record)).size
 
 
-def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> list[str]:
-    """Apply a write's label texts to the stored lists ``lists``; the names of those changed.
-    An engine's first text of an item is its whole list, so an item appended to is there."""
-    changed = []
+def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> None:
+    """Apply a write's label texts to the stored lists ``lists``. An engine's first text of an
+    item is its whole list, so an item appended to is there."""
     for name, text in zip(items.names, items.labels, strict=True):
         if text.startswith(WHOLE):
             lists[name] = bytearray(text)
@@ -102,8 +102,6 @@ def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> list
             lists[name] += text
         else:
             raise LookupError(f"item {name!r}: labels added to a list that was never written")
-        changed.append(name)
-    return changed
 
 
 def render(records: Sequence[bytes], labels: Sequence[bytes | bytearray | None]) -> list[bytes]:
