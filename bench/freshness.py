@@ -132,6 +132,18 @@ async def wait_applied(port: int, project: str, key: str, timeout_s: float = 600
         await asyncio.sleep(0.02)
 
 
+async def wait_dyadic(port: int, project: str, key: str, timeout_s: float = 600.0) -> float:
+    """Seconds until the dyadic model has learned every applied label (none: at once)."""
+    t0 = time.perf_counter()
+    while True:
+        s = await stats(port, project, key)
+        if s.get("dyadic_position") is None or s["dyadic_position"] >= s["applied"]:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"the dyadic model did not catch up in {timeout_s:.0f} s: {s}")
+        await asyncio.sleep(0.02)
+
+
 async def loader(port: int, project: str, key: str, bodies: list[bytes], rate_blocks: float,
                  phase: Phase, stop_at: float) -> None:  # fmt: skip
     """Open loop: block k is due at t0 + k / rate_blocks, sent on a free connection."""
@@ -262,6 +274,9 @@ async def run_store(
     took = await wait_applied(port, "fresh", key)
     print(f"{store}: {args.preload:,} labels preloaded and applied ({took:.1f} s after the "
           "last POST)", flush=True)  # fmt: skip
+    if args.settled:
+        took = await wait_dyadic(port, "fresh", key)
+        print(f"{store}: and learned by the dyadic model {took:.1f} s later", flush=True)
     phases = []
     for n, offered in enumerate(args.rates):
         cluster.check_alive()
@@ -317,6 +332,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-items", type=int, default=0, metavar="R",
                    help="the load's labels go to items new to each phase, R labels each "
                    "(default 0: to the preloaded items, which gather ever more labels)")  # fmt: skip
+    p.add_argument("--settled", action="store_true",
+                   help="start the first phase once the dyadic model has learned the preload "
+                   "(an idle project; by default the first phase starts while it learns)")  # fmt: skip
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--vs", default="", metavar="NAME=VALUE[,...]",
                    help="each store also with each of these service settings, in turn, in the "

@@ -21,8 +21,9 @@ def test_load_bodies_are_new_labels_on_known_items_in_blocks() -> None:
 @pytest.mark.slow
 def test_short_run_serves_every_probe(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--stores", "embedded", "--rates", "2000", "--seconds", "1", "--preload", "1000"]
-    assert freshness.main(argv) == 0
+    assert freshness.main([*argv, "--settled"]) == 0
     out = capsys.readouterr().out
+    assert "embedded: and learned by the dyadic model" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("embedded ")]
     assert [float(r[1].replace(",", "")) for r in rows] == [2000.0]
     for r in rows:
