@@ -570,9 +570,7 @@ class EngineLoop:
         update = eng.state_update(dyadic=False)
         maybe_drained = len(entries) < self.batch_entries
         if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
-            # (not written: the served lists already hold these labels, and the first write
-            # sends every list it carries whole)
-            eng.label_lists.forget()
+            eng.not_written(served=True)  # (another engine's write holds it)
             limit = self._dyadic_limit(name, eng, maybe_drained)
             if limit is not None:  # served: nothing to write
                 before = eng.dyadic_backlog
@@ -631,7 +629,7 @@ class EngineLoop:
         log is drained."""
         if not eng.dyadic_unpublished or not self.dyadic_ready():
             return None
-        over = eng.dyadic_backlog - eng.dyadic_sweep_backlog - DYADIC_BACKLOG
+        over = _dyadic_over(eng)
         if maybe_drained and self.store.log_end(name) <= eng.position:
             return max(over, DYADIC_SLICE)
         return over if over > 0 else None
@@ -647,12 +645,10 @@ class EngineLoop:
         the pace, and the dyadic model's recent seconds per label noted for it): the excess
         over ``DYADIC_BACKLOG`` at once, the rest ``DYADIC_PART`` at a time while the log has
         nothing new."""
-        assert eng.dyadic is not None
         before, started = eng.dyadic_backlog, time.perf_counter()
-        over = eng.dyadic_backlog - eng.dyadic_sweep_backlog - DYADIC_BACKLOG
-        learned = eng.dyadic.catch_up(min(max(over, 0), limit))
+        learned = eng.dyadic_learn(min(max(_dyadic_over(eng), 0), limit))
         while learned < limit and eng.dyadic_backlog and self.store.log_end(name) <= eng.position:
-            learned += eng.dyadic.catch_up(min(DYADIC_PART, limit - learned))
+            learned += eng.dyadic_learn(min(DYADIC_PART, limit - learned))
         update = eng.dyadic_update(0)  # (the rows of what it learned)
         learned = before - eng.dyadic_backlog
         if learned:
@@ -779,3 +775,9 @@ def _smooth(averages: dict[str, float], name: str, value: float) -> None:
     """Fold ``value`` into the moving average ``averages[name]`` (the first value as is)."""
     was = averages.get(name)
     averages[name] = value if was is None else 0.7 * was + 0.3 * value
+
+
+def _dyadic_over(eng: ProjectEngine) -> int:
+    """Queued dyadic labels past ``DYADIC_BACKLOG`` (a sweep's left out), learned whatever
+    waits (negative: room left)."""
+    return eng.dyadic_backlog - eng.dyadic_sweep_backlog - DYADIC_BACKLOG

@@ -505,11 +505,14 @@ class ProjectEngine:
         if self.dyadic is not None:
             self.dyadic.mark_all_dirty()
 
-    def not_written(self) -> None:
-        """The last ``state_update`` was not written (the store failed): the next one carries
-        every item, worker and slot again, each item's label list whole."""
+    def not_written(self, served: bool = False) -> None:
+        """The last ``state_update`` was not written: the next one sends each item's label
+        list whole and, unless the store already holds what it carried (``served``: written
+        by another engine, which this one replays up to), every item, worker and slot again
+        (the store failed)."""
         self.label_lists.forget()
-        self.mark_all_dirty()
+        if not served:
+            self.mark_all_dirty()
 
     def state_update(self, dyadic: bool = True) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
@@ -561,6 +564,11 @@ class ProjectEngine:
     def dyadic_unpublished(self) -> bool:
         """The dyadic model has labels to learn or rows to write (after a sweep, say)."""
         return self.dyadic is not None and self.dyadic.unpublished
+
+    def dyadic_learn(self, limit: int) -> int:
+        """The dyadic model learns up to ``limit`` queued labels, oldest first; how many."""
+        assert self.dyadic is not None, "a project without a dyadic model"
+        return self.dyadic.catch_up(limit)
 
     def dyadic_update(self, limit: int | None = None) -> StateUpdate:
         """The dyadic model's rows changed since the last update, once it has learned the

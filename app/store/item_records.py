@@ -178,9 +178,14 @@ def _item(record: bytes, labels: bytes | bytearray) -> bytes:
 
 @functools.cache
 def _layout(n_classes: int) -> struct.Struct:
-    """``record_dtype``'s fields as a struct: one record read this way costs a tenth of a read
-    by numpy."""
-    return struct.Struct(f"<q{2 * n_classes + 2}d2q")
+    """``record_dtype`` as a struct (its fields in order, each flattened): one record read
+    this way costs a tenth of a read by numpy."""
+    record = record_dtype(n_classes)
+    fields = [record[name] for name in record.names or ()]
+    codes = {"i": "q", "f": "d"}
+    return struct.Struct(
+        "<" + "".join(f"{int(np.prod(f.shape))}{codes[f.base.kind]}" for f in fields)
+    )
 
 
 def render_values(values: Sequence[bytes]) -> list[bytes]:
