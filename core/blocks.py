@@ -81,6 +81,12 @@ class LabelBlocks:
         n_blocks = n if n_blocks is None else n_blocks
         if n > n_blocks:
             raise ValueError(f"block code {n - 1} out of range for {n_blocks} blocks")
+        if block_a.size >= LARGE:
+            equal = float(weights_a[0]) if weights_a.size else 1.0
+            ptr, s, z, w, _ = _grouped(
+                block_a, slots_a, labels_a, _kernel_weights(weights_a), equal, np.int64(n_blocks)
+            )
+            return cls(ptr, s, z, w)
         order = canonical_order(block_a, slots_a, labels_a, weights_a)
         ptr = np.zeros(n_blocks + 1, dtype=np.int64)
         np.cumsum(np.bincount(block_a, minlength=n_blocks), out=ptr[1:])
@@ -99,10 +105,10 @@ def canonical_order(
 ) -> IntArray:
     """The stable sort by (block, slot, label, weight)."""
     if block.size >= LARGE and block.min() >= 0:
-        out: IntArray = _grouped_order(
-            block, slots, labels, _kernel_weights(weights), np.int64(block.max() + 1)
-        )
-        return out
+        order: IntArray = _grouped(
+            block, slots, labels, _kernel_weights(weights), 1.0, np.int64(block.max() + 1)
+        )[4]
+        return order
     if block.size and np.all(weights == weights[0]):  # one int64 key (4x faster than lexsort)
         n_slots, n_labels = int(slots.max()) + 1, int(labels.max()) + 1
         if (
@@ -131,77 +137,115 @@ def _kernel_weights(weights: FloatArray) -> FloatArray:
 
 
 @jit
-def _grouped_order(block, slots, labels, weights, n_blocks):  # type: ignore[no-untyped-def]
-    """Counting sort by block (stable), then each block's labels by (slot, label, weight):
-    insertion sort for short blocks, a bottom-up merge sort for long ones (both stable)."""
+def _grouped(block, slots, labels, weights, equal, n_blocks):  # type: ignore[no-untyped-def]
+    """The labels grouped by block and sorted by (slot, label, weight) in each block, ties in
+    input order: returns ptr, the sorted slots, labels and weights (``equal`` where ``weights``
+    is empty: all equal) and the permutation (``order``: sorted position p holds input label order[p]).
+
+    A counting sort by block carries each label's fields along (a sequential read, one write
+    per field), so that each block is then sorted where it lies, its fields contiguous: an
+    insertion sort for short blocks, a bottom-up merge sort of positions for long ones (both
+    stable)."""
     n = block.size
-    start = np.zeros(n_blocks + 1, dtype=np.int64)
+    ptr = np.zeros(n_blocks + 1, dtype=np.int64)
     for i in range(n):
-        start[block[i] + 1] += 1
+        ptr[block[i] + 1] += 1
     for b in range(n_blocks):
-        start[b + 1] += start[b]
-    fill = start[:-1].copy()
+        ptr[b + 1] += ptr[b]
+    fill = ptr[:-1].copy()
+    s_out = np.empty(n, dtype=np.int64)
+    l_out = np.empty(n, dtype=np.int64)
+    w_out = np.empty(n, dtype=np.float64)
+    w_out[:] = equal
     order = np.empty(n, dtype=np.int64)
+    weighted = weights.size > 0
     for i in range(n):
-        order[fill[block[i]]] = i
-        fill[block[i]] += 1
+        at = fill[block[i]]
+        fill[block[i]] = at + 1
+        s_out[at] = slots[i]
+        l_out[at] = labels[i]
+        if weighted:
+            w_out[at] = weights[i]
+        order[at] = i
+    position = np.empty(0, dtype=np.int64)
     scratch = np.empty(0, dtype=np.int64)
     for b in range(n_blocks):
-        lo, hi = start[b], start[b + 1]
+        lo, hi = ptr[b], ptr[b + 1]
         if hi - lo <= 32:
-            _insertion_sort(order, lo, hi, slots, labels, weights)
+            _insertion_sort(lo, hi, s_out, l_out, w_out, order)
         else:
-            if scratch.size < hi - lo:
+            if position.size < hi - lo:
+                position = np.empty(hi - lo, dtype=np.int64)
                 scratch = np.empty(hi - lo, dtype=np.int64)
-            _merge_sort(order, lo, hi, scratch, slots, labels, weights)
-    return order
+            _merge_sort(lo, hi, position, scratch, s_out, l_out, w_out, order)
+    return ptr, s_out, l_out, w_out, order
+
+
+@jit
+def _key_before(s, z, w, s2, z2, w2):  # type: ignore[no-untyped-def]
+    """(s, z, w) sorts strictly before (s2, z2, w2)."""
+    if s != s2:
+        return s < s2
+    if z != z2:
+        return z < z2
+    return w < w2
 
 
 @jit
 def _before(i, j, slots, labels, weights):  # type: ignore[no-untyped-def]
     """Label i sorts strictly before label j."""
-    if slots[i] != slots[j]:
-        return slots[i] < slots[j]
-    if labels[i] != labels[j]:
-        return labels[i] < labels[j]
-    return weights.size > 0 and weights[i] < weights[j]  # (no weights: all equal)
+    return _key_before(slots[i], labels[i], weights[i], slots[j], labels[j], weights[j])
 
 
 @jit
-def _insertion_sort(order, lo, hi, slots, labels, weights):  # type: ignore[no-untyped-def]
+def _insertion_sort(lo, hi, slots, labels, weights, order):  # type: ignore[no-untyped-def]
     for k in range(lo + 1, hi):
-        x = order[k]
+        s, z, w, i = slots[k], labels[k], weights[k], order[k]
         m = k - 1
-        while m >= lo and _before(x, order[m], slots, labels, weights):
-            order[m + 1] = order[m]
+        while m >= lo and _key_before(s, z, w, slots[m], labels[m], weights[m]):
+            slots[m + 1], labels[m + 1] = slots[m], labels[m]
+            weights[m + 1], order[m + 1] = weights[m], order[m]
             m -= 1
-        order[m + 1] = x
+        slots[m + 1], labels[m + 1], weights[m + 1], order[m + 1] = s, z, w, i
 
 
 @jit
-def _merge_sort(order, lo, hi, scratch, slots, labels, weights):  # type: ignore[no-untyped-def]
+def _merge_sort(lo, hi, position, scratch, slots, labels, weights, order):  # type: ignore[no-untyped-def]
+    """Sorts the positions lo..hi-1 by their fields (stable), then moves the fields."""
     n = hi - lo
+    for k in range(n):
+        position[k] = lo + k
     width = 1
     while width < n:
-        for a in range(lo, hi, 2 * width):
-            mid, end = min(a + width, hi), min(a + 2 * width, hi)
+        for a in range(0, n, 2 * width):
+            mid, end = min(a + width, n), min(a + 2 * width, n)
             i, j, k = a, mid, 0
             while i < mid and j < end:  # the left one on ties: stable
-                if _before(order[j], order[i], slots, labels, weights):
-                    scratch[k] = order[j]
+                if _before(position[j], position[i], slots, labels, weights):
+                    scratch[k] = position[j]
                     j += 1
                 else:
-                    scratch[k] = order[i]
+                    scratch[k] = position[i]
                     i += 1
                 k += 1
             while i < mid:
-                scratch[k] = order[i]
+                scratch[k] = position[i]
                 i += 1
                 k += 1
             while j < end:
-                scratch[k] = order[j]
+                scratch[k] = position[j]
                 j += 1
                 k += 1
             for m in range(k):
-                order[a + m] = scratch[m]
+                position[a + m] = scratch[m]
         width *= 2
+    for field in (slots, labels, order):
+        for k in range(n):
+            scratch[k] = field[position[k]]
+        for k in range(n):
+            field[lo + k] = scratch[k]
+    moved = np.empty(n)
+    for k in range(n):
+        moved[k] = weights[position[k]]
+    for k in range(n):
+        weights[lo + k] = moved[k]

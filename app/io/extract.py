@@ -262,16 +262,23 @@ def doubling_chunks(n: int, start: int = 0) -> Iterator[tuple[int, int]]:
         edge *= 2
 
 
-def slot_rows(blocks: LabelBlocks, also: IntArray | None = None) -> tuple[IntArray, LabelBlocks]:
-    """The worker slots in use, by the blocks' labels or in ``also`` (ascending), and the
-    blocks with each label's slot replaced by its row among them. A model over those rows
-    learns every row as the model over all the slots learns its slot (the kernels touch the
-    slots of a block's labels, the prior's shrinkage and a rescale reach every row, and the
-    rows keep the slots' order), without a K x K table for each of the others (65,536 by
-    default: 5 GB at 100 classes)."""
-    used = np.unique(blocks.slots) if also is None else np.union1d(blocks.slots, also)
-    rows = np.searchsorted(used, blocks.slots).astype(np.int64)
-    return used, LabelBlocks(blocks.ptr, rows, blocks.labels, blocks.weights)
+def slot_row_blocks(
+    data: Encoded, config: NominalConfig, also: IntArray | None = None
+) -> tuple[IntArray, LabelBlocks]:
+    """The worker slots in use, by the answers' workers or in ``also`` (ascending), and one
+    block per item with each answer's worker as its slot's row among them. A model over those
+    rows learns every row as the model over all the slots learns its slot (the kernels touch
+    the slots of a block's labels, the prior's shrinkage and a rescale reach every row, and
+    the rows keep the slots' order, so the blocks' canonical order is the same), without a
+    K x K table for each of the others (65,536 by default: 5 GB at 100 classes). Every worker
+    of the file has an answer, so the slots are found per worker, not per answer."""
+    slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
+    used = np.unique(slots) if also is None else np.union1d(slots, also)
+    rows = np.searchsorted(used, slots).astype(np.int64)
+    blocks = LabelBlocks.group(
+        data.items, rows[data.workers], data.labels, data.weights, n_blocks=data.n_items
+    )
+    return used, blocks
 
 
 def rows_of(params: NominalParams, slots: IntArray, used: IntArray) -> NominalParams:
@@ -323,16 +330,16 @@ def run_online(
     ``params_slots``: ``params``' worker table holds the rows of these slots only (a model
     file's, ``SavedModel.slots``); the model then holds those and the answers' slots
     (without them, ``params`` has every slot)."""
-    blocks = hashed_blocks(data, config)
     used: IntArray | None = None
     if params is None:  # a new model: only the slots in use need a table
-        used, blocks = slot_rows(blocks)
+        used, blocks = slot_row_blocks(data, config)
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)))
     elif params_slots is not None:
-        used, blocks = slot_rows(blocks, params_slots)
+        used, blocks = slot_row_blocks(data, config, params_slots)
         rows = rows_of(params, params_slots, used)
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
     else:  # (a model file of the first format: every slot)
+        blocks = hashed_blocks(data, config)
         model = OnlineEM(config, params)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)

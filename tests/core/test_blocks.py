@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.blocks import LARGE, LabelBlocks, _grouped_order, canonical_order
+from core.blocks import LARGE, LabelBlocks, _grouped, canonical_order
 
 
 def test_total_weight_is_zero_for_blocks_without_labels_anywhere() -> None:
@@ -48,8 +48,25 @@ def test_the_compiled_grouping_is_numpys_stable_sort(
     block, slots = rng.integers(0, n_blocks, n), rng.integers(0, n_slots, n)
     labels, weights = rng.integers(0, 3, n), rng.choice([0.5, 1.0, 2.0][:n_weights], n)
     expected = np.lexsort((weights, labels, slots, block))
-    got = _grouped_order(block, slots, labels, weights, np.int64(n_blocks))
+    ptr, s, z, w, got = _grouped(block, slots, labels, weights, 1.0, np.int64(n_blocks))
     assert np.array_equal(got, expected)
+    assert np.array_equal(ptr, np.r_[0, np.cumsum(np.bincount(block, minlength=n_blocks))])
+    assert np.array_equal(s, slots[expected]) and np.array_equal(z, labels[expected])
+    assert np.array_equal(w, weights[expected])
+
+
+def test_the_compiled_grouping_carries_equal_weights_as_their_value() -> None:
+    """Equal weights (a broadcast) are not passed to the kernel: the grouped blocks still hold
+    their value, not 1.0."""
+    rng = np.random.default_rng(3)
+    n = LARGE + 7
+    block, slots, labels = (rng.integers(0, k, n) for k in (n // 5, 300, 4))
+    for value in (1.0, 2.5):
+        blocks = LabelBlocks.group(block, slots, labels, np.broadcast_to(value, n), n // 5)
+        order = np.lexsort((labels, slots, block))
+        assert np.array_equal(blocks.slots, slots[order])
+        assert np.array_equal(blocks.labels, labels[order])
+        assert np.all(blocks.weights == value)
 
 
 def test_large_inputs_take_the_compiled_grouping_with_the_same_result() -> None:
@@ -75,4 +92,4 @@ def test_weights_of_every_kind_share_one_compiled_grouping() -> None:
     for weights in cases:
         expected = np.lexsort((weights, labels, slots, block))
         assert np.array_equal(canonical_order(block, slots, labels, weights), expected)
-    assert len(_grouped_order.signatures) == 1, _grouped_order.signatures
+    assert len(_grouped.signatures) == 1, _grouped.signatures
