@@ -67,9 +67,8 @@ class LabelBlocks:
         n_blocks: int | None = None,
     ) -> LabelBlocks:
         """Group labels by their block code (0..n_blocks-1); empty blocks are allowed."""
-        block_a = np.asarray(block, dtype=np.int64)
+        block_a, labels_a = _codes(block), _codes(labels)
         slots_a = np.asarray(slots, dtype=np.int64)
-        labels_a = np.asarray(labels, dtype=np.int64)
         weights_a = (
             np.ones(block_a.size) if weights is None else np.asarray(weights, dtype=np.float64)
         )
@@ -87,10 +86,23 @@ class LabelBlocks:
                 block_a, slots_a, labels_a, _kernel_weights(weights_a), equal, np.int64(n_blocks)
             )
             return cls(ptr, s, z, w)
+        block_a, labels_a = (
+            block_a.astype(np.int64, copy=False),
+            labels_a.astype(np.int64, copy=False),
+        )
         order = canonical_order(block_a, slots_a, labels_a, weights_a)
         ptr = np.zeros(n_blocks + 1, dtype=np.int64)
         np.cumsum(np.bincount(block_a, minlength=n_blocks), out=ptr[1:])
         return cls(ptr, slots_a[order], labels_a[order], weights_a[order])
+
+
+def _codes(values: npt.ArrayLike) -> npt.NDArray[np.int32] | IntArray:
+    """Int codes as the grouping kernel takes them: a file's int32 codes as they are (a
+    conversion of 10M of them costs about 0.15 s), anything else as int64."""
+    a = np.asarray(values)
+    if a.dtype == np.int32 and a.flags.c_contiguous:
+        return a
+    return np.asarray(a, dtype=np.int64)
 
 
 LARGE = 1 << 16

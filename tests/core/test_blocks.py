@@ -92,4 +92,20 @@ def test_weights_of_every_kind_share_one_compiled_grouping() -> None:
     for weights in cases:
         expected = np.lexsort((weights, labels, slots, block))
         assert np.array_equal(canonical_order(block, slots, labels, weights), expected)
-    assert len(_grouped.signatures) == 1, _grouped.signatures
+    weight_types = {signature[3] for signature in _grouped.signatures}
+    assert len(weight_types) == 1, _grouped.signatures
+
+
+def test_a_files_int32_codes_group_as_int64_ones() -> None:
+    """A file's item and label codes are int32 and reach the kernel as they are (no copy):
+    the blocks are those of the same codes as int64, on both the compiled and numpy paths."""
+    rng = np.random.default_rng(4)
+    for n in (LARGE + 3, 500):
+        block, slots, labels = (rng.integers(0, k, n) for k in (n // 5, 300, 4))
+        weights = rng.choice([0.5, 1.0], n)
+        wide = LabelBlocks.group(block, slots, labels, weights, n // 5)
+        narrow = LabelBlocks.group(
+            block.astype(np.int32), slots, labels.astype(np.int32), weights, n // 5
+        )
+        for field in ("ptr", "slots", "labels", "weights"):
+            assert np.array_equal(getattr(narrow, field), getattr(wide, field)), field
