@@ -67,8 +67,7 @@ class LabelBlocks:
         n_blocks: int | None = None,
     ) -> LabelBlocks:
         """Group labels by their block code (0..n_blocks-1); empty blocks are allowed."""
-        block_a, labels_a = _codes(block), _codes(labels)
-        slots_a = np.asarray(slots, dtype=np.int64)
+        block_a, slots_a, labels_a = _codes(block), _codes(slots), _codes(labels)
         weights_a = (
             np.ones(block_a.size) if weights is None else np.asarray(weights, dtype=np.float64)
         )
@@ -83,12 +82,12 @@ class LabelBlocks:
         if block_a.size >= LARGE:
             equal = float(weights_a[0]) if weights_a.size else 1.0
             ptr, s, z, w, _ = _grouped(
-                block_a, slots_a, labels_a, _kernel_weights(weights_a), equal, np.int64(n_blocks)
-            )
+                block_a, slots_a, labels_a, _kernel_weights(weights_a), equal, np.int64(n_blocks),
+                False,
+            )  # fmt: skip
             return cls(ptr, s, z, w)
-        block_a, labels_a = (
-            block_a.astype(np.int64, copy=False),
-            labels_a.astype(np.int64, copy=False),
+        block_a, slots_a, labels_a = (
+            a.astype(np.int64, copy=False) for a in (block_a, slots_a, labels_a)
         )
         order = canonical_order(block_a, slots_a, labels_a, weights_a)
         ptr = np.zeros(n_blocks + 1, dtype=np.int64)
@@ -97,8 +96,9 @@ class LabelBlocks:
 
 
 def _codes(values: npt.ArrayLike) -> npt.NDArray[np.int32] | IntArray:
-    """Int codes as the grouping kernel takes them: a file's int32 codes as they are (a
-    conversion of 10M of them costs about 0.15 s), anything else as int64."""
+    """Int codes as the grouping kernel takes them: a file's int32 codes (items, workers,
+    labels) as they are (a conversion of 10M of them costs about 0.15 s), anything else as
+    int64."""
     a = np.asarray(values)
     if a.dtype == np.int32 and a.flags.c_contiguous:
         return a
@@ -118,7 +118,7 @@ def canonical_order(
     """The stable sort by (block, slot, label, weight)."""
     if block.size >= LARGE and block.min() >= 0:
         order: IntArray = _grouped(
-            block, slots, labels, _kernel_weights(weights), 1.0, np.int64(block.max() + 1)
+            block, slots, labels, _kernel_weights(weights), 1.0, np.int64(block.max() + 1), True
         )[4]
         return order
     if block.size and np.all(weights == weights[0]):  # one int64 key (4x faster than lexsort)
@@ -149,10 +149,11 @@ def _kernel_weights(weights: FloatArray) -> FloatArray:
 
 
 @jit
-def _grouped(block, slots, labels, weights, equal, n_blocks):  # type: ignore[no-untyped-def]
+def _grouped(block, slots, labels, weights, equal, n_blocks, with_order):  # type: ignore[no-untyped-def]
     """The labels grouped by block and sorted by (slot, label, weight) in each block, ties in
     input order: returns ptr, the sorted slots, labels and weights (``equal`` where ``weights``
-    is empty: all equal) and the permutation (``order``: sorted position p holds input label order[p]).
+    is empty: all equal) and, ``with_order``, the permutation (sorted position p holds input
+    label order[p]; else empty).
 
     A counting sort by block carries each label's fields along (a sequential read, one write
     per field), so that each block is then sorted where it lies, its fields contiguous: an
@@ -169,7 +170,7 @@ def _grouped(block, slots, labels, weights, equal, n_blocks):  # type: ignore[no
     l_out = np.empty(n, dtype=np.int64)
     w_out = np.empty(n, dtype=np.float64)
     w_out[:] = equal
-    order = np.empty(n, dtype=np.int64)
+    order = np.empty(n if with_order else 0, dtype=np.int64)
     weighted = weights.size > 0
     for i in range(n):
         at = fill[block[i]]
@@ -178,7 +179,8 @@ def _grouped(block, slots, labels, weights, equal, n_blocks):  # type: ignore[no
         l_out[at] = labels[i]
         if weighted:
             w_out[at] = weights[i]
-        order[at] = i
+        if with_order:
+            order[at] = i
     position = np.empty(0, dtype=np.int64)
     scratch = np.empty(0, dtype=np.int64)
     for b in range(n_blocks):
@@ -211,14 +213,20 @@ def _before(i, j, slots, labels, weights):  # type: ignore[no-untyped-def]
 
 @jit
 def _insertion_sort(lo, hi, slots, labels, weights, order):  # type: ignore[no-untyped-def]
+    """(``order`` moves along unless it is empty.)"""
+    ordered = order.size > 0
     for k in range(lo + 1, hi):
-        s, z, w, i = slots[k], labels[k], weights[k], order[k]
+        s, z, w = slots[k], labels[k], weights[k]
+        i = order[k] if ordered else 0
         m = k - 1
         while m >= lo and _key_before(s, z, w, slots[m], labels[m], weights[m]):
-            slots[m + 1], labels[m + 1] = slots[m], labels[m]
-            weights[m + 1], order[m + 1] = weights[m], order[m]
+            slots[m + 1], labels[m + 1], weights[m + 1] = slots[m], labels[m], weights[m]
+            if ordered:
+                order[m + 1] = order[m]
             m -= 1
-        slots[m + 1], labels[m + 1], weights[m + 1], order[m + 1] = s, z, w, i
+        slots[m + 1], labels[m + 1], weights[m + 1] = s, z, w
+        if ordered:
+            order[m + 1] = i
 
 
 @jit
@@ -252,6 +260,8 @@ def _merge_sort(lo, hi, position, scratch, slots, labels, weights, order):  # ty
                 position[a + m] = scratch[m]
         width *= 2
     for field in (slots, labels, order):
+        if field.size == 0:  # (no order asked for)
+            continue
         for k in range(n):
             scratch[k] = field[position[k]]
         for k in range(n):

@@ -186,12 +186,8 @@ class OnlineEM:
         )
         if order_a.size and (order_a.min() < 0 or order_a.max() >= nb):
             raise ValueError(f"order must list block numbers in 0..{nb - 1}")
-        if previous is None:
-            q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
-            n_old: IntArray = np.zeros(nb, dtype=np.int64)
-        else:
-            q_old, b_old = previous.posteriors, previous.clarity
-            n_old = np.asarray(n_previous, dtype=np.int64)
+        if previous is not None:
+            n_old: IntArray = np.asarray(n_previous, dtype=np.int64)
             if n_old.shape != (nb,) or np.any(n_old > blocks.sizes()) or np.any(n_old < 0):
                 raise ValueError("n_previous needs one count per block, between 0 and its size")
         if out is None:
@@ -215,6 +211,11 @@ class OnlineEM:
                 out.posteriors, out.clarity, out.objective,
             )  # fmt: skip
             return out
+        if previous is None:  # (allocated here: a prediction of 10M answers needs none)
+            q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
+            n_old = np.zeros(nb, dtype=np.int64)
+        else:
+            q_old, b_old = previous.posteriors, previous.clarity
         _kernels.learn_blocks(
             blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
             n_old, q_old, b_old, update,

@@ -80,8 +80,8 @@ def _grouping() -> None:
 
     codes = np.zeros(LARGE, dtype=np.int64)  # long files are grouped by a compiled sort
     canonical_order(codes, codes, codes, np.ones(LARGE))  # (one signature, whatever the weights)
-    file_codes = codes.astype(np.int32)  # a file's item and label codes
-    LabelBlocks.group(file_codes, codes, file_codes, np.broadcast_to(1.0, LARGE))
+    file_codes = codes.astype(np.int32)  # a file's item, worker and label codes
+    LabelBlocks.group(file_codes, file_codes, file_codes, np.broadcast_to(1.0, LARGE))
 
 
 def _dyadic_scalars() -> None:

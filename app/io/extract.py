@@ -274,7 +274,7 @@ def slot_row_blocks(
     of the file has an answer, so the slots are found per worker, not per answer."""
     slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
     used = np.unique(slots) if also is None else np.union1d(slots, also)
-    rows = np.searchsorted(used, slots).astype(np.int64)
+    rows = np.searchsorted(used, slots).astype(np.int32)
     blocks = LabelBlocks.group(
         data.items, rows[data.workers], data.labels, data.weights, n_blocks=data.n_items
     )
@@ -380,8 +380,8 @@ def run_online(
             blocks, passes - 1, progress=lambda n, f: print(f"{n:>12}   {f:.6f}", file=out)
         )
         seconds += time.perf_counter() - t0
-    else:
-        final = model.predict_many(blocks)
+    else:  # (into the pass's arrays, read by now: 96 MB less at 2M items)
+        final = model.predict_many(blocks, out=result)
     return OnlineRun(model, blocks, final, seconds, table.average, used)
 
 

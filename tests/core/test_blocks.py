@@ -48,11 +48,14 @@ def test_the_compiled_grouping_is_numpys_stable_sort(
     block, slots = rng.integers(0, n_blocks, n), rng.integers(0, n_slots, n)
     labels, weights = rng.integers(0, 3, n), rng.choice([0.5, 1.0, 2.0][:n_weights], n)
     expected = np.lexsort((weights, labels, slots, block))
-    ptr, s, z, w, got = _grouped(block, slots, labels, weights, 1.0, np.int64(n_blocks))
-    assert np.array_equal(got, expected)
-    assert np.array_equal(ptr, np.r_[0, np.cumsum(np.bincount(block, minlength=n_blocks))])
-    assert np.array_equal(s, slots[expected]) and np.array_equal(z, labels[expected])
-    assert np.array_equal(w, weights[expected])
+    for with_order in (True, False):
+        ptr, s, z, w, got = _grouped(
+            block, slots, labels, weights, 1.0, np.int64(n_blocks), with_order
+        )
+        assert np.array_equal(got, expected if with_order else expected[:0])
+        assert np.array_equal(ptr, np.r_[0, np.cumsum(np.bincount(block, minlength=n_blocks))])
+        assert np.array_equal(s, slots[expected]) and np.array_equal(z, labels[expected])
+        assert np.array_equal(w, weights[expected])
 
 
 def test_the_compiled_grouping_carries_equal_weights_as_their_value() -> None:
@@ -97,7 +100,7 @@ def test_weights_of_every_kind_share_one_compiled_grouping() -> None:
 
 
 def test_a_files_int32_codes_group_as_int64_ones() -> None:
-    """A file's item and label codes are int32 and reach the kernel as they are (no copy):
+    """A file's item, worker and label codes are int32 and reach the kernel as they are:
     the blocks are those of the same codes as int64, on both the compiled and numpy paths."""
     rng = np.random.default_rng(4)
     for n in (LARGE + 3, 500):
@@ -105,7 +108,7 @@ def test_a_files_int32_codes_group_as_int64_ones() -> None:
         weights = rng.choice([0.5, 1.0], n)
         wide = LabelBlocks.group(block, slots, labels, weights, n // 5)
         narrow = LabelBlocks.group(
-            block.astype(np.int32), slots, labels.astype(np.int32), weights, n // 5
+            block.astype(np.int32), slots.astype(np.int32), labels.astype(np.int32), weights, n // 5
         )
         for field in ("ptr", "slots", "labels", "weights"):
             assert np.array_equal(getattr(narrow, field), getattr(wide, field)), field
