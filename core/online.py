@@ -10,6 +10,7 @@ once (docs/model.md, "Items that arrive in pieces").
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -165,9 +166,12 @@ class OnlineEM:
         order: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
         known: npt.ArrayLike | None = None,
+        threads: int = 1,
     ) -> BlockResult:
-        """Posteriors under the current parameters, which are left unchanged."""
-        return self._run(blocks, order, None, None, out, update=False, known=known)
+        """Posteriors under the current parameters, which are left unchanged. With
+        ``threads`` > 1, a long ``order`` is split among that many threads (each item's
+        posterior is computed as by one: the results are bit-identical)."""
+        return self._run(blocks, order, None, None, out, update=False, known=known, threads=threads)
 
     def _run(
         self,
@@ -178,6 +182,7 @@ class OnlineEM:
         out: BlockResult | None,
         update: bool,
         known: npt.ArrayLike | None = None,
+        threads: int = 1,
     ) -> BlockResult:
         nb, K = blocks.n_blocks, self.config.n_classes
         self._check_codes(blocks)
@@ -205,11 +210,15 @@ class OnlineEM:
         if p.evidence is None:
             p.evidence = np.zeros(evidence_size())
         if not update and not self.config.difficulty:  # each slot row's softmax once
-            _kernels.predict_blocks(
-                blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
-                p.class_logits, p.population, p.worker, p.scalars[SCALE], known_a,
-                out.posteriors, out.clarity, out.objective,
-            )  # fmt: skip
+
+            def predict(part: IntArray) -> None:
+                _kernels.predict_blocks(
+                    blocks.ptr, part, blocks.slots, blocks.labels, blocks.weights,
+                    p.class_logits, p.population, p.worker, p.scalars[SCALE], known_a,
+                    out.posteriors, out.clarity, out.objective,
+                )  # fmt: skip
+
+            _in_threads(predict, order_a, threads)
             return out
         if previous is None:  # (allocated here: a prediction of 10M answers needs none)
             q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
@@ -234,6 +243,25 @@ class OnlineEM:
             raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
         if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
             raise ValueError("weights must be finite and >= 0")
+
+
+PARALLEL_FROM = 100_000
+"""Blocks from which a prediction is split among threads (below, a thread costs more than
+it saves)."""
+
+
+def _in_threads(kernel: Callable[[IntArray], None], order: IntArray, threads: int) -> None:
+    """``kernel(part)`` for ``threads`` parts of ``order``, the first in this thread (the
+    kernels release the GIL; each part writes only its own blocks' outputs)."""
+    if threads <= 1 or order.size < PARALLEL_FROM:
+        kernel(order)
+        return
+    first, *rest = np.array_split(order, threads)
+    with ThreadPoolExecutor(max_workers=len(rest)) as pool:
+        pending = [pool.submit(kernel, part) for part in rest]
+        kernel(first)
+        for done in pending:
+            done.result()
 
 
 def _known_codes(known: npt.ArrayLike | None, n_blocks: int, n_classes: int) -> IntArray:

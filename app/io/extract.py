@@ -381,7 +381,7 @@ def run_online(
         )
         seconds += time.perf_counter() - t0
     else:  # (into the pass's arrays, read by now: 96 MB less at 2M items)
-        final = model.predict_many(blocks, out=result)
+        final = model.predict_many(blocks, out=result, threads=2)
     return OnlineRun(model, blocks, final, seconds, table.average, used)
 
 

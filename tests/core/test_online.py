@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import _kernels
+from core import _kernels, online
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.evidence import RHO_GRID
@@ -177,6 +177,26 @@ def test_prediction_equals_the_learning_kernels_e_step(synthetic: Synthetic) -> 
     assert np.array_equal(tabled.posteriors, per_label.posteriors)
     assert np.array_equal(tabled.objective, per_label.objective)
     assert np.array_equal(tabled.clarity, per_label.clarity)
+
+
+def test_a_prediction_in_threads_is_bit_identical(
+    synthetic: Synthetic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prediction split among threads writes each item's outputs as one thread does,
+    in any order, gold items included (``crowdtally extract`` predicts in two)."""
+    monkeypatch.setattr(online, "PARALLEL_FROM", 10)
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    rng = np.random.default_rng(3)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers % 64, synthetic.labels)
+    model = OnlineEM(cfg)
+    model.learn_many(blocks, order=rng.permutation(blocks.n_blocks))
+    known = np.where(rng.random(blocks.n_blocks) < 0.1, rng.integers(0, 3, blocks.n_blocks), -1)
+    order = rng.permutation(blocks.n_blocks)
+    one = model.predict_many(blocks, order=order, known=known)
+    for threads in (2, 3):
+        split = model.predict_many(blocks, order=order, known=known, threads=threads)
+        for field in ("posteriors", "clarity", "objective"):
+            assert np.array_equal(getattr(split, field), getattr(one, field)), (threads, field)
 
 
 def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
