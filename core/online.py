@@ -10,7 +10,6 @@ once (docs/model.md, "Items that arrive in pieces").
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +22,7 @@ from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.evidence import RHO_GRID, evidence_size
 from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
+from core.threads import block_ranges, in_threads
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,8 @@ class OnlineEM:
                     out.posteriors, out.clarity, out.objective,
                 )  # fmt: skip
 
-            _in_threads(predict, order_a, threads)
+            ranges = block_ranges(order_a.size, threads)
+            in_threads(predict, [order_a[lo:hi] for lo, hi in ranges])
             return out
         if previous is None:  # (allocated here: a prediction of 10M answers needs none)
             q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
@@ -243,25 +244,6 @@ class OnlineEM:
             raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
         if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
             raise ValueError("weights must be finite and >= 0")
-
-
-PARALLEL_FROM = 100_000
-"""Blocks from which a prediction is split among threads (below, a thread costs more than
-it saves)."""
-
-
-def _in_threads(kernel: Callable[[IntArray], None], order: IntArray, threads: int) -> None:
-    """``kernel(part)`` for ``threads`` parts of ``order``, the first in this thread (the
-    kernels release the GIL; each part writes only its own blocks' outputs)."""
-    if threads <= 1 or order.size < PARALLEL_FROM:
-        kernel(order)
-        return
-    first, *rest = np.array_split(order, threads)
-    with ThreadPoolExecutor(max_workers=len(rest)) as pool:
-        pending = [pool.submit(kernel, part) for part in rest]
-        kernel(first)
-        for done in pending:
-            done.result()
 
 
 def _known_codes(known: npt.ArrayLike | None, n_blocks: int, n_classes: int) -> IntArray:

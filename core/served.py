@@ -13,6 +13,7 @@ from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, gold_evidence, item_log_likelihoods
 from core.nominal import SCALE, NominalConfig, NominalParams, log_softmax
 from core.online import OnlineEM
+from core.threads import block_ranges, in_threads
 
 
 def log_likelihoods(params: NominalParams, blocks: LabelBlocks) -> tuple[FloatArray, FloatArray]:
@@ -37,6 +38,7 @@ def held_out_corrections(
     worker_prior: float,
     decimals: int | None = HELD_OUT_DECIMALS,
     laplace: bool = False,
+    threads: int = 1,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
     labels under slot rows fitted without it. ``params`` are a fit to the blocks (batch EM's
@@ -44,7 +46,8 @@ def held_out_corrections(
     lambda_A. With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
     probability under its row's predictive, averaged over the row's Laplace posterior (eq.
     27), instead of the row's point estimate. Rounded to ``decimals`` places: an item stores
-    its c_i with its posterior, and finer differences would not show in any posterior served."""
+    its c_i with its posterior, and finer differences would not show in any posterior served.
+    ``threads`` > 1 splits many blocks among that many threads (bit-identical)."""
     S, K = params.worker.shape[0], params.population.shape[0]
     counts = np.empty((S, K, K))
     _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, fitted, counts)
@@ -68,10 +71,15 @@ def held_out_corrections(
             )
         excess = log_p - np.log(predictive)
     out = np.empty((blocks.n_blocks, K))
-    _calibration_kernels.held_out_corrections(
-        blocks.ptr, rows, blocks.labels, blocks.weights, fitted, totals, p, worker_prior,
-        excess, out,
-    )  # fmt: skip
+
+    def correct(part: tuple[int, int]) -> None:
+        lo, hi = part
+        _calibration_kernels.held_out_corrections(
+            blocks.ptr[lo : hi + 1], rows, blocks.labels, blocks.weights, fitted[lo:hi], totals,
+            p, worker_prior, excess, out[lo:hi],
+        )  # fmt: skip
+
+    in_threads(correct, block_ranges(blocks.n_blocks, threads))
     return out if decimals is None else np.round(out, decimals, out=out)
 
 
@@ -81,11 +89,14 @@ def held_out_fit(
     fitted: FloatArray,
     worker_prior: float,
     laplace: bool = False,
+    threads: int = 1,
 ) -> FloatArray:
     """The fit's own posteriors ``fitted``, each block scored without its own pull on its
     workers' rows (eq. 26; and with ``laplace`` under the rows' Laplace predictives, eq. 27):
     ``held_out_posteriors`` of ``held_out_corrections``."""
-    corrections = held_out_corrections(params, blocks, fitted, worker_prior, laplace=laplace)
+    corrections = held_out_corrections(
+        params, blocks, fitted, worker_prior, laplace=laplace, threads=threads
+    )
     return held_out_posteriors(fitted, corrections)
 
 

@@ -309,7 +309,7 @@ class OnlineRun:
         service serves it after its refinement sweeps."""
         q, params = self.final.posteriors, self.model.params
         if refined:
-            q = held_out_fit(params, self.blocks, q, self.model.config.worker_prior)
+            q = held_out_fit(params, self.blocks, q, self.model.config.worker_prior, threads=2)
         return served(q, self.blocks, params.evidence)
 
 
@@ -429,7 +429,9 @@ class BatchRun:
         """The fit's posteriors, each item scored without its own pull on its workers' rows
         and under the rows' Laplace predictives (docs/model.md eq. 26 and 27)."""
         lam = config.worker_prior
-        return held_out_fit(self.params, self.blocks, self.result.probas, lam, laplace=True)
+        return held_out_fit(
+            self.params, self.blocks, self.result.probas, lam, laplace=True, threads=2
+        )
 
     def agreement_line(self, one_pass: FloatArray, posteriors: FloatArray) -> str:
         """How often the labels of this fit's ``posteriors`` (as written) agree with those of

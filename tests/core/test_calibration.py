@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import calibration, served
+from core import calibration, served, threads
 from core._kernels import EVIDENCE_FULL
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -426,6 +426,23 @@ def test_the_laplace_term_is_the_same_a_few_slots_at_a_time(
     monkeypatch.setattr(served, "LAPLACE_FLOATS", 1)
     chunked = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
     assert np.array_equal(whole, chunked)
+
+
+def test_corrections_in_threads_are_bit_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many blocks are split among threads (``crowdtally extract``'s served posteriors): each
+    block's c_i is the one a single thread gives, to the bit, with and without eq. 27."""
+    blocks, _, W = ambiguous_crowd(5, n_items=300, n_workers=40, per_item=3)
+    config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
+    result, params = BatchEM(config).fit(blocks, W)
+    lam, q = config.worker_prior, result.probas
+    monkeypatch.setattr(threads, "PARALLEL_FROM", 10)
+    for laplace in (False, True):
+        one = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=laplace)
+        for n in (2, 3):
+            split = held_out_corrections(
+                params, blocks, q, lam, decimals=None, laplace=laplace, threads=n
+            )
+            assert np.array_equal(split, one), (laplace, n)
 
 
 def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictive() -> None:

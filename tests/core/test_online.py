@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import _kernels, online
+from core import _kernels, threads
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.evidence import RHO_GRID
@@ -184,7 +184,7 @@ def test_a_prediction_in_threads_is_bit_identical(
 ) -> None:
     """A long prediction split among threads writes each item's outputs as one thread does,
     in any order, gold items included (``crowdtally extract`` predicts in two)."""
-    monkeypatch.setattr(online, "PARALLEL_FROM", 10)
+    monkeypatch.setattr(threads, "PARALLEL_FROM", 10)
     cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
     rng = np.random.default_rng(3)
     blocks = LabelBlocks.group(synthetic.items, synthetic.workers % 64, synthetic.labels)
@@ -193,10 +193,10 @@ def test_a_prediction_in_threads_is_bit_identical(
     known = np.where(rng.random(blocks.n_blocks) < 0.1, rng.integers(0, 3, blocks.n_blocks), -1)
     order = rng.permutation(blocks.n_blocks)
     one = model.predict_many(blocks, order=order, known=known)
-    for threads in (2, 3):
-        split = model.predict_many(blocks, order=order, known=known, threads=threads)
+    for n in (2, 3):
+        split = model.predict_many(blocks, order=order, known=known, threads=n)
         for field in ("posteriors", "clarity", "objective"):
-            assert np.array_equal(getattr(split, field), getattr(one, field)), (threads, field)
+            assert np.array_equal(getattr(split, field), getattr(one, field)), (n, field)
 
 
 def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
