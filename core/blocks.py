@@ -106,10 +106,10 @@ def _codes(values: npt.ArrayLike) -> npt.NDArray[np.int32] | IntArray:
 
 
 LARGE = 1 << 16
-"""From this many labels on, ``canonical_order`` sorts in a compiled kernel (a counting sort
-by block, then each block by itself), linear in the labels where numpy's argsort of 10M keys
-takes about 1.3 s; below, numpy's sort (the engine's entries: no kernel to compile at start).
-Both give the same permutation."""
+"""From this many labels on, ``LabelBlocks.group`` and ``canonical_order`` sort in a compiled
+kernel (``_grouped``: a counting sort by block, then each block by itself), linear in the
+labels where numpy's argsort of 10M keys takes about 1.3 s; below, numpy's sort (the engine's
+entries: no kernel to compile at start). Both give the same blocks."""
 
 
 def canonical_order(

@@ -274,7 +274,7 @@ def slot_row_blocks(
     of the file has an answer, so the slots are found per worker, not per answer."""
     slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
     used = np.unique(slots) if also is None else np.union1d(slots, also)
-    rows = np.searchsorted(used, slots).astype(np.int32)
+    rows = np.searchsorted(used, slots).astype(np.int32)  # (int32, as the file's other codes)
     blocks = LabelBlocks.group(
         data.items, rows[data.workers], data.labels, data.weights, n_blocks=data.n_items
     )
