@@ -63,6 +63,10 @@ CASES = {
     "only a header": "item,worker,label\n",
     "tabs": "a\tw1\tx\nb\tw2\ty\n",
     "numbers": "1,2,3\n4,5,6\n",
+    "non-ASCII ids": "item,worker,label\nécole,w1,x\nb,wörker,y\n",
+    "long non-ASCII id": "item,worker,label\n" + "é" * 300 + ",w1,x\n",
+    "no-break spaces around an id": "item,worker,label\n\u00a0a\u00a0,w1,x\n",
+    "a control character at an id's end": "item,worker,label\na\x1f,w1,x\n",
 }
 
 
