@@ -478,7 +478,9 @@ def learn_blocks(
     for every tempering rho of ``grid``, into ``evidence`` (eq. 22; an empty ``grid`` skips it).
 
     ``n_old[b]`` labels at the head of block b were applied in an earlier arrival whose
-    posterior and clarity were ``q_old[b]``, ``b_old[b]``. ``known[b]`` >= 0 is block b's
+    posterior and clarity were ``q_old[b]``, ``b_old[b]``; arrays of one row stand for every
+    block (a first arrival of all: 0 labels, the uniform posterior, clarity 0), so that a
+    first pass over many items allocates none per item. ``known[b]`` >= 0 is block b's
     true class (a gold item): its posterior is that class with certainty. Outputs are
     indexed by block.
     """
@@ -496,8 +498,10 @@ def learn_blocks(
     rhs = np.empty(K)
     step = np.empty(K)
     log_prior = np.empty(K)
+    every = n_old.shape[0] == 1  # (one row for every block)
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
+        old = 0 if every else b
         scale = scalars[SCALE]
         b_new, f = _item_em(
             lo,
@@ -510,7 +514,7 @@ def learn_blocks(
             worker,
             scale,
             hyper,
-            b_old[b],
+            b_old[old],
             logq,
             q,
             theta,
@@ -518,26 +522,26 @@ def learn_blocks(
             probs,
         )
         share = _evidence_share(evidence, scalars) if update and grid.shape[0] > 0 else 0.0
-        if share > 0.0 and n_old[b] < hi - lo:
+        if share > 0.0 and n_old[old] < hi - lo:
             # eq. 22 from the E-step's p(l_j | z, s_j), before the parameters move
             norm = _logsumexp(class_logits)
             for z in range(K):
                 log_prior[z] = class_logits[z] - norm
             prequential_scores(
-                lo, hi, n_old[b], labels, weights, log_prior, probs, grid, evidence, share
+                lo, hi, n_old[old], labels, weights, log_prior, probs, grid, evidence, share
             )
         if known[b] >= 0:
             for z in range(K):
                 q[z] = 1.0 if z == known[b] else 0.0
         for z in range(K):
-            q_prev[z] = q_old[b, z]  # read before q_out is written: they may be one array
-        d_prev = math.exp(b_old[b])
+            q_prev[z] = q_old[old, z]  # read before q_out is written: they may be one array
+        d_prev = math.exp(b_old[old])
         for z in range(K):  # not q_out[b, :] = q: a slice copy costs ~1.7 s of compile
             q_out[b, z] = q[z]
         b_out[b] = b_new
         f_out[b] = f
         if update:
-            n_prev = n_old[b]
+            n_prev = n_old[old]
             again = hi > lo and n_prev == hi - lo  # a revisit: every label counted before
             revisit = again and hyper[H_DIFF] == 0.0
             # with difficulty a revisit is a plain step (eq. 10) along the whole item gradient

@@ -156,9 +156,10 @@ class OnlineEM:
     def load_kernels(self, blocks: LabelBlocks) -> None:
         """Load (or compile) the learning and the prediction kernels for ``blocks`` now, so
         that a timed call does not; the model is left as it was."""
-        none = np.zeros(0, dtype=np.int64)
-        self.predict_many(blocks, order=none)
-        self.learn_many(blocks, order=none)
+        first = LabelBlocks(blocks.ptr[:2], blocks.slots, blocks.labels, blocks.weights)
+        none = np.zeros(0, dtype=np.int64)  # (one block's outputs, not every block's)
+        self.predict_many(first, order=none)
+        self.learn_many(first, order=none)
 
     def predict_many(
         self,
@@ -221,9 +222,9 @@ class OnlineEM:
             ranges = block_ranges(order_a.size, threads)
             in_threads(predict, [order_a[lo:hi] for lo, hi in ranges])
             return out
-        if previous is None:  # (allocated here: a prediction of 10M answers needs none)
-            q_old, b_old = np.full((nb, K), 1.0 / K), np.zeros(nb)
-            n_old = np.zeros(nb, dtype=np.int64)
+        if previous is None:  # a first arrival of every block: one row stands for all
+            q_old, b_old = np.full((1, K), 1.0 / K), np.zeros(1)
+            n_old = np.zeros(1, dtype=np.int64)
         else:
             q_old, b_old = previous.posteriors, previous.clarity
         _kernels.learn_blocks(

@@ -202,6 +202,7 @@ def extract(
     )
     encoded = job.encode(answers, classes, str(path))
     del answers
+    n_answers = len(encoded.labels)
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
     gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
     if saved is not None:
@@ -236,8 +237,14 @@ def extract(
             )
             speed += f"; {fit.agreement_line(one_pass, posteriors)}"
     else:
+        used, blocks = job.online_blocks(
+            encoded, config, saved.params if saved else None, saved.slots if saved else None
+        )
+        encoded = encoded.names()  # (the answers live on as the blocks only)
         run = job.run_online(
-            encoded,
+            blocks,
+            used,
+            classes,
             config,
             saved.params if saved else None,
             passes,
@@ -251,10 +258,12 @@ def extract(
         refined = passes > 1 and not test_only
         posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)
         slot_params, used = run.model.params, run.used  # (the rows of the slots in use)
-        rate = len(encoded.labels) * passes / run.seconds if run.seconds > 0 else float("inf")
-        speed = f"online EM: {len(encoded.labels) * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
+        rate = n_answers * passes / run.seconds if run.seconds > 0 else float("inf")
+        speed = (
+            f"online EM: {n_answers * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
+        )
     print(
-        f"{encoded.n_items} items, {len(encoded.labels)} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
+        f"{encoded.n_items} items, {n_answers} labels, {len(classes)} classes; {job.collision_line(encoded, config.n_worker_slots)}",
         file=out,
     )
     print(speed, file=out)

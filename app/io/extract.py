@@ -49,6 +49,13 @@ class Encoded:
     def n_workers(self) -> int:
         return len(self.worker_names)
 
+    def names(self) -> Encoded:
+        """The classes and ids without the answers (their codes dropped: once grouped into
+        blocks, an online run needs only the names, and 10M answers' codes are 120 MB)."""
+        none = np.empty(0, dtype=np.int32)
+        return Encoded(self.classes, self.item_names, self.worker_names, none, none, none,
+                       np.empty(0))  # fmt: skip
+
     @cached_property
     def item_ids(self) -> npt.NDArray[np.str_]:
         return np.asarray(self.item_names.to_numpy(zero_copy_only=False), dtype=np.str_)
@@ -313,8 +320,24 @@ class OnlineRun:
         return served(q, self.blocks, params.evidence)
 
 
-def run_online(
+def online_blocks(
     data: Encoded,
+    config: NominalConfig,
+    params: NominalParams | None,
+    params_slots: IntArray | None,
+) -> tuple[IntArray | None, LabelBlocks]:
+    """The online model's blocks of ``data`` and the worker slots their rows stand for: the
+    slots in use (and a model file's, ``params_slots``), or None for a model of every slot
+    (``params`` from a model file of the first format)."""
+    if params is None or params_slots is not None:
+        return slot_row_blocks(data, config, params_slots)
+    return None, hashed_blocks(data, config)
+
+
+def run_online(
+    blocks: LabelBlocks,
+    used: IntArray | None,
+    classes: tuple[str, ...],
     config: NominalConfig,
     params: NominalParams | None,
     passes: int,
@@ -327,34 +350,34 @@ def run_online(
 ) -> OnlineRun:
     """Stream items (file order, or shuffled per pass) through the online model; with
     ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items.
-    ``params_slots``: ``params``' worker table holds the rows of these slots only (a model
-    file's, ``SavedModel.slots``); the model then holds those and the answers' slots
-    (without them, ``params`` has every slot)."""
-    used: IntArray | None = None
+    ``blocks`` and ``used``: ``online_blocks``. ``params_slots``: ``params``' worker table
+    holds the rows of these slots only (a model file's, ``SavedModel.slots``); the model then
+    holds those and the answers' slots (without them, ``params`` has every slot)."""
     if params is None:  # a new model: only the slots in use need a table
-        used, blocks = slot_row_blocks(data, config)
+        assert used is not None
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)))
     elif params_slots is not None:
-        used, blocks = slot_row_blocks(data, config, params_slots)
+        assert used is not None
         rows = rows_of(params, params_slots, used)
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
     else:  # (a model file of the first format: every slot)
-        blocks = hashed_blocks(data, config)
         model = OnlineEM(config, params)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)
     ratings = blocks.sizes()
     per_rating = np.maximum(blocks.total_weight(), 1e-300)
-    table = ProgressTable(out, data.classes)
+    table = ProgressTable(out, classes)
     K = config.n_classes
     result = BlockResult(
-        np.empty((data.n_items, K)), np.empty(data.n_items), np.empty(data.n_items)
+        np.empty((blocks.n_blocks, K)), np.empty(blocks.n_blocks), np.empty(blocks.n_blocks)
     )
     seconds = 0.0
     newton = later is LaterPasses.newton and not test_only
     for n_pass in range(1 if newton else passes):
         order = (
-            rng.permutation(data.n_items) if shuffle_seed is not None else np.arange(data.n_items)
+            rng.permutation(blocks.n_blocks)
+            if shuffle_seed is not None
+            else np.arange(blocks.n_blocks)
         )
         t0 = time.perf_counter()  # one call per pass; the table is read from its results
         if test_only:

@@ -506,7 +506,10 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         data = job.encode(answers, classes, str(path))
         config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
         gold = np.full(data.n_items, -1)
-        online = job.run_online(data, config, None, 2, 0, gold, False, io.StringIO())
+        used, blocks = job.online_blocks(data, config, None, None)
+        online = job.run_online(
+            blocks, used, classes, config, None, 2, 0, gold, False, io.StringIO()
+        )
         batch = job.run_batch(data, config, io.StringIO())
         fits.append((data, online.final.posteriors, batch.result.probas, online.served(True)[0]))
     (whole, *fit_whole), (chunked, *fit_chunked) = fits
@@ -529,7 +532,8 @@ def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
     data = job.encode(answers, classes, str(path))
     config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
     gold = np.full(data.n_items, -1)
-    run = job.run_online(data, config, None, 3, 0, gold, False, io.StringIO())
+    used, mine = job.online_blocks(data, config, None, None)
+    run = job.run_online(mine, used, classes, config, None, 3, 0, gold, False, io.StringIO())
     assert run.used is not None and run.model.params.worker.shape[0] == run.used.size
     assert run.used.size < config.n_worker_slots
     full = OnlineEM(config)
@@ -553,8 +557,9 @@ def test_the_online_model_over_the_slots_in_use_is_the_model_over_every_slot(
     assert loaded.slots is not None and np.array_equal(loaded.slots, used)
     assert np.array_equal(loaded.params.worker, want.worker[used])
     # learning on from the file, over the slots of the file and the answers, as over every slot
-    again = job.run_online(data, config, loaded.params, 1, 1, gold, False, io.StringIO(),
-                           params_slots=loaded.slots)  # fmt: skip
+    used, mine = job.online_blocks(data, config, loaded.params, loaded.slots)
+    again = job.run_online(mine, used, classes, config, loaded.params, 1, 1, gold, False,
+                           io.StringIO(), params_slots=loaded.slots)  # fmt: skip
     every = OnlineEM(config, want.copy())
     every.params.counts, every.params.sums = None, None  # (a loaded model has no statistics)
     every.learn_many(blocks, order=np.random.default_rng(1).permutation(data.n_items))

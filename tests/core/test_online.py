@@ -199,6 +199,23 @@ def test_a_prediction_in_threads_is_bit_identical(
             assert np.array_equal(getattr(split, field), getattr(one, field)), (n, field)
 
 
+def test_a_first_pass_learns_as_from_an_explicit_first_arrival(synthetic: Synthetic) -> None:
+    """Without ``previous`` every block is a first arrival, and the kernel reads one row for
+    all of them (no per-item arrays): the same as every block given 0 labels before, the
+    uniform posterior and clarity 0, bit for bit, and the same parameters."""
+    cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers % 64, synthetic.labels)
+    order = np.random.default_rng(4).permutation(blocks.n_blocks)
+    implicit, explicit = OnlineEM(cfg), OnlineEM(cfg)
+    got = implicit.learn_many(blocks, order=order)
+    nb = blocks.n_blocks
+    first = BlockResult(np.full((nb, 3), 1 / 3), np.zeros(nb), np.zeros(nb))
+    want = explicit.learn_many(blocks, order=order, previous=first, n_previous=np.zeros(nb))
+    for field in ("posteriors", "clarity", "objective"):
+        assert np.array_equal(getattr(got, field), getattr(want, field)), field
+    assert implicit.params.equals(explicit.params)
+
+
 def test_chunked_processing_equals_one_call(synthetic: Synthetic) -> None:
     cfg = NominalConfig(n_classes=3, n_worker_slots=64, n_items=3000.0)
     blocks = stream_blocks(synthetic, 64)
