@@ -20,6 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from app.io.input import MAX_ID_LENGTH, InputError
+from core._numba import jit
 
 CHUNK_BYTES = 1 << 24
 """Bytes of CSV (about 1M short answers) or, over 16, Parquet rows read at a time."""
@@ -364,14 +365,18 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
 def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
     """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights finite numbers >= 0; None
     when any check fails (the caller then reads row by row to name the line)."""
+    if not n_rows:
+        return None
     ids = []
     for column in columns[:3]:
-        c = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
-        lengths = pc.min_max(pc.utf8_length(c))
-        if len(c) != n_rows or c.null_count or lengths["min"].as_py() in (0, None):
+        c = pc.cast(column, pa.string())
+        if len(c) != n_rows or c.null_count:
             return None
-        if lengths["max"].as_py() > MAX_ID_LENGTH:
-            return None
+        if not _plain_ids(*string_buffers(c), np.int64(MAX_ID_LENGTH)):
+            c = pc.utf8_trim_whitespace(c)
+            lengths = pc.min_max(pc.utf8_length(c))
+            if lengths["min"].as_py() in (0, None) or lengths["max"].as_py() > MAX_ID_LENGTH:
+                return None
         ids.append(c)
     weights = None
     if len(columns) == 4:
@@ -382,6 +387,22 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
         if not np.all(np.isfinite(weights) & (weights >= 0)):
             return None
     return AnswerColumns(ids[0], ids[1], ids[2], weights, None)
+
+
+@jit
+def _plain_ids(offsets, data, max_bytes):  # type: ignore[no-untyped-def]
+    """Every id is 1 to ``max_bytes`` bytes long and starts and ends with a printable ASCII
+    character (not a space): then trimming whitespace leaves it as it is and it is at most
+    ``max_bytes`` characters long. False sends the column to the exact check (an id that
+    starts or ends with a space, a control character or a byte of a multi-byte character)."""
+    for v in range(offsets.size - 1):
+        lo, hi = offsets[v], offsets[v + 1]
+        if hi <= lo or hi - lo > max_bytes:
+            return False
+        first, last = data[lo], data[hi - 1]
+        if first <= 32 or first >= 127 or last <= 32 or last >= 127:
+            return False
+    return True
 
 
 def _read_rows(path: Path) -> Triples:
