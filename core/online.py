@@ -156,8 +156,11 @@ class OnlineEM:
     def load_kernels(self, blocks: LabelBlocks) -> None:
         """Load (or compile) the learning and the prediction kernels for ``blocks`` now, so
         that a timed call does not; the model is left as it was."""
-        first = LabelBlocks(blocks.ptr[:2], blocks.slots, blocks.labels, blocks.weights)
-        none = np.zeros(0, dtype=np.int64)  # (one block's outputs, not every block's)
+        end = int(blocks.ptr[min(1, blocks.n_blocks)])  # (the first block alone: its outputs
+        first = LabelBlocks(  # and the codes' checks cost one block's, not every block's)
+            blocks.ptr[:2], blocks.slots[:end], blocks.labels[:end], blocks.weights[:end]
+        )
+        none = np.zeros(0, dtype=np.int64)
         self.predict_many(first, order=none)
         self.learn_many(first, order=none)
 

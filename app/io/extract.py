@@ -353,15 +353,14 @@ def run_online(
     ``blocks`` and ``used``: ``online_blocks``. ``params_slots``: ``params``' worker table
     holds the rows of these slots only (a model file's, ``SavedModel.slots``); the model then
     holds those and the answers' slots (without them, ``params`` has every slot)."""
-    if params is None:  # a new model: only the slots in use need a table
-        assert used is not None
-        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)))
-    elif params_slots is not None:
-        assert used is not None
-        rows = rows_of(params, params_slots, used)
-        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
-    else:  # (a model file of the first format: every slot)
+    if used is None:  # (a model file of the first format: every slot)
         model = OnlineEM(config, params)
+    else:  # a table for the slots in use only (a model file's rows among them)
+        rows = None
+        if params is not None:
+            assert params_slots is not None, "a model file's rows come with their slots"
+            rows = rows_of(params, params_slots, used)
+        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)
     ratings = blocks.sizes()
