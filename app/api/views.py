@@ -37,6 +37,7 @@ from app.serving.nominal import (
     stored_posteriors,
 )
 from app.serving.predictions import PairPredictions
+from app.serving.stored_pages import stored_pages
 from app.store.archive import SnapshotInfo
 from app.store.base import Progress, ProjectRecord
 from core.acquisition import priority
@@ -129,19 +130,6 @@ def stored_item_views(
     posteriors = stored_posteriors(parsed, g)
     return [
         _item(record, name, d, p, d["computed_at"], d["position"], with_labels)
-        for (name, _), d, p in zip(page, parsed, posteriors, strict=True)
-    ]
-
-
-def export_records(
-    record: ProjectRecord, page: list[tuple[str, bytes]], g: Globals
-) -> list[dict[str, Any]]:
-    """Stored items as the export writes them: an ``Item``'s fields but its labels, as plain
-    dicts in the model's order (a page at once, no model per item)."""
-    parsed = [orjson.loads(blob) for _, blob in page]
-    posteriors = stored_posteriors(parsed, g).tolist()
-    return [
-        _fields(record.labels, name, d, p, d["computed_at"], d["position"])
         for (name, _), d, p in zip(page, parsed, posteriors, strict=True)
     ]
 
@@ -378,17 +366,11 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     K = len(record.labels)
     top = []
     best = np.zeros(K, dtype=np.int64)
-    cursor = 0
-    g = globals_of(svc, record)
-    while True:  # stored posteriors as served, page by page
-        cursor, page = svc.store.scan_items(record.name, cursor, 2000)
-        items = [d for d in (orjson.loads(b) for _, b in page) if has_evidence(d)]
-        if items:  # items without labels have no most likely label: not counted
-            q = stored_posteriors(items, g)
+    for page in stored_pages(svc.store, record.name, globals_of(svc, record), 2000):
+        q = page.posterior[page.known]  # items without labels have no most likely label
+        if q.size:
             top.append(q.max(axis=1))
             best += np.bincount(q.argmax(axis=1), minlength=K)
-        if cursor == 0:
-            break
     edges = np.linspace(0.0, 1.0, 21)
     counts = np.histogram(np.concatenate(top) if top else np.zeros(0), bins=edges)[0]
     views = workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)

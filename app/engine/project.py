@@ -685,8 +685,9 @@ class ProjectEngine:
             self.shown(codes) if shown is None else shown,
         )
         return pack(
-            posterior, self.b[codes], gold, self.held_out[codes], self.position, self.computed_at
-        )
+            posterior, self.b[codes], gold, self.held_out[codes], self.position, self.computed_at,
+            self.labels.count[codes], self.weight[codes],
+        )  # fmt: skip
 
     def worker_json(self, w: int) -> bytes:
         return self.workers_json(np.array([w], dtype=np.int64))[self.workers.names[w]]

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from core.blocks import FloatArray, LabelBlocks
@@ -22,6 +23,8 @@ from core.hashing import worker_slot
 from core.nominal import NominalConfig, NominalParams
 from core.online import OnlineEM
 from core.served import held_out_posteriors
+
+BoolArray = npt.NDArray[np.bool_]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -152,9 +155,15 @@ def stored_posteriors(items: list[dict[str, Any]], g: Globals) -> FloatArray:
         return np.empty((0, g.class_logits.shape[0]))
     q = np.array([d["posterior"] for d in items], dtype=np.float64)
     n = [sum(x for _, _, x in d["labels"]) for d in items]
-    out: FloatArray = g.calibration.from_posteriors(q, n)
-    gold = [k for k, d in enumerate(items) if d.get("gold") is not None]
-    out[gold] = q[gold]  # a gold item is certain: served as stored
+    gold = np.array([d.get("gold") is not None for d in items])
+    return served_posteriors(q, np.asarray(n, dtype=np.float64), gold, g)
+
+
+def served_posteriors(q: FloatArray, weight: FloatArray, gold: BoolArray, g: Globals) -> FloatArray:
+    """Stored posteriors ``q`` as served: calibrated with ``g``'s calibration (eq. 21, n_i
+    the items' label ``weight``), a ``gold`` item's as stored (certain)."""
+    out: FloatArray = g.calibration.from_posteriors(q, weight)
+    out[gold] = q[gold]
     return out
 
 

@@ -333,6 +333,13 @@ class Store(Protocol):
         """A page of items from ``cursor`` (0 = start); the next cursor is 0 at the end."""
         ...
 
+    def scan_records(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[str], list[bytes]]:
+        """``scan_items``' page as the items' names and packed records (no label lists:
+        ``app.store.item_records.record_table`` reads them in columns)."""
+        ...
+
     def get_worker(self, project: str, worker: str) -> bytes | None: ...
     def read_queue(self, project: str, count: int) -> list[tuple[str, float]]:
         """The ``count`` highest-scored items, best first (ties: by item id)."""

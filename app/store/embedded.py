@@ -432,12 +432,31 @@ class EmbeddedStore:
             st = self._state.get(project)
             if st is None:
                 return 0, []
-            if len(st.item_order) != len(st.items):  # (items are only ever added)
-                st.item_order = list(st.items)
-            keys = st.item_order[cursor : cursor + count]
+            keys = self._page(st, cursor, count)
             page = list(zip(keys, _rendered(st, keys), strict=True))
-            nxt = cursor + len(keys)
-            return (nxt if nxt < len(st.items) else 0), page
+            return self._next(st, cursor, keys), page
+
+    def scan_records(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[str], list[bytes]]:
+        with self._lock:
+            st = self._state.get(project)
+            if st is None:
+                return 0, [], []
+            keys = self._page(st, cursor, count)
+            return self._next(st, cursor, keys), keys, [st.items[n] for n in keys]
+
+    @staticmethod
+    def _page(st: _ProjectState, cursor: int, count: int) -> list[str]:
+        """The names of a page of items (the lock held)."""
+        if len(st.item_order) != len(st.items):  # (items are only ever added)
+            st.item_order = list(st.items)
+        return st.item_order[cursor : cursor + count]
+
+    @staticmethod
+    def _next(st: _ProjectState, cursor: int, keys: list[str]) -> int:
+        nxt = cursor + len(keys)
+        return nxt if nxt < len(st.items) else 0
 
     def get_worker(self, project: str, worker: str) -> bytes | None:
         st = self._state.get(project)

@@ -1,13 +1,16 @@
 """An item's served state as a store keeps it, and its JSON rendered on read.
 
 The engine writes each touched item as a packed record (posterior, held-out correction,
-clarity, the step's time, gold, position: float64 and int64 fields, ``record_dtype``) and the
+clarity, the step's time, gold, position, the number of labels and their summed weight: float64
+and int64 fields, ``record_dtype``) and the
 new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
 each label list as JSON text without its closing ``]`` and appends to it, so an update of an
 item with n labels costs the engine O(new labels), not O(n) (the embedded store too; Redis is
 sent the whole list, which it cannot append to in place). What a read returns is the bytes
 ``orjson.dumps`` gives for the item's dict ``{"posterior", "clarity", "labels", "gold",
-"held_out", "position", "computed_at"}``.
+"held_out", "position", "computed_at"}``. An export reads the records alone, in columns
+(``record_table``): the count and the weight (the calibration's n_i, docs/model.md eq. 21) spare
+it the label lists.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from core.blocks import FloatArray, IntArray
@@ -47,19 +51,26 @@ class ItemWrites:
         return len(self.names)
 
 
+COUNTED = 1 << 32
+"""Set in a record's first field (beside its number of classes) when the record carries its
+item's label count and weight. Records written before they did (kept by a Redis across an
+upgrade) lack both; ``record_table`` does not read them, ``render`` does."""
+
+
 @functools.cache
-def record_dtype(n_classes: int) -> np.dtype:
-    return np.dtype(
-        [
-            ("n_classes", "<i8"),  # (a record tells its own size)
-            ("posterior", "<f8", (n_classes,)),
-            ("held_out", "<f8", (n_classes,)),  # a row of zeros for none
-            ("clarity", "<f8"),
-            ("computed_at", "<f8"),
-            ("gold", "<i8"),  # -1 for none
-            ("position", "<i8"),
-        ]
-    )
+def record_dtype(n_classes: int, counted: bool = True) -> np.dtype:
+    fields: list[tuple[str, str] | tuple[str, str, tuple[int]]] = [
+        ("n_classes", "<i8"),  # (a record tells its own size: COUNTED or not, then K)
+        ("posterior", "<f8", (n_classes,)),
+        ("held_out", "<f8", (n_classes,)),  # a row of zeros for none
+        ("clarity", "<f8"),
+        ("computed_at", "<f8"),
+        ("gold", "<i8"),  # -1 for none
+        ("position", "<i8"),
+    ]
+    if counted:
+        fields += [("n_labels", "<i8"), ("weight", "<f8")]  # weight: summed in list order
+    return np.dtype(fields)
 
 
 def pack(
@@ -69,25 +80,40 @@ def pack(
     held_out: FloatArray,
     position: int,
     computed_at: float,
+    n_labels: IntArray,
+    weight: FloatArray,
 ) -> list[bytes]:
     """One record per row of ``posterior``, as bytes."""
     n, k = posterior.shape
     table = np.empty(n, dtype=record_dtype(k))
-    table["n_classes"] = k
+    table["n_classes"] = k | COUNTED
     table["posterior"], table["held_out"], table["clarity"] = posterior, held_out, clarity
     table["computed_at"], table["gold"], table["position"] = computed_at, gold, position
+    table["n_labels"], table["weight"] = n_labels, weight
     blob, size = table.tobytes(), table.dtype.itemsize
     return [blob[at : at + size] for at in range(0, n * size, size)]
 
 
-def record_classes(record: bytes) -> int:
-    """The number of classes of a record (or of a value that starts with one)."""
+def _head(record: bytes) -> int:
     return int.from_bytes(record[:8], "little", signed=True)
 
 
 def record_size(record: bytes) -> int:
     """The length of a record (or of the record a value starts with)."""
-    return _layout(record_classes(record)).size
+    head = _head(record)
+    return _layout(head & (COUNTED - 1), bool(head & COUNTED)).size
+
+
+def record_table(records: Sequence[bytes]) -> npt.NDArray[np.void] | None:
+    """The records (of one project, each alone) as one array of ``record_dtype``; None when
+    one of them predates the label counts (then read their items' JSON)."""
+    if not records:
+        return None
+    heads = np.frombuffer(b"".join(r[:8] for r in records), dtype="<i8")
+    if not np.all(heads & COUNTED):
+        return None
+    dtype = record_dtype(int(heads[0] & (COUNTED - 1)))
+    return np.frombuffer(b"".join(records), dtype=dtype)
 
 
 def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> None:
@@ -108,7 +134,7 @@ def render(records: Sequence[bytes], labels: Sequence[bytes | bytearray | None])
     """Each item's JSON from its record and its stored label list (None: no labels yet); the
     records of one project (one number of classes)."""
     lists = [WHOLE if lab is None else lab for lab in labels]
-    if len(records) < COLUMNS_FROM:
+    if len(records) < COLUMNS_FROM or len({_head(r) for r in records}) > 1:
         return [_item(record, lab) for record, lab in zip(records, lists, strict=True)]
     return _columns(records, lists)
 
@@ -120,7 +146,9 @@ at a time)."""
 
 
 def _columns(records: Sequence[bytes], lists: Sequence[bytes | bytearray]) -> list[bytes]:
-    table = np.frombuffer(b"".join(records), dtype=record_dtype(record_classes(records[0])))
+    head = _head(records[0])
+    dtype = record_dtype(head & (COUNTED - 1), bool(head & COUNTED))
+    table = np.frombuffer(b"".join(records), dtype=dtype)
     held_out = table["held_out"]
     held = np.any(held_out != 0.0, axis=1)
     corrections = [b"null"] * held.size
@@ -159,10 +187,11 @@ def _numbers(values: list[float] | list[int] | list[int | None]) -> list[bytes]:
 
 
 def _item(record: bytes, labels: bytes | bytearray) -> bytes:
-    k = record_classes(record)
-    values = _layout(k).unpack_from(record)  # (``record`` may go on with the labels)
+    head = _head(record)
+    k = head & (COUNTED - 1)
+    values = _layout(k, bool(head & COUNTED)).unpack_from(record)  # (labels may follow)
     held_out = values[1 + k : 1 + 2 * k]
-    clarity, computed_at, gold, position = values[1 + 2 * k :]
+    clarity, computed_at, gold, position = values[1 + 2 * k : 5 + 2 * k]
     return orjson.dumps(
         {
             "posterior": values[1 : 1 + k],
@@ -177,10 +206,10 @@ def _item(record: bytes, labels: bytes | bytearray) -> bytes:
 
 
 @functools.cache
-def _layout(n_classes: int) -> struct.Struct:
+def _layout(n_classes: int, counted: bool) -> struct.Struct:
     """``record_dtype`` as a struct (its fields in order, each flattened): one record read
     this way costs a tenth of a read by numpy."""
-    record = record_dtype(n_classes)
+    record = record_dtype(n_classes, counted)
     fields = [record[name] for name in record.names or ()]
     codes = {"i": "q", "f": "d"}
     return struct.Struct(

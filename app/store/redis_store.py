@@ -36,7 +36,7 @@ from app.store.base import (
     QueueHead,
     StateUpdate,
 )
-from app.store.item_records import grow_lists, render_values
+from app.store.item_records import grow_lists, record_size, render_values
 
 # The lag (ms) of a project, as a Lua function of the log stream, its served state, its
 # sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
@@ -851,6 +851,13 @@ class RedisStore:
         nxt, page = self.r.hscan(self._k(project, "items"), cursor=cursor, count=count)
         names = [k.decode() for k in page]
         return int(nxt), list(zip(names, render_values(list(page.values())), strict=True))
+
+    def scan_records(
+        self, project: str, cursor: int, count: int
+    ) -> tuple[int, list[str], list[bytes]]:
+        nxt, page = self.r.hscan(self._k(project, "items"), cursor=cursor, count=count)
+        records = [v[: record_size(v)] for v in page.values()]  # (each value: record, labels)
+        return int(nxt), [k.decode() for k in page], records
 
     def get_worker(self, project: str, worker: str) -> bytes | None:
         blob: bytes | None = self.r.hget(self._k(project, "workers"), worker)

@@ -1,5 +1,6 @@
 """Served items' JSON, rendered from packed records (a few one at a time, more a column at a
-time), is byte for byte what orjson gives for each item's dict."""
+time), is byte for byte what orjson gives for each item's dict, from records with their label
+counts or from records written before they had them; the records read as one table."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.store.item_records import COLUMNS_FROM, pack, render
+from app.store.item_records import COLUMNS_FROM, pack, record_dtype, record_table, render
 
 FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -53,23 +54,64 @@ def one_by_one(
     st.lists(st.integers(0, 2**40), min_size=2, max_size=2),
     st.lists(FLOATS, min_size=2, max_size=2),
     st.integers(0, 2 * COLUMNS_FROM),
+    st.booleans(),
 )
 def test_rendered_items_are_orjsons_per_item(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]],
     positions: list[int],
     times: list[float],
     cut: int,
+    first_uncounted: bool,
 ) -> None:
-    """Items of two writes (two positions and times) read together."""
+    """Items of two writes (two positions and times) read together; the first write's records
+    perhaps from before records carried label counts."""
     posterior, clarity, gold, held_out, workers = arrays
     labels = [orjson.dumps([[w, 0, 1.0]]) for w in workers]  # any JSON array, ids with ],[
     open_labels = [lab[:-1] for lab in labels]  # as the store keeps them: no closing bracket
     cut = min(cut, len(labels))
     records, want = [], []
     halves = (slice(0, cut), slice(cut, None))
-    for part, position, computed_at in zip(halves, positions, times, strict=True):
+    for half, (part, position, computed_at) in enumerate(
+        zip(halves, positions, times, strict=True)
+    ):
         columns = posterior[part], clarity[part], gold[part], held_out[part]
-        records += pack(*columns, position, computed_at)
+        n = np.arange(posterior[part].shape[0])
+        written = pack(*columns, position, computed_at, n, n / 4)
+        if first_uncounted and half == 0:
+            written = uncounted(written, posterior.shape[1])
+        records += written
         p, c, g, h = columns
         want += one_by_one(p, c, labels[part], g, h, position, computed_at)
     assert render(records, open_labels) == want
+    table = record_table(records)
+    if not records or (first_uncounted and cut > 0):
+        assert table is None  # (none, or their counts are in their label lists)
+        return
+    assert table is not None and table.shape == (len(records),)
+    assert table["posterior"].tobytes() == posterior.tobytes()
+    assert table["gold"].tolist() == gold.tolist()
+    assert table["n_labels"].tolist() == [*range(cut), *range(len(records) - cut)]
+
+
+def uncounted(records: list[bytes], k: int) -> list[bytes]:
+    """Records as they were written before they carried their item's label count and weight."""
+    old = record_dtype(k, counted=False)
+    table = np.frombuffer(b"".join(records), dtype=record_dtype(k))
+    out = np.empty(table.shape, dtype=old)
+    for name in old.names or ():
+        out[name] = table[name]
+    out["n_classes"] = k
+    return [r.tobytes() for r in out]
+
+
+def test_a_record_carries_its_items_label_count_and_weight() -> None:
+    records = pack(
+        np.full((3, 2), 0.5), np.zeros(3), np.array([-1, 1, -1]), np.zeros((3, 2)), 9, 1.5,
+        np.array([0, 4, 2]), np.array([0.0, 3.5, 2.0]),
+    )  # fmt: skip
+    table = record_table(records)
+    assert table is not None
+    assert table["n_labels"].tolist() == [0, 4, 2]
+    assert table["weight"].tolist() == [0.0, 3.5, 2.0]
+    assert table["position"].tolist() == [9, 9, 9]
+    assert record_table([]) is None

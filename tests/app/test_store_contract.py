@@ -179,7 +179,16 @@ def writes(
     i = np.array([int(n.split()[1].split("/")[0]) for n in names], dtype=np.float64)
     posterior = np.stack([i / 1000, 1 - i / 1000], axis=1)
     gold = np.where(i % 2 == 0, -1, 1)
-    records = pack(posterior, i / 10, gold, np.zeros_like(posterior), position, 1.5)
+    records = pack(
+        posterior,
+        i / 10,
+        gold,
+        np.zeros_like(posterior),
+        position,
+        1.5,
+        np.ones(i.size, np.int64),
+        np.ones(i.size),
+    )
     return ItemWrites(names, records, texts, {} if written is None else written)
 
 
