@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote
 
 from app.io import importers
@@ -307,6 +307,26 @@ WORKER_FIELDS = (
 )
 
 
+def _copy_export(http: httpx.Client, project: str, format: str, out: BinaryIO) -> int:
+    """The service's export written to ``out`` as it streams in, each line ending in a line
+    feed (the CSV's CRLF too); returns the lines written."""
+    lines, held = 0, b""
+    with http.stream(
+        "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
+    ) as resp:
+        if resp.status_code >= 400:
+            resp.read()
+            _check(resp, f"export of {project!r}")
+        for chunk in resp.iter_bytes():
+            chunk = held + chunk
+            held = b"\r" if chunk.endswith(b"\r") else b""  # (its line feed may come next)
+            text = chunk[: len(chunk) - len(held)].replace(b"\r\n", b"\n")
+            out.write(text)
+            lines += text.count(b"\n")
+    out.write(held)
+    return lines
+
+
 def _lines(http: httpx.Client, project: str, format: str) -> Iterator[str]:
     with http.stream(
         "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
@@ -362,14 +382,13 @@ def run_export(
         n = _write_parquet(http, project, tmp, what, classes, confusion)
         tmp.replace(out)
         return n
+    if what == "posteriors":
+        with tmp.open("wb") as out_file:
+            n = _copy_export(http, project, format, out_file)
+        tmp.replace(out)
+        return n - (1 if format == "csv" and n else 0)  # (the CSV's header)
     with tmp.open("w", encoding="utf-8", newline="") as f:
-        if what == "posteriors":
-            for line in _lines(http, project, format):
-                if line.strip():
-                    f.write(line + "\n")
-                    n += 1
-            n -= 1 if format == "csv" and n else 0
-        elif what == "labels":
+        if what == "labels":
             writer = csv.writer(f) if format == "csv" else None
             if writer:
                 writer.writerow(["item", "label", "probability", "n_labels", "gold"])

@@ -419,3 +419,23 @@ def test_every_shared_dataset_imports_and_exports_with_one_command_each(
         items = {json.loads(line)["item"] for line in out.read_text().splitlines()}
         gold = read_truth(datasets_root / name / "truth.csv")
         assert set(gold) <= items, name
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 7, 4096])
+def test_the_export_is_copied_as_it_streams_each_line_ending_in_a_line_feed(
+    cut: int, tmp_path: Path
+) -> None:
+    """The posteriors' export reaches the file byte for byte but for CRLF, which becomes a line
+    feed even when a chunk of the stream ends between the two (chunks of ``cut`` bytes)."""
+    body = 'item,label\r\n"a,b",x\r\nc,é\r\n'.encode()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/export"):
+            chunks = [body[at : at + cut] for at in range(0, len(body), cut)]
+            return httpx.Response(200, content=iter(chunks))
+        return httpx.Response(200, json={"labels": ["x", "é"]})
+
+    out = tmp_path / "posteriors.csv"
+    with httpx.Client(transport=httpx.MockTransport(answer), base_url="http://t") as http:
+        assert transfer.run_export(http, "p", out) == 2
+    assert out.read_bytes() == body.replace(b"\r\n", b"\n")
