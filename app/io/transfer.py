@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from urllib.parse import quote
 
 from app.io import importers
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line
 
     from app.io.answer_table import AnswerTable
 
+T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUS = {429, 500, 502, 503, 504}
 RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
@@ -311,30 +312,31 @@ def _copy_export(http: httpx.Client, project: str, format: str, out: BinaryIO) -
     """The service's export written to ``out`` as it streams in, each line ending in a line
     feed (the CSV's CRLF too); returns the lines written."""
     lines, held = 0, b""
-    with http.stream(
-        "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
-    ) as resp:
-        if resp.status_code >= 400:
-            resp.read()
-            _check(resp, f"export of {project!r}")
-        for chunk in resp.iter_bytes():
-            chunk = held + chunk
-            held = b"\r" if chunk.endswith(b"\r") else b""  # (its line feed may come next)
-            text = chunk[: len(chunk) - len(held)].replace(b"\r\n", b"\n")
-            out.write(text)
-            lines += text.count(b"\n")
+    for chunk in _export(http, project, format, lambda resp: resp.iter_bytes()):
+        chunk = held + chunk
+        held = b"\r" if chunk.endswith(b"\r") else b""  # (its line feed may come next)
+        text = chunk[: len(chunk) - len(held)].replace(b"\r\n", b"\n")
+        out.write(text)
+        lines += text.count(b"\n")
     out.write(held)
     return lines
 
 
 def _lines(http: httpx.Client, project: str, format: str) -> Iterator[str]:
+    return _export(http, project, format, lambda resp: resp.iter_lines())
+
+
+def _export(
+    http: httpx.Client, project: str, format: str, parts: Callable[[httpx.Response], Iterator[T]]
+) -> Iterator[T]:
+    """The ``parts`` of the service's export as it streams in (an error answer raised)."""
     with http.stream(
         "GET", f"/v1/projects/{_p(project)}/export", params={"format": format}
     ) as resp:
         if resp.status_code >= 400:
             resp.read()
             _check(resp, f"export of {project!r}")
-        yield from resp.iter_lines()
+        yield from parts(resp)
 
 
 def _workers(http: httpx.Client, project: str, confusion: bool) -> Iterator[dict[str, Any]]:
