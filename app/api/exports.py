@@ -7,16 +7,14 @@ line as ``orjson`` writes the item's dict.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from app.io.csv_fields import csv_field
 from app.serving.nominal import iso
 from app.serving.stored_pages import StoredPage
-
-_NEEDS_QUOTES = re.compile(r'[,"\r\n]')
 
 
 def csv_header(classes: Sequence[str]) -> str:
@@ -26,12 +24,12 @@ def csv_header(classes: Sequence[str]) -> str:
 def csv_rows(page: StoredPage, classes: Sequence[str]) -> str:
     """The page's CSV rows: item, label, probability, the posterior of each class, n_labels,
     gold, computed_at; label and probability empty for an item without evidence."""
-    labels = [_csv_field(c) for c in classes]
+    labels = [csv_field(c) for c in classes]
     row = "%s,%s,%s," + ",".join(["%.6g"] * len(classes)) + ",%d,%s,%s\r\n"
     best = page.posterior.argmax(axis=1).tolist()
     rows = (
         (
-            _csv_field(name),
+            csv_field(name),
             labels[b] if known else "",
             f"{p[b]:.6g}" if known else "",
             *p,
@@ -74,13 +72,5 @@ def _columns(page: StoredPage, best: list[int]) -> Any:
     )  # fmt: skip
 
 
-def _csv_field(text: str) -> str:
-    """``text`` as ``csv.writer`` writes a field (the excel dialect: quoted when it holds a
-    comma, a quote or a line break, its quotes doubled)."""
-    if _NEEDS_QUOTES.search(text) is None:
-        return text
-    return '"' + text.replace('"', '""') + '"'
-
-
 def _csv_row(fields: Sequence[str]) -> str:
-    return ",".join(_csv_field(f) for f in fields) + "\r\n"
+    return ",".join(csv_field(f) for f in fields) + "\r\n"

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.io.codes import arrow_ints, valid
+from app.io.csv_fields import csv_field
 from app.io.triples import string_buffers
 from core._numba import jit
 from core.blocks import FloatArray, IntArray
@@ -124,11 +125,7 @@ def _csv_fields(names: pa.Array) -> pa.Array:
     needs = pc.match_substring_regex(names, r'[,"\r\n]')
     if not np.any(_bools(needs)):
         return names
-    fields = []
-    for name in names.to_pylist():
-        plain = not any(c in name for c in ',"\r\n')
-        fields.append(name if plain else '"' + name.replace('"', '""') + '"')
-    return arrow_strings(fields)
+    return arrow_strings([csv_field(name) for name in names.to_pylist()])
 
 
 def _bools(array: pa.Array) -> npt.NDArray[np.bool_]:

@@ -2,8 +2,7 @@
 
 The engine writes each touched item as a packed record (posterior, held-out correction,
 clarity, the step's time, gold, position, the number of labels and their summed weight: float64
-and int64 fields, ``record_dtype``) and the
-new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
+and int64 fields, ``record_dtype``) and the new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
 each label list as JSON text without its closing ``]`` and appends to it, so an update of an
 item with n labels costs the engine O(new labels), not O(n) (the embedded store too; Redis is
 sent the whole list, which it cannot append to in place). What a read returns is the bytes
@@ -98,10 +97,15 @@ def _head(record: bytes) -> int:
     return int.from_bytes(record[:8], "little", signed=True)
 
 
+def _kind(head: int) -> tuple[int, bool]:
+    """A record's number of classes and whether it carries its label count, from its first
+    field (``record_dtype``'s arguments)."""
+    return head & (COUNTED - 1), bool(head & COUNTED)
+
+
 def record_size(record: bytes) -> int:
     """The length of a record (or of the record a value starts with)."""
-    head = _head(record)
-    return _layout(head & (COUNTED - 1), bool(head & COUNTED)).size
+    return _layout(*_kind(_head(record))).size
 
 
 def record_table(records: Sequence[bytes]) -> npt.NDArray[np.void] | None:
@@ -112,8 +116,7 @@ def record_table(records: Sequence[bytes]) -> npt.NDArray[np.void] | None:
     heads = np.frombuffer(b"".join(r[:8] for r in records), dtype="<i8")
     if not np.all(heads & COUNTED):
         return None
-    dtype = record_dtype(int(heads[0] & (COUNTED - 1)))
-    return np.frombuffer(b"".join(records), dtype=dtype)
+    return np.frombuffer(b"".join(records), dtype=record_dtype(*_kind(int(heads[0]))))
 
 
 def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> None:
@@ -146,9 +149,7 @@ at a time)."""
 
 
 def _columns(records: Sequence[bytes], lists: Sequence[bytes | bytearray]) -> list[bytes]:
-    head = _head(records[0])
-    dtype = record_dtype(head & (COUNTED - 1), bool(head & COUNTED))
-    table = np.frombuffer(b"".join(records), dtype=dtype)
+    table = np.frombuffer(b"".join(records), dtype=record_dtype(*_kind(_head(records[0]))))
     held_out = table["held_out"]
     held = np.any(held_out != 0.0, axis=1)
     corrections = [b"null"] * held.size
@@ -187,9 +188,8 @@ def _numbers(values: list[float] | list[int] | list[int | None]) -> list[bytes]:
 
 
 def _item(record: bytes, labels: bytes | bytearray) -> bytes:
-    head = _head(record)
-    k = head & (COUNTED - 1)
-    values = _layout(k, bool(head & COUNTED)).unpack_from(record)  # (labels may follow)
+    k, counted = _kind(_head(record))
+    values = _layout(k, counted).unpack_from(record)  # (``record`` may go on with the labels)
     held_out = values[1 + k : 1 + 2 * k]
     clarity, computed_at, gold, position = values[1 + 2 * k : 5 + 2 * k]
     return orjson.dumps(
