@@ -40,3 +40,6 @@ def test_gather_gives_each_items_labels_in_arrival_order(
         assert got == seen[i]
     assert np.array_equal(table.worker[positions], blocks.slots)
     assert np.array_equal(blocks.weights, blocks.slots + 0.5)
+    assert np.array_equal(blocks.labels, blocks.slots % 3)
+    ptr, at = table.positions(codes)  # (the chains alone: what gather read its columns at)
+    assert np.array_equal(ptr, blocks.ptr) and np.array_equal(at, positions)
