@@ -48,8 +48,14 @@ def import_command(
         Path | None, typer.Option("--truth", help="Also post gold answers from an item,label CSV.")
     ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, max=10000, help="Labels per POST.")
-    ] = 1000,
+        int,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            max=10000,
+            help="Labels per POST (halved while the service finds a block too large).",
+        ),
+    ] = transfer.IMPORT_BATCH,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Progress bar.")
     ] = True,

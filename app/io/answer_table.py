@@ -101,17 +101,17 @@ class AnswerTable:
         bad = np.flatnonzero(~known.to_numpy(zero_copy_only=False))
         return int(bad[0]) if bad.size else None
 
-    def bodies(self, batch_size: int) -> Iterator[tuple[int, int, bytes]]:
+    def bodies(self, batch_size: int, first: int = 0) -> Iterator[tuple[int, int, bytes]]:
         """(first row, end row, JSON array of the answers as ``POST .../labels`` takes them) for
-        each block of ``batch_size`` answers."""
+        each block of ``batch_size`` answers, from row ``first`` on."""
         n = len(self)
         if any(_has_control(c) for c in (self.items, self.workers, self.labels, self.ids)):
-            for lo in range(0, n, batch_size):  # (rare: control characters to escape)
+            for lo in range(first, n, batch_size):  # (rare: control characters to escape)
                 hi = min(lo + batch_size, n)
                 yield lo, hi, orjson.dumps(self._dicts(lo, hi))
             return
         span = batch_size * max(1, _ROWS_AT_ONCE // batch_size)  # (whole blocks per span)
-        for start in range(0, n, span):
+        for start in range(first, n, span):
             end = min(start + span, n)
             offsets, data = string_buffers(self._rows(start, end))
             for lo in range(start, end, batch_size):

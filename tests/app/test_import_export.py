@@ -345,7 +345,7 @@ def test_import_a_shared_dataset_and_export_posteriors(
         "import", str(answers), "--project", "dog", "--url", live, "--create-with-labels", "auto"
     )
     assert done.returncode == 0, done.stderr
-    assert "8,070 labels in 9 blocks: 8,070 new, 0 already there" in done.stdout
+    assert "8,070 labels in 2 blocks: 8,070 new, 0 already there" in done.stdout  # of 5,000
     again = _run("import", str(answers), "--project", "dog", "--url", live, "--no-progress")
     assert again.returncode == 0 and "0 new, 8,070 already there" in again.stdout
     out = tmp_path / "dog.csv"
@@ -439,3 +439,20 @@ def test_the_export_is_copied_as_it_streams_each_line_ending_in_a_line_feed(
     with httpx.Client(transport=httpx.MockTransport(answer), base_url="http://t") as http:
         assert transfer.run_export(http, "p", out) == 2
     assert out.read_bytes() == body.replace(b"\r\n", b"\n")
+
+
+def test_an_import_halves_its_blocks_for_a_service_that_takes_smaller_ones(tmp_path: Path) -> None:
+    """A service whose blocks hold at most 50 labels refuses the import's blocks of 120 (413
+    block_too_large): they are sent again as 60, then 30, and every answer goes in once."""
+    store = EmbeddedStore(tmp_path / "crowdtally.sqlite3")
+    app = create_app(service_settings(tmp_path, max_block_labels=50), store=store)
+    answers = tmp_path / "answers.csv"
+    rows = [f"i{n % 40},w{n % 7},{'ab'[n % 3 == 0]}" for n in range(230)]
+    answers.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as service:
+        r = transfer.run_import(service, answers, "small", auto_labels=True, batch_size=120)
+        assert (r.accepted, r.duplicates, r.blocks) == (230, 0, 8)  # 8 blocks of 30 or fewer
+        assert _stats(service, "small")["n_labels"] == 230
+        again = transfer.run_import(service, answers, "small", batch_size=120)
+        assert (again.accepted, again.duplicates) == (0, 230)
+    store.close()
