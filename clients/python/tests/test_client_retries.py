@@ -133,3 +133,27 @@ def test_push_back_is_waited_out_without_spending_the_retries(
         c.post_labels("p", [("i", "w", "a")])
     assert err.value.status == 429 and not answers  # 30 waits of 0 s, counted 0.1 s each
     assert slept == [0.0] * 30
+
+
+def test_blocks_too_large_for_the_service_are_sent_again_in_halves() -> None:
+    """A service whose blocks hold at most 50 labels answers 413 block_too_large to blocks of
+    120: they go again as 60, then 30 (nothing of a refused block was taken), every label
+    once, and the blocks after them as large."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = len(json.loads(request.content))
+        sizes.append(n)
+        if n > 50:
+            error = {
+                "code": "block_too_large",
+                "message": f"{n} labels in one block; the limit is 50",
+            }
+            return httpx.Response(413, json={"error": {**error, "entry": None, "field": None}})
+        return httpx.Response(202, json={**ACCEPTED, "accepted": n})
+
+    labels = [(f"i{k % 40}", f"w{k % 7}", "a") for k in range(230)]
+    with fast(httpx.MockTransport(handler)) as c:
+        got = c.post_labels("p", labels, ids="auto", batch_size=120)
+    assert (got.accepted, got.blocks) == (230, 8)
+    assert sizes == [120, 60, 30, 30, 30, 30, 30, 30, 30, 20]

@@ -317,7 +317,3 @@ def headers(key: str | None) -> dict[str, str]:
     if key:
         h["Authorization"] = f"Bearer {key}"
     return h
-
-
-def blocks(entries: list[dict[str, Any]], size: int) -> list[tuple[int, list[dict[str, Any]]]]:
-    return [(start, entries[start : start + size]) for start in range(0, len(entries), size)]

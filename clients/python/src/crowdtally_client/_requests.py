@@ -169,15 +169,22 @@ def _shift(err: ApiError, start: int, sent: models.PostResult) -> ApiError:
 def _post_blocks(
     path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool
 ) -> Plan[models.PostResult]:
-    """One POST a block, in order, summed; an error names the entry of the whole input."""
-    total, params = models.PostResult(), _wait(wait)
-    for start, block in _core.blocks(entries, size):
+    """One POST a block, in order, summed; an error names the entry of the whole input. A
+    block the service finds too large (413 ``block_too_large``: its limit is lower) is sent
+    again in halves, and the blocks after it as large."""
+    total, params, start = models.PostResult(), _wait(wait), 0
+    while start < len(entries):
+        block = entries[start : start + size]
         req = Req("POST", path, models.Accepted.model_validate, params, block, idempotent)
         try:
             got = yield req
         except ApiError as err:
+            if err.status == 413 and err.code == "block_too_large" and size > 1:
+                size //= 2  # (nothing of the block was taken)
+                continue
             raise _shift(err, start, total) from None
         _add(total, got)
+        start += len(block)
     return total
 
 

@@ -212,7 +212,7 @@ class Client(_Base):
         wait: bool = False,
         batch_size: int | None = None,
     ) -> PostResult:
-        """Post labels in blocks of ``batch_size`` (default 1,000; at most 10,000).
+        """Post labels in blocks of ``batch_size`` (default 5,000; at most 10,000).
 
         Give every label an ``id`` (or ``ids="auto"``: a hash of item, worker, label, the
         position in ``labels`` and ``id_namespace``) and retried or re-run calls count once.
