@@ -25,7 +25,7 @@ from app.store.base import (
     StateUpdate,
     Store,
 )
-from app.store.item_records import ItemWrites, pack
+from app.store.item_records import ItemWrites, pack, record_table
 from app.store.redis_store import RedisStore
 from tests.app.conftest import REDIS_URL, STORES, opened_store
 
@@ -225,6 +225,18 @@ def test_served_state(store: Store) -> None:
             break
     assert seen == dict(zip(names, store.get_items("p", names), strict=True))
     assert orjson.loads(seen["item 4/é"]) == item_dict(4, [["w", 4, 1.0]])
+    records: dict[str, bytes] = {}
+    cursor = 0
+    while True:  # the same pages as packed records alone
+        cursor, page_names, page_records = store.scan_records("p", cursor, 40)
+        records.update(zip(page_names, page_records, strict=True))
+        if cursor == 0:
+            break
+    assert sorted(records) == sorted(names)
+    table = record_table([records[n] for n in names])
+    assert table is not None
+    assert table["posterior"][:, 0].tolist() == [i / 1000 for i in range(250)]
+    assert table["position"].tolist() == [1] * 250  # (as ``writes`` packs them)
 
 
 def test_label_lists_grow_by_what_each_write_brings(store: Store) -> None:
