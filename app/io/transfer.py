@@ -195,6 +195,42 @@ def _ensure_project(
     return classes, created
 
 
+def _post_answers(
+    http: httpx.Client,
+    project: str,
+    path: Path,
+    answers: AnswerTable,
+    batch_size: int,
+    wait_last: bool,
+    advance: Callable[[int], None],
+) -> tuple[int, int, int, int]:
+    """Post the answers in blocks of ``batch_size``, halved while the service finds a block too
+    large (413 block_too_large: nothing of it was taken); returns (accepted, duplicates,
+    blocks, the block size that went through)."""
+    accepted = duplicates = n_blocks = sent = 0
+    while sent < len(answers):
+        for lo, hi, body in answers.bodies(batch_size, first=sent):
+            params = {"wait": "true"} if wait_last and hi == len(answers) else None
+            resp = call(
+                http, "POST", f"/v1/projects/{_p(project)}/labels", content=body, params=params
+            )
+            if resp.status_code == 413 and batch_size > 1 and _code(resp) == "block_too_large":
+                batch_size //= 2  # (the blocks from this one on)
+                break
+            if resp.status_code >= 400:
+                text, entry = _error_text(resp)
+                line = answers.line(lo + entry) if entry is not None and entry < hi - lo else None
+                raise InputError(path, line, f"the service refused this block: {text} "
+                                 f"({accepted + duplicates} labels were accepted before it; re-run to resume)")  # fmt: skip
+            got = resp.json()
+            n_blocks += 1
+            accepted += got["accepted"]
+            duplicates += got["duplicates"]
+            sent = hi
+            advance(hi - lo)
+    return accepted, duplicates, n_blocks, batch_size
+
+
 def run_import(
     http: httpx.Client,
     path: Path,
@@ -223,31 +259,11 @@ def run_import(
     if auto_labels:
         create_with = importers.label_order(answers.label_names() | {r.label for r in gold})
     _ensure_project(http, project, create_with, answers, gold, path)
-    accepted = duplicates = n_blocks = sent = 0
     with _progress(progress, len(answers), f"import {path.name}") as advance:
-        while sent < len(answers):
-            for lo, hi, body in answers.bodies(batch_size, first=sent):
-                last = hi == len(answers)
-                params = {"wait": "true"} if wait and last and not gold else None
-                resp = call(
-                    http, "POST", f"/v1/projects/{_p(project)}/labels", content=body, params=params
-                )
-                if resp.status_code == 413 and batch_size > 1 and _code(resp) == "block_too_large":
-                    batch_size //= 2  # (the blocks from this one on)
-                    break
-                if resp.status_code >= 400:
-                    text, entry = _error_text(resp)
-                    line = (
-                        answers.line(lo + entry) if entry is not None and entry < hi - lo else None
-                    )
-                    raise InputError(path, line, f"the service refused this block: {text} "
-                                     f"({accepted + duplicates} labels were accepted before it; re-run to resume)")  # fmt: skip
-                got = resp.json()
-                n_blocks += 1
-                accepted += got["accepted"]
-                duplicates += got["duplicates"]
-                sent = hi
-                advance(hi - lo)
+        wait_last = wait and not gold
+        accepted, duplicates, n_blocks, batch_size = _post_answers(
+            http, project, path, answers, batch_size, wait_last, advance
+        )
     if gold:
         # Gold has no ids in the API; posting it again sets the same answers (idempotent for
         # the posteriors, though workers' gold tallies count it again).
