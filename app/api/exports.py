@@ -26,7 +26,6 @@ def csv_rows(page: StoredPage, classes: Sequence[str]) -> str:
     gold, computed_at; label and probability empty for an item without evidence."""
     labels = [csv_field(c) for c in classes]
     row = "%s,%s,%s," + ",".join(["%.6g"] * len(classes)) + ",%d,%s,%s\r\n"
-    best = page.posterior.argmax(axis=1).tolist()
     rows = (
         (
             csv_field(name),
@@ -37,14 +36,13 @@ def csv_rows(page: StoredPage, classes: Sequence[str]) -> str:
             labels[gold] if gold >= 0 else "",
             iso(at),
         )
-        for name, b, known, p, n, gold, at in _columns(page, best)
+        for name, b, known, p, n, gold, at in _columns(page)
     )
     return "".join(row % fields for fields in rows)
 
 
 def jsonl_lines(page: StoredPage, classes: Sequence[str]) -> bytes:
     """The page's NDJSON: per item its fields but its labels, as ``Item`` orders them."""
-    best = page.posterior.argmax(axis=1).tolist()
     return b"".join(
         orjson.dumps(
             {
@@ -60,12 +58,15 @@ def jsonl_lines(page: StoredPage, classes: Sequence[str]) -> bytes:
         )
         + b"\n"
         for (name, b, known, p, n, gold, at), position in zip(
-            _columns(page, best), page.position.tolist(), strict=True
+            _columns(page), page.position.tolist(), strict=True
         )
     )
 
 
-def _columns(page: StoredPage, best: list[int]) -> Any:
+def _columns(page: StoredPage) -> Any:
+    """Each item's name, best class (the first on ties), evidence, posterior, label count,
+    gold and time, as Python values."""
+    best = page.posterior.argmax(axis=1).tolist()
     return zip(
         page.names, best, page.known.tolist(), page.posterior.tolist(), page.n_labels.tolist(),
         page.gold.tolist(), page.computed_at.tolist(), strict=True,

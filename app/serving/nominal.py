@@ -14,17 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
+from core.acquisition import BoolArray
 from core.blocks import FloatArray, LabelBlocks
 from core.calibration import Calibration
 from core.hashing import worker_slot
 from core.nominal import NominalConfig, NominalParams
 from core.online import OnlineEM
 from core.served import held_out_posteriors
-
-BoolArray = npt.NDArray[np.bool_]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
 from app.serving.nominal import Globals, served_posteriors, stored_posteriors
 from app.store.base import Store
 from app.store.item_records import record_table
+from core.acquisition import BoolArray
 from core.blocks import FloatArray, IntArray
 
 
@@ -35,9 +35,10 @@ class StoredPage:
     position: IntArray
 
     @property
-    def known(self) -> npt.NDArray[np.bool_]:
-        """Items with evidence (labels or gold): the others have no most likely label."""
-        known: npt.NDArray[np.bool_] = (self.n_labels > 0) | (self.gold >= 0)
+    def known(self) -> BoolArray:
+        """Items with evidence (labels or gold): the others have no most likely label (as
+        ``has_evidence`` says of one item's JSON)."""
+        known: BoolArray = (self.n_labels > 0) | (self.gold >= 0)
         return known
 
 

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -154,6 +155,21 @@ def client(store: Store, tmp_path: Path) -> Iterator[TestClient]:
     app = create_app(service_settings(tmp_path, max_block_labels=50), store=store)
     with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
         yield c
+
+
+def listed_items(
+    client: TestClient, headers: dict[str, str], project: str, limit: int
+) -> dict[str, dict[str, Any]]:
+    """Every item of ``project`` as the listing serves it, page by page, its labels left out
+    (what the export must give)."""
+    out: dict[str, dict[str, Any]] = {}
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        page = client.get(f"/v1/projects/{project}/items", params=params, headers=headers).json()
+        out |= {x["item"]: {k: v for k, v in x.items() if k != "labels"} for x in page["items"]}
+        if (cursor := page["next_cursor"]) is None:
+            return out
 
 
 PG_ADMIN_URL = os.environ.get("CROWDTALLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

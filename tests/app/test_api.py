@@ -11,6 +11,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.app.conftest import listed_items
+
 LABELS = ["asian", "black", "hispanic", "white", "other"]
 
 
@@ -170,14 +172,7 @@ def test_the_export_is_the_listing_without_labels_over_several_pages(client: Tes
     assert (
         client.post("/v1/projects/census/items?wait=true", json=bare, headers=key).status_code < 300
     )
-    listed: dict[str, Any] = {}
-    cursor = None
-    while True:
-        params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
-        page = client.get("/v1/projects/census/items", params=params, headers=key).json()
-        listed |= {x["item"]: {k: v for k, v in x.items() if k != "labels"} for x in page["items"]}
-        if (cursor := page["next_cursor"]) is None:
-            break
+    listed = listed_items(client, key, "census", 500)
     lines = client.get("/v1/projects/census/export", headers=key).text.splitlines()
     exported = {r["item"]: r for r in map(orjson.loads, lines)}
     assert len(lines) == len(exported) == len(listed) == 2_303 and exported == listed

@@ -17,6 +17,7 @@ from app.store.base import Store
 from app.store.embedded import EmbeddedStore
 from app.store.item_records import record_dtype, record_size
 from app.store.redis_store import RedisStore
+from tests.app.conftest import listed_items
 
 CLASSES = ["cat", "dog, big", 'say "hi"']
 ITEMS = 6 + 60 + 2  # (labelled, then registered without labels)
@@ -54,14 +55,7 @@ def _fill(client: TestClient, key: dict[str, str]) -> None:
 
 def _listed(client: TestClient, key: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Every item as the listing serves it (its stored JSON parsed), labels left out."""
-    out: dict[str, dict[str, Any]] = {}
-    cursor = None
-    while True:
-        params: dict[str, Any] = {"limit": 25, **({"cursor": cursor} if cursor else {})}
-        page = client.get("/v1/projects/ex/items", params=params, headers=key).json()
-        out |= {x["item"]: {k: v for k, v in x.items() if k != "labels"} for x in page["items"]}
-        if (cursor := page["next_cursor"]) is None:
-            return out
+    return listed_items(client, key, "ex", 25)
 
 
 def _csv_row(x: dict[str, Any]) -> str:
