@@ -152,10 +152,14 @@ class StateUpdate:
     globals: bytes
     """orjson of the shared parameters (class logits, population, scalars) and metadata."""
     rows: dict[int, bytes] = field(default_factory=dict)
-    """Worker slots whose stored (scaled) deviation rows changed: slot -> float64 bytes."""
+    """Worker slots whose stored (scaled) deviation rows changed: slot -> float64 bytes.
+    Here, in ``workers`` and in ``DyadicUpdate``'s rows each value is a bytes object of its
+    own size, which the embedded store keeps as it is (not an orjson output: orjson writes
+    into a buffer of at least 4 KiB)."""
     items: ItemWrites = field(default_factory=ItemWrites)
     """The items whose served state changed (``app.store.item_records``)."""
     workers: dict[str, bytes] = field(default_factory=dict)
+    """Workers whose records changed: name -> JSON (``ProjectEngine.workers_json``)."""
     queue: dict[str, float] = field(default_factory=dict)
     """Active-learning scores of items that (still) need labels, by queue member (an item's
     member leads with its arrival number: ``app.engine.queue.member``)."""

@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -36,8 +35,6 @@ from app.store.base import (
 from app.store.item_records import ItemWrites, grow_lists, render
 from app.store.sql import upgrade
 from core.idset import IdSet, hash_ids, join_ids
-
-_K = TypeVar("_K", str, int)
 
 
 class _ProjectState:
@@ -370,9 +367,9 @@ class EmbeddedStore:
             ):
                 raise LeaseLostError(f"{project}: another engine holds it now")
             st.globals = _fitted(update.globals)
-            st.rows.update(_all_fitted(update.rows))
+            st.rows.update(update.rows)  # (each value a buffer of its own: StateUpdate)
             _write_items(st, update.items)
-            st.workers.update(_all_fitted(update.workers))
+            st.workers.update(update.workers)
             if update.queue or update.queue_remove or update.queue_replace:
                 if update.queue_replace:
                     st.queue.clear()
@@ -385,8 +382,8 @@ class EmbeddedStore:
             if update.dyadic is not None:
                 st.dyadic_shared = _fitted(update.dyadic.shared)
                 st.dyadic_at = update.dyadic.position
-                st.dyadic_raters.update(_all_fitted(update.dyadic.raters))
-                st.dyadic_tasks.update(_all_fitted(update.dyadic.tasks))
+                st.dyadic_raters.update(update.dyadic.raters)
+                st.dyadic_tasks.update(update.dyadic.tasks)
             if update.entry_s is not None:
                 st.entry_s = update.entry_s
             if update.step_s is not None:
@@ -589,7 +586,3 @@ def _write_items(st: _ProjectState, items: ItemWrites) -> None:
 def _rendered(st: _ProjectState, names: list[str]) -> list[bytes]:
     """The JSON of items held in ``st`` (the lock held)."""
     return render([st.items[n] for n in names], [st.labels.get(n) for n in names])
-
-
-def _all_fitted(values: dict[_K, bytes]) -> dict[_K, bytes]:
-    return {k: bytes(memoryview(v)) for k, v in values.items()}

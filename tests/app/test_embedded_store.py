@@ -85,15 +85,17 @@ def test_a_file_from_before_the_log_kept_ids_keeps_its_duplicates(tmp_path: Path
     store.close()
 
 
-def post(store: EmbeddedStore, loop: EngineLoop, name: str, lo: int, hi: int) -> None:
-    """Labels ``lo`` to ``hi`` in blocks of 1,000 as the API logs them (5 per item, 50
-    workers, ids), applied by the engine."""
+def post(
+    store: EmbeddedStore, loop: EngineLoop, name: str, lo: int, hi: int, workers: int | None = 50
+) -> None:
+    """Labels ``lo`` to ``hi`` in blocks of 1,000 as the API logs them (5 per item, ``workers``
+    workers or, None, a worker per label; ids), applied by the engine."""
     for start in range(lo, hi, 1_000):
         k = range(start, min(start + 1_000, hi))
         ids: list[str | None] = [f"label-{j}" for j in k]
         body = {
             "items": [f"item-{j // 5}" for j in k],
-            "workers": [f"worker-{j % 50}" for j in k],
+            "workers": [f"worker-{j if workers is None else j % workers}" for j in k],
             "labels": [j * 7 % 3 for j in k],
             "weights": None,
             "ids": ids,
@@ -168,3 +170,25 @@ def test_a_deleted_project_s_memory_goes_back_to_the_system(tmp_path: Path) -> N
     assert held > 5 * MIB  # measured: 27 MB (11 MB at 4 N, where the 3-4 MB kept was too much)
     # Measured: about 3 MB kept; without trimming the freed heap, all of it stayed.
     assert kept < held / 4
+
+
+def test_a_crowd_of_one_label_workers_holds_each_worker_s_rows_at_their_size(
+    tmp_path: Path,
+) -> None:
+    """Every label from a worker of its own: each label adds a worker record, a worker-slot
+    row and a dyadic rater row to the served state, which the store keeps as the engine wrote
+    them. None may sit in a buffer larger than itself (orjson writes into 4 KiB ones)."""
+    store, loop = warmed_up(tmp_path)
+    tracemalloc.start()
+    try:
+        store.create_project(record("p"))
+        post(store, loop, "p", 0, 1_000, workers=None)
+        before = traced()
+        post(store, loop, "p", 1_000, 1_000 + N, workers=None)
+        per_label = (traced() - before) / N
+    finally:
+        tracemalloc.stop()
+        store.close()
+    print(f"{per_label:.0f} B per label of a new worker")
+    # measured: about 1,600 B (5,600 B with each worker's JSON kept as orjson wrote it)
+    assert per_label < 2_500

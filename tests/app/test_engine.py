@@ -155,6 +155,23 @@ def test_gold_sets_posterior_and_worker_gold_accuracy() -> None:
     assert (w1["gold_seen"], w1["gold_right"]) == (1, 1)
 
 
+@given(st.lists(st.tuples(*[st.integers(0, 2**53 - 1)] * 4), min_size=1, max_size=20))
+def test_a_worker_s_record_is_the_json_orjson_writes(
+    records: list[tuple[int, int, int, int]],
+) -> None:
+    eng = ProjectEngine(RECORD)
+    n = len(records)
+    eng.workers.encode([f"w{k}" for k in range(n)])
+    eng.worker_slot, eng.worker_labels, eng.worker_gold_seen, eng.worker_gold_right = (
+        np.array(column, dtype=np.int64) for column in zip(*records, strict=True)
+    )
+    written = eng.workers_json(np.arange(n, dtype=np.int64))
+    fields = ("slot", "n_labels", "gold_seen", "gold_right")
+    assert written == {
+        f"w{k}": orjson.dumps(dict(zip(fields, r, strict=True))) for k, r in enumerate(records)
+    }
+
+
 def test_refit_swaps_in_batch_parameters(synthetic: Synthetic) -> None:
     entries = label_entries(synthetic, [5000])
     eng = run([*entries, LogEntry(len(entries) + 1, "refit", b"{}")])
