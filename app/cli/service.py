@@ -13,6 +13,17 @@ from app.cli.common import load_settings
 from app.io.input import InputError
 
 
+def use_store(flag: str | None, default: str | None = None) -> None:
+    """The store a command runs on: its ``--store`` flag, over CROWDTALLY_STORE; without the
+    flag, the variable, else ``default`` (None: the settings' own, embedded)."""
+    import os
+
+    if flag is not None:
+        os.environ["CROWDTALLY_STORE"] = flag
+    elif default is not None:
+        os.environ.setdefault("CROWDTALLY_STORE", default)
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -51,9 +62,9 @@ def serve(
 
     warmup.adopt(second)
 
-    for name, value in (("STORE", store), ("DATA_DIR", data_dir)):
-        if value is not None:
-            os.environ[f"CROWDTALLY_{name}"] = str(value)
+    use_store(store)
+    if data_dir is not None:
+        os.environ["CROWDTALLY_DATA_DIR"] = str(data_dir)
     if engine is not None:
         os.environ["CROWDTALLY_ENGINE_IN_PROCESS"] = "true" if engine else "false"
     settings = load_settings()
@@ -79,7 +90,9 @@ def serve(
 
 
 def engine_command(
-    store: Annotated[str | None, typer.Option(help="redis (default here) or embedded.")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="redis or embedded; else CROWDTALLY_STORE, else redis.")
+    ] = None,
     pool: Annotated[
         bool | None,
         typer.Option(
@@ -97,7 +110,7 @@ def engine_command(
     from app.store import open_store_when_reachable
     from app.store.archive import open_snapshot_db, rebuild_store
 
-    os.environ.setdefault("CROWDTALLY_STORE", store or "redis")
+    use_store(store, default="redis")
     if pool is not None:
         os.environ["CROWDTALLY_ENGINE_POOL"] = "true" if pool else "false"
     settings = load_settings()

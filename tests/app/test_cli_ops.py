@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 import orjson
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
+from app.cli.service import use_store
 from app.store.redis_store import RedisStore
 from tests.app.conftest import ADMIN, REDIS_URL, service_settings
 from tests.cli_in_process import run_cli
@@ -73,3 +76,30 @@ def test_snapshot_commands_and_restore_after_redis_wipe(tmp_path: Path) -> None:
     finally:
         store.flush_prefix()
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("variable", "flag", "default", "chosen"),
+    [
+        ("redis", "embedded", "redis", "embedded"),  # the flag wins over the variable
+        ("embedded", "redis", None, "redis"),
+        ("embedded", None, "redis", "embedded"),  # no flag: the variable
+        (None, None, "redis", "redis"),  # neither: the command's default
+        (None, None, None, None),  # (serve: the settings' own default)
+    ],
+)
+def test_a_command_s_store_flag_wins_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str | None,
+    flag: str | None,
+    default: str | None,
+    chosen: str | None,
+) -> None:
+    """``crowdtally serve --store`` and ``crowdtally engine --store`` alike (the engine's flag
+    used to lose to CROWDTALLY_STORE, which the compose file sets)."""
+    if variable is None:
+        monkeypatch.delenv("CROWDTALLY_STORE", raising=False)
+    else:
+        monkeypatch.setenv("CROWDTALLY_STORE", variable)
+    use_store(flag, default)
+    assert os.environ.get("CROWDTALLY_STORE") == chosen

@@ -157,3 +157,25 @@ def test_blocks_too_large_for_the_service_are_sent_again_in_halves() -> None:
         got = c.post_labels("p", labels, ids="auto", batch_size=120)
     assert (got.accepted, got.blocks) == (230, 8)
     assert sizes == [120, 60, 30, 30, 30, 30, 30, 30, 30, 20]
+
+
+def test_labels_go_in_blocks_of_5000_by_default() -> None:
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(json.loads(request.content)))
+        return httpx.Response(202, json={**ACCEPTED, "accepted": sizes[-1]})
+
+    labels = [(f"i{k}", f"w{k % 7}", "a") for k in range(12_000)]
+    with Client("http://ct.test", "k", transport=httpx.MockTransport(handler)) as c:
+        assert c.post_labels("p", labels).accepted == 12_000
+    assert sizes == [5_000, 5_000, 2_000]
+
+    async def post() -> None:
+        transport = httpx.MockTransport(handler)
+        async with AsyncClient("http://ct.test", "k", transport=transport) as c:
+            await c.post_labels("p", labels)
+
+    sizes.clear()
+    asyncio.run(post())
+    assert sizes == [5_000, 5_000, 2_000]
