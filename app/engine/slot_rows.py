@@ -6,14 +6,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from app.store.item_records import as_bytes
 from core.blocks import IntArray
 
 
 def rows_by_slot(slots: IntArray, rows: npt.NDArray[np.float64]) -> dict[int, bytes]:
-    """``rows[n]``'s bytes under ``slots[n]``, in slot order; each row sliced from one copy
-    of the rows in that order (a ``tobytes`` per row cost more than the rest of the write)."""
+    """``rows[n]``'s bytes under ``slots[n]``, in slot order: one copy of the rows in that
+    order, each row a ``bytes`` of its own size (``as_bytes``)."""
     order = np.argsort(slots, kind="stable")
-    blob = rows[order].tobytes()
-    width = rows[0].nbytes if rows.shape[0] else 1
-    chunks = [blob[at : at + width] for at in range(0, len(blob), width)]
-    return dict(zip(slots[order].tolist(), chunks, strict=True))
+    return dict(zip(slots[order].tolist(), as_bytes(rows[order]), strict=True))

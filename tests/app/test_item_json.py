@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.store.item_records import COLUMNS_FROM, pack, record_dtype, record_table, render
+from app.store.item_records import (
+    COLUMNS_FROM,
+    as_bytes,
+    pack,
+    record_dtype,
+    record_table,
+    render,
+)
 
 FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -115,3 +122,18 @@ def test_a_record_carries_its_items_label_count_and_weight() -> None:
     assert table["weight"].tolist() == [0.0, 3.5, 2.0]
     assert table["position"].tolist() == [9, 9, 9]
     assert record_table([]) is None
+
+
+@given(
+    hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5),
+        elements=st.sampled_from([0.0, -0.0, 1.5, 2.0**-1074, np.inf]),
+    )
+)
+def test_rows_as_bytes_are_each_row_s_bytes(rows: np.ndarray) -> None:
+    """Rows of any shape (zeros at their ends included: nothing is stripped), and records."""
+    assert as_bytes(rows) == [row.tobytes() for row in rows]
+    table = np.zeros(len(rows), dtype=record_dtype(3))
+    table["position"] = np.arange(len(rows))
+    assert as_bytes(table) == [record.tobytes() for record in table]
