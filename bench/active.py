@@ -399,7 +399,7 @@ def hmin(c: Campaign, n: int) -> tuple[IntArray, IntArray | None]:
     cw = c.crowd
     model: DyadicModel | None = c.cache.get("dyadic")
     if model is None:
-        cfg = DyadicConfig(n_classes=cw.n_classes, k=2, l2=0.2, dyadic_rate=1.0,
+        cfg = DyadicConfig(n_classes=cw.n_classes, k=2, loss="hinge", l2=0.2, dyadic_rate=1.0,
                            rater_slots=max(1, cw.n_workers), task_slots=max(1, cw.n_items))  # fmt: skip
         model = c.cache["dyadic"] = DyadicModel(cfg)
         c.cache["dyadic_seen"] = np.zeros(cw.n_items, dtype=np.int64)
