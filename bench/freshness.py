@@ -18,7 +18,9 @@ offered rate in ``--rates`` (labels/s; 0 = idle), for ``--seconds``:
   labels applied must be exactly those acknowledged (none lost, none twice).
 
 Between phases the engine is let catch up. The load runs in this process, the service in its
-own processes, all on this machine. Everything of a run (Redis keys under its own prefix,
+own processes, all on this machine. ``--peer-code DIR`` runs each store a second time, right
+after, with the service of the source tree DIR (e.g. a ``git worktree`` of the commit before):
+old and new code side by side in one run, on the same machine in the same hour. Everything of a run (Redis keys under its own prefix,
 SQLite files in a temporary folder) is deleted at the end.
 """
 
@@ -31,10 +33,12 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -42,6 +46,7 @@ import redis
 
 from bench.service import (
     HOST,
+    ROOT,
     Cluster,
     Conn,
     build,
@@ -290,16 +295,16 @@ async def run_store(
 @contextlib.contextmanager
 def service(
     store: str, args: argparse.Namespace, prefix: str, admin: str,
-    setting: dict[str, str] | None = None,
+    setting: dict[str, str] | None = None, code: Path = ROOT,
 ) -> Iterator[Cluster]:  # fmt: skip
     """The service's processes on ``store``, with ``setting`` (environment variables) over
-    the bench's own."""
+    the bench's own, running the source tree ``code``."""
     env = dict(os.environ)
     env.update(CROWDTALLY_STORE=store, REDIS_URL=args.redis_url, CROWDTALLY_REDIS_PREFIX=prefix,
                CROWDTALLY_ADMIN_KEY=admin, **(setting or {}))  # fmt: skip
     for name in ("CROWDTALLY_ENGINE_IN_PROCESS", "CROWDTALLY_DATABASE_URL"):
         env.pop(name, None)
-    cluster = Cluster(env, free_port())
+    cluster = Cluster(env, free_port(), code=code)
     env["CROWDTALLY_DATA_DIR"] = str(cluster.logdir / "data")
     serve = ["serve", "--host", HOST, "--port", str(cluster.port)]
     try:
@@ -340,7 +345,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="each store also with each of these service settings, in turn, in the "
                    "same run: the peer of a change that has a setting (e.g. "
                    "CROWDTALLY_JOIN_QUEUED_LABELS=false)")  # fmt: skip
+    p.add_argument("--peer-code", type=Path, default=None, metavar="DIR",
+                   help="each store also with the service of the source tree DIR (e.g. a git "
+                   "worktree of the commit before), right after this tree's, in the same run: "
+                   "old and new code side by side")  # fmt: skip
     args = p.parse_args(argv)
+    if args.peer_code is not None:
+        args.peer_code = args.peer_code.resolve()
+        if not (args.peer_code / "app" / "cli" / "__init__.py").is_file():
+            p.error(f"--peer-code: {args.peer_code} is not a crowdtally source tree (no app/cli)")
     try:
         args.vs = settings_to_compare(args.vs)
     except ValueError as exc:
@@ -363,6 +376,15 @@ def settings_to_compare(text: str) -> list[dict[str, str]]:
             raise ValueError(f"--vs: {part!r} is not CROWDTALLY_NAME=VALUE")
         out.append({name: value})
     return out
+
+
+def describe(code: Path) -> str:
+    """The commit a source tree is at (``git describe``), or "not a git tree"."""
+    out = subprocess.run(
+        ["git", "-C", str(code), "describe", "--always", "--dirty"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return out.stdout.strip() or "not a git tree"
 
 
 def _sigterm(*_: object) -> None:
@@ -388,14 +410,18 @@ def main(argv: list[str] | None = None) -> int:
           + (f", the load on new items ({args.new_items} labels each)" if args.new_items else ""),
           flush=True)  # fmt: skip
     print(HEADER, flush=True)
+    codes = [ROOT] if args.peer_code is None else [ROOT, args.peer_code]
     for store in args.stores:
         for setting in args.vs:
-            if len(args.vs) > 1:
-                said = " ".join(f"{k}={v}" for k, v in setting.items()) or "the defaults"
-                print(f"{store}, {said}:", flush=True)
-            prefix = f"benchfresh-{secrets.token_hex(4)}"
-            with service(store, args, prefix, admin, setting) as cluster:
-                asyncio.run(run_store(store, args, cluster, admin))
+            for code in codes:
+                said = [" ".join(f"{k}={v}" for k, v in setting.items()) or "the defaults"]
+                if len(codes) > 1:
+                    said.append(f"the code of {code} ({describe(code)})")
+                if len(args.vs) > 1 or len(codes) > 1:
+                    print(f"{store}, {', '.join(said)}:", flush=True)
+                prefix = f"benchfresh-{secrets.token_hex(4)}"
+                with service(store, args, prefix, admin, setting, code) as cluster:
+                    asyncio.run(run_store(store, args, cluster, admin))
     print("acked/s: labels answered 202 per second; applied/s: labels the engine applied during "
           "the phase per second; lag end: labels acknowledged but not applied when the phase "
           "ended; 429 lbl: labels refused (engine behind); p50/p99/max: ms from a probe "

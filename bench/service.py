@@ -202,14 +202,21 @@ class Cluster:
     port: int
     servers: list[Server] = field(default_factory=list)
     logdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="benchsvc-")))
+    code: Path = ROOT
+    """The source tree the processes run (another one: first on their PYTHONPATH, and their
+    working directory, so that ``app`` is imported from it whichever way they start)."""
 
     def start(self, name: str, args: list[str]) -> Server:
         log = self.logdir / f"{name}.log"
+        env = self.env
+        if self.code != ROOT:
+            paths = [str(self.code), env.get("PYTHONPATH", "")]
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [*_cli(), *args],
-                env=self.env,
-                cwd=ROOT,
+                env=env,
+                cwd=self.code,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

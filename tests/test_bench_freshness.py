@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 
 from bench import freshness
+from bench.service import Cluster
 
 
 def test_load_bodies_are_new_labels_on_known_items_in_blocks() -> None:
@@ -83,3 +86,27 @@ def test_settings_to_compare_are_the_defaults_then_each_setting() -> None:
     for bad in ("JOIN=false", "CROWDTALLY_JOIN"):
         with pytest.raises(ValueError, match="CROWDTALLY_NAME=VALUE"):
             freshness.settings_to_compare(bad)
+
+
+def test_a_peer_tree_s_processes_run_its_code(tmp_path: Path) -> None:
+    """``--peer-code DIR``: the service's processes import ``app`` from DIR (a tree whose
+    command only says where it was imported from)."""
+    tree = tmp_path / "peer"
+    (tree / "app" / "cli").mkdir(parents=True)
+    (tree / "app" / "__init__.py").write_text("")
+    (tree / "app" / "cli" / "__init__.py").write_text(
+        "import os, sys\n"
+        "def main():\n"
+        "    with open(os.environ['BENCH_MARK'], 'w') as f:\n"
+        "        f.write(__file__ + ' ' + ' '.join(sys.argv[1:]))\n"
+    )
+    mark = tmp_path / "mark"
+    cluster = Cluster({**freshness.os.environ, "BENCH_MARK": str(mark)}, 0, code=tree)
+    try:
+        assert cluster.start("api", ["serve", "--no-engine"]).proc.wait(timeout=30) == 0
+    finally:
+        cluster.stop()
+    assert mark.read_text() == f"{tree / 'app' / 'cli' / '__init__.py'} serve --no-engine"
+    with pytest.raises(SystemExit):  # not a source tree
+        freshness.parse_args(["--peer-code", str(tmp_path)])
+    assert freshness.parse_args(["--peer-code", str(tree)]).peer_code == tree
