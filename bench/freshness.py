@@ -10,8 +10,8 @@ offered rate in ``--rates`` (labels/s; 0 = idle), for ``--seconds``:
   workers) on a fixed schedule, open loop over up to 16 connections, whatever the answers'
   pace; a ``429 engine_behind`` is counted and its labels are not sent again (push-back);
 - a prober, every ``--probe-ms``, POSTs one label of a new item and polls
-  ``GET /v1/projects/{p}/items/{item}`` every ms until it is served: the time from the 202 to
-  the first 200 is the label's freshness (a probe still unserved 10 s after its 202 counts as
+  ``GET /v1/projects/{p}/items/{item}`` until it is served (every ms for 50 ms, then every
+  5 ms: ``FINE_POLL_S``): the time from the 202 to the first 200 is the label's freshness (a probe still unserved 10 s after its 202 counts as
   such, with 10 s);
 - the project's stats give the labels applied during the phase (the sustained applied rate),
   and the engine's lag in labels when the phase ends; once the engine has caught up, the
@@ -60,6 +60,10 @@ from bench.service import (
 from bench.service import stats as project_stats
 
 UNSERVED_S = 10.0  # a probe not served this long after its 202 counts as unserved
+FINE_POLL_S, FINE_FOR_S, COARSE_POLL_S = 0.001, 0.05, 0.005
+"""A probe's GETs: every ms for its first 50 ms (the targets' range: 10 ms idle, 50 ms under
+load), every 5 ms after (at most 10% off there), so that a probe waiting seconds under
+overload does not load the API with a thousand GETs a second on the cores it measures."""
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Phase:
     fresh_ms: list[float] = field(default_factory=list)
     unserved: int = 0
     probes_acked: int = 0
+    polls: int = 0  # the probes' GETs
     exactly_once: bool = False  # once caught up: every acknowledged label applied, no more
 
     def row(self, store: str) -> str:
@@ -188,9 +193,14 @@ async def loader(port: int, project: str, key: str, bodies: list[bytes], rate_bl
             c.close()
 
 
+def poll_delay(waited_s: float) -> float:
+    """The wait before a probe's next GET, ``waited_s`` after its 202 (``FINE_POLL_S``)."""
+    return FINE_POLL_S if waited_s < FINE_FOR_S else COARSE_POLL_S
+
+
 async def prober(port: int, project: str, key: str, every_s: float, phase: Phase,
                  stop_at: float, tag: str) -> None:  # fmt: skip
-    """One new item at a time: POST its label, then GET it every ms until served (each probe
+    """One new item at a time: POST its label, then GET it until served (``FINE_POLL_S``; each probe
     on new connections: the API closes one left idle for 5 s, e.g. while refusing; the GETs'
     connection is opened once the POST is answered, which may take longer than that)."""
     k = 0
@@ -219,6 +229,7 @@ async def prober(port: int, project: str, key: str, every_s: float, phase: Phase
                 await get.open()
                 while True:
                     status, _ = await get.request_reopening(raw)
+                    phase.polls += 1
                     now = time.perf_counter()
                     if status == 200:
                         phase.fresh_ms.append(1e3 * (now - acked))
@@ -227,7 +238,7 @@ async def prober(port: int, project: str, key: str, every_s: float, phase: Phase
                         phase.unserved += 1
                         phase.fresh_ms.append(1e3 * UNSERVED_S)
                         break
-                    await asyncio.sleep(0.001)
+                    await asyncio.sleep(poll_delay(now - acked))
             await asyncio.sleep(max(every_s - (time.perf_counter() - started), 0.0))
         finally:
             get.close()
@@ -286,7 +297,8 @@ async def run_store(
     for n, offered in enumerate(args.rates):
         cluster.check_alive()
         phase = await one_phase(port, "fresh", key, offered, args, data.items, args.seed + n + 1)
-        print(phase.row(store), f"(caught up {phase.catch_up_s:.1f} s after)", flush=True)
+        print(phase.row(store), f"(caught up {phase.catch_up_s:.1f} s after; "
+              f"{phase.polls / phase.seconds:,.0f} probe GETs/s)", flush=True)  # fmt: skip
         phases.append(phase)
     return phases
 

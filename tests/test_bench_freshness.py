@@ -110,3 +110,8 @@ def test_a_peer_tree_s_processes_run_its_code(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):  # not a source tree
         freshness.parse_args(["--peer-code", str(tmp_path)])
     assert freshness.parse_args(["--peer-code", str(tree)]).peer_code == tree
+
+
+def test_a_probe_polls_every_ms_over_the_targets_range_then_every_5_ms() -> None:
+    delays = [freshness.poll_delay(t / 1e3) for t in (0, 10, 49.9, 50, 2000)]
+    assert delays == [0.001, 0.001, 0.001, 0.005, 0.005]
