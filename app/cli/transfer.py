@@ -76,6 +76,9 @@ def import_command(
         else None
     )
     transfer.RETRIES.set(retries)
+    from app.io.codes import use_system_allocator  # (the reader's own modules: loaded anyway)
+
+    use_system_allocator()
     with transfer.make_http(url, _key(key)) as http:
         r = transfer.run_import(
             http,

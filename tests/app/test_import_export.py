@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -363,9 +364,12 @@ def test_import_a_shared_dataset_and_export_posteriors(
 def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     """The commands in this process (``app.cli.main``, as the script runs it): the test above
     runs the installed script."""
+    pa.set_memory_pool(pa.mimalloc_memory_pool())  # (as a process starts; extract may have run)
     done = _main("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
                  "--create-with-labels", "cat,dog", "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    # the reader's memory given back as freed (mimalloc kept 62 MiB more over 1M answers)
+    assert pa.default_memory_pool().backend_name == "system"
     assert "toloka, 6 labels" in done.stdout and "1 gold, 2 rows skipped" in done.stdout
     studio = _main("import", str(DATA / "labelstudio.json"), "-p", "studio", "--url", live,
                    "--create-with-labels", "auto", "--no-progress")  # fmt: skip
