@@ -164,8 +164,8 @@ class DyadicTrainer:
             else:
                 self._queued.popleft()
             self.model.learn_many(head.raters, head.tasks, head.labels, head.weights)
-            self._dirty_raters.append(np.unique(head.raters))
-            self._dirty_tasks.append(np.unique(head.tasks))
+            self._dirty_raters.append(head.raters)  # (made unique once, when published)
+            self._dirty_tasks.append(head.tasks)
             left -= head.labels.size
         self.backlog -= todo
         self._swept = max(self._swept - todo, 0)
