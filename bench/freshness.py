@@ -33,7 +33,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -49,9 +48,13 @@ from bench.service import (
     ROOT,
     Cluster,
     Conn,
+    add_peer_code,
     build,
+    check_peer_code,
+    codes_to_run,
     create_project,
     delete_keys,
+    describe,
     free_port,
     make_dataset,
     pct,
@@ -357,15 +360,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="each store also with each of these service settings, in turn, in the "
                    "same run: the peer of a change that has a setting (e.g. "
                    "CROWDTALLY_JOIN_QUEUED_LABELS=false)")  # fmt: skip
-    p.add_argument("--peer-code", type=Path, default=None, metavar="DIR",
-                   help="each store also with the service of the source tree DIR (e.g. a git "
-                   "worktree of the commit before), right after this tree's, in the same run: "
-                   "old and new code side by side")  # fmt: skip
+    add_peer_code(p)
     args = p.parse_args(argv)
-    if args.peer_code is not None:
-        args.peer_code = args.peer_code.resolve()
-        if not (args.peer_code / "app" / "cli" / "__init__.py").is_file():
-            p.error(f"--peer-code: {args.peer_code} is not a crowdtally source tree (no app/cli)")
+    check_peer_code(p, args)
     try:
         args.vs = settings_to_compare(args.vs)
     except ValueError as exc:
@@ -388,15 +385,6 @@ def settings_to_compare(text: str) -> list[dict[str, str]]:
             raise ValueError(f"--vs: {part!r} is not CROWDTALLY_NAME=VALUE")
         out.append({name: value})
     return out
-
-
-def describe(code: Path) -> str:
-    """The commit a source tree is at (``git describe``), or "not a git tree"."""
-    out = subprocess.run(
-        ["git", "-C", str(code), "describe", "--always", "--dirty"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return out.stdout.strip() or "not a git tree"
 
 
 def _sigterm(*_: object) -> None:
@@ -422,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f", the load on new items ({args.new_items} labels each)" if args.new_items else ""),
           flush=True)  # fmt: skip
     print(HEADER, flush=True)
-    codes = [ROOT] if args.peer_code is None else [ROOT, args.peer_code]
+    codes = codes_to_run(args)
     for store in args.stores:
         for setting in args.vs:
             for code in codes:

@@ -781,10 +781,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile the API and engine per phase with py-spy (collapsed stacks in DIR)",
     )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_peer_code(p)
     args = p.parse_args(argv)
     if args.labels < args.block or args.workers < 5 or args.classes < 2:
         p.error("need --labels >= --block, --workers >= 5, --classes >= 2")
+    check_peer_code(p, args)
     return args
+
+
+def add_peer_code(p: argparse.ArgumentParser) -> None:
+    """``--peer-code DIR``: the bench again with the service of another source tree."""
+    p.add_argument("--peer-code", type=Path, default=None, metavar="DIR",
+                   help="the same measurement again, right after, with the service of the "
+                   "source tree DIR (e.g. a git worktree of the commit before): old and new "
+                   "code side by side in one run")  # fmt: skip
+
+
+def check_peer_code(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.peer_code is not None:
+        args.peer_code = args.peer_code.resolve()
+        if not (args.peer_code / "app" / "cli" / "__init__.py").is_file():
+            p.error(f"--peer-code: {args.peer_code} is not a crowdtally source tree (no app/cli)")
+
+
+def codes_to_run(args: argparse.Namespace) -> list[Path]:
+    """This tree, then ``--peer-code``'s."""
+    return [ROOT] if args.peer_code is None else [ROOT, args.peer_code]
+
+
+def describe(code: Path) -> str:
+    """The commit a source tree is at (``git describe``), or "not a git tree"."""
+    out = subprocess.run(
+        ["git", "-C", str(code), "describe", "--always", "--dirty"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return out.stdout.strip() or "not a git tree"
 
 
 def _sigterm(*_: object) -> None:
@@ -792,7 +823,9 @@ def _sigterm(*_: object) -> None:
 
 
 @contextlib.contextmanager
-def running(args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Cluster]:
+def running(
+    args: argparse.Namespace, prefix: str, admin: str, code: Path = ROOT
+) -> Iterator[Cluster]:
     env = dict(os.environ)
     env.update(
         CROWDTALLY_STORE="redis",
@@ -802,7 +835,7 @@ def running(args: argparse.Namespace, prefix: str, admin: str) -> Iterator[Clust
         CROWDTALLY_ADMIN_KEY=admin,
     )
     env.pop("CROWDTALLY_ENGINE_IN_PROCESS", None)
-    cluster = Cluster(env, args.port or free_port())
+    cluster = Cluster(env, args.port or free_port(), code=code)
     # Snapshots and the label archive: a SQLite file of this run's own (deleted after) unless
     # --database-url names a database (never the default data dir of the working directory).
     env["CROWDTALLY_DATA_DIR"] = str(cluster.logdir / "data")
@@ -850,9 +883,23 @@ def main(argv: list[str] | None = None) -> int:
         f"prefix {prefix}",
         flush=True,
     )
+    met = []
+    for n, code in enumerate(codes_to_run(args)):
+        if args.peer_code is not None:
+            print(f"\n== the code of {code} ({describe(code)})", flush=True)
+        status = measure_code(args, f"{prefix}-{n}" if n else prefix, admin, code)
+        if status not in (None, 1):  # interrupted
+            return status
+        met.append(status is None)
+    return 1 if args.check and not met[0] else 0  # (--check: this tree's code)
+
+
+def measure_code(args: argparse.Namespace, prefix: str, admin: str, code: Path) -> int | None:
+    """One measurement with the service of the source tree ``code``: None when its targets
+    were met, 1 when missed, else the exit status of a failed or interrupted run."""
     res = Results()
     try:
-        with running(args, prefix, admin) as cluster:
+        with running(args, prefix, admin, code) as cluster:
             print(
                 f"API pid {cluster.servers[0].proc.pid} on :{cluster.port} (--no-engine), "
                 f"engine pid {cluster.servers[1].proc.pid}; load from pid {os.getpid()}",
@@ -875,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 1 if args.check and not passed else 0
+    return None if passed else 1
 
 
 if __name__ == "__main__":
