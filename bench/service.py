@@ -866,9 +866,10 @@ def main(argv: list[str] | None = None) -> int:
     r = redis.Redis.from_url(args.redis_url)
     try:
         r.ping()
-        if next(r.scan_iter(match=f"{prefix}:*", count=1000), None) is not None:
-            print(f"error: Redis keys under {prefix!r} exist; pick another --redis-prefix")
-            return 2
+        for taken in prefixes(prefix, args):
+            if next(r.scan_iter(match=f"{taken}:*", count=1000), None) is not None:
+                print(f"error: Redis keys under {taken!r} exist; pick another --redis-prefix")
+                return 2
     except redis.RedisError as exc:
         print(f"error: Redis at {args.redis_url}: {exc}", file=sys.stderr)
         return 2
@@ -887,11 +888,16 @@ def main(argv: list[str] | None = None) -> int:
     for n, code in enumerate(codes_to_run(args)):
         if args.peer_code is not None:
             print(f"\n== the code of {code} ({describe(code)})", flush=True)
-        status = measure_code(args, f"{prefix}-{n}" if n else prefix, admin, code)
+        status = measure_code(args, prefixes(prefix, args)[n], admin, code)
         if status not in (None, 1):  # interrupted
             return status
         met.append(status is None)
     return 1 if args.check and not met[0] else 0  # (--check: this tree's code)
+
+
+def prefixes(prefix: str, args: argparse.Namespace) -> list[str]:
+    """The Redis key prefix of each measurement (``codes_to_run``'s): each run's own."""
+    return [prefix] + [f"{prefix}-{n}" for n in range(1, len(codes_to_run(args)))]
 
 
 def measure_code(args: argparse.Namespace, prefix: str, admin: str, code: Path) -> int | None:

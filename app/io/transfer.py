@@ -195,6 +195,10 @@ def _ensure_project(
     return classes, created
 
 
+TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
+"""The 413s of a block the service took nothing of: too many labels, or too many bytes."""
+
+
 def _post_answers(
     http: httpx.Client,
     project: str,
@@ -205,8 +209,8 @@ def _post_answers(
     advance: Callable[[int], None],
 ) -> tuple[int, int, int, int]:
     """Post the answers in blocks of ``batch_size``, halved while the service finds a block too
-    large (413 block_too_large: nothing of it was taken); returns (accepted, duplicates,
-    blocks, the block size that went through)."""
+    large (413 block_too_large or body_too_large: nothing of it was taken); returns (accepted,
+    duplicates, blocks, the block size that went through)."""
     accepted = duplicates = n_blocks = sent = 0
     while sent < len(answers):
         for lo, hi, body in answers.bodies(batch_size, first=sent):
@@ -214,7 +218,7 @@ def _post_answers(
             resp = call(
                 http, "POST", f"/v1/projects/{_p(project)}/labels", content=body, params=params
             )
-            if resp.status_code == 413 and batch_size > 1 and _code(resp) == "block_too_large":
+            if resp.status_code == 413 and batch_size > 1 and _code(resp) in TOO_LARGE:
                 batch_size //= 2  # (the blocks from this one on)
                 break
             if resp.status_code >= 400:

@@ -97,8 +97,9 @@ def test_a_command_s_store_flag_wins_over_the_environment(
 ) -> None:
     """``crowdtally serve --store`` and ``crowdtally engine --store`` alike (the engine's flag
     used to lose to CROWDTALLY_STORE, which the compose file sets)."""
+    monkeypatch.setenv("CROWDTALLY_STORE", "-")  # (recorded: undone after the test)
     if variable is None:
-        monkeypatch.delenv("CROWDTALLY_STORE", raising=False)
+        monkeypatch.delenv("CROWDTALLY_STORE")
     else:
         monkeypatch.setenv("CROWDTALLY_STORE", variable)
     use_store(flag, default)

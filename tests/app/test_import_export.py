@@ -445,11 +445,15 @@ def test_the_export_is_copied_as_it_streams_each_line_ending_in_a_line_feed(
     assert out.read_bytes() == body.replace(b"\r\n", b"\n")
 
 
-def test_an_import_halves_its_blocks_for_a_service_that_takes_smaller_ones(tmp_path: Path) -> None:
-    """A service whose blocks hold at most 50 labels refuses the import's blocks of 120 (413
-    block_too_large): they are sent again as 60, then 30, and every answer goes in once."""
+@pytest.mark.parametrize("limit", [{"max_block_labels": 50}, {"max_body_bytes": 4096}])
+def test_an_import_halves_its_blocks_for_a_service_that_takes_smaller_ones(
+    tmp_path: Path, limit: dict[str, int]
+) -> None:
+    """A service whose blocks hold at most 50 labels (413 block_too_large), or 4 KiB (413
+    body_too_large: about 37 of these labels with their ids), refuses the import's blocks of
+    120: they are sent again as 60, then 30, and every answer goes in once."""
     store = EmbeddedStore(tmp_path / "crowdtally.sqlite3")
-    app = create_app(service_settings(tmp_path, max_block_labels=50), store=store)
+    app = create_app(service_settings(tmp_path, **limit), store=store)
     answers = tmp_path / "answers.csv"
     rows = [f"i{n % 40},w{n % 7},{'ab'[n % 3 == 0]}" for n in range(230)]
     answers.write_text("item,worker,label\n" + "\n".join(rows) + "\n")

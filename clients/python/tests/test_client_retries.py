@@ -135,9 +135,10 @@ def test_push_back_is_waited_out_without_spending_the_retries(
     assert slept == [0.0] * 30
 
 
-def test_blocks_too_large_for_the_service_are_sent_again_in_halves() -> None:
-    """A service whose blocks hold at most 50 labels answers 413 block_too_large to blocks of
-    120: they go again as 60, then 30 (nothing of a refused block was taken), every label
+@pytest.mark.parametrize("code", ["block_too_large", "body_too_large"])
+def test_blocks_too_large_for_the_service_are_sent_again_in_halves(code: str) -> None:
+    """A service whose blocks hold at most 50 labels (or as many bytes) answers 413 to blocks
+    of 120: they go again as 60, then 30 (nothing of a refused block was taken), every label
     once, and the blocks after them as large."""
     sizes: list[int] = []
 
@@ -145,10 +146,7 @@ def test_blocks_too_large_for_the_service_are_sent_again_in_halves() -> None:
         n = len(json.loads(request.content))
         sizes.append(n)
         if n > 50:
-            error = {
-                "code": "block_too_large",
-                "message": f"{n} labels in one block; the limit is 50",
-            }
+            error = {"code": code, "message": f"{n} labels in one block; the limit is 50"}
             return httpx.Response(413, json={"error": {**error, "entry": None, "field": None}})
         return httpx.Response(202, json={**ACCEPTED, "accepted": n})
 

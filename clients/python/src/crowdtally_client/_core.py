@@ -19,7 +19,8 @@ from crowdtally_client.models import Gold, Label
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_BATCH = 5_000
 """Labels a block by default (fewer requests and log entries than 1,000: docs/client.md); a
-service whose blocks hold fewer answers 413 and the block goes again in halves."""
+service that takes fewer labels or bytes a block answers 413 and the block goes again in
+halves."""
 MAX_BATCH = 10_000  # the service's default limit of labels per block
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 PUSHBACK_FLOOR = 0.1

@@ -166,12 +166,16 @@ def _shift(err: ApiError, start: int, sent: models.PostResult) -> ApiError:
     return err
 
 
+TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
+"""The 413s of a block the service took nothing of: too many labels, or too many bytes."""
+
+
 def _post_blocks(
     path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool
 ) -> Plan[models.PostResult]:
     """One POST a block, in order, summed; an error names the entry of the whole input. A
-    block the service finds too large (413 ``block_too_large``: its limit is lower) is sent
-    again in halves, and the blocks after it as large."""
+    block the service finds too large (413 ``block_too_large`` or ``body_too_large``: its
+    limits are lower) is sent again in halves, and the blocks after it as large."""
     total, params, start = models.PostResult(), _wait(wait), 0
     while start < len(entries):
         block = entries[start : start + size]
@@ -179,7 +183,7 @@ def _post_blocks(
         try:
             got = yield req
         except ApiError as err:
-            if err.status == 413 and err.code == "block_too_large" and size > 1:
+            if err.status == 413 and err.code in TOO_LARGE and size > 1:
                 size //= 2  # (nothing of the block was taken)
                 continue
             raise _shift(err, start, total) from None
