@@ -36,6 +36,29 @@ def _priorz(text: str, flag: str, n_classes: int) -> tuple[float, ...]:
     return weights
 
 
+def _class_names(text: str | None) -> list[str] | None:
+    """``--labels``: the class names, none of them empty."""
+    if text is None:
+        return None
+    names = [s.strip() for s in text.split(",")]
+    if not all(names):
+        raise InputError("--labels", None, f"class names cannot be empty, got {text!r}")
+    return names
+
+
+def _check_output(flag: str, path: Path, inputs: list[Path]) -> None:
+    """An output file that can be written, checked before any work: it names a file (not a
+    folder), in a folder that exists, and is none of the inputs."""
+    if not path.name:
+        raise InputError(flag, None, "give a file name")
+    if path.is_dir():
+        raise InputError(flag, None, f"{path} is a folder: give a file name")
+    if not path.parent.is_dir():
+        raise InputError(flag, None, f"no folder {path.parent} to write {path.name} in")
+    if any(path.exists() and p.exists() and path.samefile(p) for p in inputs):
+        raise InputError(flag, None, f"{path} is an input of this command: it would be overwritten")
+
+
 def _check(value: float, flag: str, minimum: float, strict: bool = False) -> None:
     """A hyperparameter flag's value: finite and >= minimum (> when ``strict``)."""
     if not np.isfinite(value) or value < minimum or (strict and value == minimum):
@@ -164,6 +187,13 @@ def extract(
         raise InputError(test_only_flag, None, "needs a model to test: give --load FILE")
     if test_only and batch:
         raise InputError(test_only_flag, None, "cannot be combined with --batch")
+    if batch and (passes != 1 or shuffle is not None or later_passes is not LaterPasses.revisit):
+        flag = (
+            "--passes" if passes != 1 else "--shuffle" if shuffle is not None else "--later-passes"
+        )
+        raise InputError(
+            flag, None, "applies to online EM only; --batch runs batch EM to convergence"
+        )
     if later_passes is LaterPasses.newton and test_only:
         raise InputError(
             "--later-passes", None, f"newton learns: it cannot be used with {test_only_flag}"
@@ -179,6 +209,15 @@ def extract(
         )
     if shuffle is not None and shuffle < 0:
         raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
+    names = _class_names(labels)
+    given_in = (("DATA", path), ("--truth", truth), ("--load", load))
+    read = [(flag, p) for flag, p in given_in if p is not None]
+    for flag, given in read:
+        if given.is_dir():
+            raise InputError(flag, None, f"{given} is a folder, not a file")
+    for flag, target in (("--predictions", predictions), ("--model", model)):
+        if target is not None:
+            _check_output(flag, target, [p for _, p in read])
     out = sys.stdout
     # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
     from app.io import extract as job
@@ -190,7 +229,6 @@ def extract(
     use_system_allocator()
     answers = read_codes(path)
     saved = load_model(load) if load is not None else None
-    names = [s.strip() for s in labels.split(",")] if labels else None
     if saved is not None:
         if n_labels is not None and n_labels != len(saved.classes):
             raise InputError(

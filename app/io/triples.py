@@ -345,6 +345,8 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
     if want is None:
         raise InputError(path, None, f"columns {lower}: expected item,worker,label[,weight]")
     picked = [names[lower.index(n)] for n in ([*want, "weight"] if "weight" in lower else want)]
+    for name in picked:
+        _check_parquet_type(path, name, pfile.schema_arrow.field(name).type)
     first = 1
     for batch in pfile.iter_batches(batch_size=rows, columns=picked):
         columns = list(batch.columns)
@@ -354,12 +356,24 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
             out.lines = lines
         else:  # the same checks, one row at a time, for the message ("line" = row)
             fields = zip(*(c.to_pylist() for c in columns), strict=True)
-            numbered = [
-                (n, [str(x) for x in row]) for n, row in zip(lines.tolist(), fields, strict=True)
+            numbered = [  # (a null is an empty cell, as in a CSV file)
+                (n, ["" if x is None else str(x) for x in row])
+                for n, row in zip(lines.tolist(), fields, strict=True)
             ]
             out = _columns(_row_columns(path, numbered, len(columns) == 4, decided=True))
         first += batch.num_rows
         yield out
+
+
+def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:
+    """A column read as text (ids, labels) or numbers (weights): of a type that casts to
+    them, else an InputError naming it."""
+    target = pa.float64() if name.lower() == "weight" else pa.string()
+    try:
+        pa.array([], type=kind).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        what = "numbers" if target == pa.float64() else "text or numbers"
+        raise InputError(path, None, f"column {name!r} holds {kind}: expected {what}") from None
 
 
 def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:

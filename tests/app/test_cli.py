@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
@@ -279,6 +280,54 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--labels", "0,1,"], "--labels: class names cannot be empty, got '0,1,'"),
+        (["--labels", ""], "--labels: class names cannot be empty"),
+        (["--batch", "--passes", "3"], "--passes: applies to online EM only"),
+        (["--batch", "--shuffle", "1"], "--shuffle: applies to online EM only"),
+        (["--batch", "--later-passes", "newton"], "--later-passes: applies to online EM only"),
+        (["--predictions", "no/p.csv"], "--predictions: no folder no to write p.csv in"),
+        (["--predictions", "."], "--predictions: give a file name"),
+        (["--predictions", "out"], "--predictions: out is a folder: give a file name"),
+        (["--predictions", "a.csv"], "--predictions: a.csv is an input of this command"),
+        (["--model", "no/m.npz"], "--model: no folder no to write m.npz in"),
+        (["--truth", "out"], "--truth: out is a folder, not a file"),
+    ],
+)
+def test_bad_paths_and_flags_are_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    Path("a.csv").write_text("item,worker,label\na,w,0\nb,w,1\n")
+    run = extract("a.csv", *args)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == ""  # (nothing read, nothing fitted)
+    assert Path("a.csv").read_text() == "item,worker,label\na,w,0\nb,w,1\n"
+    folder = extract("out")
+    assert folder.returncode == 2 and "DATA: out is a folder, not a file" in folder.stderr
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"item": [[1], [2]]}, "column 'item' holds list<element: int64>: expected text or"),
+        ({"weight": [[1.0], [2.0]]}, "column 'weight' holds list<element: double>: expected"),
+        ({"item": ["i", None]}, "bad.parquet:2: empty item"),
+        ({"label": [None, "b"]}, "bad.parquet:1: empty label"),
+    ],
+)
+def test_parquet_columns_of_another_type_or_with_nulls_are_refused(
+    tmp_path: Path, columns: dict[str, list[object]], message: str
+) -> None:
+    table = {"item": ["i", "j"], "worker": ["w", "v"], "label": ["a", "b"], **columns}
+    pq.write_table(pa.table(table), tmp_path / "bad.parquet")
+    run = extract(tmp_path / "bad.parquet")
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
 def test_missing_file() -> None:
     run = extract_script("/nonexistent/answers.csv")  # one error through the script
     assert run.returncode == 2 and "no such file" in run.stderr
@@ -480,7 +529,8 @@ def test_csv_and_parquet_answers_give_identical_predictions(
     for name, data in (("csv", dog / "answers.csv"), ("parquet", as_parquet)):
         for suffix in (".csv", ".parquet"):
             out[name + suffix] = tmp_path / f"{name}-predictions{suffix}"
-            run = extract(data, *mode, "--shuffle", "3", "--predictions", out[name + suffix])
+            order = [] if mode else ["--shuffle", "3"]  # (batch EM has no order)
+            run = extract(data, *mode, *order, "--predictions", out[name + suffix])
             assert run.returncode == 0, run.stderr
     assert out["csv.csv"].read_bytes() == out["parquet.csv"].read_bytes()
     from_csv, from_parquet = (pq.read_table(out[k]) for k in ("csv.parquet", "parquet.parquet"))
