@@ -298,8 +298,10 @@ class _CsvState:
                     )
                 self.header_seen, self.n_columns = True, len(head[:4])
                 rows = rows[1:]
-        # as when reading the whole file: the first answer's 4 fields bring a weight column
-        out = _row_columns(self.path, rows, self.n_columns == 4, decided=self.rows > 0)
+        # as when reading the whole file: without a header, the first answer's 4 fields bring
+        # a weight column; a header names the columns itself
+        decided = self.rows > 0 or self.header_seen
+        out = _row_columns(self.path, rows, self.n_columns == 4, decided=decided)
         if len(out):
             self.n_columns = 4 if out.weights is not None else 3
         self.rows += len(out)
@@ -423,20 +425,24 @@ def _read_rows(path: Path) -> Triples:
     rows = _rows(path)
     if not rows:
         raise InputError(path, None, "no answers in the file")
-    has_weight = False
+    has_weight = headed = False
     head = [f.strip().lower() for f in rows[0][1]]
     if tuple(head[:3]) in _HEADERS:
-        has_weight = head[3:] == ["weight"]
+        has_weight, headed = head[3:] == ["weight"], True
         if head[3:] and not has_weight:
             raise InputError(
                 path, rows[0][0], f"unknown columns {head[3:]}: expected item,worker,label[,weight]"
             )
         rows = rows[1:]
-    return _from_rows(path, rows, has_weight)
+    return _from_rows(path, rows, has_weight, decided=headed)
 
 
-def _from_rows(path: Path, rows: list[tuple[int, list[str]]], has_weight: bool) -> Triples:
-    out = _row_columns(path, rows, has_weight, decided=False)
+def _from_rows(
+    path: Path, rows: list[tuple[int, list[str]]], has_weight: bool, decided: bool = False
+) -> Triples:
+    """Checked rows; ``decided``: a header named the columns (else a first row of 4 fields
+    brings a weight column)."""
+    out = _row_columns(path, rows, has_weight, decided=decided)
     if not len(out):
         raise InputError(path, None, "no answers in the file (only a header)")
     return out

@@ -239,6 +239,9 @@ def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
             ":3: worker is longer than 512 characters",
         ),
         ("item,worker,label\n", "only a header"),
+        # the header names 3 columns: a 4th field is not a weight
+        ("item,worker,label\na,w,0,1\n", ":2: expected 3 fields (item, worker, label), got 4"),
+        ("item\tworker\tlabel\na\tw\t0\t1\n", ":2: expected 3 fields (item, worker, label)"),
     ],
 )
 def test_malformed_files_name_the_line(tmp_path: Path, content: str, message: str) -> None:
