@@ -71,7 +71,9 @@ def extract(
     data: Annotated[
         Path | None,
         typer.Argument(
-            metavar="DATA", help="Answers file: item,worker,label CSV, or tab/space separated."
+            metavar="DATA",
+            help="Answers file: item,worker,label[,weight] rows, CSV, tab/space separated or "
+            "Parquet.",
         ),
     ] = None,
     data_opt: Annotated[

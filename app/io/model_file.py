@@ -123,5 +123,9 @@ def load_model(path: str | Path) -> SavedModel:
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
         if isinstance(err, ModelFileError):
             raise
-        raise ModelFileError(f"{path}: not a readable crowdtally model ({err})") from None
+        # (numpy's advice to load a pickle unsafely is not ours to give)
+        why = "not a .npz archive of arrays" if "pickled" in str(err) else str(err)
+        raise ModelFileError(
+            f"{path}: not a readable crowdtally model ({why}; models are written by --model)"
+        ) from None
     return SavedModel(config=config, params=params, classes=tuple(meta["classes"]), slots=slots)

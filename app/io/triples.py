@@ -294,7 +294,7 @@ class _CsvState:
                     raise InputError(
                         self.path,
                         rows[0][0],
-                        f"unknown columns {head[3:]}: expected item,worker,label[,weight]",
+                        f"unknown columns {_unknown(head)}: expected item,worker,label[,weight]",
                     )
                 self.header_seen, self.n_columns = True, len(head[:4])
                 rows = rows[1:]
@@ -431,7 +431,9 @@ def _read_rows(path: Path) -> Triples:
         has_weight, headed = head[3:] == ["weight"], True
         if head[3:] and not has_weight:
             raise InputError(
-                path, rows[0][0], f"unknown columns {head[3:]}: expected item,worker,label[,weight]"
+                path,
+                rows[0][0],
+                f"unknown columns {_unknown(head)}: expected item,worker,label[,weight]",
             )
         rows = rows[1:]
     return _from_rows(path, rows, has_weight, decided=headed)
@@ -446,6 +448,12 @@ def _from_rows(
     if not len(out):
         raise InputError(path, None, "no answers in the file (only a header)")
     return out
+
+
+def _unknown(head: list[str]) -> list[str]:
+    """A header's columns after item, worker, label that are not its one weight column."""
+    rest = head[3:]
+    return rest[1:] if rest[:1] == ["weight"] else rest
 
 
 def _row_columns(

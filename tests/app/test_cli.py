@@ -239,6 +239,7 @@ def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
             ":3: worker is longer than 512 characters",
         ),
         ("item,worker,label\n", "only a header"),
+        ("item,worker,label,weight,extra\na,w,0,1,x\n", ":1: unknown columns ['extra']"),
         # the header names 3 columns: a 4th field is not a weight
         ("item,worker,label\na,w,0,1\n", ":2: expected 3 fields (item, worker, label), got 4"),
         ("item\tworker\tlabel\na\tw\t0\t1\n", ":2: expected 3 fields (item, worker, label)"),
@@ -297,6 +298,7 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
         (["--predictions", "a.csv"], "--predictions: a.csv is an input of this command"),
         (["--model", "no/m.npz"], "--model: no folder no to write m.npz in"),
         (["--truth", "out"], "--truth: out is a folder, not a file"),
+        (["--load", "a.csv"], "a.csv: not a readable crowdtally model (not a .npz archive of"),
     ],
 )
 def test_bad_paths_and_flags_are_refused_before_any_work(
