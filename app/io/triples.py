@@ -58,17 +58,31 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
     lines = text.splitlines()
     first = next((ln for ln in lines if ln.strip()), "")
     if "," in first:
-        # csv.reader keeps quoted commas inside a field; line numbers stay 1:1 for unquoted newlines.
-        return [
-            (n, row)
-            for n, row in enumerate(csv.reader(lines), start=1)
-            if any(f.strip() for f in row)
-        ]
+        return _csv_rows(path, lines, 1)
     return [(n, _WHITESPACE.split(ln.strip())) for n, ln in enumerate(lines, start=1) if ln.strip()]
+
+
+def _csv_rows(path: Path, lines: list[str], first: int) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of the non-blank CSV records of ``lines``, numbered from
+    ``first``; csv.reader keeps quoted commas inside a field. A quoted field that runs on to
+    the next line is refused: it would hold a line break, which no id or label may."""
+    reader, out = csv.reader(lines), []
+    for n, row in enumerate(reader, start=first):
+        if reader.line_num != n - first + 1:
+            raise InputError(
+                path, n, "a quoted field runs on to the next line: ids hold no line breaks"
+            )
+        if any(f.strip() for f in row):
+            out.append((n, row))
+    return out
 
 
 def text_line_of_byte(path: Path, offset: int) -> int:
     return path.read_bytes()[:offset].count(b"\n") + 1
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 
 
 def _check_id(path: Path, line: int, kind: str, value: str) -> str:
@@ -77,6 +91,11 @@ def _check_id(path: Path, line: int, kind: str, value: str) -> str:
         raise InputError(path, line, f"empty {kind}")
     if len(value) > MAX_ID_LENGTH:
         raise InputError(path, line, f"{kind} is longer than {MAX_ID_LENGTH} characters")
+    if _CONTROL.search(value):
+        raise InputError(
+            path, line, f"{kind} {value!r}: ids hold no control characters (U+0000 to U+001F, "
+            "U+007F to U+009F)",
+        )  # fmt: skip
     return value
 
 
@@ -282,11 +301,7 @@ class _CsvState:
             raise InputError(
                 self.path, line + block[: err.start].count(b"\n"), "not UTF-8 text"
             ) from None
-        rows = [
-            (n, row)
-            for n, row in enumerate(csv.reader(text.splitlines()), start=line)
-            if any(f.strip() for f in row)
-        ]
+        rows = _csv_rows(self.path, text.splitlines(), line)
         if self.n_columns is None and rows:
             head = [f.strip().lower() for f in rows[0][1]]
             if tuple(head[:3]) in _HEADERS:
@@ -393,6 +408,8 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
             lengths = pc.min_max(pc.utf8_length(c))
             if lengths["min"].as_py() in (0, None) or lengths["max"].as_py() > MAX_ID_LENGTH:
                 return None
+            if pc.any(pc.match_substring_regex(c, _CONTROL.pattern)).as_py():
+                return None
         ids.append(c)
     weights = None
     if len(columns) == 4:
@@ -407,10 +424,12 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
 
 @jit
 def _plain_ids(offsets, data, max_bytes):  # type: ignore[no-untyped-def]
-    """Every id is 1 to ``max_bytes`` bytes long and starts and ends with a printable ASCII
-    character (not a space): then trimming whitespace leaves it as it is and it is at most
-    ``max_bytes`` characters long. False sends the column to the exact check (an id that
-    starts or ends with a space, a control character or a byte of a multi-byte character)."""
+    """Every id is 1 to ``max_bytes`` bytes long, starts and ends with a printable ASCII
+    character (not a space) and holds no control character: then trimming whitespace leaves
+    it as it is and it is at most ``max_bytes`` characters long. False sends the column to the
+    exact check (an id that starts or ends with a space or a byte of a multi-byte character,
+    or holds a control character: below U+0020, U+007F, or U+0080 to U+009F, which UTF-8
+    writes 0xC2 0x80 to 0xC2 0x9F)."""
     for v in range(offsets.size - 1):
         lo, hi = offsets[v], offsets[v + 1]
         if hi <= lo or hi - lo > max_bytes:
@@ -418,6 +437,10 @@ def _plain_ids(offsets, data, max_bytes):  # type: ignore[no-untyped-def]
         first, last = data[lo], data[hi - 1]
         if first <= 32 or first >= 127 or last <= 32 or last >= 127:
             return False
+        for k in range(lo, hi):
+            b = data[k]
+            if b < 32 or b == 127 or (b == 0xC2 and k + 1 < hi and 0x80 <= data[k + 1] <= 0x9F):
+                return False
     return True
 
 

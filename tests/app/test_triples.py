@@ -67,6 +67,9 @@ CASES = {
     "long non-ASCII id": "item,worker,label\n" + "é" * 300 + ",w1,x\n",
     "no-break spaces around an id": "item,worker,label\n\u00a0a\u00a0,w1,x\n",
     "a control character at an id's end": "item,worker,label\na\x1f,w1,x\n",
+    "a control character inside an id": "item,worker,label\na\x01b,w1,x\n",
+    "a C1 control character inside an id": "item,worker,label\nb,w\u0090x,y\n",
+    "a quoted line break": 'item,worker,label\n"a\nb",w1,x\nc,w2,y\n',
 }
 
 
