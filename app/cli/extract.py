@@ -240,6 +240,12 @@ def extract(
     classes = job.resolve_classes(
         answers.label_names.to_pylist(), names, n_labels, str(path), n_labels_flag=n_labels_flag
     )
+    clash = sorted(set(classes) & {"item", "label", "probability"})
+    if predictions is not None and predictions.suffix.lower() == ".parquet" and clash:
+        raise InputError(
+            "--predictions", None, f"a class named {clash[0]!r} would give the Parquet file "
+            f"two {clash[0]!r} columns, which Parquet readers refuse: write a .csv file",
+        )  # fmt: skip
     encoded = job.encode(answers, classes, str(path))
     del answers
     n_answers = len(encoded.labels)

@@ -335,6 +335,15 @@ def test_parquet_columns_of_another_type_or_with_nulls_are_refused(
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+def test_a_class_named_as_a_fixed_column_is_refused_for_parquet_only(tmp_path: Path) -> None:
+    data = tmp_path / "a.csv"
+    data.write_text("item,worker,label\na,w,label\nb,w,x\n")
+    run = extract(data, "--predictions", tmp_path / "p.parquet")
+    assert run.returncode == 2 and "a class named 'label' would give the Parquet file" in run.stderr
+    run = extract(data, "--predictions", tmp_path / "p.csv")  # (read by position)
+    assert run.returncode == 0, run.stderr
+
+
 def test_missing_file() -> None:
     run = extract_script("/nonexistent/answers.csv")  # one error through the script
     assert run.returncode == 2 and "no such file" in run.stderr
