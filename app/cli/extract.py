@@ -9,7 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from app.cli.layout import as_typed
+from app.cli.layout import as_typed, check_output
 from app.io.input import InputError
 from core.nominal import LaterPasses, NominalConfig
 
@@ -44,19 +44,6 @@ def _class_names(text: str | None) -> list[str] | None:
     if not all(names):
         raise InputError("--labels", None, f"class names cannot be empty, got {text!r}")
     return names
-
-
-def _check_output(flag: str, path: Path, inputs: list[Path]) -> None:
-    """An output file that can be written, checked before any work: it names a file (not a
-    folder), in a folder that exists, and is none of the inputs."""
-    if not path.name:
-        raise InputError(flag, None, "give a file name")
-    if path.is_dir():
-        raise InputError(flag, None, f"{path} is a folder: give a file name")
-    if not path.parent.is_dir():
-        raise InputError(flag, None, f"no folder {path.parent} to write {path.name} in")
-    if any(path.exists() and p.exists() and path.samefile(p) for p in inputs):
-        raise InputError(flag, None, f"{path} is an input of this command: it would be overwritten")
 
 
 def _check(value: float, flag: str, minimum: float, strict: bool = False) -> None:
@@ -219,7 +206,7 @@ def extract(
             raise InputError(flag, None, f"{given} is a folder, not a file")
     for flag, target in (("--predictions", predictions), ("--model", model)):
         if target is not None:
-            _check_output(flag, target, [p for _, p in read])
+            check_output(flag, target, [p for _, p in read])
     out = sys.stdout
     # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
     from app.io import extract as job

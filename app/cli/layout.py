@@ -1,16 +1,20 @@
-"""How the commands look and read their flags: help at the terminal's width, and the flags as
-the user typed them (only typer and click here: ``extract`` imports this and stays light)."""
+"""How the commands look and read their flags: help at the terminal's width, the flags as the
+user typed them, and the files they name to write, checked before any work (only typer, click
+and ``app.io.input`` here: ``extract`` imports this and stays light)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from app.io.input import InputError
 
 # newer typers carry their own copy of click (typer._click); older ones use click itself
 _CLICK = getattr(typer, "_click", click)
@@ -111,3 +115,16 @@ def as_typed(ctx: typer.Context | None, *spellings: str) -> str:
         if flag in spellings:
             return flag
     return spellings[0]
+
+
+def check_output(flag: str, path: Path, inputs: list[Path]) -> None:
+    """An output file that can be written, checked before any work: it names a file (not a
+    folder), in a folder that exists, and is none of the inputs."""
+    if not path.name:
+        raise InputError(flag, None, "give a file name")
+    if path.is_dir():
+        raise InputError(flag, None, f"{path} is a folder: give a file name")
+    if not path.parent.is_dir():
+        raise InputError(flag, None, f"no folder {path.parent} to write {path.name} in")
+    if any(path.exists() and p.exists() and path.samefile(p) for p in inputs):
+        raise InputError(flag, None, f"{path} is an input of this command: it would be overwritten")

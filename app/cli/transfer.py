@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from app.cli.layout import check_output
 from app.io import importers, transfer
 
 
@@ -133,6 +134,7 @@ def export_command(
     ] = 5,
 ) -> None:
     """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""
+    check_output("--output", output, [])
     transfer.RETRIES.set(retries)
     with transfer.make_http(url, _key(key)) as http:
         n = transfer.run_export(

@@ -421,6 +421,13 @@ def run_export(
     classes: list[str] = resp.json()["labels"]
     n = 0
     tmp = out.with_name(out.name + ".part")
+    fixed = {"item", "label", "probability", "n_labels", "gold", "computed_at"}
+    clash = sorted(set(classes) & fixed) if what == "posteriors" else []
+    if format == "parquet" and clash:
+        raise InputError(
+            "--format", None, f"a class named {clash[0]!r} would give the Parquet file two "
+            f"{clash[0]!r} columns, which Parquet readers refuse: export CSV or JSONL",
+        )  # fmt: skip
     if format == "parquet":
         n = _write_parquet(http, project, tmp, what, classes, confusion)
         tmp.replace(out)

@@ -383,6 +383,18 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     bad = _write(tmp_path, "bad.csv", "item,worker,label\na,w,cat\nb,w,zebra\n")
     refused = _main("import", str(bad), "-p", "toloka", "--url", live)
     assert refused.returncode == 2 and f"{bad}:3:" in refused.stderr
+    folder = _main("export", "-p", "studio", "-o", str(tmp_path / "no" / "x.csv"), "--url", live)
+    assert folder.returncode == 2 and "--output: no folder" in folder.stderr
+    gold = _write(tmp_path, "gold.csv", "item,worker,label\na,w,gold\nb,w,x\n")
+    made = _main("import", str(gold), "-p", "golden", "--url", live,
+                 "--create-with-labels", "gold,x", "--no-progress")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    clash = _main("export", "-p", "golden", "-o", str(tmp_path / "g.parquet"), "--url", live)
+    assert clash.returncode == 2 and "a class named 'gold' would give the Parquet" in clash.stderr
+    assert (
+        _main("export", "-p", "golden", "-o", str(tmp_path / "g.csv"), "--url", live).returncode
+        == 0
+    )
     nobody = _main(
         "import",
         str(bad),
