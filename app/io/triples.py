@@ -303,15 +303,9 @@ class _CsvState:
             ) from None
         rows = _csv_rows(self.path, text.splitlines(), line)
         if self.n_columns is None and rows:
-            head = [f.strip().lower() for f in rows[0][1]]
-            if tuple(head[:3]) in _HEADERS:
-                if head[3:] and head[3:] != ["weight"]:
-                    raise InputError(
-                        self.path,
-                        rows[0][0],
-                        f"unknown columns {_unknown(head)}: expected item,worker,label[,weight]",
-                    )
-                self.header_seen, self.n_columns = True, len(head[:4])
+            named = _header_columns(self.path, *rows[0])
+            if named is not None:
+                self.header_seen, self.n_columns = True, named
                 rows = rows[1:]
         # as when reading the whole file: without a header, the first answer's 4 fields bring
         # a weight column; a header names the columns itself
@@ -448,35 +442,28 @@ def _read_rows(path: Path) -> Triples:
     rows = _rows(path)
     if not rows:
         raise InputError(path, None, "no answers in the file")
-    has_weight = headed = False
-    head = [f.strip().lower() for f in rows[0][1]]
-    if tuple(head[:3]) in _HEADERS:
-        has_weight, headed = head[3:] == ["weight"], True
-        if head[3:] and not has_weight:
-            raise InputError(
-                path,
-                rows[0][0],
-                f"unknown columns {_unknown(head)}: expected item,worker,label[,weight]",
-            )
+    named = _header_columns(path, *rows[0])  # (a header decides the weight column)
+    if named is not None:
         rows = rows[1:]
-    return _from_rows(path, rows, has_weight, decided=headed)
-
-
-def _from_rows(
-    path: Path, rows: list[tuple[int, list[str]]], has_weight: bool, decided: bool = False
-) -> Triples:
-    """Checked rows; ``decided``: a header named the columns (else a first row of 4 fields
-    brings a weight column)."""
-    out = _row_columns(path, rows, has_weight, decided=decided)
+    out = _row_columns(path, rows, named == 4, decided=named is not None)
     if not len(out):
         raise InputError(path, None, "no answers in the file (only a header)")
     return out
 
 
-def _unknown(head: list[str]) -> list[str]:
-    """A header's columns after item, worker, label that are not its one weight column."""
+def _header_columns(path: Path, line: int, fields: list[str]) -> int | None:
+    """The columns a first row names when it is a header (3, or 4 with a weight), else None;
+    an InputError for a header with any other column."""
+    head = [f.strip().lower() for f in fields]
+    if tuple(head[:3]) not in _HEADERS:
+        return None
     rest = head[3:]
-    return rest[1:] if rest[:1] == ["weight"] else rest
+    unknown = rest[1:] if rest[:1] == ["weight"] else rest
+    if unknown:
+        raise InputError(
+            path, line, f"unknown columns {unknown}: expected item,worker,label[,weight]"
+        )
+    return len(head)
 
 
 def _row_columns(
