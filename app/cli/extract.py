@@ -10,7 +10,7 @@ import numpy as np
 import typer
 
 from app.cli.layout import as_typed, check_output
-from app.io.input import InputError
+from app.io.input import InputError, refuse_duplicate_columns
 from core.nominal import LaterPasses, NominalConfig
 
 DEFAULTS = NominalConfig(n_classes=2)
@@ -212,7 +212,7 @@ def extract(
     from app.io import extract as job
     from app.io.codes import read_codes, use_system_allocator
     from app.io.model_file import SavedModel, load_model, save_model
-    from app.io.predictions_file import write_predictions
+    from app.io.predictions_file import COLUMNS, write_predictions
     from app.io.triples import read_truth
 
     use_system_allocator()
@@ -227,12 +227,8 @@ def extract(
     classes = job.resolve_classes(
         answers.label_names.to_pylist(), names, n_labels, str(path), n_labels_flag=n_labels_flag
     )
-    clash = sorted(set(classes) & {"item", "label", "probability"})
-    if predictions is not None and predictions.suffix.lower() == ".parquet" and clash:
-        raise InputError(
-            "--predictions", None, f"a class named {clash[0]!r} would give the Parquet file "
-            f"two {clash[0]!r} columns, which Parquet readers refuse: write a .csv file",
-        )  # fmt: skip
+    if predictions is not None and predictions.suffix.lower() == ".parquet":
+        refuse_duplicate_columns("--predictions", classes, COLUMNS, "write a .csv file")
     encoded = job.encode(answers, classes, str(path))
     del answers
     n_answers = len(encoded.labels)

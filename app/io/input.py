@@ -1,4 +1,5 @@
-"""What every reader of input shares: the error it reports and the longest id it takes.
+"""What every reader of input shares: the error it reports and the longest id it takes; and
+what the files the commands write share: no class may take a fixed column's name in Parquet.
 
 Kept apart from the file readers (``app.io.triples``, which load pyarrow) so that the service,
 the engine and the command line's start import neither.
@@ -7,6 +8,7 @@ the engine and the command line's start import neither.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 MAX_ID_LENGTH = 512
@@ -26,3 +28,16 @@ class InputError(ValueError):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {reason}")
         self.path, self.line, self.reason = str(path), line, reason
+
+
+def refuse_duplicate_columns(
+    flag: str, classes: Sequence[str], columns: Sequence[str], instead: str
+) -> None:
+    """A Parquet file with a column per class besides ``columns``: an InputError when a class
+    takes one of their names (two columns of one name, which Parquet readers refuse)."""
+    clash = sorted(set(classes) & set(columns))
+    if clash:
+        raise InputError(
+            flag, None, f"a class named {clash[0]!r} would give the Parquet file two "
+            f"{clash[0]!r} columns, which Parquet readers refuse: {instead}",
+        )  # fmt: skip

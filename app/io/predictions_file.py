@@ -25,6 +25,8 @@ from app.io.triples import string_buffers
 from core._numba import jit
 from core.blocks import FloatArray, IntArray
 
+COLUMNS = ("item", "label", "probability")
+"""The columns before the one per class."""
 ROWS_PER_BLOCK = 1 << 16
 NUMBER_BYTES = 16  # the longest %.6g of a float64: -1.23457e-308
 
@@ -54,7 +56,7 @@ def _write_parquet(
     rows = np.arange(best.size)
     columns = [item_names, labels, arrow_floats(posteriors[rows, best])]
     columns += [arrow_floats(posteriors[:, k]) for k in range(len(classes))]
-    names = ["item", "label", "probability", *classes]
+    names = [*COLUMNS, *classes]
     pq.write_table(pa.Table.from_arrays(columns, names=names), path)
 
 
@@ -66,7 +68,7 @@ def _write_csv(
     best: IntArray,
 ) -> None:
     header = io.StringIO()
-    csv.writer(header).writerow(["item", "label", "probability", *classes])
+    csv.writer(header).writerow([*COLUMNS, *classes])
     items = _csv_fields(item_names)
     labels = _csv_fields(arrow_strings(list(classes)))
     if not _plain_numbers(posteriors):

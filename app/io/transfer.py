@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from app.io import importers
 from app.io.importers import Record
-from app.io.input import InputError
+from app.io.input import InputError, refuse_duplicate_columns
 
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
@@ -421,13 +421,9 @@ def run_export(
     classes: list[str] = resp.json()["labels"]
     n = 0
     tmp = out.with_name(out.name + ".part")
-    fixed = {"item", "label", "probability", "n_labels", "gold", "computed_at"}
-    clash = sorted(set(classes) & fixed) if what == "posteriors" else []
-    if format == "parquet" and clash:
-        raise InputError(
-            "--format", None, f"a class named {clash[0]!r} would give the Parquet file two "
-            f"{clash[0]!r} columns, which Parquet readers refuse: export CSV or JSONL",
-        )  # fmt: skip
+    if format == "parquet" and what == "posteriors":
+        columns = (*_HEAD, *_TAIL, "computed_at")
+        refuse_duplicate_columns("--format", classes, columns, "export CSV or JSONL")
     if format == "parquet":
         n = _write_parquet(http, project, tmp, what, classes, confusion)
         tmp.replace(out)
@@ -504,14 +500,18 @@ def _write_parquet(
     else:
         items = _items_table(http, project, classes)
         posterior = items.column("posterior").combine_chunks()
-        head = ["item", "label", "probability"]
-        tail = ["n_labels", "gold"] + (["computed_at"] if what == "posteriors" else [])
-        columns = {k: items.column(k) for k in head}
+        tail = [*_TAIL, "computed_at"] if what == "posteriors" else list(_TAIL)
+        columns = {k: items.column(k) for k in _HEAD}
         if what == "posteriors":
             columns |= {c: posterior.field(c) for c in classes}
         table = pa.table(columns | {k: items.column(k) for k in tail})
     pq.write_table(table, path)
     return int(table.num_rows)
+
+
+_HEAD, _TAIL = ("item", "label", "probability"), ("n_labels", "gold")
+"""The Parquet export's columns before and after the posteriors' (``computed_at`` last, with
+them)."""
 
 
 def _items_table(http: httpx.Client, project: str, classes: list[str]) -> Any:
