@@ -11,8 +11,8 @@ offered rate in ``--rates`` (labels/s; 0 = idle), for ``--seconds``:
   pace; a ``429 engine_behind`` is counted and its labels are not sent again (push-back);
 - a prober, every ``--probe-ms``, POSTs one label of a new item and polls
   ``GET /v1/projects/{p}/items/{item}`` until it is served (every ms for 50 ms, then every
-  5 ms: ``FINE_POLL_S``): the time from the 202 to the first 200 is the label's freshness (a probe still unserved 10 s after its 202 counts as
-  such, with 10 s);
+  5 ms: ``FINE_POLL_S``): the time from the 202 to the first 200 is the label's freshness
+  (a probe still unserved 10 s after its 202 counts as such, with 10 s);
 - the project's stats give the labels applied during the phase (the sustained applied rate),
   and the engine's lag in labels when the phase ends; once the engine has caught up, the
   labels applied must be exactly those acknowledged (none lost, none twice).
@@ -20,8 +20,9 @@ offered rate in ``--rates`` (labels/s; 0 = idle), for ``--seconds``:
 Between phases the engine is let catch up. The load runs in this process, the service in its
 own processes, all on this machine. ``--peer-code DIR`` runs each store a second time, right
 after, with the service of the source tree DIR (e.g. a ``git worktree`` of the commit before):
-old and new code side by side in one run, on the same machine in the same hour. Everything of a run (Redis keys under its own prefix,
-SQLite files in a temporary folder) is deleted at the end.
+old and new code side by side in one run, on the same machine in the same hour. Everything
+of a run (Redis keys under its own prefix, SQLite files in a temporary folder) is deleted at
+the end.
 """
 
 from __future__ import annotations
@@ -203,9 +204,10 @@ def poll_delay(waited_s: float) -> float:
 
 async def prober(port: int, project: str, key: str, every_s: float, phase: Phase,
                  stop_at: float, tag: str) -> None:  # fmt: skip
-    """One new item at a time: POST its label, then GET it until served (``FINE_POLL_S``; each probe
-    on new connections: the API closes one left idle for 5 s, e.g. while refusing; the GETs'
-    connection is opened once the POST is answered, which may take longer than that)."""
+    """One new item at a time: POST its label, then GET it until served (``poll_delay``;
+    each probe on new connections: the API closes one left idle for 5 s, e.g. while
+    refusing; the GETs' connection is opened once the POST is answered, which may take
+    longer than that)."""
     k = 0
     while time.perf_counter() < stop_at:
         get = Conn(port)
