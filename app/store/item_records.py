@@ -1,15 +1,15 @@
 """An item's served state as a store keeps it, and its JSON rendered on read.
 
 The engine writes each touched item as a packed record (posterior, held-out correction,
-clarity, the step's time, gold, position, the number of labels and their summed weight: float64
-and int64 fields, ``record_dtype``) and the new rows of its label list, ``[worker, label, weight]`` as orjson writes them. The store keeps
-each label list as JSON text without its closing ``]`` and appends to it, so an update of an
-item with n labels costs the engine O(new labels), not O(n) (the embedded store too; Redis is
-sent the whole list, which it cannot append to in place). What a read returns is the bytes
-``orjson.dumps`` gives for the item's dict ``{"posterior", "clarity", "labels", "gold",
-"held_out", "position", "computed_at"}``. An export reads the records alone, in columns
-(``record_table``): the count and the weight (the calibration's n_i, docs/model.md eq. 21) spare
-it the label lists.
+clarity, the step's time, gold, position, the number of labels and their summed weight:
+float64 and int64 fields, ``record_dtype``) and the new rows of its label list, ``[worker,
+label, weight]`` as orjson writes them. The store keeps each label list as JSON text without
+its closing ``]`` and appends to it, so an update of an item with n labels costs the engine
+O(new labels), not O(n) (the embedded store too; Redis is sent the whole list, which it
+cannot append to in place). What a read returns is the bytes ``orjson.dumps`` gives for the
+item's dict ``{"posterior", "clarity", "labels", "gold", "held_out", "position",
+"computed_at"}``. An export reads the records alone, in columns (``record_table``): the count
+and the weight (the calibration's n_i, docs/model.md eq. 21) spare it the label lists.
 """
 
 from __future__ import annotations
