@@ -300,7 +300,9 @@ def _rows(text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
 
 def _header(
     path: Path, rows: Iterator[tuple[int | None, list[str]]]
-) -> tuple[int | None, dict[str, int]]:
+) -> tuple[int | None, dict[str, int], int]:
+    """The header's line, the column of each name (the first, for a name given twice) and
+    how many fields it has."""
     try:
         line, names = next(rows)
     except StopIteration:
@@ -308,7 +310,7 @@ def _header(
     index: dict[str, int] = {}
     for n, name in enumerate(names):
         index.setdefault(name.strip(), n)
-    return line, index
+    return line, index, len(names)
 
 
 def _column(
@@ -366,15 +368,15 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
 def _tabular(
     path: Path, rows: Iterator[tuple[int | None, list[str]]], mapping: dict[str, str], kind: str
 ) -> Parsed:
-    hline, index = _header(path, rows)
+    hline, index, n_fields = _header(path, rows)
     columns = _columns(path, hline, index, mapping)
     item_c, worker_c, label_c = columns["item"], columns["worker"], columns["label"]
     id_c, weight_c, gold_c = columns["id"], columns["weight"], columns["gold"]
     parsed = Parsed(kind)
     seen: dict[tuple[str, str, str], int] = {}
     for line, row in rows:
-        if len(row) < len(index):
-            raise InputError(path, line, f"expected {len(index)} fields, got {len(row)}")
+        if len(row) != n_fields:  # (a field the header does not name would be lost)
+            raise InputError(path, line, f"expected {n_fields} fields, got {len(row)}")
         item = _name(path, line, "item", _cell(row, item_c))
         gold = _cell(row, gold_c)
         if gold:
@@ -446,7 +448,7 @@ def _only(path: Path, line: int | None, index: dict[str, int], prefix: str, key:
 
 def _toloka(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
     rows = _rows(text, "\t")
-    hline, index = _header(path, rows)
+    hline, index, _ = _header(path, rows)
     m = dict(mapping)
     m.setdefault("item", _only(path, hline, index, "INPUT:", "item"))
     m.setdefault("label", _only(path, hline, index, "OUTPUT:", "label"))

@@ -25,6 +25,8 @@ from core._numba import jit
 CHUNK_BYTES = 1 << 24
 """Bytes of CSV (about 1M short answers) or, over 16, Parquet rows read at a time."""
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
+_ROLES = {"item": 0, "task": 0, "worker": 1, "label": 2, "weight": 3}
+"""The column a header's name stands for: item, worker, label, weight (in that order)."""
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _WHITESPACE = re.compile(r"[\t ]+")
 
@@ -256,6 +258,8 @@ class _CsvState:
         self.sniffed = False
         self.n_columns: int | None = None  # 3 or 4, once the first answer was read
         self.header_seen = False
+        self.order: tuple[int, ...] | None = None
+        """Where the header puts item, worker, label (and weight): ``_header_columns``."""
         self.rows = 0
 
     def fast(self, block: bytearray, line: int) -> AnswerColumns:
@@ -275,14 +279,20 @@ class _CsvState:
         if self.n_columns is None:
             if not columns or len(columns) > 4 or table.num_rows == 0:
                 return self.careful(block, line)
-            head = [str(c[0].as_py()).strip().lower() for c in columns]
-            header = tuple(head[:3]) in _HEADERS
-            if (len(columns) == 4 and header and head[3] != "weight") or len(columns) < 3:
+            try:
+                order = _header_columns(self.path, line, [str(c[0].as_py()) for c in columns])
+            except InputError:
+                return self.careful(block, line)  # (which names the header's own line)
+            header = order is not None
+            if len(columns) < 3:
                 return self.careful(block, line)
             if header:
                 columns = [c.slice(1) for c in columns]
+                self.order = order
         elif len(columns) != self.n_columns or self.rows == 0:
             return self.careful(block, line)
+        if self.order is not None:
+            columns = [columns[k] for k in self.order]
         out = _checked(columns, len(columns[0]))
         if out is not None and self.lines:
             out.lines = _nonblank_line_numbers(block)[int(header) :] + (line - 1)
@@ -303,14 +313,14 @@ class _CsvState:
             ) from None
         rows = _csv_rows(self.path, text.splitlines(), line)
         if self.n_columns is None and rows:
-            named = _header_columns(self.path, *rows[0])
-            if named is not None:
-                self.header_seen, self.n_columns = True, named
+            order = _header_columns(self.path, *rows[0])
+            if order is not None:
+                self.header_seen, self.n_columns, self.order = True, len(order), order
                 rows = rows[1:]
         # as when reading the whole file: without a header, the first answer's 4 fields bring
         # a weight column; a header names the columns itself
         decided = self.rows > 0 or self.header_seen
-        out = _row_columns(self.path, rows, self.n_columns == 4, decided=decided)
+        out = _row_columns(self.path, rows, self.n_columns == 4, decided, self.order)
         if len(out):
             self.n_columns = 4 if out.weights is not None else 3
         self.rows += len(out)
@@ -351,11 +361,11 @@ def parquet_file(path: Path) -> pq.ParquetFile:
 def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
     pfile = parquet_file(path)
     names = pfile.schema_arrow.names
-    lower = [n.lower() for n in names]
-    want = next((h for h in _HEADERS if set(h) <= set(lower)), None)
-    if want is None:
+    order = _header_columns(path, None, names)  # (the columns' names are its header)
+    if order is None:
+        lower = [n.lower() for n in names]
         raise InputError(path, None, f"columns {lower}: expected item,worker,label[,weight]")
-    picked = [names[lower.index(n)] for n in ([*want, "weight"] if "weight" in lower else want)]
+    picked = [names[k] for k in order]
     for name in picked:
         _check_parquet_type(path, name, pfile.schema_arrow.field(name).type)
     first = 1
@@ -442,34 +452,43 @@ def _read_rows(path: Path) -> Triples:
     rows = _rows(path)
     if not rows:
         raise InputError(path, None, "no answers in the file")
-    named = _header_columns(path, *rows[0])  # (a header decides the weight column)
-    if named is not None:
+    order = _header_columns(path, *rows[0])  # (a header decides the weight column)
+    if order is not None:
         rows = rows[1:]
-    out = _row_columns(path, rows, named == 4, decided=named is not None)
+    out = _row_columns(path, rows, order is not None and len(order) == 4, order is not None, order)
     if not len(out):
         raise InputError(path, None, "no answers in the file (only a header)")
     return out
 
 
-def _header_columns(path: Path, line: int, fields: list[str]) -> int | None:
-    """The columns a first row names when it is a header (3, or 4 with a weight), else None;
-    an InputError for a header with any other column."""
+def _header_columns(path: Path, line: int | None, fields: list[str]) -> tuple[int, ...] | None:
+    """When a first row is a header (it names item or task, worker and label, in any order):
+    the field of item, worker, label and, when it names one, weight; else None (an answer).
+    An InputError for a header with any other column, or one named twice."""
     head = [f.strip().lower() for f in fields]
-    if tuple(head[:3]) not in _HEADERS:
+    if not any(set(names) <= set(head) for names in _HEADERS):
         return None
-    rest = head[3:]
-    unknown = rest[1:] if rest[:1] == ["weight"] else rest
+    unknown = [name for name in head if name not in _ROLES]
     if unknown:
         raise InputError(
             path, line, f"unknown columns {unknown}: expected item,worker,label[,weight]"
         )
-    return len(head)
+    roles = [_ROLES[name] for name in head]
+    if len(set(roles)) < len(roles):
+        raise InputError(path, line, f"columns {head}: item (or task), worker, label and weight "
+                         "may each be named once")  # fmt: skip
+    return tuple(sorted(range(len(roles)), key=roles.__getitem__))
 
 
 def _row_columns(
-    path: Path, rows: list[tuple[int, list[str]]], has_weight: bool, decided: bool
+    path: Path,
+    rows: list[tuple[int, list[str]]],
+    has_weight: bool,
+    decided: bool,
+    order: tuple[int, ...] | None = None,
 ) -> Triples:
-    """Checked rows; unless ``decided``, a first row of 4 fields brings a weight column."""
+    """Checked rows, their fields taken in ``order`` (None: item, worker, label, weight);
+    unless ``decided``, a first row of 4 fields brings a weight column."""
     n_fields = 4 if has_weight else 3
     items: list[str] = []
     workers: list[str] = []
@@ -482,6 +501,8 @@ def _row_columns(
         if len(fields) != n_fields:
             names = "item, worker, label, weight" if has_weight else "item, worker, label"
             raise InputError(path, line, f"expected {n_fields} fields ({names}), got {len(fields)}")
+        if order is not None:
+            fields = [fields[k] for k in order]
         items.append(_check_id(path, line, "item", fields[0]))
         workers.append(_check_id(path, line, "worker", fields[1]))
         labels.append(_check_id(path, line, "label", fields[2]))

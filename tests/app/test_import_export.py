@@ -116,6 +116,7 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         ("w.csv", "item,worker,label,weight\na,w,x,1\nb,w,x,heavy\n", None, 3, "weight 'heavy'"),
         ("e.csv", "item,worker,label\na,w,x\nb,,x\n", None, 3, "empty worker"),
         ("s.csv", "item,worker,label\na,w\n", None, 2, "expected 3 fields"),
+        ("f.csv", "item,worker,label\na,w,x\nb,w,x,7\n", None, 3, "expected 3 fields, got 4"),
         ("m.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who", 1, "no label column"),
         ("u.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who,label=nope", 1, "no such column"),
         ("j.jsonl", '{"item":"a","worker":"w","label":"x"}\n{"item": "b",\n', None, 2, "not JSON"),
@@ -131,6 +132,8 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
             importers.read(_write(tmp_path, name, text), mapping=importers.parse_map(mapping))
         assert err.value.line == line, (name, str(err.value))
         assert reason in str(err.value) and str(err.value).startswith(str(tmp_path / name))
+    with pytest.raises(InputError, match=r"f.csv:3: expected 3 fields, got 4"):  # (columns)
+        importers.read_answers(tmp_path / "f.csv")
     with pytest.raises(InputError, match="--map"):
         importers.parse_map("colour=c")
     with pytest.raises(InputError, match="no such file"):

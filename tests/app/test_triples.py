@@ -70,6 +70,10 @@ CASES = {
     "a control character inside an id": "item,worker,label\na\x01b,w1,x\n",
     "a C1 control character inside an id": "item,worker,label\nb,w\u0090x,y\n",
     "a quoted line break": 'item,worker,label\n"a\nb",w1,x\nc,w2,y\n',
+    "a header in another order": "worker,item,label\nw1,a,x\nw2,b,y\n",
+    "weights first": "weight,label,task,worker\n0.5,x,a,w1\n2,y,b,w2\n",
+    "a column named twice": "item,worker,label,item\na,w1,x,b\n",
+    "task and item": "task,worker,label,item\na,w1,x,b\n",
 }
 
 
@@ -144,4 +148,57 @@ def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
         read_triples(path)
     path.write_text("not parquet")
     with pytest.raises(InputError, match="not a Parquet file"):
+        read_triples(path)
+
+
+@pytest.mark.parametrize(
+    "header", ["worker,item,label", "label,worker,item", "worker,task,label,weight"]
+)
+def test_a_header_names_its_columns_in_any_order(tmp_path: Path, header: str) -> None:
+    """Columns are taken by their names, not their places, in every chunk and on every path
+    (clean chunks, chunks read line by line, Parquet)."""
+    rng = np.random.default_rng(0)
+    n = 400
+    columns = {
+        "item": [f"i{k}" for k in rng.integers(0, 60, n)],
+        "worker": [f"w{k}" for k in rng.integers(0, 9, n)],
+        "label": [str(k) for k in rng.integers(0, 3, n)],
+        "weight": [str(k) for k in rng.integers(1, 4, n)],
+    }
+    names = header.split(",")
+    keys = ["item" if name == "task" else name for name in names]
+    canonical = tmp_path / "canonical.csv"
+    canonical.write_text(
+        ",".join(["item", "worker", "label", "weight"][: len(keys)])
+        + "\n"
+        + "".join(
+            ",".join(columns[k][r] for k in ["item", "worker", "label", "weight"][: len(keys)])
+            + "\n"
+            for r in range(n)
+        )
+    )
+    reordered = tmp_path / "reordered.csv"
+    rows = [",".join(columns[k][r] for k in keys) for r in range(n)]
+    rows[300] = '"' + rows[300].replace(",", '",', 1)  # a quote: the rest line by line
+    reordered.write_text(header + "\n" + "\n".join(rows) + "\n")
+    want = read_triples(canonical)
+    assert len(want) == n
+    for chunk_bytes in (1 << 20, 100, 4096):
+        assert same(read_triples(reordered, chunk_bytes), want), chunk_bytes
+    assert same(triples._read_rows(reordered), want)
+    parquet = tmp_path / "reordered.parquet"
+    pq.write_table(
+        pa.table({name: columns[k] for name, k in zip(names, keys, strict=True)}), parquet
+    )
+    from_parquet = read_triples(parquet)
+    for k in ("items", "workers", "labels"):
+        assert np.array_equal(getattr(from_parquet, k), getattr(want, k))
+
+
+def test_parquet_with_a_column_it_does_not_read_is_refused(tmp_path: Path) -> None:
+    """As a CSV header naming another column is: a misspelt weight column is not ignored."""
+    path = tmp_path / "answers.parquet"
+    table = {"item": ["a"], "worker": ["w"], "label": ["x"], "wieght": [2.0]}
+    pq.write_table(pa.table(table), path)
+    with pytest.raises(InputError, match=r"unknown columns \['wieght'\]"):
         read_triples(path)
