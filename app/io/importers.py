@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.io.input import MAX_ID_LENGTH, InputError, hash_id
+from app.io.input import MAX_ID_LENGTH, InputError, hash_id, quoting_error
 
 if TYPE_CHECKING:
     from app.io.answer_table import AnswerTable
@@ -233,7 +233,7 @@ def _parse(source: _Source) -> Parsed:
     if text is None:
         return _tabular(path, _parquet_rows(path), mapping, "parquet")
     if kind in ("csv", "tsv", "crowdkit"):
-        return _tabular(path, _rows(text, _delimiter(kind, text)), mapping, kind)
+        return _tabular(path, _rows(path, text, _delimiter(kind, text)), mapping, kind)
     if kind == "jsonl":
         return _jsonl(path, text, mapping)
     if kind == "toloka":
@@ -288,11 +288,18 @@ def _check_gold(path: Path, records: list[Record]) -> None:
 # ---------------------------------------------------------------------- tables
 
 
-def _rows(text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
-    """(line number where the row starts, fields) of every non-blank row."""
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+def _rows(path: Path, text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number where the row starts, fields) of every non-blank row; an InputError for a
+    quote that is not closed or text right after a closing quote."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     start = 1
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise InputError(path, start, quoting_error(err)) from None
         if any(f.strip() for f in row):
             yield start, row
         start = reader.line_num + 1
@@ -447,7 +454,7 @@ def _only(path: Path, line: int | None, index: dict[str, int], prefix: str, key:
 
 
 def _toloka(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
-    rows = _rows(text, "\t")
+    rows = _rows(path, text, "\t")
     hline, index, _ = _header(path, rows)
     m = dict(mapping)
     m.setdefault("item", _only(path, hline, index, "INPUT:", "item"))
@@ -524,7 +531,7 @@ def _task_answers(path: Path, line: int, value: str) -> str:
 
 
 def _mturk(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
-    rows = list(_rows(text, ","))
+    rows = list(_rows(path, text, ","))
     if not rows:
         raise InputError(path, None, "no header row")
     hline, names = rows[0]

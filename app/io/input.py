@@ -1,5 +1,6 @@
-"""What every reader of input shares: the error it reports and the longest id it takes; and
-what the files the commands write share: no class may take a fixed column's name in Parquet.
+"""What every reader of input shares: the error it reports, the longest id it takes and what
+a CSV reader's quoting error means; and what the files the commands write share: no class
+may take a fixed column's name in Parquet.
 
 Kept apart from the file readers (``app.io.triples``, which load pyarrow) so that the service,
 the engine and the command line's start import neither.
@@ -7,6 +8,7 @@ the engine and the command line's start import neither.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,3 +43,10 @@ def refuse_duplicate_columns(
             flag, None, f"a class named {clash[0]!r} would give the Parquet file two "
             f"{clash[0]!r} columns, which Parquet readers refuse: {instead}",
         )  # fmt: skip
+
+
+def quoting_error(err: csv.Error) -> str:
+    """What ``csv.reader(..., strict=True)``'s error means, in words."""
+    if "unexpected end of data" in str(err):
+        return "a quoted field is not closed"
+    return f"malformed quotes ({err})"

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from app.io.input import MAX_ID_LENGTH, InputError
+from app.io.input import MAX_ID_LENGTH, InputError, quoting_error
 from core._numba import jit
 
 CHUNK_BYTES = 1 << 24
@@ -67,16 +67,25 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
 def _csv_rows(path: Path, lines: list[str], first: int) -> list[tuple[int, list[str]]]:
     """(line number, fields) of the non-blank CSV records of ``lines``, numbered from
     ``first``; csv.reader keeps quoted commas inside a field. A quoted field that runs on to
-    the next line is refused: it would hold a line break, which no id or label may."""
-    reader, out = csv.reader(lines), []
-    for n, row in enumerate(reader, start=first):
+    the next line is refused: it would hold a line break, which no id or label may; so is
+    a quote that is not closed, or text right after a closing quote."""
+    reader = csv.reader(lines, strict=True)
+    out: list[tuple[int, list[str]]] = []
+    rows = enumerate(reader, start=first)
+    while True:
+        start = first + reader.line_num  # (the line the next record starts on)
+        try:
+            n, row = next(rows)
+        except StopIteration:
+            return out
+        except csv.Error as err:
+            raise InputError(path, start, quoting_error(err)) from None
         if reader.line_num != n - first + 1:
             raise InputError(
                 path, n, "a quoted field runs on to the next line: ids hold no line breaks"
             )
         if any(f.strip() for f in row):
             out.append((n, row))
-    return out
 
 
 def text_line_of_byte(path: Path, offset: int) -> int:

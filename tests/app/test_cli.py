@@ -242,6 +242,9 @@ def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
         ("item,worker,label,weight,extra\na,w,0,1,x\n", ":1: unknown columns ['extra']"),
         ("item,worker,label\na\x01b,w,0\n", ":2: item 'a\\x01b': ids hold no control characters"),
         ('item,worker,label\n"a\nb",w,0\n', ":2: a quoted field runs on to the next line"),
+        ('item,worker,label\na,w,0\nb,w,"1\n', ":3: a quoted field is not closed"),
+        ('item,worker,label\na,w,0\nb,w,"1', ":3: a quoted field is not closed"),
+        ('item,worker,label\na,"w"x,0\n', ":2: malformed quotes"),
         # the header names 3 columns: a 4th field is not a weight
         ("item,worker,label\na,w,0,1\n", ":2: expected 3 fields (item, worker, label), got 4"),
         ("item\tworker\tlabel\na\tw\t0\t1\n", ":2: expected 3 fields (item, worker, label)"),

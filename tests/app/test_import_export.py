@@ -117,6 +117,7 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         ("e.csv", "item,worker,label\na,w,x\nb,,x\n", None, 3, "empty worker"),
         ("s.csv", "item,worker,label\na,w\n", None, 2, "expected 3 fields"),
         ("f.csv", "item,worker,label\na,w,x\nb,w,x,7\n", None, 3, "expected 3 fields, got 4"),
+        ("q.csv", 'item,worker,label\na,w,x\nb,w,"x\n', None, 3, "a quoted field is not closed"),
         ("m.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who", 1, "no label column"),
         ("u.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who,label=nope", 1, "no such column"),
         ("j.jsonl", '{"item":"a","worker":"w","label":"x"}\n{"item": "b",\n', None, 2, "not JSON"),

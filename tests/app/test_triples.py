@@ -70,6 +70,8 @@ CASES = {
     "a control character inside an id": "item,worker,label\na\x01b,w1,x\n",
     "a C1 control character inside an id": "item,worker,label\nb,w\u0090x,y\n",
     "a quoted line break": 'item,worker,label\n"a\nb",w1,x\nc,w2,y\n',
+    "a quote not closed": 'item,worker,label\na,w1,x\nb,w2,"y\n',
+    "text after a closing quote": 'item,worker,label\n"a"b,w1,x\n',
     "a header in another order": "worker,item,label\nw1,a,x\nw2,b,y\n",
     "weights first": "weight,label,task,worker\n0.5,x,a,w1\n2,y,b,w2\n",
     "a column named twice": "item,worker,label,item\na,w1,x,b\n",
