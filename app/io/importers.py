@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.io.input import MAX_ID_LENGTH, InputError, hash_id, quoting_error
+from app.io.input import MAX_ID_LENGTH, InputError, hash_id, quoting_error, text_lines
 
 if TYPE_CHECKING:
     from app.io.answer_table import AnswerTable
@@ -129,7 +129,7 @@ def detect(path: Path, text: str) -> str:
         return "labelstudio"
     if head == "{" or suffix in (".jsonl", ".ndjson"):
         return "jsonl"
-    first = text.splitlines()[0] if text else ""
+    first = text_lines(text)[0] if text else ""
     delimiter = "\t" if "\t" in first or suffix == ".tsv" else ","
     columns = {c.strip().strip('"') for c in next(csv.reader([first], delimiter=delimiter), [])}
     if any(c.startswith(("INPUT:", "OUTPUT:", "ASSIGNMENT:")) for c in columns):
@@ -410,7 +410,7 @@ def _jsonl(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
     parsed = Parsed("jsonl")
     keys = {k: mapping.get(k, k) for k in MAP_KEYS}
     seen: dict[tuple[str, str, str], int] = {}
-    for line, raw in enumerate(text.splitlines(), start=1):
+    for line, raw in enumerate(text_lines(text), start=1):
         if not raw.strip():
             continue
         try:

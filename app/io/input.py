@@ -1,6 +1,6 @@
-"""What every reader of input shares: the error it reports, the longest id it takes and what
-a CSV reader's quoting error means; and what the files the commands write share: no class
-may take a fixed column's name in Parquet.
+"""What every reader of input shares: the error it reports, the longest id it takes, where
+its lines end and what a CSV reader's quoting error means; and what the files the commands
+write share: no class may take a fixed column's name in Parquet.
 
 Kept apart from the file readers (``app.io.triples``, which load pyarrow) so that the service,
 the engine and the command line's start import neither.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,3 +51,14 @@ def quoting_error(err: csv.Error) -> str:
     if "unexpected end of data" in str(err):
         return "a quoted field is not closed"
     return f"malformed quotes ({err})"
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def text_lines(text: str) -> list[str]:
+    """``text``'s lines, split where a line ends in a file (LF, CRLF or CR) and nowhere else:
+    str.splitlines also splits on U+2028 and others, which an id may hold (the columnar
+    reader keeps them, as the service does)."""
+    lines = _LINE_END.split(text)
+    return lines[:-1] if lines[-1] == "" else lines

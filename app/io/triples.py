@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from app.io.input import MAX_ID_LENGTH, InputError, quoting_error
+from app.io.input import MAX_ID_LENGTH, InputError, quoting_error, text_lines
 from core._numba import jit
 
 CHUNK_BYTES = 1 << 24
@@ -57,7 +57,7 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
     except UnicodeDecodeError as err:
         line = text_line_of_byte(path, err.start)
         raise InputError(path, line, "not UTF-8 text") from None
-    lines = text.splitlines()
+    lines = text_lines(text)
     first = next((ln for ln in lines if ln.strip()), "")
     if "," in first:
         return _csv_rows(path, lines, 1)
@@ -320,7 +320,7 @@ class _CsvState:
             raise InputError(
                 self.path, line + block[: err.start].count(b"\n"), "not UTF-8 text"
             ) from None
-        rows = _csv_rows(self.path, text.splitlines(), line)
+        rows = _csv_rows(self.path, text_lines(text), line)
         if self.n_columns is None and rows:
             order = _header_columns(self.path, *rows[0])
             if order is not None:

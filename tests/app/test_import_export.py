@@ -111,6 +111,14 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+def test_a_line_separator_is_part_of_an_id(tmp_path: Path) -> None:
+    """Lines end at LF, CRLF or CR only: U+2028 in a JSON string or a CSV cell is kept."""
+    jsonl = _write(tmp_path, "a.jsonl", '{"item": "a\u2028b", "worker": "w", "label": "x"}\n')
+    assert [r.item for r in importers.read(jsonl).labels] == ["a\u2028b"]
+    quoted = _write(tmp_path, "a.csv", 'item,worker,label\n"a\u2028b",w,x\n')
+    assert [r.item for r in importers.read(quoted).labels] == ["a\u2028b"]
+
+
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
     cases = [
         ("w.csv", "item,worker,label,weight\na,w,x,1\nb,w,x,heavy\n", None, 3, "weight 'heavy'"),

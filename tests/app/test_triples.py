@@ -70,6 +70,9 @@ CASES = {
     "a control character inside an id": "item,worker,label\na\x01b,w1,x\n",
     "a C1 control character inside an id": "item,worker,label\nb,w\u0090x,y\n",
     "a quoted line break": 'item,worker,label\n"a\nb",w1,x\nc,w2,y\n',
+    "a line separator inside an id": "item,worker,label\na\u2028b,w1,x\nc,w\u2029,y\n",
+    "a line separator in a quoted id": 'item,worker,label\n"a\u2028b",w1,x\n',
+    "NEL inside an id": "item,worker,label\na\u0085b,w1,x\n",
     "a quote not closed": 'item,worker,label\na,w1,x\nb,w2,"y\n',
     "text after a closing quote": 'item,worker,label\n"a"b,w1,x\n',
     "a header in another order": "worker,item,label\nw1,a,x\nw2,b,y\n",
@@ -204,3 +207,12 @@ def test_parquet_with_a_column_it_does_not_read_is_refused(tmp_path: Path) -> No
     pq.write_table(pa.table(table), path)
     with pytest.raises(InputError, match=r"unknown columns \['wieght'\]"):
         read_triples(path)
+
+
+def test_an_id_may_hold_a_line_separator(tmp_path: Path) -> None:
+    """Lines end at LF, CRLF or CR only: U+2028 is a character of the id, as in the service."""
+    path = tmp_path / "answers.csv"
+    path.write_text('item,worker,label\na\u2028b,w1,x\n"c\u2029d",w2,y\n', encoding="utf-8")
+    for read in (read_triples, triples._read_rows):
+        got = read(path)
+        assert got.items.tolist() == ["a\u2028b", "c\u2029d"] and got.lines.tolist() == [2, 3]
