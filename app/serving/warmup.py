@@ -91,10 +91,12 @@ def serving_extras() -> None:
 
 
 def label_ids() -> None:
-    """The embedded store's set of label ids: a block's keep mask, then its ids added."""
+    """The embedded store's set of label ids: a block's keep mask, then its ids added; then
+    enough ids that the set grows and moves its rows."""
     seen, (keys, present) = IdSet(), hash_ids(join_ids(["a", None]), 2)
     seen.new_in_block(keys, present)
     seen.add(keys, present)
+    seen.add(*hash_ids(join_ids([str(k) for k in range(1000)])))
 
 
 def dyadic_learning() -> None:

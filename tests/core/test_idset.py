@@ -16,9 +16,13 @@ BLOCK = st.lists(st.one_of(st.none(), ID, st.sampled_from(["a", "b", "é", "日�
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(BLOCK, max_size=12))
-def test_keep_masks_are_those_of_a_python_set(blocks: list[list[str | None]]) -> None:
+@given(st.lists(BLOCK, max_size=12), st.sampled_from([16, 1024]))
+def test_keep_masks_are_those_of_a_python_set(
+    blocks: list[list[str | None]], capacity: int
+) -> None:
+    """With a table of 16 rows to start with, it grows and moves its rows again and again."""
     ids, seen = IdSet(), set()
+    ids._table = np.zeros((capacity, 2), dtype=np.uint64)
     for block in blocks:
         keys, present = hash_ids(join_ids(block), len(block))
         expected, fresh = bytearray(), set()
@@ -60,3 +64,26 @@ def test_the_two_halves_of_a_key_differ_and_the_first_is_never_zero() -> None:
 def test_an_id_with_a_newline_is_refused_not_hashed_out_of_bounds() -> None:
     with pytest.raises(ValueError, match="newline"):
         hash_ids(join_ids(["a\nb", "c"]), 2)
+
+
+def test_growing_moves_the_outgrown_table_a_few_rows_at_a_time() -> None:
+    """A block that makes the table grow does not wait for every id to move: each block
+    moves 4 rows per id, and the ids not moved yet are still members."""
+    ids = IdSet()
+    first = [f"id-{k}" for k in range(100_000)]
+    ids.add(*hash_ids(join_ids(first)))
+    old_rows = ids._table.shape[0]  # 262,144 rows, 100,000 ids: 38% full
+    k = 100_000
+    while ids._old.shape[0] == 1:  # until a block makes it grow
+        block = [f"id-{k + n}" for n in range(1000)]
+        ids.add(*hash_ids(join_ids(block)))
+        k += 1000
+    assert ids._old.shape[0] == old_rows and ids._moved == 4000
+    assert ids.nbytes == (old_rows + 2 * old_rows) * 16
+    probe = [*first[::997], "id-0", f"id-{k - 1}", "never"]
+    assert ids.new_in_block(*hash_ids(join_ids(probe))) == b"0" * (len(probe) - 1) + b"1"
+    while ids._old.shape[0] > 1:
+        ids.add(*hash_ids(join_ids([f"id-{k}"])))
+        k += 1
+    assert ids.size == k and ids.nbytes == 2 * old_rows * 16
+    assert ids.new_in_block(*hash_ids(join_ids(probe))) == b"0" * (len(probe) - 1) + b"1"
