@@ -1,6 +1,6 @@
 """What the long-running processes load: ``crowdtally serve`` and ``crowdtally engine`` import
 no file readers (pyarrow: about 37 MB of memory and 0.08 s a start), which ``extract``,
-``import``, a Parquet or JSONL ``export`` and the benches do."""
+``import``, a Parquet ``export`` and the benches do."""
 
 from __future__ import annotations
 
