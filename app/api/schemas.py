@@ -37,21 +37,24 @@ class Strict(BaseModel):
 
 
 class Hyperparameters(Strict):
-    """The nominal model's settings (docs/model.md); the defaults were chosen by measurement."""
+    """The nominal model's settings (docs/model.md); the defaults were chosen by measurement.
+    The bounds keep the model's arithmetic finite: past them (e.g. ``tau0`` 0, ``n_items``
+    1e-300, ``class_rate`` 1e6, a prior of 1e300) its parameters overflowed and every read of
+    the project failed."""
 
-    eta0: float = Field(_DEFAULTS.eta0, ge=0)
-    tau0: float = Field(_DEFAULTS.tau0, ge=0)
-    rho: float = Field(_DEFAULTS.rho, ge=0)
-    n_items: float = Field(_DEFAULTS.n_items, gt=0)
-    worker_prior: float = Field(_DEFAULTS.worker_prior, gt=0)
-    population_prior: float = Field(_DEFAULTS.population_prior, gt=0)
-    population_diagonal: float = _DEFAULTS.population_diagonal
+    eta0: float = Field(_DEFAULTS.eta0, ge=0, le=1e6)
+    tau0: float = Field(_DEFAULTS.tau0, ge=1, le=1e12)
+    rho: float = Field(_DEFAULTS.rho, ge=0, le=10)
+    n_items: float = Field(_DEFAULTS.n_items, ge=1, le=1e12)
+    worker_prior: float = Field(_DEFAULTS.worker_prior, gt=0, le=1e6)
+    population_prior: float = Field(_DEFAULTS.population_prior, gt=0, le=1e6)
+    population_diagonal: float = Field(_DEFAULTS.population_diagonal, ge=-100, le=100)
     class_prior: list[float] | None = None
-    class_prior_strength: float = Field(_DEFAULTS.class_prior_strength, gt=0)
+    class_prior_strength: float = Field(_DEFAULTS.class_prior_strength, gt=0, le=1e6)
     difficulty: bool = _DEFAULTS.difficulty
-    difficulty_prior: float = Field(_DEFAULTS.difficulty_prior, gt=0)
-    population_rate: float = Field(_DEFAULTS.population_rate, ge=0)
-    class_rate: float = Field(_DEFAULTS.class_rate, ge=0)
+    difficulty_prior: float = Field(_DEFAULTS.difficulty_prior, gt=0, le=1e6)
+    population_rate: float = Field(_DEFAULTS.population_rate, ge=0, le=1e3)
+    class_rate: float = Field(_DEFAULTS.class_rate, ge=0, le=1e3)
 
 
 class DyadicSettingsBody(Strict):

@@ -53,6 +53,8 @@ def project_view(
     cfg.pop("n_classes")
     dyadic = DyadicSettings.of(record.config)
     hyper = {k: v for k, v in cfg.items() if k in Hyperparameters.model_fields}
+    if hyper.get("class_prior") is not None:  # (a tuple in the record made here, JSON's list
+        hyper["class_prior"] = list(hyper["class_prior"])  # in one read back from SQL)
     # The positions first, then the counts: the engine writes the counts with the applied
     # position (one transaction), so they are of that position or a later one, never of an
     # earlier state (stats showing the log applied with a state from before it).

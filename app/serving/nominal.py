@@ -188,6 +188,7 @@ def quality(confusion: FloatArray, prior: FloatArray) -> tuple[FloatArray, Float
     answer = joint.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(joint > 0, joint * np.log(joint / (prior[None, :, None] * answer)), 0.0)
-    h = -(prior * np.log(prior)).sum()
+    seen = prior[prior > 0]  # (0 log 0 = 0: a class whose prior underflowed to 0)
+    h = -(seen * np.log(seen)).sum()
     info: FloatArray = terms.sum(axis=(1, 2)) / h if h > 0 else np.zeros(len(confusion))
     return acc, np.clip(info, 0.0, 1.0)

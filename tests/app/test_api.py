@@ -452,6 +452,27 @@ def test_unknown_project_and_item(client: TestClient) -> None:
             {"name": "p", "labels": ["a", "b"], "hyperparameters": {"class_prior": [1, 2, 3]}},
             "hyperparameters",
         ),
+        # values past which the model's arithmetic overflowed and every read failed
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"eta0": 1e308}},
+            "hyperparameters.eta0",
+        ),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"tau0": 0}},
+            "hyperparameters.tau0",
+        ),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"n_items": 1e-300}},
+            "hyperparameters.n_items",
+        ),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"class_rate": 1e6}},
+            "hyperparameters.class_rate",
+        ),
+        (
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"population_prior": 1e300}},
+            "hyperparameters.population_prior",
+        ),
     ],
 )
 def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> None:
@@ -459,6 +480,42 @@ def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> No
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == field
     assert client.get("/v1/projects").json() == []
+
+
+@pytest.mark.parametrize(
+    "hyper",
+    [
+        {"class_prior": [1.0, 2.0, 1e-300, 1.0, 1.0]},
+        {
+            "eta0": 1e6,
+            "tau0": 1.0,
+            "rho": 0.0,
+            "population_rate": 1e3,
+            "class_rate": 1e3,
+            "n_items": 1.0,
+        },
+        {
+            "worker_prior": 1e6,
+            "population_prior": 1e6,
+            "class_prior_strength": 1e6,
+            "population_diagonal": -100.0,
+        },
+        {"difficulty": True, "difficulty_prior": 1e6, "population_diagonal": 100.0},
+    ],
+)
+def test_hyperparameters_within_their_bounds_serve_every_read(
+    client: TestClient, hyper: dict[str, Any]
+) -> None:
+    """Extreme settings (a class prior among them, which the project listing once failed to
+    serve) still give a project whose every read answers."""
+    r = client.post("/v1/projects", json={"name": "p", "labels": LABELS, "hyperparameters": hyper})
+    assert r.status_code == 201, r.text
+    assert r.json()["hyperparameters"]["class_prior"] == hyper.get("class_prior")
+    key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    assert post(client, key, triples(40), project="p").status_code == 202
+    for path in ("", "/items/img1", "/items", "/workers/w1", "/workers", "/queue"):
+        assert client.get(f"/v1/projects/p{path}").status_code == 200, path
+    assert [p["name"] for p in client.get("/v1/projects").json()] == ["p"]
 
 
 def test_operations_endpoints(client: TestClient) -> None:
