@@ -37,10 +37,10 @@ class Strict(BaseModel):
 
 
 class Hyperparameters(Strict):
-    """The nominal model's settings (docs/model.md); the defaults were chosen by measurement.
-    The bounds keep the model's arithmetic finite: past them (e.g. ``tau0`` 0, ``n_items``
-    1e-300, ``class_rate`` 1e6, a prior of 1e300) its parameters overflowed and every read of
-    the project failed."""
+    """The nominal model's settings (docs/model.md); the defaults were chosen by measurement."""
+
+    # The bounds keep the model's arithmetic finite: past them (e.g. tau0 0, n_items 1e-300,
+    # class_rate 1e6, a prior of 1e300) its parameters overflowed and every read failed.
 
     eta0: float = Field(_DEFAULTS.eta0, ge=0, le=1e6)
     tau0: float = Field(_DEFAULTS.tau0, ge=1, le=1e12)
