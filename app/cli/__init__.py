@@ -73,6 +73,11 @@ def _run() -> None:
     except ValueError as err:  # invalid hyperparameters from NominalConfig
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as err:
+        if err.filename is None:  # (not a file's: e.g. the network)
+            raise
+        print(f"error: {err.filename}: {err.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
     except typer.Exit as err:
         raise SystemExit(err.exit_code) from None
     except _CLICK_ERRORS as err:

@@ -119,12 +119,14 @@ def as_typed(ctx: typer.Context | None, *spellings: str) -> str:
 
 def check_output(flag: str, path: Path, inputs: list[Path]) -> None:
     """An output file that can be written, checked before any work: it names a file (not a
-    folder), in a folder that exists, and is none of the inputs."""
+    folder, a device or a pipe), in a folder that exists, and is none of the inputs."""
     if not path.name:
         raise InputError(flag, None, "give a file name")
     if path.is_dir():
         raise InputError(flag, None, f"{path} is a folder: give a file name")
     if not path.parent.is_dir():
         raise InputError(flag, None, f"no folder {path.parent} to write {path.name} in")
+    if path.exists() and not path.is_file():  # (written beside, then renamed over it)
+        raise InputError(flag, None, f"{path} is not a regular file (a device or a pipe)")
     if any(path.exists() and p.exists() and path.samefile(p) for p in inputs):
         raise InputError(flag, None, f"{path} is an input of this command: it would be overwritten")

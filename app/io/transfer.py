@@ -419,20 +419,36 @@ def run_export(
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     _check(resp, f"project {project!r}")
     classes: list[str] = resp.json()["labels"]
-    n = 0
-    tmp = out.with_name(out.name + ".part")
     if format == "parquet" and what == "posteriors":
         columns = (*_HEAD, *_TAIL, "computed_at")
         refuse_duplicate_columns("--format", classes, columns, "export CSV or JSONL")
+    tmp = out.with_name(out.name + ".part")
+    try:
+        n = _write_export(http, project, tmp, what, format, classes, confusion)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
+        raise
+    tmp.replace(out)
+    return n
+
+
+def _write_export(
+    http: httpx.Client,
+    project: str,
+    tmp: Path,
+    what: str,
+    format: str,
+    classes: list[str],
+    confusion: bool,
+) -> int:
+    """Write the export to ``tmp``; the number of rows written."""
     if format == "parquet":
-        n = _write_parquet(http, project, tmp, what, classes, confusion)
-        tmp.replace(out)
-        return n
+        return _write_parquet(http, project, tmp, what, classes, confusion)
     if what == "posteriors":
         with tmp.open("wb") as out_file:
             n = _copy_export(http, project, format, out_file)
-        tmp.replace(out)
         return n - (1 if format == "csv" and n else 0)  # (the CSV's header)
+    n = 0
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if what == "labels":
             writer = csv.writer(f) if format == "csv" else None
@@ -464,7 +480,6 @@ def run_export(
                     keep = fields + (["confusion"] if confusion else [])
                     f.write(json.dumps({k: w.get(k) for k in keep}) + "\n")
                 n += 1
-    tmp.replace(out)
     return n
 
 

@@ -397,6 +397,13 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     assert refused.returncode == 2 and f"{bad}:3:" in refused.stderr
     folder = _main("export", "-p", "studio", "-o", str(tmp_path / "no" / "x.csv"), "--url", live)
     assert folder.returncode == 2 and "--output: no folder" in folder.stderr
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
+    piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)
+    assert piped.returncode == 2 and "is not a regular file" in piped.stderr and pipe.is_fifo()
+    unwritable = _main("export", "-p", "studio", "-o", "/proc/x.csv", "--url", live)
+    assert unwritable.returncode == 2 and "Traceback" not in unwritable.stderr
+    assert unwritable.stderr.startswith("error: /proc/x.csv.part: ")
     gold = _write(tmp_path, "gold.csv", "item,worker,label\na,w,gold\nb,w,x\n")
     made = _main("import", str(gold), "-p", "golden", "--url", live,
                  "--create-with-labels", "gold,x", "--no-progress")  # fmt: skip
