@@ -61,7 +61,10 @@ make_http: Callable[[str, str | None], httpx.Client] = _http
 
 
 def _p(name: str) -> str:
-    return quote(name, safe="")
+    """``name`` as one path segment: percent-encoded, a name of dots (``.``, ``..``) too, which
+    an HTTP client would otherwise take for this or the parent folder of the path."""
+    quoted = quote(name, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def _error_text(resp: httpx.Response) -> tuple[str, int | None]:

@@ -397,6 +397,17 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     assert refused.returncode == 2 and f"{bad}:3:" in refused.stderr
     folder = _main("export", "-p", "studio", "-o", str(tmp_path / "no" / "x.csv"), "--url", live)
     assert folder.returncode == 2 and "--output: no folder" in folder.stderr
+    dots = _write(tmp_path, "dots.csv", "item,worker,label\n..,.,x\n.,..,gold\n")
+    made = _main("import", str(dots), "-p", "dots", "--url", live, "--create-with-labels", "gold,x")
+    assert made.returncode == 0, made.stderr
+    workers = tmp_path / "dots-workers.csv"  # each worker fetched by name: '.' and '..' too
+    out = _main("export", "-p", "dots", "-o", str(workers), "--what", "workers", "--confusion",
+                "--url", live)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert sorted(line.split(",")[0] for line in workers.read_text().splitlines()[1:]) == [
+        ".",
+        "..",
+    ]
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
     piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)

@@ -184,3 +184,15 @@ def test_an_item_without_labels_has_none(live_server: LiveServer, project: tuple
         assert {x.item for x in c.iter_items(name)} >= {"i1", "waiting"}
         frames = c.to_pandas(name, errors=False)
         assert list(frames.probas.index) == ["i1"] and list(frames.labels.index) == ["i1"]
+
+
+def test_names_of_dots_are_names_not_path_steps(
+    live_server: LiveServer, project: tuple[str, str]
+) -> None:
+    """A worker or item named '.' or '..' is fetched as itself (an HTTP client would otherwise
+    read it as this or the parent folder of the path, and fetch the project instead)."""
+    name, key = project
+    with Client(live_server.url, key) as c:
+        c.post_labels(name, [Label(item="..", worker=".", label="cat", id="dots")], wait=True)
+        assert c.get_worker(name, ".").worker == "."
+        assert c.get_item(name, "..").item == ".."

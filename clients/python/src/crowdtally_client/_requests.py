@@ -87,7 +87,10 @@ def resume(plan: Plan[T], answer: Any = None, error: Exception | None = None) ->
 
 
 def _p(name: str) -> str:
-    return quote(name, safe="")
+    """``name`` as one path segment: percent-encoded, a name of dots (``.``, ``..``) too, which
+    an HTTP client would otherwise take for this or the parent folder of the path."""
+    quoted = quote(name, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def _project(project: str) -> str:
