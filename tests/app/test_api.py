@@ -143,6 +143,9 @@ def test_items_pages_filter_and_export(client: TestClient) -> None:
         if cursor is None:
             break
     assert sorted(set(seen)) == sorted(f"img{i}" for i in range(20))
+    for bad in ("-1", "-3", "x"):  # (-1 gave an empty page whose next cursor was -1 again)
+        r = client.get("/v1/projects/census/items", params={"cursor": bad}, headers=key)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_cursor", bad
     unsure = client.get(
         "/v1/projects/census/items", params={"limit": 1000, "max_probability": 0.9}, headers=key
     ).json()

@@ -60,6 +60,8 @@ def list_items(
     record = svc.project(project)
     try:
         pos = int(cursor) if cursor else 0
+        if pos < 0:  # (no next_cursor is: a store slicing from the end would page forever)
+            raise ValueError(cursor)
     except ValueError:
         raise ApiError(
             422,
