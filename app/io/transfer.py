@@ -191,11 +191,16 @@ def _ensure_project(
         label = answers.labels[unknown].as_py()
         raise InputError(path, answers.line(unknown),
                          f"label {label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
+    refuse_unknown_gold(path, gold, classes, project)
+    return classes, created
+
+
+def refuse_unknown_gold(path: Path, gold: list[Record], classes: list[str], project: str) -> None:
+    """An InputError naming the first gold record of ``path`` whose label is not a class."""
     for r in gold:
         if r.label not in classes:
             raise InputError(path, r.line,
                              f"gold label {r.label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
-    return classes, created
 
 
 TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
@@ -257,15 +262,18 @@ def run_import(
     again in halves, and the blocks after it as large."""
     t0 = time.perf_counter()
     answers, gold = importers.read_answers(path, format, mapping)
+    known: list[Record] = []  # (the truth file's, checked against the classes with its lines)
     if truth is not None:
-        from app.io.triples import read_truth  # pyarrow: loaded only for a truth file
+        from app.io.triples import truth_rows  # pyarrow: loaded only for a truth file
 
-        gold.extend(
-            Record(item, "", label, None, gold=True) for item, label in read_truth(truth).items()
-        )
+        known = [Record(i, "", lab, None, gold=True, line=n) for n, i, lab in truth_rows(truth)]
     if auto_labels:
-        create_with = importers.label_order(answers.label_names() | {r.label for r in gold})
-    _ensure_project(http, project, create_with, answers, gold, path)
+        labels = answers.label_names() | {r.label for r in gold + known}
+        create_with = importers.label_order(labels)
+    classes, _ = _ensure_project(http, project, create_with, answers, gold, path)
+    if truth is not None:
+        refuse_unknown_gold(truth, known, classes, project)
+    gold += known
     with _progress(progress, len(answers), f"import {path.name}") as advance:
         wait_last = wait and not gold
         accepted, duplicates, n_blocks, batch_size = _post_answers(

@@ -51,7 +51,7 @@ class Triples:
 def _rows(path: Path) -> list[tuple[int, list[str]]]:
     """(line number, fields) of every non-blank line, splitting on the file's delimiter."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (a byte order mark is no part of a field)
     except FileNotFoundError:
         raise InputError(path, None, "no such file") from None
     except UnicodeDecodeError as err:
@@ -538,18 +538,25 @@ def _parse_weight(path: Path, line: int, text: str) -> float:
 
 
 def read_truth(path: str | Path) -> dict[str, str]:
-    """Gold labels: ``item,label`` rows (header optional; crowd-kit's ``task,label`` or
-    ``task,true_label`` too). An item given twice is an error."""
+    """Gold labels: ``item,label`` rows (``truth_rows``), by item."""
+    return {item: label for _, item, label in truth_rows(path)}
+
+
+def truth_rows(path: str | Path) -> list[tuple[int, str, str]]:
+    """(line, item, label) of each ``item,label`` row (header optional; crowd-kit's
+    ``task,label`` or ``task,true_label`` too). An item given twice is an error."""
     path = Path(path)
     rows = _rows(path)
     if rows and [f.strip().lower() for f in rows[0][1]] in _TRUTH_HEADERS:
         rows = rows[1:]
-    truth: dict[str, str] = {}
+    seen: set[str] = set()
+    out = []
     for line, fields in rows:
         if len(fields) != 2:
             raise InputError(path, line, f"expected 2 fields (item, label), got {len(fields)}")
         item = _check_id(path, line, "item", fields[0])
-        if item in truth:
+        if item in seen:
             raise InputError(path, line, f"item {item!r} has a gold label already")
-        truth[item] = _check_id(path, line, "label", fields[1])
-    return truth
+        seen.add(item)
+        out.append((line, item, _check_id(path, line, "label", fields[1])))
+    return out

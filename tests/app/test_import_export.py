@@ -408,6 +408,16 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
         ".",
         "..",
     ]
+    truth = tmp_path / "truth.csv"  # with a byte order mark, as Excel writes CSV
+    truth.write_bytes(b"\xef\xbb\xbfitem,label\n..,x\n.,cat\n")
+    wrong = _main("import", str(dots), "-p", "dots", "--url", live, "--truth", str(truth))
+    assert wrong.returncode == 2, wrong.stderr
+    assert wrong.stderr.startswith(f"error: {truth}:3: gold label 'cat' is not one of"), (
+        wrong.stderr
+    )
+    truth.write_bytes(b"\xef\xbb\xbfitem,label\n..,x\n")
+    right = _main("import", str(dots), "-p", "dots", "--url", live, "--truth", str(truth))
+    assert right.returncode == 0, right.stderr
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
     piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)
