@@ -145,7 +145,10 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 def _check(resp: httpx.Response, what: str) -> None:
     if resp.status_code >= 400:
-        raise ServiceError(f"{what}: {_error_text(resp)[0]}")
+        hint = (
+            " (--url is the service's address, without /v1)" if _code(resp) == "not_found" else ""
+        )
+        raise ServiceError(f"{what}: {_error_text(resp)[0]}{hint}")
 
 
 # ---------------------------------------------------------------------- import
@@ -180,7 +183,7 @@ def _ensure_project(
         elif resp.status_code != 409:
             _check(resp, f"creating project {project!r}")
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
-    if resp.status_code == 404 and create_with is None:
+    if resp.status_code == 404 and create_with is None and _code(resp) == "unknown_project":
         raise ServiceError(
             f"no project named {project!r}: create it, or pass --create-with-labels a,b,c (admin key)"
         )

@@ -418,6 +418,9 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     truth.write_bytes(b"\xef\xbb\xbfitem,label\n..,x\n")
     right = _main("import", str(dots), "-p", "dots", "--url", live, "--truth", str(truth))
     assert right.returncode == 0, right.stderr
+    wrong_url = _main("import", str(dots), "-p", "dots", "--url", live + "/v1")
+    assert wrong_url.returncode != 0 and "no project named" not in wrong_url.stderr
+    assert "404 not_found" in wrong_url.stderr and "without /v1" in wrong_url.stderr
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
     piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)
