@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from app.io.input import MAX_ID_LENGTH, hash_id
+from app.io.input import CONTROL, MAX_ID_LENGTH, hash_id
 from app.io.triples import parquet_file, string_buffers
 
 NO_LINE = -1
@@ -220,11 +220,14 @@ def _flat(column: pa.ChunkedArray) -> pa.Array:
 
 
 def _plain(values: pa.Array) -> bool:
-    """Every value non-empty, at most MAX_ID_LENGTH characters, with no space at its ends."""
+    """Every value non-empty, at most MAX_ID_LENGTH characters, with no space at its ends
+    and no control character (else the rows' reading names the line)."""
     if not len(values):
         return True
     length = pc.utf8_length(values)
     if pc.min(length).as_py() == 0 or pc.max(length).as_py() > MAX_ID_LENGTH:
+        return False
+    if pc.any(pc.match_substring_regex(values, CONTROL.pattern)).as_py():
         return False
     return not pc.any(pc.match_substring_regex(values, _EDGE_SPACE)).as_py()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.io.input import MAX_ID_LENGTH, InputError, hash_id, quoting_error, text_lines
+from app.io.input import CONTROL, MAX_ID_LENGTH, InputError, hash_id, quoting_error, text_lines
 
 if TYPE_CHECKING:
     from app.io.answer_table import AnswerTable
@@ -89,17 +89,28 @@ def _source_id(kind: str, *parts: str) -> str:
 
 
 def _name(path: Path, line: int | None, what: str, value: Any) -> str:
+    """An id or label as the service takes it: text (a number written as text), stripped, 1
+    to MAX_ID_LENGTH characters, no control characters (checked here, before anything is
+    sent, rather than refused by the service part way through the file)."""
+    if isinstance(value, (bool, dict, list)):
+        kind = {bool: "true or false", dict: "an object", list: "an array"}[type(value)]
+        raise InputError(path, line, f"{what} must be text or a number, got {kind}")
     text = "" if value is None else str(value).strip()
     if not text:
         raise InputError(path, line, f"empty {what}")
     if len(text) > MAX_ID_LENGTH:
         raise InputError(path, line, f"{what} is longer than {MAX_ID_LENGTH} characters")
+    if CONTROL.search(text):
+        raise InputError(path, line, f"{what} {text!r}: ids hold no control characters "
+                         "(U+0000 to U+001F, U+007F to U+009F)")  # fmt: skip
     return text
 
 
 def _weight(path: Path, line: int | None, value: Any) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         return 1.0
+    if isinstance(value, (bool, dict, list)):
+        raise InputError(path, line, f"weight {value!r} is not a number")
     try:
         w = float(value)
     except (TypeError, ValueError):

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MAX_ID_LENGTH = 512
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 
 
 def hash_id(kind: str, *parts: str) -> str:

@@ -236,7 +236,8 @@ def _post_answers(
                 text, entry = _error_text(resp)
                 line = answers.line(lo + entry) if entry is not None and entry < hi - lo else None
                 raise InputError(path, line, f"the service refused this block: {text} "
-                                 f"({accepted + duplicates} labels were accepted before it; re-run to resume)")  # fmt: skip
+                                 f"({accepted + duplicates} labels were accepted before it; mend the file and run the "
+                                 "import again: those are counted once)")  # fmt: skip
             got = resp.json()
             n_blocks += 1
             accepted += got["accepted"]

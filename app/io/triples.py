@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from app.io.input import MAX_ID_LENGTH, InputError, quoting_error, text_lines
+from app.io.input import CONTROL, MAX_ID_LENGTH, InputError, quoting_error, text_lines
 from core._numba import jit
 
 CHUNK_BYTES = 1 << 24
@@ -92,17 +92,13 @@ def text_line_of_byte(path: Path, offset: int) -> int:
     return path.read_bytes()[:offset].count(b"\n") + 1
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-"""Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
-
-
 def _check_id(path: Path, line: int, kind: str, value: str) -> str:
     value = value.strip()
     if not value:
         raise InputError(path, line, f"empty {kind}")
     if len(value) > MAX_ID_LENGTH:
         raise InputError(path, line, f"{kind} is longer than {MAX_ID_LENGTH} characters")
-    if _CONTROL.search(value):
+    if CONTROL.search(value):
         raise InputError(
             path, line, f"{kind} {value!r}: ids hold no control characters (U+0000 to U+001F, "
             "U+007F to U+009F)",
@@ -421,7 +417,7 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
             lengths = pc.min_max(pc.utf8_length(c))
             if lengths["min"].as_py() in (0, None) or lengths["max"].as_py() > MAX_ID_LENGTH:
                 return None
-            if pc.any(pc.match_substring_regex(c, _CONTROL.pattern)).as_py():
+            if pc.any(pc.match_substring_regex(c, CONTROL.pattern)).as_py():
                 return None
         ids.append(c)
     weights = None

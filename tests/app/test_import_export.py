@@ -126,6 +126,13 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         ("s.csv", "item,worker,label\na,w\n", None, 2, "expected 3 fields"),
         ("f.csv", "item,worker,label\na,w,x\nb,w,x,7\n", None, 3, "expected 3 fields, got 4"),
         ("q.csv", 'item,worker,label\na,w,x\nb,w,"x\n', None, 3, "a quoted field is not closed"),
+        ("c.csv", "item,worker,label\na,w,x\nb\x01c,w,x\n", None, 3, "ids hold no control"),
+        ("o.jsonl", '{"item":{"k":1},"worker":"w","label":"x"}\n', None, 1,
+         "item must be text or a number, got an object"),
+        ("a.jsonl", '{"item":"i","worker":["w"],"label":"x"}\n', None, 1, "got an array"),
+        ("b.jsonl", '{"item":true,"worker":"w","label":"x"}\n', None, 1, "got true or false"),
+        ("t.jsonl", '{"item":"i","worker":"w","label":"x","weight":true}\n', None, 1,
+         "weight True is not a number"),
         ("m.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who", 1, "no label column"),
         ("u.csv", "pic,who,what\na,w,x\n", "item=pic,worker=who,label=nope", 1, "no such column"),
         ("j.jsonl", '{"item":"a","worker":"w","label":"x"}\n{"item": "b",\n', None, 2, "not JSON"),
@@ -143,6 +150,8 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         assert reason in str(err.value) and str(err.value).startswith(str(tmp_path / name))
     with pytest.raises(InputError, match=r"f.csv:3: expected 3 fields, got 4"):  # (columns)
         importers.read_answers(tmp_path / "f.csv")
+    with pytest.raises(InputError, match=r"c.csv:3: item 'b\\x01c': ids hold no control"):
+        importers.read_answers(tmp_path / "c.csv")  # (before anything is sent)
     with pytest.raises(InputError, match="--map"):
         importers.parse_map("colour=c")
     with pytest.raises(InputError, match="no such file"):
