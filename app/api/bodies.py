@@ -113,7 +113,7 @@ def parse_block(
         field = ".".join(str(x) for x in loc[1:]) or None
         msg = err["msg"]
         if err["type"] == "string_pattern_mismatch":  # ids: schemas.NO_CONTROL
-            msg = "ids hold no control characters (U+0000 to U+001F, U+007F to U+009F)"
+            msg = "ids and labels hold no control characters (U+0000 to U+001F, U+007F to U+009F)"
         n_bad = exc.error_count()
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(

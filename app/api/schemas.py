@@ -19,7 +19,8 @@ some stores and paths, or an id that cannot be routed."""
 ExternalId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)
 ]
-LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL)]
+"""A class's name: no control characters either (a newline in one broke exports' rows)."""
 MAX_CLASSES = 256
 MAX_COUNT = 2**53 - 1
 """The largest count a setting takes (the largest integer a JSON number holds exactly)."""

@@ -446,6 +446,7 @@ def test_unknown_project_and_item(client: TestClient) -> None:
         ({"name": "bad name!", "labels": ["a", "b"]}, "name"),
         ({"name": "p", "labels": ["a"]}, "labels"),
         ({"name": "p", "labels": ["a", "a"]}, "labels"),
+        ({"name": "p", "labels": ["a", "b\nc"]}, "labels.1"),  # (it broke exports' rows)
         ({"name": "p", "labels": ["a", "b"], "worker_slots": 0}, "worker_slots"),
         (
             {"name": "p", "labels": ["a", "b"], "hyperparameters": {"rho": -1}},
