@@ -15,7 +15,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -614,25 +614,51 @@ def _mturk(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
 
 
 def _json_array(path: Path, text: str) -> Iterator[tuple[int, Any]]:
-    """(line of the element's start, element) of a top-level JSON array, element by element."""
+    """(line of the element's start, element) of a top-level JSON array (or one object),
+    element by element; anything but white space after it is an error (a second array was
+    silently left out)."""
     decoder = json.JSONDecoder()
-    pos = len(text) - len(text.lstrip())
+
+    def line(at: int) -> int:
+        return text.count("\n", 0, at) + 1
+
+    pos = _after_space(text, 0)
     if text[pos : pos + 1] == "{":  # a single task
-        obj, _ = _decode(path, text, decoder, pos)
-        yield text.count("\n", 0, pos) + 1, obj
-        return
-    pos += 1
-    n = len(text)
-    while True:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n:
-            raise InputError(path, text.count("\n") + 1, "the JSON array is not closed")
-        if text[pos] == "]":
-            return
         obj, end = _decode(path, text, decoder, pos)
-        yield text.count("\n", 0, pos) + 1, obj
-        pos = end
+        yield line(pos), obj
+        _nothing_after(path, text, end, line)
+        return
+    if text[pos : pos + 1] != "[":
+        raise InputError(path, line(pos), "expected a JSON array of tasks (or one task)")
+    pos = _after_space(text, pos + 1)
+    if text[pos : pos + 1] == "]":
+        _nothing_after(path, text, pos + 1, line)
+        return
+    while True:
+        obj, end = _decode(path, text, decoder, pos)
+        yield line(pos), obj
+        pos = _after_space(text, end)
+        if text[pos : pos + 1] == ",":
+            pos = _after_space(text, pos + 1)
+        elif text[pos : pos + 1] == "]":
+            _nothing_after(path, text, pos + 1, line)
+            return
+        elif pos >= len(text):
+            raise InputError(path, line(pos), "the JSON array is not closed")
+        else:
+            raise InputError(path, line(pos), "expected ',' or ']' after a task")
+
+
+def _after_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _nothing_after(path: Path, text: str, pos: int, line: Callable[[int], int]) -> None:
+    rest = _after_space(text, pos)
+    if rest < len(text):
+        raise InputError(path, line(rest), "more after the JSON array of tasks: one array only")
 
 
 def _decode(path: Path, text: str, decoder: json.JSONDecoder, pos: int) -> tuple[Any, int]:
