@@ -119,6 +119,12 @@ def test_a_line_separator_is_part_of_an_id(tmp_path: Path) -> None:
     assert [r.item for r in importers.read(quoted).labels] == ["a\u2028b"]
 
 
+TASK = (
+    '{"id": 1, "annotations": [{"id": 9, "completed_by": 1, "result": '
+    '[{"from_name": "c", "value": {"choices": ["A"]}}]}]}'
+)  # one Label Studio task
+
+
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
     cases = [
         ("w.csv", "item,worker,label,weight\na,w,x,1\nb,w,x,heavy\n", None, 3, "weight 'heavy'"),
@@ -142,8 +148,8 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
          "several answer columns"),
         ("l.json", '[\n {"id": 1, "annotations": [\n  {"id": 9, "completed_by": 1, "result": '
          '[{"from_name": "c", "value": {"choices": ["A", "B"]}}]}]}\n]\n', None, 2, "2 choices"),
-        ("m.json", '[{"id": 1, "annotations": [{"id": 9, "completed_by": 1, "result": [{"from_name": "c", "value": {"choices": ["A"]}}]}]}]\n[{"id": 1, "annotations": [{"id": 9, "completed_by": 1, "result": [{"from_name": "c", "value": {"choices": ["A"]}}]}]}]\n', None, 2, "more after the JSON array"),
-        ("n.json", '[{"id": 1, "annotations": [{"id": 9, "completed_by": 1, "result": [{"from_name": "c", "value": {"choices": ["A"]}}]}]}\n{"id": 1, "annotations": [{"id": 9, "completed_by": 1, "result": [{"from_name": "c", "value": {"choices": ["A"]}}]}]}]\n', None, 2, "expected ',' or ']' after a task"),
+        ("m.json", f"[{TASK}]\n[{TASK}]\n", None, 2, "more after the JSON array"),
+        ("n.json", f"[{TASK}\n{TASK}]\n", None, 2, "expected ',' or ']' after a task"),
     ]  # fmt: skip
     for name, text, mapping, line, reason in cases:
         with pytest.raises(InputError) as err:
