@@ -69,13 +69,39 @@ def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
             entry,
             "weight",
         )
-    return LabelColumns(
+    block = LabelColumns(
         [x["item"] for x in out],
         [x["worker"] for x in out],
         [x["label"] for x in out],
         None if heaviest == min(weights) == 1.0 else weights,
         [x.get("id") for x in out],
     )
+    refuse_ids_given_twice(block, weights)
+    return block
+
+
+def refuse_ids_given_twice(block: LabelColumns, weights: list[float]) -> None:
+    """422 for a label whose id an earlier, different label of the block has: an id names
+    one label, and the second would be dropped as a repeat of the first. (The same label
+    twice is a repeat.)"""
+    named = [i for i in block.ids if i is not None]
+    if len(set(named)) == len(named):
+        return
+    first: dict[str, int] = {}
+    for n, i in enumerate(block.ids):
+        if i is None:
+            continue
+        m = first.setdefault(i, n)
+        label = (block.items[n], block.workers[n], block.labels[n], weights[n])
+        if m != n and label != (block.items[m], block.workers[m], block.labels[m], weights[m]):
+            raise ApiError(
+                422,
+                "invalid_label",
+                f"entry {n}, field 'id': {i!r} is the id of another label in this block (entry "
+                f"{m}): an id names one label",
+                n,
+                "id",
+            )
 
 
 def parse_block(

@@ -95,6 +95,32 @@ class AnswerTable:
     def label_names(self) -> set[str]:
         return set(pc.unique(self.labels).to_pylist())
 
+    def id_given_twice(self) -> tuple[int, int] | None:
+        """The first answer whose id an earlier, different answer (another item, worker,
+        label or weight) has, and that answer's row; None when every id names one answer
+        (the same answer twice under one id is a repeat, counted once)."""
+        if len(pc.unique(self.ids)) - (self.ids.null_count > 0) == len(self) - self.ids.null_count:
+            return None  # (every id once: the common case, 0.13 s for 1M ids)
+        codes = self.ids.dictionary_encode().indices
+        rows = np.asarray(pc.fill_null(codes, -1).to_numpy(zero_copy_only=False), np.int64)
+        named = rows >= 0
+        if not named.any():
+            return None
+        repeated = np.bincount(rows[named]) > 1
+        if not repeated.any():
+            return None
+        first: dict[int, int] = {}
+        for row in np.flatnonzero(named & repeated[np.maximum(rows, 0)]).tolist():
+            earlier = first.setdefault(int(rows[row]), row)
+            if earlier != row and self._answer(earlier) != self._answer(row):
+                return row, earlier
+        return None
+
+    def _answer(self, row: int) -> tuple[str, str, str, float]:
+        weight = 1.0 if self.weights is None else float(self.weights[row])
+        return (self.items[row].as_py(), self.workers[row].as_py(), self.labels[row].as_py(),
+                weight)  # fmt: skip
+
     def first_label_not_in(self, names: list[str]) -> int | None:
         """The first answer whose label is none of ``names`` (None: every one is)."""
         known = pc.is_in(self.labels, value_set=pa.array(names, pa.string()))

@@ -266,6 +266,12 @@ def run_import(
     again in halves, and the blocks after it as large."""
     t0 = time.perf_counter()
     answers, gold = importers.read_answers(path, format, mapping)
+    if (twice := answers.id_given_twice()) is not None:
+        row, earlier = twice
+        raise InputError(path, answers.line(row),
+                         f"id {answers.ids[row].as_py()!r} names another answer on line "
+                         f"{answers.line(earlier)}: an id names one answer (the service would "
+                         "take this one for a repeat of it and drop it)")  # fmt: skip
     known: list[Record] = []  # (the truth file's, checked against the classes with its lines)
     if truth is not None:
         from app.io.triples import truth_rows  # pyarrow: loaded only for a truth file

@@ -90,6 +90,19 @@ def test_resent_ids_count_once(client: TestClient) -> None:
     assert client.get("/v1/projects/census", headers=key).json()["stats"]["n_labels"] == 35
 
 
+def test_an_id_names_one_label_of_a_block(client: TestClient) -> None:
+    """The same label twice in a block is a repeat; another label under its id is refused,
+    where it was dropped as a repeat of the first."""
+    key = make_project(client)
+    block = triples(4)
+    repeat = post(client, key, [*block, block[1]]).json()
+    assert repeat["accepted"] == 4 and repeat["duplicates"] == 1
+    other = post(client, key, [*triples(3, offset=10), {**block[0], "id": "L11"}])
+    assert other.status_code == 422, other.text
+    error = other.json()["error"]
+    assert error["entry"] == 3 and error["field"] == "id" and "entry 1" in error["message"]
+
+
 def test_labels_without_ids_and_second_answers_all_count(client: TestClient) -> None:
     # Documented: a label without an id is always new; a worker's second answer on an item
     # is a second label (both count).

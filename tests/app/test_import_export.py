@@ -438,6 +438,10 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     wrong_url = _main("import", str(dots), "-p", "dots", "--url", live + "/v1")
     assert wrong_url.returncode != 0 and "no project named" not in wrong_url.stderr
     assert "404 not_found" in wrong_url.stderr and "without /v1" in wrong_url.stderr
+    reused = _write(tmp_path, "reused.csv", "item,worker,label,id\nk1,w1,x,r1\nk2,w2,gold,r1\n")
+    refused_id = _main("import", str(reused), "-p", "dots", "--url", live)
+    assert refused_id.returncode == 2
+    assert f"{reused}:3: id 'r1' names another answer on line 2" in refused_id.stderr
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
     piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)
