@@ -119,6 +119,9 @@ def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
     if record is None:
         raise ApiError(401, "invalid_key", "the API key is not known")
     if not allows(record, scope, project):
+        if project is not None and record.scope != "admin" and record.project != project:
+            raise ApiError(403, "forbidden", f"this key belongs to project {record.project!r}, "
+                           f"not {project!r}")  # fmt: skip
         what = "admin endpoints" if project is None else f"{scope} access to project {project!r}"
         raise ApiError(403, "forbidden", f"this key (scope {record.scope}) does not allow {what}")
     return record

@@ -289,7 +289,9 @@ def test_keys_and_scopes(client: TestClient) -> None:
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_key"
     # a project's key reaches nothing of another project
     assert client.get("/v1/projects/b", headers=key_a).status_code == 403
-    assert post(client, key_a, triples(3), project="b").status_code == 403
+    refused = post(client, key_a, triples(3), project="b")
+    assert refused.status_code == 403  # (it said the key's scope did not allow read access)
+    assert refused.json()["error"]["message"] == "this key belongs to project 'a', not 'b'"
     assert client.get("/v1/projects/b/items/img1", headers=key_a).status_code == 403
     assert client.get("/v1/projects/b/export", headers=key_a).status_code == 403
     # project keys are not admin keys
