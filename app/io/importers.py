@@ -375,10 +375,13 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
 
     table = parquet_file(path).read()
     yield None, list(table.column_names)
-    try:
-        columns = [pc.cast(c, pa.string()).to_pylist() for c in table.columns]
-    except pa.ArrowException as err:
-        raise InputError(path, None, f"a column that is not text or numbers ({err})") from None
+    columns = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        try:
+            columns.append(pc.cast(column, pa.string()).to_pylist())
+        except pa.ArrowException:
+            raise InputError(path, None, f"column {name!r} holds {column.type}: expected text "
+                             "or numbers (every column is read)") from None  # fmt: skip
     for n, row in enumerate(zip(*columns, strict=True), start=1):
         yield n, ["" if x is None else x for x in row]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -160,6 +161,11 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         importers.read_answers(tmp_path / "f.csv")
     with pytest.raises(InputError, match=r"c.csv:3: item 'b\\x01c': ids hold no control"):
         importers.read_answers(tmp_path / "c.csv")  # (before anything is sent)
+    listed = tmp_path / "listed.parquet"
+    table = {"item": ["a"], "worker": ["w"], "label": ["x"], "tags": [["t1", "t2"]]}
+    pq.write_table(pa.table(table), listed)
+    with pytest.raises(InputError, match=r"listed.parquet: column 'tags' holds list<"):
+        importers.read_answers(listed)
     with pytest.raises(InputError, match="--map"):
         importers.parse_map("colour=c")
     with pytest.raises(InputError, match="no such file"):
