@@ -104,3 +104,10 @@ def test_a_command_s_store_flag_wins_over_the_environment(
         monkeypatch.setenv("CROWDTALLY_STORE", variable)
     use_store(flag, default)
     assert os.environ.get("CROWDTALLY_STORE") == chosen
+
+
+def test_listing_snapshots_where_there_are_none_makes_no_data_folder(tmp_path: Path) -> None:
+    data = tmp_path / "nowhere"
+    listing = run_cli("snapshots", "list", env={"CROWDTALLY_DATA_DIR": str(data)})
+    assert listing.returncode == 2 and "no snapshot database at" in listing.stderr
+    assert not data.exists()  # (it made the folder and an empty database)
