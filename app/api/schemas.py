@@ -162,7 +162,12 @@ class LabelIn(Strict):
     worker: ExternalId
     label: LabelName
     id: ExternalId | None = None
-    weight: float = Field(1.0, ge=0, le=1e6, allow_inf_nan=False)
+    weight: float = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="At most the service's CROWDTALLY_MAX_LABEL_WEIGHT (10 by default).",
+    )
 
 
 class GoldIn(Strict):

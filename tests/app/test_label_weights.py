@@ -107,6 +107,10 @@ def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
     err = refused.value
     assert (err.status, err.code, err.entry, err.field) == (422, "invalid_label", 1, "weight")
     assert "entry 1, field 'weight'" in err.message and "10.5" in err.message
+    huge = [block[0], {**block[1], "weight": 1e300}]  # (the schema's own 1e6 was named)
+    with pytest.raises(ApiError) as err_info:
+        label_block(orjson.dumps(huge), 50, max_weight=10.0)
+    assert "1e+300 is above the largest weight one label may carry, 10" in err_info.value.message
 
 
 def test_a_weight_above_the_bound_is_a_422(tmp_path: Path) -> None:
