@@ -105,9 +105,10 @@ def refuse_ids_given_twice(block: LabelColumns, weights: list[float]) -> None:
 
 
 def parse_block(
-    raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str = "label"
+    raw: bytes, adapter: TypeAdapter[Any], limit: int, what: str = "label", code: str = ""
 ) -> list[Any]:
-    """The block's entries, validated (422 naming the first bad entry and field)."""
+    """The block's entries, validated (422 naming the first bad entry and field); ``what``
+    names an entry in the messages, ``code`` a bad entry's error (``invalid_<what>``)."""
     if len(raw) > limit * 2048:
         raise ApiError(
             413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} {what}s"
@@ -144,7 +145,7 @@ def parse_block(
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(
             422,
-            f"invalid_{what}",
+            code or f"invalid_{what}",
             f"entry {entry}, field {field!r}: {msg}{more}",
             entry,
             field,

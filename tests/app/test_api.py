@@ -139,6 +139,12 @@ def test_gold_labels(client: TestClient) -> None:
     assert item["gold"] == "asian" and item["posterior"]["asian"] == 1.0
     w = client.get("/v1/projects/census/workers/w3", headers=key).json()
     assert w["gold_labels"] == 1 and w["gold_accuracy"] == 1.0  # w3 said asian on img3 (i=3)
+    empty = client.post("/v1/projects/census/gold", json=[], headers=key).json()["error"]
+    assert empty == {**empty, "code": "empty_block", "message": "the block holds no gold answers"}
+    bad = client.post("/v1/projects/census/gold", json=[{"item": "x"}], headers=key).json()
+    assert bad["error"]["code"] == "invalid_label" and bad["error"]["field"] == "label"
+    items = client.post("/v1/projects/census/items", json=[], headers=key).json()["error"]
+    assert items["message"] == "the block holds no items"  # (it said labels)
 
 
 def test_items_pages_filter_and_export(client: TestClient) -> None:

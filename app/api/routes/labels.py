@@ -110,7 +110,9 @@ async def post_gold(
     record = svc.project(project)
     body = await request.body()
     await refuse_if_behind(svc, project, "gold", body)
-    gold: list[GoldIn] = parse_block(body, GOLD, svc.settings.max_block_labels)
+    gold: list[GoldIn] = parse_block(
+        body, GOLD, svc.settings.max_block_labels, "gold answer", code="invalid_label"
+    )
     codes = label_codes(record, [x.label for x in gold])
     payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
     result = await append_block(svc, project, "gold", payload, None)

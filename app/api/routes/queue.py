@@ -32,7 +32,9 @@ async def register_items(
 ) -> Accepted:
     """Items with no labels yet: they enter the queue."""
     svc.project(project)
-    items: list[ItemIn] = parse_block(await request.body(), ITEMS, svc.settings.max_block_labels)
+    items: list[ItemIn] = parse_block(
+        await request.body(), ITEMS, svc.settings.max_block_labels, "item", code="invalid_label"
+    )
     payload = orjson.dumps({"items": [x.item for x in items]})
     result = await in_thread(svc.store.append, project, "items", payload, None)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
