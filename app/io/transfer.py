@@ -487,7 +487,7 @@ def _write_export(
                 n += 1
         else:
             fields = list(WORKER_FIELDS)
-            conf_cols = [f"{t}->{a}" for t in classes for a in classes] if confusion else []
+            conf_cols = _confusion_columns(classes) if confusion else []
             writer = csv.writer(f) if format == "csv" else None
             if writer:
                 writer.writerow(fields + conf_cols)
@@ -530,9 +530,10 @@ def _write_parquet(
 
     if what == "workers":
         rows = [_worker_row(w, classes, confusion) for w in _workers(http, project, confusion)]
-        table = (
-            pa.Table.from_pylist(rows) if rows else pa.table({"worker": pa.array([], pa.string())})
-        )
+        kinds = {"worker": pa.string(), "n_labels": pa.int64(), "gold_labels": pa.int64()}
+        cells = [*WORKER_FIELDS, *(_confusion_columns(classes) if confusion else [])]
+        schema = pa.schema([(name, kinds.get(name, pa.float64())) for name in cells])
+        table = pa.Table.from_pylist(rows, schema=schema)  # (typed when empty, or all null)
     else:
         items = _items_table(http, project, classes)
         posterior = items.column("posterior").combine_chunks()
@@ -578,6 +579,11 @@ def _worker_row(w: dict[str, Any], classes: list[str], confusion: bool) -> dict[
     if confusion:
         row |= {f"{t}->{a}": w["confusion"][t][a] for t in classes for a in classes}
     return row
+
+
+def _confusion_columns(classes: list[str]) -> list[str]:
+    """The confusion matrix's columns, ``true->answered``, row by row."""
+    return [f"{t}->{a}" for t in classes for a in classes]
 
 
 # ---------------------------------------------------------------------- calibration

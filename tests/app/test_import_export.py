@@ -448,6 +448,20 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     refused_id = _main("import", str(reused), "-p", "dots", "--url", live)
     assert refused_id.returncode == 2
     assert f"{reused}:3: id 'r1' names another answer on line 2" in refused_id.stderr
+    typed = tmp_path / "dots-workers.parquet"  # (no worker has gold: a column of nulls)
+    assert _main("export", "-p", "dots", "-o", str(typed), "--what", "workers",
+                 "--url", live).returncode == 0  # fmt: skip
+    schema = pq.read_schema(typed)
+    assert (
+        schema.names == list(transfer.WORKER_FIELDS)
+        and schema.field("gold_accuracy").type == pa.float64()
+    )
+    httpx.post(f"{live}/v1/projects", json={"name": "none", "labels": ["a", "b"]},
+               headers={"Authorization": f"Bearer {ADMIN}"}).raise_for_status()  # fmt: skip
+    empty = tmp_path / "none-workers.parquet"
+    assert _main("export", "-p", "none", "-o", str(empty), "--what", "workers", "--confusion",
+                 "--url", live).returncode == 0  # fmt: skip
+    assert pq.read_schema(empty).names == [*transfer.WORKER_FIELDS, "a->a", "a->b", "b->a", "b->b"]
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)  # (as /dev/stdout may be: renaming the export over it replaced the link)
     piped = _main("export", "-p", "studio", "-o", str(pipe), "--url", live)
