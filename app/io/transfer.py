@@ -283,6 +283,11 @@ def run_import(
     classes, _ = _ensure_project(http, project, create_with, answers, gold, path)
     if truth is not None:
         refuse_unknown_gold(truth, known, classes, project)
+        in_file = {r.item: r for r in gold}
+        for r in known:
+            if (other := in_file.get(r.item)) is not None and other.label != r.label:
+                raise InputError(truth, r.line, f"item {r.item!r} has gold {r.label!r} here and "
+                                 f"{other.label!r} in {path}, line {other.line}")  # fmt: skip
     gold += known
     with _progress(progress, len(answers), f"import {path.name}") as advance:
         wait_last = wait and not gold

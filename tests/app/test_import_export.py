@@ -441,6 +441,13 @@ def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
     truth.write_bytes(b"\xef\xbb\xbfitem,label\n..,x\n")
     right = _main("import", str(dots), "-p", "dots", "--url", live, "--truth", str(truth))
     assert right.returncode == 0, right.stderr
+    with_gold = _write(tmp_path, "with-gold.csv", "item,worker,label,gold\n..,.,x,gold\n")
+    both = _main("import", str(with_gold), "-p", "dots", "--url", live, "--truth", str(truth),
+                 "--map", "gold=gold")  # fmt: skip
+    assert both.returncode == 2  # (the truth file's gold won, silently)
+    assert (
+        f"{truth}:2: item '..' has gold 'x' here and 'gold' in {with_gold}, line 2" in both.stderr
+    )
     wrong_url = _main("import", str(dots), "-p", "dots", "--url", live + "/v1")
     assert wrong_url.returncode != 0 and "no project named" not in wrong_url.stderr
     assert "404 not_found" in wrong_url.stderr and "without /v1" in wrong_url.stderr
