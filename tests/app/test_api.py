@@ -145,6 +145,9 @@ def test_gold_labels(client: TestClient) -> None:
     assert bad["error"]["code"] == "invalid_label" and bad["error"]["field"] == "label"
     items = client.post("/v1/projects/census/items", json=[], headers=key).json()["error"]
     assert items["message"] == "the block holds no items"  # (it said labels)
+    twice = [{"item": "new1"}, {"item": "new2"}, {"item": "new1"}]
+    named = client.post("/v1/projects/census/items", json=twice, headers=key).json()
+    assert (named["accepted"], named["duplicates"]) == (2, 1)  # (it said 3 accepted)
 
 
 def test_items_pages_filter_and_export(client: TestClient) -> None:

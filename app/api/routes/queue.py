@@ -35,10 +35,14 @@ async def register_items(
     items: list[ItemIn] = parse_block(
         await request.body(), ITEMS, svc.settings.max_block_labels, "item", code="invalid_label"
     )
-    payload = orjson.dumps({"items": [x.item for x in items]})
+    names = list(dict.fromkeys(x.item for x in items))  # (an item named twice: once)
+    payload = orjson.dumps({"items": names})
     result = await in_thread(svc.store.append, project, "items", payload, None)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
-    return Accepted(accepted=len(items), duplicates=0, position=result.position, applied=applied)
+    repeats = len(items) - len(names)
+    return Accepted(
+        accepted=len(names), duplicates=repeats, position=result.position, applied=applied
+    )
 
 
 @router.get(
