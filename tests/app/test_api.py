@@ -141,6 +141,9 @@ def test_gold_labels(client: TestClient) -> None:
     assert w["gold_labels"] == 1 and w["gold_accuracy"] == 1.0  # w3 said asian on img3 (i=3)
     empty = client.post("/v1/projects/census/gold", json=[], headers=key).json()["error"]
     assert empty == {**empty, "code": "empty_block", "message": "the block holds no gold answers"}
+    two = [{"item": "img4", "label": "asian"}, {"item": "img4", "label": "white"}]
+    refused = client.post("/v1/projects/census/gold", json=two, headers=key).json()["error"]
+    assert (refused["entry"], refused["field"]) == (1, "label")  # (the last one won)
     bad = client.post("/v1/projects/census/gold", json=[{"item": "x"}], headers=key).json()
     assert bad["error"]["code"] == "invalid_label" and bad["error"]["field"] == "label"
     items = client.post("/v1/projects/census/items", json=[], headers=key).json()["error"]

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from app.api import metrics
 from app.api.bodies import GOLD, array_body, label_block, label_codes, parse_block
 from app.api.deps import Service, ServiceDep, in_thread, require, wait_applied
-from app.api.errors import ENGINE_BEHIND, ERRORS, engine_behind
+from app.api.errors import ENGINE_BEHIND, ERRORS, ApiError, engine_behind
 from app.api.schemas import Accepted, ErrorResponse, GoldIn
 from app.store.base import AppendResult, EngineBehindError
 
@@ -113,11 +113,28 @@ async def post_gold(
     gold: list[GoldIn] = parse_block(
         body, GOLD, svc.settings.max_block_labels, "gold answer", code="invalid_label"
     )
+    refuse_two_golds(gold)
     codes = label_codes(record, [x.label for x in gold])
     payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
     result = await append_block(svc, project, "gold", payload, None)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
     return Accepted(accepted=len(gold), duplicates=0, position=result.position, applied=applied)
+
+
+def refuse_two_golds(gold: list[GoldIn]) -> None:
+    """422 for an item given two different gold labels in one block (the last one won)."""
+    first: dict[str, int] = {}
+    for n, x in enumerate(gold):
+        m = first.setdefault(x.item, n)
+        if gold[m].label != x.label:
+            raise ApiError(
+                422,
+                "invalid_label",
+                f"entry {n}, field 'label': item {x.item!r} has gold {gold[m].label!r} in entry "
+                f"{m} of this block",
+                n,
+                "label",
+            )
 
 
 @router.post(
