@@ -33,13 +33,26 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """Plain lines for people: the message, then the record's own fields (``key=value``: a
+    request's method, path, status, ms, request id), as the JSON lines carry them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        rid = request_id.get()
+        if rid is not None:
+            fields.setdefault("request_id", rid)
+        return " ".join([line, *(f"{k}={v}" for k, v in fields.items())])
+
+
 def configure(fmt: str = "json", level: str = "INFO") -> None:
     """Send the service's logs to stderr, as JSON lines (``fmt="json"``) or plain text."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -9,6 +9,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
+    """Each setting is bounded where a value past the bound would break the service quietly
+    (e.g. ``engine_batch_entries`` 0 applied nothing, ``snapshot_keep`` 0 deleted every
+    snapshot it wrote, ``max_label_weight`` inf took any weight)."""
+
     model_config = SettingsConfigDict(env_prefix="CROWDTALLY_", env_file=".env", extra="ignore")
 
     store: str = Field("embedded", pattern="^(embedded|redis)$")
@@ -30,20 +34,20 @@ class Settings(BaseSettings):
     client posts it again with the same ids)."""
     redis_prefix: str = "ct"
     """Every Redis key starts with ``{prefix}:`` (tests use their own prefix)."""
-    redis_timeout_s: float = Field(10.0, ge=0)
+    redis_timeout_s: float = Field(10.0, ge=0, allow_inf_nan=False)
     """How long one Redis command may wait (connecting included) before the request answers
     503 store_unavailable instead of hanging; 0 waits forever."""
     database_url: str | None = None
     """SQLAlchemy URL of the snapshot database (``postgresql+psycopg://...`` in production);
     default: the SQLite file ``data_dir/crowdtally.sqlite3``, which in the embedded mode also
     holds the label log."""
-    snapshot_interval_s: float = 60.0
+    snapshot_interval_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     """Snapshot each project at least this often while it receives labels."""
-    snapshot_labels: int = 100_000
+    snapshot_labels: int = Field(100_000, ge=1)
     """... and after this many new labels, whichever comes first. With the log in SQLite
     (embedded), after a tenth of the labels the project held at its last snapshot when that
     is more: the snapshot only saves replay there, and costs in proportion to the project."""
-    snapshot_keep: int = 3
+    snapshot_keep: int = Field(3, ge=1)
     """Snapshots kept per project (older ones are deleted after a new one is written)."""
     admin_key: str | None = None
     """The admin API key; when unset, one is made on first start and kept in
@@ -54,29 +58,29 @@ class Settings(BaseSettings):
     engine_pool: bool = False
     """``crowdtally engine`` joins a pool of engines over one Redis (or Redis Cluster): each
     project is applied by one engine at a time, the holder of its lease (docs/deploy.md)."""
-    engine_lease_s: float = Field(5.0, gt=0)
+    engine_lease_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     """A pool engine's lease on a project: renewed every third of it; a dead engine's projects
     are taken over once it lapses."""
-    max_block_labels: int = 10_000
+    max_block_labels: int = Field(10_000, ge=1)
     """Largest block of labels one POST may carry."""
-    max_label_weight: float = Field(10.0, gt=0)
+    max_label_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
     """Largest ``weight`` one label may carry (422 beyond): a heavier label outweighs the
     worker's other answers and moves every item they labelled (README, "Semantics worth
     knowing")."""
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     """Largest request body (bytes), refused with 413 before it is parsed or its key checked:
     10,000 labels of up to 2 KiB each."""
-    max_lag_s: float = Field(5.0, ge=0)
+    max_lag_s: float = Field(5.0, ge=0, allow_inf_nan=False)
     """Most seconds the oldest log entry of a project may wait for the engine (or the entries
     waiting and one of its steps would take at its recent pace) before ``POST .../labels`` and ``.../gold``
     answer 429 ``engine_behind`` (appending nothing); 0 disables the check."""
-    wait_timeout_s: float = 30.0
+    wait_timeout_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     """How long ``wait=true`` waits for the engine before answering 504."""
-    refine_passes: int = 3
+    refine_passes: int = Field(3, ge=0)
     """Refinement sweeps the engine runs over all stored labels once it is idle."""
-    refine_idle_s: float = 1.0
+    refine_idle_s: float = Field(1.0, ge=0, allow_inf_nan=False)
     """Idle time after the last label before the engine starts refinement sweeps."""
-    engine_batch_entries: int = 256
+    engine_batch_entries: int = Field(256, ge=1)
     """Log entries the engine applies before writing state."""
     join_queued_labels: bool = True
     """Blocks of labels that queue up while the engine is busy are learned as one block (each
@@ -85,7 +89,7 @@ class Settings(BaseSettings):
     together"). Off: every block is learned alone, whatever the load."""
     log_format: str = Field("json", pattern="^(json|text)$")
     """``json``: one JSON object per line with the request id; ``text`` for people."""
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", pattern="(?i)^(debug|info|warning|error|critical)$")
     """Level of the service's logs on stderr (``DEBUG``, ``INFO``, ``WARNING``, ...)."""
 
     # Engine memory (reliability) -------------------------------------------------------------

@@ -26,7 +26,7 @@ def use_store(flag: str | None, default: str | None = None) -> None:
 
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
     store: Annotated[
         str | None, typer.Option(help="embedded (default) or redis; else CROWDTALLY_STORE.")
     ] = None,
@@ -41,7 +41,7 @@ def serve(
             "'crowdtally engine' beside the API and passes --no-engine).",
         ),
     ] = None,
-    workers: Annotated[int, typer.Option(help="API processes (redis store only).")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="API processes (redis store only).")] = 1,
 ) -> None:
     """Start the HTTP API (and, by default, the engine in the same process)."""
     import os
@@ -73,6 +73,9 @@ def serve(
     logs.configure(settings.log_format, settings.log_level)
     if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
         raise InputError("--workers", None, "several API processes need --store redis --no-engine")
+    if settings.store == "embedded" and not settings.engine_in_process:
+        raise InputError("--no-engine", None, "the embedded store's engine runs in the API's "
+                         "process: no other process can apply its labels (--store redis)")  # fmt: skip
     print(
         f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
         file=sys.stderr,

@@ -665,3 +665,40 @@ def test_bad_rows_in_a_later_chunk_name_their_line(tmp_path: Path) -> None:
     answers = read_codes(data, chunk_bytes=4096)
     with pytest.raises(InputError, match=r"a.csv:2502: label '7' is not one of"):
         job.encode(answers, ("0", "1", "2"), str(data))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ENGINE_BATCH_ENTRIES", "0"),  # the engine applied nothing
+        ("SNAPSHOT_KEEP", "0"),  # every snapshot written was deleted
+        ("MAX_BLOCK_LABELS", "-5"),  # every block refused
+        ("MAX_LABEL_WEIGHT", "inf"),  # any weight taken
+        ("WAIT_TIMEOUT_S", "nan"),
+        ("SNAPSHOT_INTERVAL_S", "0"),  # a snapshot after every step
+        ("REFINE_IDLE_S", "-1"),
+        ("LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_a_setting_that_would_break_the_service_is_one_error_line(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    run = run_cli("snapshots", "list", env={f"CROWDTALLY_{name}": value,
+                                             "CROWDTALLY_DATA_DIR": str(tmp_path)})  # fmt: skip
+    assert run.returncode == 2 and run.stderr.startswith(f"error: CROWDTALLY_{name}: ")
+    assert "Traceback" not in run.stderr
+
+
+def test_serve_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    """The embedded store without its engine accepted labels that nothing would apply; a port
+    past 65535 was taken modulo 65536."""
+    env = {**os.environ, "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_STORE": "embedded"}
+    for args, message in (
+        (["--no-engine"], "error: --no-engine: the embedded store's engine runs in the API's"),
+        (["--port", "99999"], "--port': Input should be less than or equal to 65535"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "app.cli", "serve", *args],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 2 and message in run.stderr, run.stderr

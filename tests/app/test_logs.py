@@ -8,7 +8,7 @@ import logging
 import orjson
 from fastapi.testclient import TestClient
 
-from app.logs import JsonFormatter
+from app.logs import JsonFormatter, TextFormatter
 
 
 def test_access_log_is_json_with_request_id(client: TestClient) -> None:
@@ -32,3 +32,21 @@ def test_access_log_is_json_with_request_id(client: TestClient) -> None:
     assert first["level"] == "info" and first["ts"].endswith("Z") and first["ms"] >= 0
     second = next(x for x in lines if x.get("request_id") == generated)
     assert second["status"] == 404 and second["route"] == "/v1/projects/{project}"
+
+
+def test_text_logs_carry_the_same_fields(client: TestClient) -> None:
+    """CROWDTALLY_LOG_FORMAT=text: a request's line names its method, path, status and id
+    (it said only 'request')."""
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(TextFormatter("%(levelname)s %(name)s %(message)s"))
+    access = logging.getLogger("crowdtally.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        client.get("/v1/projects", headers={"X-Request-ID": "req-43"})
+    finally:
+        access.removeHandler(handler)
+    line = next(x for x in buf.getvalue().splitlines() if "request_id=req-43" in x)
+    assert line.startswith("INFO crowdtally.access request ")
+    assert "method=GET" in line and "path=/v1/projects" in line and "status=200" in line
