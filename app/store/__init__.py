@@ -4,9 +4,13 @@ the snapshots, label archive and catalogue (``archive``)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from app.settings import Settings
@@ -43,14 +47,37 @@ def open_store_when_reachable(
     again every second, so that a process started before its Redis waits for it."""
     from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
 
-    while True:
-        st = None
-        try:
-            st = open_store(settings)
-            return st, first_use(st)
-        except (ConnectionError, TimeoutError, RedisClusterException) as exc:
-            if st is not None:
-                st.close()
-            print(f"{who}: the store cannot be reached ({exc}); trying again in 1 s",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            time.sleep(1)
+    with _stopped_by_signals():
+        while True:
+            st = None
+            try:
+                st = open_store(settings)
+                return st, first_use(st)
+            except (ConnectionError, TimeoutError, RedisClusterException) as exc:
+                if st is not None:
+                    st.close()
+                print(f"{who}: the store cannot be reached ({exc}); trying again in 1 s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                time.sleep(1)
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT end the process while it waits for its store: the API's server
+    only notes them for its running loop, which a wait at start-up blocks (it went on
+    waiting until killed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        print(f"{signal.Signals(signum).name}: stopped while waiting for the store",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(128 + signum)  # (nothing is open yet that needs closing)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -93,3 +93,25 @@ def test_an_api_and_an_engine_started_before_their_redis_wait_for_it(tmp_path: P
         if proc is not None:
             proc.kill()
             proc.wait()
+
+
+def test_an_api_waiting_for_its_redis_stops_on_sigterm(tmp_path: Path) -> None:
+    """It went on waiting until killed: the server notes SIGTERM for a loop the wait blocks."""
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+           "CROWDTALLY_STORE": "redis", "CROWDTALLY_DATA_DIR": str(tmp_path)}  # fmt: skip
+    api = subprocess.Popen(
+        [*CLI, "serve", "--no-engine", "--port", str(free_port())],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert api.stderr is not None
+        while "cannot be reached" not in api.stderr.readline():
+            assert api.poll() is None
+        api.terminate()
+        assert api.wait(timeout=10) == 128 + 15
+        assert "SIGTERM: stopped while waiting for the store" in api.stderr.read()
+    finally:
+        api.kill()
+        api.wait()
+        if api.stderr is not None:
+            api.stderr.close()
