@@ -177,3 +177,14 @@ def test_labels_go_in_blocks_of_5000_by_default() -> None:
     sizes.clear()
     asyncio.run(post())
     assert sizes == [5_000, 5_000, 2_000]
+
+
+def test_bad_settings_and_weights_are_refused_before_any_request() -> None:
+    """concurrency 0 made the async listings wait for ever; an infinite weight was sent as
+    'Infinity', which is not JSON (the service answered 400 invalid_json)."""
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        AsyncClient("http://127.0.0.1:1", "k", concurrency=0)
+    with Client("http://127.0.0.1:1", "k", retries=0) as c:
+        for weight in (float("inf"), float("nan"), -1.0):
+            with pytest.raises(ValueError, match=r"label 0: weight .* is not a finite number"):
+                c.post_labels("p", [("i", "w", "a", weight)])

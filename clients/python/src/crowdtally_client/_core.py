@@ -153,6 +153,8 @@ def prepare_labels(
                 d[k] = as_text(d[k], f"label {n}: {k}")
         if "weight" in d:
             d["weight"] = float(d["weight"])
+            if not math.isfinite(d["weight"]) or d["weight"] < 0:  # (inf is no JSON number)
+                raise ValueError(f"label {n}: weight {d['weight']!r} is not a finite number >= 0")
             if d["weight"] == 1.0:
                 del d["weight"]
         if ids == "auto" and "id" not in d:

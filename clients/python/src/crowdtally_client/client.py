@@ -421,6 +421,8 @@ class AsyncClient(_Base):
             max_pushback=max_pushback,
             batch_size=batch_size,
         )
+        if concurrency < 1:  # (a semaphore of 0 would wait for ever)
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=_core.headers(key), timeout=timeout, transport=transport
