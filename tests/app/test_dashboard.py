@@ -265,6 +265,14 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             page.wait_for_function(f"$('rate').dataset.rate !== '' && {rate} === 0")
             assert page.locator("#rate").inner_text() == "0.0"
 
+            # an item named ".." cannot be asked for from a browser (it resolves the step, even
+            # encoded, and the page showed the project as an error): it says so
+            page.fill("#items-search", "..")
+            page.press("#items-search", "Enter")
+            shows(page, "items", 'a browser cannot ask for an item named ".." (it reads it as '
+                  "a step of the URL): use the API")  # fmt: skip
+            page.click("#items-all")
+
             # a wrong key is reported, not a blank page
             page.goto(f"{base}/dashboard/?project=dog&key=wrong&{FAST}")
             page.wait_for_selector("#status.error")

@@ -45,6 +45,10 @@ function cell(tr, text, cls) {
 }
 
 const project = () => encodeURIComponent($("project").value);
+// A browser resolves a path segment "." or ".." (encoded or not) before it asks for it: such a
+// name cannot be looked up from here (the service answers it to other clients).
+const unreachable = (name) => name === "." || name === "..";
+const segment = encodeURIComponent;
 const fmt = (v, d = 3) => (v === null || v === undefined ? "–" : v.toFixed(d));
 
 class ApiError extends Error {
@@ -359,9 +363,12 @@ async function loadWorkers() {
   const gen = ++workers.gen;
   const body = $("workers").querySelector("tbody");
   let rows, info;
-  if (workers.search !== null) {
+  if (workers.search !== null && unreachable(workers.search)) {
+    rows = [];
+    info = `a browser cannot ask for a worker named "${workers.search}" (it reads it as a step of the URL): use the API`;
+  } else if (workers.search !== null) {
     try {
-      const w = await api(`/v1/projects/${project()}/workers/${encodeURIComponent(workers.search)}`);
+      const w = await api(`/v1/projects/${project()}/workers/${segment(workers.search)}`);
       rows = [workerRow(w, null)];
       info = `worker ${workers.search}`;
     } catch (e) {
@@ -409,9 +416,12 @@ function itemRow(x) {
 async function loadItems() {
   const gen = ++items.gen;
   let rows, info;
-  if (items.search !== null) {
+  if (items.search !== null && unreachable(items.search)) {
+    rows = [];
+    info = `a browser cannot ask for an item named "${items.search}" (it reads it as a step of the URL): use the API`;
+  } else if (items.search !== null) {
     try {
-      rows = [itemRow(await api(`/v1/projects/${project()}/items/${encodeURIComponent(items.search)}`))];
+      rows = [itemRow(await api(`/v1/projects/${project()}/items/${segment(items.search)}`))];
       info = `item ${items.search}`;
     } catch (e) {
       if (!(e instanceof ApiError) || e.status !== 404) throw e;
@@ -485,7 +495,8 @@ $("workers-all").addEventListener("click", onWorkers(() => { workers.search = nu
 for (const id of ["workers-order", "workers-by"]) $(id).addEventListener("change", onWorkers(() => { workers.offset = 0; }));
 $("workers-controls").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  const v = $("workers-search").value.trim();
+  const raw = $("workers-search").value;  // (as typed: an id may have spaces at its ends)
+  const v = raw.trim() ? raw : "";
   onWorkers(() => { workers.search = v || null; })();
 });
 
@@ -501,7 +512,8 @@ $("items-all").addEventListener("click", onItems(() => { items.search = null; $(
 for (const id of ["items-min", "items-max"]) $(id).addEventListener("change", onItems(firstItems));
 $("items-controls").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  const v = $("items-search").value.trim();
+  const raw = $("items-search").value;  // (as typed: an id may have spaces at its ends)
+  const v = raw.trim() ? raw : "";
   onItems(() => { items.search = v || null; if (!v) firstItems(); })();
 });
 
