@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from app.cli.common import load_settings
 from app.io.input import InputError
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from app.store.archive import SnapshotDB
 
 
 def use_store(flag: str | None, default: str | None = None) -> None:
@@ -73,6 +77,8 @@ def serve(
     logs.configure(settings.log_format, settings.log_level)
     if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
         raise InputError("--workers", None, "several API processes need --store redis --no-engine")
+    check_places(settings)
+    open_database(settings)  # (reachable, and migrated, before the server starts)
     if settings.store == "embedded" and not settings.engine_in_process:
         raise InputError("--no-engine", None, "the embedded store's engine runs in the API's "
                          "process: no other process can apply its labels (--store redis)")  # fmt: skip
@@ -111,7 +117,7 @@ def engine_command(
 
     from app.engine.runtime import make_engine_loop
     from app.store import open_store_when_reachable
-    from app.store.archive import open_snapshot_db, rebuild_store
+    from app.store.archive import rebuild_store
 
     use_store(store, default="redis")
     if pool is not None:
@@ -120,7 +126,8 @@ def engine_command(
     from app import logs
 
     logs.configure(settings.log_format, settings.log_level)
-    db = open_snapshot_db(settings)  # (the store's projects rebuilt from it if Redis lost them)
+    check_places(settings)
+    db = open_database(settings)  # (the store's projects rebuilt from it if Redis lost them)
     st, _ = open_store_when_reachable(
         settings, lambda st: rebuild_store(st, db), "crowdtally engine"
     )
@@ -137,3 +144,33 @@ def engine_command(
             loop.run_forever()
         finally:
             loop.release_leases()
+
+
+def check_places(settings: Settings) -> None:
+    """The data folder and the database URL, checked before anything starts: each mistake
+    is one error line (they were tracebacks)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if settings.data_dir.exists() and not settings.data_dir.is_dir():
+        raise InputError("CROWDTALLY_DATA_DIR", None, f"{settings.data_dir} is not a folder")
+    if settings.database_url is not None:
+        try:
+            make_url(settings.database_url)
+        except ArgumentError as err:
+            raise InputError("CROWDTALLY_DATABASE_URL", None, str(err)) from None
+
+
+def open_database(settings: Settings) -> SnapshotDB:
+    """The snapshot database (``open_snapshot_db``); one that cannot be opened is one error
+    line naming the setting."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.store.archive import open_snapshot_db
+
+    try:
+        return open_snapshot_db(settings)
+    except (SQLAlchemyError, OSError) as err:
+        what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
+        first = str(err).splitlines()[0]
+        raise InputError(what, None, f"cannot open the snapshot database: {first}") from None

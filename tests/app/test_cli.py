@@ -702,3 +702,26 @@ def test_serve_refuses_what_it_cannot_run(tmp_path: Path) -> None:
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("CROWDTALLY_DATA_DIR", "a-file", "a-file is not a folder"),
+        ("CROWDTALLY_DATABASE_URL", "nonsense", "Could not parse SQLAlchemy URL"),
+        ("CROWDTALLY_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/x",
+         "cannot open the snapshot database"),
+    ],
+)  # fmt: skip
+def test_a_data_folder_or_database_that_cannot_be_used_is_one_error_line(
+    tmp_path: Path, name: str, value: str, message: str
+) -> None:
+    """They were tracebacks of 100-500 lines (the engine) or a failed start-up (the API)."""
+    (tmp_path / "a-file").write_text("")
+    env = {**os.environ, "CROWDTALLY_STORE": "embedded", "CROWDTALLY_DATA_DIR": str(tmp_path),
+           name: str(tmp_path / value) if value == "a-file" else value}  # fmt: skip
+    for command in (["serve", "--port", "1"], ["engine", "--store", "embedded"]):
+        run = subprocess.run([sys.executable, "-m", "app.cli", *command], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 2, (command, run.stderr[-500:])
+        assert run.stderr.startswith(f"error: {name}: ") and message in run.stderr, run.stderr
