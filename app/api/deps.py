@@ -137,10 +137,18 @@ def require(scope: Scope, per_project: bool = True) -> Any:
 
 
 def wait_applied(svc: Service, project: str, position: int) -> bool:
-    deadline = time.monotonic() + svc.settings.wait_timeout_s
+    """Whether the engine applied ``position`` within ``wait_timeout_s``; 404 if the project
+    is deleted meanwhile (the wait went on to its end)."""
+    start = time.monotonic()
+    deadline, looked = start + svc.settings.wait_timeout_s, start
     while svc.store.applied_position(project) < position:
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             return False
+        if now - looked > 0.05:
+            looked = now
+            if svc.store.get_project(project) is None:
+                raise ApiError(404, "unknown_project", f"project {project!r} was deleted")
         time.sleep(0.002)
     return True
 

@@ -418,3 +418,31 @@ def _answers_within_the_timeout(c: TestClient, key: dict[str, str], proxy: Proxy
             assert time.monotonic() - start < 5.0, err
     finally:
         proxy.cut()  # frees a request still waiting, so the service can shut down
+
+
+def test_a_wait_ends_when_its_project_is_deleted(tmp_path: Path) -> None:
+    """wait=true went on to its 30 s end while the project was gone."""
+    import types
+
+    from app.api.deps import wait_applied
+    from app.api.errors import ApiError
+    from app.store.base import ProjectRecord
+    from app.store.embedded import EmbeddedStore
+    from core.nominal import NominalConfig
+
+    store = EmbeddedStore(tmp_path / "s.sqlite3")
+    try:
+        store.create_project(
+            ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1.0)
+        )
+        position = store.append("p", "refit", b"{}", None).position  # (no engine applies it)
+        svc = types.SimpleNamespace(
+            store=store, settings=types.SimpleNamespace(wait_timeout_s=30.0)
+        )
+        threading.Timer(0.1, store.delete_project, ("p",)).start()
+        started = time.monotonic()
+        with pytest.raises(ApiError) as refused:
+            wait_applied(svc, "p", position)  # type: ignore[arg-type]
+        assert refused.value.status == 404 and time.monotonic() - started < 5
+    finally:
+        store.close()
