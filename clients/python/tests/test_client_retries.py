@@ -188,3 +188,16 @@ def test_bad_settings_and_weights_are_refused_before_any_request() -> None:
         for weight in (float("inf"), float("nan"), -1.0):
             with pytest.raises(ValueError, match=r"label 0: weight .* is not a finite number"):
                 c.post_labels("p", [("i", "w", "a", weight)])
+
+
+def test_a_delete_whose_answer_was_lost_is_done_when_the_retry_finds_nothing() -> None:
+    """The first DELETE did it and its answer was lost: the retry's 404 means done (it raised
+    ApiError 404 for a project that was gone). A first answer of 404 still raises."""
+    gone = httpx.Response(404, json={"error": {"code": "unknown_project", "message": "no"}})
+    seen: list[httpx.Request] = []
+    with fast(scripted([httpx.ReadTimeout("lost"), gone], seen)) as c:
+        c.delete_project("p")
+    assert [r.method for r in seen] == ["DELETE", "DELETE"]
+    with fast(scripted([gone], [])) as c, pytest.raises(ApiError) as refused:
+        c.delete_project("p")
+    assert refused.value.status == 404

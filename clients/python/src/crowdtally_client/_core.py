@@ -269,6 +269,7 @@ class Attempts:
 
     def __init__(self, policy: RetryPolicy, method: str, url: str, idempotent: bool | None) -> None:
         self.policy, self.what, self.attempt = policy, f"{method} {url}", 0
+        self.method = method
         self.pushed_back = 0.0  # seconds waited after 429s
         self.idempotent = (
             method in ("GET", "HEAD", "DELETE", "PUT") if idempotent is None else idempotent
@@ -288,6 +289,8 @@ class Attempts:
             return delay
         if self.policy.should_retry_status(response.status_code, self.attempt, self.idempotent):
             return self._next(response)
+        if self.method == "DELETE" and self.attempt > 0 and response.status_code == 404:
+            return None  # (an earlier attempt, whose answer was lost, deleted it)
         raise_for(response)
         return None
 
