@@ -581,3 +581,23 @@ def test_openapi_has_stable_operation_ids(client: TestClient) -> None:
         "healthz",
         "readyz",
     } <= ids
+
+
+def test_workers_by_name_page_without_missing_any_while_labels_arrive(client: TestClient) -> None:
+    """Paged by rank while labels arrive, a listing missed workers and repeated others (the
+    ranking moved between pages); by name, a new worker shifts later pages only."""
+    key = make_project(client)
+    post(
+        client,
+        key,
+        [{"item": f"i{k}", "worker": f"w{k:02d}", "label": LABELS[0]} for k in range(30)],
+    )
+    url = "/v1/projects/census/workers"
+    first = client.get(url, params={"order": "name", "limit": 10}, headers=key).json()
+    assert [w["worker"] for w in first["workers"]] == [f"w{k:02d}" for k in range(10)]
+    post(client, key, [{"item": "i0", "worker": "w00a", "label": LABELS[1]}])  # (sorts early)
+    seen = [w["worker"] for w in first["workers"]]
+    for offset in (10, 20, 30):
+        page = client.get(url, params={"order": "name", "limit": 10, "offset": offset}, headers=key)
+        seen += [w["worker"] for w in page.json()["workers"]]
+    assert {f"w{k:02d}" for k in range(30)} <= set(seen)

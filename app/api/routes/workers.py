@@ -43,7 +43,10 @@ def get_worker(project: str, worker: str, svc: ServiceDep) -> Worker:
 def list_workers(
     project: str,
     svc: ServiceDep,
-    order: Literal["best", "worst"] = "best",
+    order: Annotated[
+        Literal["best", "worst", "name"],
+        Query(description="name: by worker id, an order that labels arriving do not reshuffle."),
+    ] = "best",
     by: Literal["informativeness", "accuracy"] = "informativeness",
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -51,11 +54,17 @@ def list_workers(
         bool, Query(description="Add each listed worker's confusion matrix (dashboard pages).")
     ] = False,
 ) -> WorkerPage:
-    """Workers ranked by estimated quality; ``order=worst`` puts likely spammers first."""
+    """Workers ranked by estimated quality; ``order=worst`` puts likely spammers first. A
+    listing paged while labels arrive sees the ranking move between its pages (a worker
+    twice, another missed); ``order=name`` is stable: a new worker only shifts the pages
+    after it (one worker seen twice, none missed)."""
     record = svc.project(project)
     entries = svc.store.all_workers(project)
     views = workers_view(svc, record, entries, with_confusion=False)
-    views.sort(key=lambda w: (getattr(w, by), w.n_labels, w.worker), reverse=order == "best")
+    if order == "name":
+        views.sort(key=lambda w: w.worker)
+    else:
+        views.sort(key=lambda w: (getattr(w, by), w.n_labels, w.worker), reverse=order == "best")
     page = views[offset : offset + limit]
     if confusion and page:
         blobs = dict(entries)

@@ -26,7 +26,7 @@ T = TypeVar("T")
 U = TypeVar("U")
 X = TypeVar("X")
 
-Order = Literal["best", "worst"]
+Order = Literal["best", "worst", "name"]
 By = Literal["informativeness", "accuracy"]
 ExportFormat = Literal["jsonl", "csv"]
 Policy = Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"]

@@ -304,9 +304,11 @@ class Client(_Base):
 
     def worker_confusions(self, project: str, workers: Iterable[Any] | None = None) -> list[Worker]:
         """Workers with their confusion matrices (one GET each: the list omits them)."""
-        names = (
-            list(workers) if workers is not None else [w.worker for w in self.iter_workers(project)]
-        )
+        if workers is None:  # (by name: labels arriving meanwhile reshuffle no page)
+            every = (w.worker for w in self.iter_workers(project, order="name"))
+            names = list(dict.fromkeys(every))
+        else:
+            names = list(workers)
         return [self.get_worker(project, w) for w in names]
 
     # ---------------------------------------------------------------- predictions
@@ -613,8 +615,9 @@ class AsyncClient(_Base):
         self, project: str, workers: Iterable[Any] | None = None
     ) -> list[Worker]:
         """Workers with confusion matrices, ``concurrency`` GETs at a time."""
-        if workers is None:
-            names = [w.worker async for w in self.iter_workers(project)]
+        if workers is None:  # (by name: labels arriving meanwhile reshuffle no page)
+            every = [w.worker async for w in self.iter_workers(project, order="name")]
+            names = list(dict.fromkeys(every))
         else:
             names = list(workers)
         gate = asyncio.Semaphore(self.concurrency)
