@@ -186,3 +186,14 @@ def test_docs_side_by_side_example(live_server: LiveServer, datasets_root: Path)
     pd.testing.assert_index_equal(ours.index, theirs.index)
     assert ours.dtype == theirs.dtype == np.int64
     assert (ours == theirs).mean() > 0.99  # the doc says 99.8%
+
+
+def test_like_with_categories_that_lack_some_values_keeps_them() -> None:
+    """A frame's head as ``like`` knows only its own tasks: the others became NaN (806 of the
+    807 of dog's index); they are added after its categories."""
+    like = pd.DataFrame({"task": pd.Categorical(["t1"]), "worker": ["w"], "label": ["1"]})
+    agg = aggregation(
+        [_item("t1", "1"), _item("t2", "2"), _item("t0", "1")], ["1", "2"], [], IdTypes.of(like)
+    )
+    assert list(agg.probas.index) == ["t1", "t2", "t0"] and not agg.labels.isna().any()
+    assert list(agg.probas.index.categories) == ["t1", "t2", "t0"]

@@ -64,7 +64,12 @@ def _typed(values: Sequence[str], dtype: Any, name: str | None = None) -> pd.Ind
     if isinstance(dtype, pd.CategoricalDtype):
         inner = dtype.categories.dtype
         cats = _typed(values, None if inner.kind == "O" else inner)
-        return pd.Index(pd.Categorical(cats, dtype=dtype), name=name)
+        # values the categories lack are added after them (they became NaN: a frame's head
+        # given as ``like`` knows only its own tasks)
+        known = set(dtype.categories)
+        extra = [v for v in pd.unique(cats) if v not in known]
+        full = pd.CategoricalDtype([*dtype.categories, *extra], ordered=dtype.ordered)
+        return pd.Index(pd.Categorical(cats, dtype=full), name=name)
     if dtype.kind == "b" or pd.api.types.is_bool_dtype(dtype):
         return pd.Index([v == "True" for v in values], dtype=dtype, name=name)
     if dtype.kind in "iuf" or pd.api.types.is_numeric_dtype(dtype):
