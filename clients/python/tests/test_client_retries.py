@@ -201,3 +201,13 @@ def test_a_delete_whose_answer_was_lost_is_done_when_the_retry_finds_nothing() -
     with fast(scripted([gone], [])) as c, pytest.raises(ApiError) as refused:
         c.delete_project("p")
     assert refused.value.status == 404
+
+
+def test_a_url_without_scheme_and_a_lone_label_are_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="url must start with http://"):
+        Client("127.0.0.1:8000")  # (retried for about 6 s before failing)
+    with (
+        Client("http://127.0.0.1:1", "k", retries=0) as c,
+        pytest.raises(ValueError, match="not one label"),
+    ):
+        c.post_labels("p", {"item": "i", "worker": "w", "label": "a"})  # (it said "got 'item'")

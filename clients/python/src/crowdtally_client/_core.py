@@ -130,6 +130,8 @@ def prepare_labels(
     tuples or a pandas DataFrame. ``ids="auto"`` fills missing ids with ``auto_id``."""
     if ids not in (None, "auto"):
         raise ValueError("ids must be None or 'auto'")
+    if isinstance(labels, (Mapping, Label)):  # (a mapping iterates over its keys)
+        raise ValueError("labels: give a list of labels, not one label")
     rows = _from_frame(labels)
     source: Iterable[Any] = rows if rows is not None else labels
     out: list[dict[str, Any]] = []

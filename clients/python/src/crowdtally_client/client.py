@@ -60,6 +60,8 @@ class _Base:
         max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
     ) -> None:
+        if not url.startswith(("http://", "https://")):  # (it was retried for seconds)
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.key = key
         self.timeout = timeout
