@@ -211,3 +211,13 @@ def test_a_url_without_scheme_and_a_lone_label_are_refused_at_once() -> None:
         pytest.raises(ValueError, match="not one label"),
     ):
         c.post_labels("p", {"item": "i", "worker": "w", "label": "a"})  # (it said "got 'item'")
+
+
+def test_gold_that_is_not_an_item_and_a_label_is_refused_naming_it() -> None:
+    from crowdtally_client._core import prepare_gold
+
+    with pytest.raises(ValueError, match="gold 1: no 'label'"):  # (a raw KeyError)
+        prepare_gold([{"item": "a", "label": "x"}, {"item": "b"}])
+    with pytest.raises(ValueError, match="gold 0: expected Gold"):
+        prepare_gold([("a", "x", "extra")])
+    assert prepare_gold({"a": "x"}) == [{"item": "a", "label": "x"}]

@@ -200,10 +200,27 @@ def prepare_gold(
         if isinstance(x, Gold):
             out.append(x.model_dump())
         elif isinstance(x, Mapping):
+            missing = [k for k in ("item", "label") if k not in x]
+            if missing:
+                raise ValueError(f"gold {n}: no {missing[0]!r}")
             item, label = x["item"], x["label"]
-            out.append({"item": as_text(item, f"gold {n}: item"), "label": as_text(label, "label")})
+            out.append(
+                {
+                    "item": as_text(item, f"gold {n}: item"),
+                    "label": as_text(label, f"gold {n}: label"),
+                }
+            )
         else:
-            out.append({"item": as_text(x[0], f"gold {n}: item"), "label": as_text(x[1], "label")})
+            if isinstance(x, str) or not isinstance(x, Sequence) or len(x) != 2:
+                raise ValueError(
+                    f"gold {n}: expected Gold, a mapping or an (item, label) pair, got {x!r}"
+                )
+            out.append(
+                {
+                    "item": as_text(x[0], f"gold {n}: item"),
+                    "label": as_text(x[1], f"gold {n}: label"),
+                }
+            )
     return out
 
 
