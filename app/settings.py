@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the snapshot database (``postgresql+psycopg://...`` in production);
     default: the SQLite file ``data_dir/crowdtally.sqlite3``, which in the embedded mode also
     holds the label log."""
-    snapshot_interval_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    snapshot_interval_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     """Snapshot each project at least this often while it receives labels."""
     snapshot_labels: int = Field(100_000, ge=1)
     """... and after this many new labels, whichever comes first. With the log in SQLite

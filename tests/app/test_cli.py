@@ -675,7 +675,7 @@ def test_bad_rows_in_a_later_chunk_name_their_line(tmp_path: Path) -> None:
         ("MAX_BLOCK_LABELS", "-5"),  # every block refused
         ("MAX_LABEL_WEIGHT", "inf"),  # any weight taken
         ("WAIT_TIMEOUT_S", "nan"),
-        ("SNAPSHOT_INTERVAL_S", "0"),  # a snapshot after every step
+        ("SNAPSHOT_INTERVAL_S", "-1"),
         ("REFINE_IDLE_S", "-1"),
         ("LOG_LEVEL", "LOUD"),
     ],
