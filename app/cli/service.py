@@ -159,6 +159,28 @@ def check_places(settings: Settings) -> None:
             make_url(settings.database_url)
         except ArgumentError as err:
             raise InputError("CROWDTALLY_DATABASE_URL", None, str(err)) from None
+    if settings.store == "redis" and not settings.redis_cluster:
+        check_redis(settings.redis_url)
+
+
+def check_redis(url: str) -> None:
+    """A Redis that answers but refuses the URL (a database index it lacks, a wrong password)
+    is one error line; one that cannot be reached is waited for, as before."""
+    import redis
+    from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    except ValueError as err:
+        raise InputError("REDIS_URL", None, str(err)) from None
+    try:
+        client.ping()
+    except (ConnectionError, TimeoutError):
+        pass  # (down: the store is waited for)
+    except ResponseError as err:
+        raise InputError("REDIS_URL", None, f"{url}: {err}") from None
+    finally:
+        client.close()
 
 
 def open_database(settings: Settings) -> SnapshotDB:

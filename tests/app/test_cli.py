@@ -725,3 +725,18 @@ def test_a_data_folder_or_database_that_cannot_be_used_is_one_error_line(
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert run.returncode == 2, (command, run.stderr[-500:])
         assert run.stderr.startswith(f"error: {name}: ") and message in run.stderr, run.stderr
+
+
+def test_a_redis_that_refuses_the_url_is_one_error_line(tmp_path: Path) -> None:
+    """A database index the server lacks was a traceback of 190 lines (the engine) or a failed
+    start-up (the API); a Redis that is down is still waited for."""
+    from tests.app.conftest import REDIS_URL
+
+    url = REDIS_URL.rsplit("/", 1)[0] + "/99"
+    env = {**os.environ, "REDIS_URL": url, "CROWDTALLY_DATA_DIR": str(tmp_path)}
+    for command in (["serve", "--store", "redis", "--no-engine", "--port", "1"],
+                    ["engine", "--store", "redis"]):  # fmt: skip
+        run = subprocess.run([sys.executable, "-m", "app.cli", *command], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 2, (command, run.stderr[-500:])
+        assert run.stderr.startswith(f"error: REDIS_URL: {url}: DB index is out of range")
