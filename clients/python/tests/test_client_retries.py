@@ -221,3 +221,15 @@ def test_gold_that_is_not_an_item_and_a_label_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="gold 0: expected Gold"):
         prepare_gold([("a", "x", "extra")])
     assert prepare_gold({"a": "x"}) == [{"item": "a", "label": "x"}]
+
+
+def test_a_transport_error_says_what_the_blocks_before_it_did() -> None:
+    """After a connection lost mid-call (labels without ids are not re-sent) there was no
+    telling how many blocks went in; ``sent`` says, as for an ApiError."""
+    seen: list[httpx.Request] = []
+    answers: list[object] = [httpx.Response(202, json=ACCEPTED), httpx.ReadError("reset")]
+    labels = [("i1", "w", "a"), ("i2", "w", "a")]
+    with fast(scripted(answers, seen), batch_size=1) as c, pytest.raises(TransportError) as lost:
+        c.post_labels("p", labels)
+    assert len(seen) == 2 and lost.value.sent.blocks == 1
+    assert lost.value.sent.accepted == ACCEPTED["accepted"]

@@ -62,7 +62,13 @@ class ApiError(CrowdtallyError):
 
 
 class TransportError(CrowdtallyError):
-    """The service could not be reached (after the retries)."""
+    """The service could not be reached (after the retries). For a ``post_labels`` call split
+    into blocks, ``sent`` holds what the blocks before the failing one did (already applied;
+    the failing block may or may not have been taken: send it again with ids)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sent: Any = None
 
 
 def auto_id(item: str, worker: str, label: str, position: int, namespace: str = "") -> str:

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from crowdtally_client import _core, models
-from crowdtally_client._core import ApiError, IdMode, LabelLike
+from crowdtally_client._core import ApiError, IdMode, LabelLike, TransportError
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -190,6 +190,9 @@ def _post_blocks(
                 size //= 2  # (nothing of the block was taken)
                 continue
             raise _shift(err, start, total) from None
+        except TransportError as err:
+            err.sent = total  # (what the blocks before it did)
+            raise
         _add(total, got)
         start += len(block)
     return total
