@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.io.input import CONTROL, MAX_ID_LENGTH, InputError, hash_id, quoting_error, text_lines
+from app.io.input import MAX_ID_LENGTH, InputError, checked_id, hash_id, quoting_error, text_lines
 
 if TYPE_CHECKING:
     from app.io.answer_table import AnswerTable
@@ -95,15 +95,7 @@ def _name(path: Path, line: int | None, what: str, value: Any) -> str:
     if isinstance(value, (bool, dict, list)):
         kind = {bool: "true or false", dict: "an object", list: "an array"}[type(value)]
         raise InputError(path, line, f"{what} must be text or a number, got {kind}")
-    text = "" if value is None else str(value).strip()
-    if not text:
-        raise InputError(path, line, f"empty {what}")
-    if len(text) > MAX_ID_LENGTH:
-        raise InputError(path, line, f"{what} is longer than {MAX_ID_LENGTH} characters")
-    if CONTROL.search(text):
-        raise InputError(path, line, f"{what} {text!r}: ids hold no control characters "
-                         "(U+0000 to U+001F, U+007F to U+009F)")  # fmt: skip
-    return text
+    return checked_id(path, line, what, "" if value is None else str(value))
 
 
 def _weight(path: Path, line: int | None, value: Any) -> float:

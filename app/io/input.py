@@ -48,6 +48,20 @@ def refuse_duplicate_columns(
         )  # fmt: skip
 
 
+def checked_id(path: str | Path, line: int | None, what: str, text: str) -> str:
+    """An id or label as the service takes it: stripped, 1 to MAX_ID_LENGTH characters, no
+    control characters; else an InputError naming the line."""
+    text = text.strip()
+    if not text:
+        raise InputError(path, line, f"empty {what}")
+    if len(text) > MAX_ID_LENGTH:
+        raise InputError(path, line, f"{what} is longer than {MAX_ID_LENGTH} characters")
+    if CONTROL.search(text):
+        raise InputError(path, line, f"{what} {text!r}: ids hold no control characters "
+                         "(U+0000 to U+001F, U+007F to U+009F)")  # fmt: skip
+    return text
+
+
 def quoting_error(err: csv.Error) -> str:
     """What ``csv.reader(..., strict=True)``'s error means, in words."""
     if "unexpected end of data" in str(err):

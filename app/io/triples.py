@@ -19,7 +19,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from app.io.input import CONTROL, MAX_ID_LENGTH, InputError, quoting_error, text_lines
+from app.io.input import (
+    CONTROL,
+    MAX_ID_LENGTH,
+    InputError,
+    checked_id,
+    quoting_error,
+    text_lines,
+)
 from core._numba import jit
 
 CHUNK_BYTES = 1 << 24
@@ -90,20 +97,6 @@ def _csv_rows(path: Path, lines: list[str], first: int) -> list[tuple[int, list[
 
 def text_line_of_byte(path: Path, offset: int) -> int:
     return path.read_bytes()[:offset].count(b"\n") + 1
-
-
-def _check_id(path: Path, line: int, kind: str, value: str) -> str:
-    value = value.strip()
-    if not value:
-        raise InputError(path, line, f"empty {kind}")
-    if len(value) > MAX_ID_LENGTH:
-        raise InputError(path, line, f"{kind} is longer than {MAX_ID_LENGTH} characters")
-    if CONTROL.search(value):
-        raise InputError(
-            path, line, f"{kind} {value!r}: ids hold no control characters (U+0000 to U+001F, "
-            "U+007F to U+009F)",
-        )  # fmt: skip
-    return value
 
 
 def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
@@ -508,9 +501,9 @@ def _row_columns(
             raise InputError(path, line, f"expected {n_fields} fields ({names}), got {len(fields)}")
         if order is not None:
             fields = [fields[k] for k in order]
-        items.append(_check_id(path, line, "item", fields[0]))
-        workers.append(_check_id(path, line, "worker", fields[1]))
-        labels.append(_check_id(path, line, "label", fields[2]))
+        items.append(checked_id(path, line, "item", fields[0]))
+        workers.append(checked_id(path, line, "worker", fields[1]))
+        labels.append(checked_id(path, line, "label", fields[2]))
         if has_weight:
             weights.append(_parse_weight(path, line, fields[3]))
         lines.append(line)
@@ -550,9 +543,9 @@ def truth_rows(path: str | Path) -> list[tuple[int, str, str]]:
     for line, fields in rows:
         if len(fields) != 2:
             raise InputError(path, line, f"expected 2 fields (item, label), got {len(fields)}")
-        item = _check_id(path, line, "item", fields[0])
+        item = checked_id(path, line, "item", fields[0])
         if item in seen:
             raise InputError(path, line, f"item {item!r} has a gold label already")
         seen.add(item)
-        out.append((line, item, _check_id(path, line, "label", fields[1])))
+        out.append((line, item, checked_id(path, line, "label", fields[1])))
     return out
