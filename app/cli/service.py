@@ -77,11 +77,11 @@ def serve(
     logs.configure(settings.log_format, settings.log_level)
     if workers > 1 and (settings.store != "redis" or settings.engine_in_process):
         raise InputError("--workers", None, "several API processes need --store redis --no-engine")
-    check_places(settings)
-    open_database(settings)  # (reachable, and migrated, before the server starts)
     if settings.store == "embedded" and not settings.engine_in_process:
         raise InputError("--no-engine", None, "the embedded store's engine runs in the API's "
                          "process: no other process can apply its labels (--store redis)")  # fmt: skip
+    check_places(settings)
+    open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
     print(
         f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
         file=sys.stderr,
