@@ -103,12 +103,8 @@ class AnswerTable:
             return None  # (every id once: the common case, 0.13 s for 1M ids)
         codes = self.ids.dictionary_encode().indices
         rows = np.asarray(pc.fill_null(codes, -1).to_numpy(zero_copy_only=False), np.int64)
-        named = rows >= 0
-        if not named.any():
-            return None
+        named = rows >= 0  # (some id is repeated: the check above)
         repeated = np.bincount(rows[named]) > 1
-        if not repeated.any():
-            return None
         first: dict[int, int] = {}
         for row in np.flatnonzero(named & repeated[np.maximum(rows, 0)]).tolist():
             earlier = first.setdefault(int(rows[row]), row)

@@ -154,3 +154,15 @@ def test_the_columns_see_every_space_that_str_strip_removes() -> None:
     cells = pa.array([f"{s}x" for s in spaces] + [f"x{s}" for s in spaces] + ["x\u200b", "a b"])
     edge = answer_table.pc.match_substring_regex(cells, answer_table._EDGE_SPACE).to_pylist()
     assert edge == [True] * (2 * len(spaces)) + [False, False]  # (U+200B is no space to strip)
+
+
+def test_an_id_given_to_two_different_answers_is_found() -> None:
+    def table(items: list[str], ids: list[str | None]) -> AnswerTable:
+        n = len(items)
+        return AnswerTable("csv", pa.array(items), pa.array(["w"] * n), pa.array(["l"] * n),
+                           pa.array(ids, pa.string()), None, np.arange(n))  # fmt: skip
+
+    ids = ["a", None, "b", "a", None, "b", "c"]
+    assert table(["i", "i", "j", "i", "k", "j2", "x"], ids).id_given_twice() == (5, 2)
+    assert table(["i", "i", "j", "i", "k", "j", "x"], ids).id_given_twice() is None  # repeats
+    assert table(["i", "j"], [None, None]).id_given_twice() is None
