@@ -11,6 +11,7 @@ import numpy as np
 
 from core._numba import invalidate_on_change, jit
 from core._softmax_rows import solve_softmax_row
+from core._vecmath import exp_all, log_all, padded
 
 
 @jit
@@ -41,23 +42,41 @@ def prequential_block(
     """
     K = population.shape[0]
     probs = np.zeros((max(hi - lo, 1), K, K))
+    logp = np.empty(max(hi - lo, 1) * K)
     lp = np.empty(K)
     for j in range(lo, hi):
         _log_probs(population, worker, scale, slots[j], labels[j], lp)
         for z in range(K):
             probs[j - lo, z, labels[j]] = math.exp(lp[z])
-    prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence, 1.0)
+            logp[(j - lo) * K + z] = lp[z]
+    prequential_scores(
+        lo, hi, n_prev, labels, weights, log_prior, probs, logp, grid, evidence, 1.0,
+        prequential_scratch(K, grid.shape[0]),
+    )  # fmt: skip
 
 
 @jit
-def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, evidence, share):
-    """``prequential_block`` given probs[j - lo, z, l] = p(l | z, s_j) for the block's labels
-    (the online E-step leaves them there: no second pass over the parameters); each score
-    counts ``share`` times (the block stands for that many: eq. 22's sample)."""
+def prequential_scratch(K, G):
+    """Working rows for ``prequential_scores`` with K classes and G values of rho."""
+    return np.ones((6, padded(max(G * K, K))))
+
+
+@jit
+def prequential_scores(
+    lo, hi, n_prev, labels, weights, log_prior, probs, logp, grid, evidence, share, scratch
+):  # fmt: skip
+    """``prequential_block`` given probs[j - lo, z, l_j] = p(l_j | z, s_j) for the block's
+    labels and logp[(j - lo) K + z] its log (the online E-step leaves them there: no second
+    pass over the parameters); each score
+    counts ``share`` times (the block stands for that many: eq. 22's sample). ``scratch``:
+    ``prequential_scratch``'s rows, which a caller scoring many blocks allocates once."""
     K = log_prior.shape[0]
     G = grid.shape[0]
-    ell = np.zeros(K)  # sum over earlier labels of h_j log p(l_j | z, s_j)
-    lq = np.empty(K)
+    x, e = scratch[0], scratch[1]  # (lq - m) / T for every rho and class, and its exp
+    ratio, logs = scratch[2], scratch[3]  # each rho's predictive and its log
+    ell, lq = scratch[4], scratch[5]
+    for z in range(K):
+        ell[z] = 0.0  # sum over earlier labels of h_j log p(l_j | z, s_j)
     seen = 0.0
     for j in range(lo, hi):
         h = weights[j]
@@ -72,16 +91,22 @@ def prequential_scores(lo, hi, n_prev, labels, weights, log_prior, probs, grid, 
                 m = max(m, lq[z])
             for g in range(G):
                 inv_t = 1.0 / (1.0 + grid[g] * (seen - 1.0))
+                for z in range(K):
+                    x[g * K + z] = (lq[z] - m) * inv_t
+            exp_all(x, e)
+            for g in range(G):
                 norm = 0.0
                 pred = 0.0
                 for z in range(K):
-                    e = math.exp((lq[z] - m) * inv_t)
-                    norm += e
-                    pred += e * probs[r, z, lab]
-                evidence[g] += share * h * math.log(pred / norm)
+                    norm += e[g * K + z]
+                    pred += e[g * K + z] * probs[r, z, lab]
+                ratio[g] = pred / norm
+            log_all(ratio, logs, padded(G))
+            for g in range(G):
+                evidence[g] += share * h * logs[g]
             evidence[G] += share * h
         for z in range(K):
-            ell[z] += h * math.log(max(probs[r, z, lab], 1e-300))
+            ell[z] += h * logp[r * K + z]
         seen += h
 
 
@@ -150,4 +175,4 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
                     out[b, z] += h * excess[r, z, l]
 
 
-invalidate_on_change(held_out_corrections, solve_softmax_row)
+invalidate_on_change(held_out_corrections, solve_softmax_row, exp_all, log_all, padded)

@@ -11,9 +11,10 @@ import math
 
 import numpy as np
 
-from core._calibration_kernels import prequential_scores
+from core._calibration_kernels import prequential_scores, prequential_scratch
 from core._numba import invalidate_on_change, jit, jit_inline
 from core._softmax_rows import solve_softmax_row
+from core._vecmath import exp_all, log, log_all, padded
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
 (
@@ -77,29 +78,62 @@ def _softmax_scaled(theta, d, p):
     return m, math.log(acc)
 
 
+@jit_inline
+def _shifted_row(population, worker, scale, s, z, d, x, at):
+    """x[at + k] = d theta_k - m for slot s's row z (theta of eq. 1, m = max_k d theta_k),
+    as ``_softmax_scaled`` shifts it; returns m."""
+    K = population.shape[0]
+    m = -np.inf
+    for k in range(K):
+        v = d * (population[z, k] + scale * worker[s, z, k])
+        x[at + k] = v
+        m = max(m, v)
+    for k in range(K):
+        x[at + k] -= m
+    return m
+
+
 @jit
 def _log_joint(
-    lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta, p,
-    probs,
+    lo, hi, slots, labels, weights, class_logits, lse_pi, population, worker, scale, d, logq, x,
+    e, probs, rows,
 ):  # fmt: skip
     """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3).
 
-    Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse
-    (``p`` is scratch).
+    Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse. A
+    label's K rows are shifted into ``x`` and exponentiated together (``exp_all``; ``x`` and
+    ``e`` of length ``padded(K * K)``, zeros past K * K), then summed row by row in the
+    order ``_softmax_scaled`` sums, which gives the same sums (the probabilities are
+    multiplied by the sum's reciprocal, not divided by it: within 1 ulp). The item's row sums
+    go to rows[0] and their logs (``log_all``, once for every label) to rows[2]; rows[1] ends
+    with log p(l_j | z, s_j, d) at [(j - lo) K + z], which the prequential scores read
+    (``rows`` 3 x ``padded(K * max labels)``, ones past them).
     """
     K = logq.shape[0]
-    lse_pi = _logsumexp(class_logits)
     for z in range(K):
-        logq[z] = class_logits[z] - lse_pi
+        logq[z] = class_logits[z] - lse_pi  # (lse_pi = _logsumexp(class_logits))
+    sums, picked, logs = rows[0], rows[1], rows[2]
     for j in range(lo, hi):
         r = j - lo
-        s, l, h = slots[j], labels[j], weights[j]
+        l = labels[j]
         for z in range(K):
-            _theta(population, worker, scale, s, z, theta)
-            m, log_acc = _softmax_scaled(theta, d, p)
+            _shifted_row(population, worker, scale, slots[j], z, d, x, z * K)
+        exp_all(x, e)
+        for z in range(K):
+            acc = 0.0
             for k in range(K):
-                probs[r, z, k] = p[k]
-            logq[z] += h * (d * theta[l] - m - log_acc)
+                acc += e[z * K + k]
+            inv = 1.0 / acc
+            for k in range(K):
+                probs[r, z, k] = e[z * K + k] * inv
+            sums[r * K + z] = acc
+            picked[r * K + z] = x[z * K + l]
+    log_all(sums, logs, padded((hi - lo) * K))
+    for j in range(lo, hi):
+        r, h = j - lo, weights[j]
+        for z in range(K):
+            picked[r * K + z] -= logs[r * K + z]  # log p(l_j | z, s_j, d)
+            logq[z] += h * picked[r * K + z]
 
 
 @jit_inline
@@ -153,6 +187,7 @@ def _item_em(
     labels,
     weights,
     class_logits,
+    lse_pi,
     population,
     worker,
     scale,
@@ -163,6 +198,9 @@ def _item_em(
     theta,
     p,
     probs,
+    x,
+    e,
+    rows,
 ):
     """Maximise F_i over q_i (and b_i) with the global parameters fixed (eq. 4-6).
 
@@ -177,14 +215,16 @@ def _item_em(
             labels,
             weights,
             class_logits,
+            lse_pi,
             population,
             worker,
             scale,
             1.0,
             logq,
-            theta,
-            p,
+            x,
+            e,
             probs,
+            rows,
         )
         return 0.0, _normalise(logq, q)
     lam_b = hyper[H_LAM_B]
@@ -192,8 +232,8 @@ def _item_em(
     for _ in range(int(hyper[H_MAXIT])):
         d = math.exp(b)
         _log_joint(
-            lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
-            p, probs,
+            lo, hi, slots, labels, weights, class_logits, lse_pi, population, worker, scale, d,
+            logq, x, e, probs, rows,
         )  # fmt: skip
         _normalise(logq, q)
         g, hess = _clarity_derivatives(
@@ -209,8 +249,8 @@ def _item_em(
             break
     d = math.exp(b)
     _log_joint(
-        lo, hi, slots, labels, weights, class_logits, population, worker, scale, d, logq, theta,
-        p, probs,
+        lo, hi, slots, labels, weights, class_logits, lse_pi, population, worker, scale, d,
+        logq, x, e, probs, rows,
     )  # fmt: skip
     return b, _normalise(logq, q) - 0.5 * lam_b * b * b
 
@@ -283,6 +323,7 @@ def _global_step(
     q_new,
     q_old,
     grad,
+    lse_pi,
 ):
     """alpha, gamma <- alpha, gamma + eta_t grad F_i, eta_t = eta_0 (tau_0 + t)^-rho (eq. 9-11).
 
@@ -293,7 +334,6 @@ def _global_step(
     t = scalars[STEP]
     eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO])
     n_items = hyper[H_NITEMS]
-    lse_pi = _logsumexp(class_logits)
     lam_pi = hyper[H_LAM_PI] / n_items if first_arrival else 0.0
     for z in range(K):
         target = math.exp(class_logits[z] - lse_pi) if first_arrival else q_old[z]
@@ -494,15 +534,20 @@ def learn_blocks(
     p = np.empty(K)
     grad = np.empty((max(max_len, 1), K, K))
     probs = np.empty((max(max_len, 1), K, K))
+    x = np.zeros(padded(K * K))  # a label's shifted rows, exponentiated into e (_log_joint)
+    e = np.empty(x.shape[0])
+    rows = np.ones((3, padded(max(max_len, 1) * K)))  # a label's row sums, their logs (_log_joint)
     q_prev = np.empty(K)
     rhs = np.empty(K)
     step = np.empty(K)
     log_prior = np.empty(K)
+    scored = prequential_scratch(K, grid.shape[0])
     every = n_old.shape[0] == 1  # (one row for every block)
     for b in order:
         lo, hi = ptr[b], ptr[b + 1]
         old = 0 if every else b
         scale = scalars[SCALE]
+        lse_pi = _logsumexp(class_logits)  # (unchanged until the item's global step)
         b_new, f = _item_em(
             lo,
             hi,
@@ -510,6 +555,7 @@ def learn_blocks(
             labels,
             weights,
             class_logits,
+            lse_pi,
             population,
             worker,
             scale,
@@ -520,15 +566,28 @@ def learn_blocks(
             theta,
             p,
             probs,
+            x,
+            e,
+            rows,
         )
         share = _evidence_share(evidence, scalars) if update and grid.shape[0] > 0 else 0.0
         if share > 0.0 and n_old[old] < hi - lo:
             # eq. 22 from the E-step's p(l_j | z, s_j), before the parameters move
-            norm = _logsumexp(class_logits)
             for z in range(K):
-                log_prior[z] = class_logits[z] - norm
+                log_prior[z] = class_logits[z] - lse_pi
             prequential_scores(
-                lo, hi, n_old[old], labels, weights, log_prior, probs, grid, evidence, share
+                lo,
+                hi,
+                n_old[old],
+                labels,
+                weights,
+                log_prior,
+                probs,
+                rows[1],
+                grid,
+                evidence,
+                share,
+                scored,
             )
         if known[b] >= 0:
             for z in range(K):
@@ -594,6 +653,7 @@ def learn_blocks(
                     q,
                     q_prev,
                     grad,
+                    lse_pi,
                 )
 
 
@@ -610,8 +670,8 @@ def predict_blocks(
     row_max = np.empty((S, K))  # m of _softmax_scaled for slot s, class z
     row_log = np.empty((S, K))  # its log sum_k exp(theta_k - m)
     ready = np.zeros(S, dtype=np.bool_)
-    theta = np.empty(K)
-    p = np.empty(K)
+    x = np.zeros(padded(K))  # one row shifted, exponentiated into e, as in _log_joint
+    e = np.empty(x.shape[0])
     logq = np.empty(K)
     q = np.empty(K)
     lse_pi = _logsumexp(class_logits)
@@ -622,8 +682,12 @@ def predict_blocks(
             s, l, h = slots[j], labels[j], weights[j]
             if not ready[s]:
                 for z in range(K):
-                    _theta(population, worker, scale, s, z, theta)
-                    row_max[s, z], row_log[s, z] = _softmax_scaled(theta, 1.0, p)
+                    row_max[s, z] = _shifted_row(population, worker, scale, s, z, 1.0, x, 0)
+                    exp_all(x, e)
+                    acc = 0.0
+                    for k in range(K):
+                        acc += e[k]
+                    row_log[s, z] = log(acc)  # (_log_joint's log_all, one at a time)
                 ready[s] = True
             for z in range(K):
                 theta_l = population[z, l] + scale * worker[s, z, l]
@@ -932,4 +996,13 @@ def missing_information_product(
                 out_theta[s, z, k] -= mass[s, z] * p[s, z, k]
 
 
-invalidate_on_change(learn_blocks, prequential_scores, solve_softmax_row)
+invalidate_on_change(
+    learn_blocks,
+    prequential_scores,
+    prequential_scratch,
+    solve_softmax_row,
+    exp_all,
+    log,
+    log_all,
+    padded,
+)
