@@ -93,7 +93,7 @@ def prequential_scores(
                 inv_t = 1.0 / (1.0 + grid[g] * (seen - 1.0))
                 for z in range(K):
                     x[g * K + z] = (lq[z] - m) * inv_t
-            exp_all(x, e)
+            exp_all(x, e, x.shape[0])
             for g in range(G):
                 norm = 0.0
                 pred = 0.0

@@ -118,7 +118,7 @@ def _log_joint(
         l = labels[j]
         for z in range(K):
             _shifted_row(population, worker, scale, slots[j], z, d, x, z * K)
-        exp_all(x, e)
+        exp_all(x, e, x.shape[0])
         for z in range(K):
             acc = 0.0
             for k in range(K):
@@ -139,7 +139,8 @@ def _log_joint(
 @jit_inline
 def _normalise(logq, q):
     """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood. One
-    exp per class (q = exp(logq - max), then divided by its sum): the E-step's costliest part."""
+    exp per class (q = exp(logq - max), then divided by its sum; libm's: for K values alone a
+    call each costs less than ``exp_all``'s vector loop)."""
     m = -np.inf
     for v in logq:
         m = max(m, v)
@@ -347,6 +348,7 @@ def _global_step(
         scalars[SCALE] *= 1.0 - min(eta * hyper[H_LAM_A] / n_items, _MAX_PRIOR_SHRINK)
     scale = scalars[SCALE]
     eta_g = hyper[H_RATE_G]
+    per_scale = eta / scale  # (a multiplication a value, not a division)
     for j in range(lo, hi):
         r = j - lo
         s = slots[j]
@@ -354,7 +356,7 @@ def _global_step(
             for k in range(K):
                 g = eta * grad[r, z, k]
                 population[z, k] += eta_g * g
-                step = g / scale
+                step = per_scale * grad[r, z, k]
                 worker[s, z, k] += step
                 sums[z * K + k] += step
     scalars[STEP] = t + 1.0
@@ -683,7 +685,7 @@ def predict_blocks(
             if not ready[s]:
                 for z in range(K):
                     row_max[s, z] = _shifted_row(population, worker, scale, s, z, 1.0, x, 0)
-                    exp_all(x, e)
+                    exp_all(x, e, x.shape[0])
                     acc = 0.0
                     for k in range(K):
                         acc += e[k]

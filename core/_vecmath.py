@@ -113,9 +113,9 @@ def padded(n):
 
 
 @jit_inline
-def exp_all(x, e):
-    """e = exp(x) elementwise, over whole arrays (``padded`` lengths): one vectorised loop."""
-    for i in range(x.shape[0]):
+def exp_all(x, e, n):
+    """e[:n] = exp(x[:n]) elementwise (n a ``padded`` length): one vectorised loop."""
+    for i in range(n):
         e[i] = exp(x[i])
 
 

@@ -25,7 +25,7 @@ def _log_one(x: float) -> float:
 @numba.njit(error_model="numpy")
 def _exp_vector(x: np.ndarray) -> np.ndarray:
     out = np.empty(x.size)
-    exp_all(x, out)
+    exp_all(x, out, x.size)
     return out
 
 
