@@ -723,48 +723,93 @@ def log_confusion_table(population, worker, out):
                 out[w, z, k] = theta[k] - lse
 
 
+_ESTEP_ITEMS = 64  # items whose softmaxes estep_tables takes together
+
+
 @jit
 def estep_tables(ptr, workers, labels, weights, known, log_pis, log_tables, q_out, data_out):
     """One sweep over the items: the exact E-step without difficulty (3) at each of C parameter
     sets (batch EM: C = 1; the Newton sweeps: their candidate steps).
 
     log_pis (C, K), log_tables (C, W, K, K); q_out[c, i] the posteriors, data_out[c] the data
-    term sum_i log p(D_i) (for a gold item, log p(D_i, z*), its posterior held at z*).
+    term sum_i log p(D_i) (for a gold item, log p(D_i, z*), its posterior held at z*). The
+    softmaxes of ``_ESTEP_ITEMS`` items are taken together (``exp_all``, ``log_all``: one
+    vectorised loop each), and each item's term is added in item order.
     """
     C, K = log_pis.shape[0], log_pis.shape[1]
-    logq = np.empty(K)
-    q = np.empty(K)
+    B = _ESTEP_ITEMS
+    shifted = np.zeros(padded(B * K))  # log q - max, item by item
+    e = np.empty(shifted.shape[0])
+    sums = np.ones(padded(B))
+    logs = np.empty(sums.shape[0])
+    top = np.empty(B)
+    n = ptr.shape[0] - 1
     for c in range(C):
         data_out[c] = 0.0
-    for i in range(ptr.shape[0] - 1):
+    for first in range(0, n, B):
+        last = min(first + B, n)
         for c in range(C):
-            for z in range(K):
-                logq[z] = log_pis[c, z]
-            for j in range(ptr[i], ptr[i + 1]):
-                w, l, h = workers[j], labels[j], weights[j]
+            for i in range(first, last):
+                o = (i - first) * K
                 for z in range(K):
-                    logq[z] += h * log_tables[c, w, z, l]
-            if known[i] >= 0:
-                data_out[c] += logq[known[i]]
+                    shifted[o + z] = log_pis[c, z]
+                for j in range(ptr[i], ptr[i + 1]):
+                    w, l, h = workers[j], labels[j], weights[j]
+                    for z in range(K):
+                        shifted[o + z] += h * log_tables[c, w, z, l]
+                m = -np.inf
                 for z in range(K):
-                    q_out[c, i, z] = 0.0
-                q_out[c, i, known[i]] = 1.0
-            else:
-                data_out[c] += _normalise(logq, q)
+                    m = max(m, shifted[o + z])
+                top[i - first] = m
+                if known[i] >= 0:
+                    m = 0.0  # (kept as it is: the term is log p(D_i, z*))
+                elif m == -np.inf:  # no class possible: q is undefined
+                    m = 0.0
                 for z in range(K):
-                    q_out[c, i, z] = q[z]
+                    shifted[o + z] -= m
+            exp_all(shifted, e, padded((last - first) * K))
+            for i in range(first, last):
+                o = (i - first) * K
+                acc = 0.0
+                for z in range(K):
+                    acc += e[o + z]
+                sums[i - first] = acc
+            log_all(sums, logs, padded(last - first))
+            for i in range(first, last):
+                o = (i - first) * K
+                m = top[i - first]
+                if known[i] >= 0:
+                    data_out[c] += shifted[o + known[i]]
+                    for z in range(K):
+                        q_out[c, i, z] = 0.0
+                    q_out[c, i, known[i]] = 1.0
+                elif m == -np.inf:
+                    data_out[c] += m
+                    for z in range(K):
+                        q_out[c, i, z] = np.nan
+                else:
+                    acc = sums[i - first]
+                    for z in range(K):
+                        q_out[c, i, z] = e[o + z] / acc
+                    data_out[c] += m + logs[i - first]
 
 
 @jit
 def soft_counts(ptr, workers, labels, weights, q, counts):
-    """counts[w, z, l] = sum over worker w's answers l of h q_i(z): DS sufficient statistics."""
-    counts[:] = 0.0
-    K = q.shape[1]
+    """counts[w, z, l] = sum over worker w's answers l of h q_i(z): DS sufficient statistics.
+    Summed in a table by answer first (each answer adds K contiguous values, not K strided
+    ones), then transposed: each cell's sum is taken in the same order, so the same bits."""
+    W, K = counts.shape[0], q.shape[1]
+    by_answer = np.zeros((W, K, K))  # [w, l, z]
     for i in range(ptr.shape[0] - 1):
         for j in range(ptr[i], ptr[i + 1]):
             w, l, h = workers[j], labels[j], weights[j]
             for z in range(K):
-                counts[w, z, l] += h * q[i, z]
+                by_answer[w, l, z] += h * q[i, z]
+    for w in range(W):
+        for z in range(K):
+            for l in range(K):
+                counts[w, z, l] = by_answer[w, l, z]
 
 
 @jit_inline
