@@ -157,6 +157,28 @@ def test_blocks_too_large_for_the_service_are_sent_again_in_halves(code: str) ->
     assert sizes == [120, 60, 30, 30, 30, 30, 30, 30, 30, 20]
 
 
+def test_predictions_too_large_for_the_service_are_asked_again_in_halves() -> None:
+    """A service whose body limit holds 3,000 pairs answers 413 body_too_large to requests
+    of 10,000: they go again as 5,000, then 2,500, and every pair is answered once, in order."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        pairs = json.loads(request.content)
+        sizes.append(len(pairs))
+        if len(pairs) > 3_000:
+            error = {"code": "body_too_large", "message": "the body has too many bytes"}
+            return httpx.Response(413, json={"error": {**error, "entry": None, "field": None}})
+        answers = [{**p, "label": "a", "scores": {"a": 1.0}, "h_min": None, "trained": True}
+                   for p in pairs]  # fmt: skip
+        return httpx.Response(200, json={"predictions": answers})
+
+    pairs = [(f"w{k % 7}", f"i{k}") for k in range(12_000)]
+    with fast(httpx.MockTransport(handler)) as c:
+        got = c.predict("p", pairs)
+    assert [(p.worker, p.item) for p in got] == pairs
+    assert sizes == [10_000, 5_000, 2_500, 2_500, 2_500, 2_500, 2_000]
+
+
 def test_labels_go_in_blocks_of_5000_by_default() -> None:
     sizes: list[int] = []
 

@@ -321,13 +321,24 @@ def _pair(p: Any) -> dict[str, str]:
 def predict(
     project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
 ) -> Plan[list[models.Prediction]]:
-    """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order."""
+    """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order. A
+    request the service finds too large (413 ``body_too_large``: its byte limit is lower, or
+    the ids are long) is sent again in halves, and the requests after it as large."""
     body = [_pair(p) for p in pairs]
     path = f"{_project(project)}/predictions"
     out: list[models.Prediction] = []
-    for lo in range(0, len(body), MAX_PAIRS):
-        chunk = body[lo : lo + MAX_PAIRS]
-        out.extend((yield Req("POST", path, _predictions, body=chunk, idempotent=True)))
+    size, lo = MAX_PAIRS, 0
+    while lo < len(body):
+        chunk = body[lo : lo + size]
+        try:
+            got = yield Req("POST", path, _predictions, body=chunk, idempotent=True)
+        except ApiError as err:
+            if err.status == 413 and err.code in TOO_LARGE and size > 1:
+                size //= 2
+                continue
+            raise
+        out.extend(got)
+        lo += len(chunk)
     return out
 
 
