@@ -29,8 +29,10 @@ from app.io.input import (
 )
 from core._numba import jit
 
-CHUNK_BYTES = 1 << 24
-"""Bytes of CSV (about 1M short answers) or, over 16, Parquet rows read at a time."""
+CHUNK_BYTES = 1 << 22
+"""Bytes of CSV (about 300,000 short answers) or, over 16, Parquet rows read at a time: at 16 MiB
+a 1M-answer file was one chunk, read and coded with nothing to overlap, 27 MiB higher at its
+peak for the same time (docs/benchmarks.md)."""
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
 _ROLES = {"item": 0, "task": 0, "worker": 1, "label": 2, "weight": 3}
 """The column a header's name stands for: item, worker, label, weight (in that order)."""
