@@ -695,7 +695,7 @@ def test_serve_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     env = {**os.environ, "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_STORE": "embedded"}
     for args, message in (
         (["--no-engine"], "error: --no-engine: the embedded store's engine runs in the API's"),
-        (["--port", "99999"], "--port': Input should be less than or equal to 65535"),
+        (["--port", "99999"], "--port': 99999 is not in the range 1<=x<=65535"),
     ):
         run = subprocess.run(
             [sys.executable, "-m", "app.cli", "serve", *args],
