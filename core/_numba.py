@@ -30,29 +30,32 @@ import numba
 from numba import types
 
 
-def _load_array_support_without_blas_probe() -> None:
-    """Import numba's array support with its BLAS probe answered "absent".
-
-    At its first compile or cache load, numba imports ``numba.np.arraymath``, whose import
-    probes for BLAS by importing ``scipy.linalg`` when SciPy is installed: 0.25 s of every
-    process start. No kernel here calls BLAS (``np.dot`` or ``@`` inside a kernel), so the
-    probe is skipped: arraymath is imported now, with SciPy's BLAS module hidden for that
-    import only (importing it later, as any other code may, works as usual). A kernel that
-    did call BLAS would fail to compile with numba's "scipy 0.16+ is required" error.
-    """
-    probe = "scipy.linalg.cython_blas"
-    if "numba.np.arraymath" in sys.modules or probe in sys.modules:
+def _import_without(module: str, probe: str) -> None:
+    """Import numba's ``module`` with its optional dependency ``probe`` answered "absent" for
+    that import only (importing ``probe`` later, as any other code may, works as usual).
+    Nothing is done when either is imported already or ``probe``'s package is not installed
+    (then the probe fails at once: nothing to save)."""
+    if module in sys.modules or probe in sys.modules:
         return
-    if importlib.util.find_spec("scipy") is None:
-        return  # the probe fails at once: nothing to save
+    if importlib.util.find_spec(probe.split(".")[0]) is None:
+        return
     sys.modules[probe] = None  # type: ignore[assignment]  # "import probe" raises ImportError
     try:
-        import numba.np.arraymath  # noqa: F401
+        importlib.import_module(module)
     finally:
         del sys.modules[probe]
 
 
-_load_array_support_without_blas_probe()
+# At its first compile or cache load, numba imports these, and they probe for optional
+# packages that no kernel here uses:
+# - ``numba.np.arraymath`` probes for BLAS by importing ``scipy.linalg`` when SciPy is
+#   installed: 0.25 s of every process start. No kernel calls BLAS (``np.dot`` or ``@``); one
+#   that did would fail to compile with numba's "scipy 0.16+ is required" error.
+# - ``numba.core.typing.cffi_utils`` imports cffi and builds a ``cffi.FFI()`` (pycparser)
+#   when cffi is installed (a dependency of other packages here): 47 ms. No kernel calls a
+#   cffi function; numba then types none (``cffi_utils.SUPPORTED`` is False).
+_import_without("numba.np.arraymath", "scipy.linalg.cython_blas")
+_import_without("numba.core.typing.cffi_utils", "cffi")
 
 
 def jit(func: Callable[..., Any]) -> Any:
