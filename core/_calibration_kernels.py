@@ -100,7 +100,9 @@ def prequential_scores(
                 for z in range(K):
                     norm += e[g * K + z]
                     pred += e[g * K + z] * probs[r, z, lab]
-                ratio[g] = pred / norm
+                # (floored as the scores were: exp is 0 below -708, where a label's every
+                # class can put it; its log would make the sum -inf for good)
+                ratio[g] = max(pred / norm, 1e-300)
             log_all(ratio, logs, padded(G))
             for g in range(G):
                 evidence[g] += share * h * logs[g]

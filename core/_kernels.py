@@ -103,11 +103,12 @@ def _log_joint(
     Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse. A
     label's K rows are shifted into ``x`` and exponentiated together (``exp_all``; ``x`` and
     ``e`` of length ``padded(K * K)``, zeros past K * K), then summed row by row in the
-    order ``_softmax_scaled`` sums, which gives the same sums (the probabilities are
-    multiplied by the sum's reciprocal, not divided by it: within 1 ulp). The item's row sums
-    go to rows[0] and their logs (``log_all``, once for every label) to rows[2]; rows[1] ends
-    with log p(l_j | z, s_j, d) at [(j - lo) K + z], which the prequential scores read
-    (``rows`` 3 x ``padded(K * max labels)``, ones past them).
+    order ``_softmax_scaled`` sums (its exps are libm's: the sums agree to an ulp or so; the
+    probabilities are multiplied by the sum's reciprocal, not divided by it). The item's row
+    sums go to rows[0] and their logs (``log_all``, once for every label) to rows[2]; rows[1]
+    ends with log p(l_j | z, s_j, d) at [(j - lo) K + z], which the prequential scores read
+    (``rows`` 3 x ``padded(K * max labels)``; past an item's values, whatever an earlier item
+    left, finite and never read).
     """
     K = logq.shape[0]
     for z in range(K):
@@ -348,7 +349,7 @@ def _global_step(
         scalars[SCALE] *= 1.0 - min(eta * hyper[H_LAM_A] / n_items, _MAX_PRIOR_SHRINK)
     scale = scalars[SCALE]
     eta_g = hyper[H_RATE_G]
-    per_scale = eta / scale  # (a multiplication a value, not a division)
+    per_scale = eta / scale  # (one division an item, then a multiplication a value)
     for j in range(lo, hi):
         r = j - lo
         s = slots[j]
@@ -797,19 +798,24 @@ def estep_tables(ptr, workers, labels, weights, known, log_pis, log_tables, q_ou
 @jit
 def soft_counts(ptr, workers, labels, weights, q, counts):
     """counts[w, z, l] = sum over worker w's answers l of h q_i(z): DS sufficient statistics.
-    Summed in a table by answer first (each answer adds K contiguous values, not K strided
-    ones), then transposed: each cell's sum is taken in the same order, so the same bits."""
+    Each worker's block is summed by answer first (counts[w] read as [l, z]: an answer adds K
+    contiguous values, not K strided ones), then transposed in place: each cell's sum is taken
+    in the same order, so the same bits, and no second table."""
     W, K = counts.shape[0], q.shape[1]
-    by_answer = np.zeros((W, K, K))  # [w, l, z]
+    counts[:] = 0.0
     for i in range(ptr.shape[0] - 1):
         for j in range(ptr[i], ptr[i + 1]):
             w, l, h = workers[j], labels[j], weights[j]
             for z in range(K):
-                by_answer[w, l, z] += h * q[i, z]
+                counts[w, l, z] += h * q[i, z]
+    block = np.empty((K, K))
     for w in range(W):
+        for l in range(K):
+            for z in range(K):
+                block[z, l] = counts[w, l, z]
         for z in range(K):
             for l in range(K):
-                counts[w, z, l] = by_answer[w, l, z]
+                counts[w, z, l] = block[z, l]
 
 
 @jit_inline

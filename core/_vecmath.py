@@ -11,7 +11,8 @@ compiles without fast-math), so a result does not depend on the vector width or 
 the loop was vectorised: replays stay bit-identical.
 
 Below -708 the result is 0 (libm's is at most 3.3e-308, lost in any sum with the row's
-largest term, 1); NaN gives NaN and above 709 gives inf, as libm's.
+largest term, 1); NaN gives NaN; above 709 it gives inf (libm's is finite up to 709.78: the
+callers here pass shifted logits, at most 0).
 
 ``log`` likewise: x = 2^k m with m in [sqrt(1/2), sqrt(2)), read from the bits, then
 log m = 2 atanh(s) with s = (m - 1) / (m + 1), |s| <= 0.172, by its series to s^23 (the

@@ -1,7 +1,7 @@
-"""core/_numba.py: numba's array support loads without importing SciPy's linear algebra (its
-BLAS probe, 0.25 s of every process start where SciPy is installed) and its typing without
-cffi (47 ms), and both still import as usual afterwards; a cached kernel that calls another file's kernel is compiled again once
-that file changes."""
+"""core/_numba.py: numba's array support loads without importing SciPy's linear algebra
+(its BLAS probe, 0.25 s of every process start where SciPy is installed) and its typing
+without cffi (47 ms), and both still import as usual afterwards; a cached kernel that calls
+another file's kernel is compiled again once that file changes."""
 
 from __future__ import annotations
 

@@ -273,6 +273,17 @@ def test_each_label_counts_once_across_arrivals(difficulty: bool) -> None:
     assert pieces.params.step == 8 and together.params.step == 1
 
 
+def test_a_label_no_class_explains_leaves_the_evidence_finite() -> None:
+    """A label whose probability is below e^-708 under every class: the vectorised exp puts
+    its E-step probabilities at exactly 0, and its prequential score (eq. 22) is floored as
+    before (log 1e-300) instead of sending the evidence to -inf for good."""
+    model = OnlineEM(NominalConfig(n_classes=3, n_worker_slots=4, n_items=10.0))
+    model.params.population[:, 2] = -720.0
+    model.learn_many(LabelBlocks.group([0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 2]))
+    assert np.all(np.isfinite(model.params.evidence))
+    assert np.all(model.params.evidence[:-1] < -690.0)
+
+
 def test_recovers_synthetic_truth(synthetic: Synthetic) -> None:
     cfg = NominalConfig(n_classes=3, n_items=3000.0)
     blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
