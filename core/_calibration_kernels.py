@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from core._numba import invalidate_on_change, jit
-from core._softmax_rows import solve_softmax_row
+from core._softmax_rows import softmax_row_quadratic
 from core._vecmath import exp_all, log_all, padded
 
 
@@ -152,7 +152,6 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
     K = q.shape[1]
     laplace = excess.shape[0] > 0
     v = np.empty(K)  # e_l - p
-    x = np.empty(K)  # ((C - h q) D + lam I)^-1 v
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
             out[b, z] = 0.0
@@ -168,13 +167,10 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
                 for k in range(K):
                     v[k] = -p[k]
                 v[l] += 1.0
-                solve_softmax_row(without, p, lam, v, x)  # O(K): no K x K inverse
-                leverage = 0.0
-                for k in range(K):
-                    leverage += v[k] * x[k]
+                leverage = softmax_row_quadratic(without, p, lam, v)  # O(K): no K x K inverse
                 out[b, z] += h * pull * leverage
                 if laplace:
                     out[b, z] += h * excess[r, z, l]
 
 
-invalidate_on_change(held_out_corrections, solve_softmax_row, exp_all, log_all, padded)
+invalidate_on_change(held_out_corrections, softmax_row_quadratic, exp_all, log_all, padded)

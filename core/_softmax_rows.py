@@ -8,7 +8,7 @@ and memory with many classes.
 
 from __future__ import annotations
 
-from core._numba import jit
+from core._numba import jit, jit_inline
 
 
 @jit
@@ -17,19 +17,42 @@ def softmax_row_den(c, p, lam):  # type: ignore[no-untyped-def]
     lam sum_k p_k / (c p_k + lam) + 1 - sum_k p_k, not by a subtraction that cancels: where
     c p_k >> lam it is small, so its 1 - sum_k p_k (0 but for rounding) is taken exactly
     enough, 1 minus the largest p_k first (exact when that is at least 1/2), then the others."""
+    spread = 0.0  # sum_k p_k / a_k
+    for k in range(p.shape[0]):
+        spread += p[k] / (c * p[k] + lam)
+    return _den(p, lam, spread)
+
+
+@jit_inline
+def _den(p, lam, spread):  # type: ignore[no-untyped-def]
+    """``softmax_row_den`` given its spread, sum_k p_k / a_k."""
     K = p.shape[0]
     top = 0
     for k in range(1, K):
         if p[k] > p[top]:
             top = k
-    spread = 0.0  # sum_k p_k / a_k
     residue = 1.0 - p[top]  # 1 - sum_k p_k
     for k in range(K):
-        spread += p[k] / (c * p[k] + lam)
         if k != top:
             residue -= p[k]
     den = lam * spread + residue
     return den if den > 0.0 else lam * spread
+
+
+@jit
+def softmax_row_quadratic(c, p, lam, v):  # type: ignore[no-untyped-def]
+    """v^T (c (diag p - p p^T) + lam I)^-1 v without solving for the vector: with a_k =
+    c p_k + lam, Sherman-Morrison gives sum_k v_k^2 / a_k + c (sum_k p_k v_k / a_k)^2 / den,
+    den = ``softmax_row_den`` (eq. 26's leverage). A sum of non-negative terms, K divisions."""
+    squares = 0.0  # sum_k v_k^2 / a_k
+    along = 0.0  # sum_k p_k v_k / a_k
+    spread = 0.0  # sum_k p_k / a_k
+    for k in range(p.shape[0]):
+        inv = 1.0 / (c * p[k] + lam)
+        squares += v[k] * v[k] * inv
+        along += p[k] * v[k] * inv
+        spread += p[k] * inv
+    return squares + c * along * along / _den(p, lam, spread)
 
 
 @jit

@@ -1,5 +1,6 @@
 """A softmax row's Newton system, c (diag p - p p^T) + lam I, solved in O(K) (Sherman-Morrison),
-is the dense solve; batch EM's M-step from the soft counts is the one through the dense
+is the dense solve, and its quadratic form v^T H^-1 v (eq. 26's leverage) the dense one; batch
+EM's M-step from the soft counts is the one through the dense
 (W, K, K, K) Hessians it replaces."""
 
 from __future__ import annotations
@@ -9,28 +10,39 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import _kernels
-from core._softmax_rows import solve_softmax_row
+from core._softmax_rows import softmax_row_quadratic, solve_softmax_row
 
-
-@settings(max_examples=200, deadline=None)
-@given(
+ROWS = given(
     st.integers(2, 40),
     st.floats(0.0, 1e5),
     st.floats(1e-3, 1e3),
     st.floats(0.05, 5.0),
     st.integers(0, 2**32 - 1),
 )
+"""A row: K classes, its weight c, the prior's lam, how concentrated p is, a seed."""
+
+
+def _row(
+    K: int, c: float, lam: float, concentration: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """A confusion row p and its dense negative Hessian c (diag p - p p^T) + lam I, the
+    diagonal built as p_k (1 - p_k), without cancelling."""
+    p = rng.dirichlet(np.full(K, concentration))
+    p = np.maximum(p, 1e-300)
+    p /= p.sum()
+    dense = -c * np.outer(p, p)
+    dense[np.diag_indices(K)] = c * p * (1.0 - p) + lam
+    return p, dense
+
+
+@settings(max_examples=200, deadline=None)
+@ROWS
 def test_the_rows_solve_is_the_dense_solve(
     K: int, c: float, lam: float, concentration: float, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    p = rng.dirichlet(np.full(K, concentration))
-    p = np.maximum(p, 1e-300)
-    p /= p.sum()
+    p, dense = _row(K, c, lam, concentration, rng)
     rhs = rng.normal(size=K)
-    # diag p - p p^T built without cancelling: its diagonal as p_k (1 - p_k)
-    dense = -c * np.outer(p, p)
-    dense[np.diag_indices(K)] = c * p * (1.0 - p) + lam
     got = np.empty(K)
     solve_softmax_row(c, p, lam, rhs, got)
     # backward stable: the residual is rounding's, relative to |H| |x| + |rhs| (the system's
@@ -39,6 +51,26 @@ def test_the_rows_solve_is_the_dense_solve(
     assert np.all(np.abs(dense @ got - rhs) <= 1e-12 * K * scale)
     if c / lam < 1e6:
         assert np.allclose(got, np.linalg.solve(dense, rhs), rtol=1e-6, atol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@ROWS
+def test_the_rows_quadratic_form_is_the_dense_one(
+    K: int, c: float, lam: float, concentration: float, seed: int
+) -> None:
+    """v = e_l - p, as eq. 26 takes it: v^T H^-1 v from the K-division formula, against the
+    dense solve's and against v . x from ``solve_softmax_row``."""
+    rng = np.random.default_rng(seed)
+    p, dense = _row(K, c, lam, concentration, rng)
+    v = -p
+    v[rng.integers(K)] += 1.0
+    got = softmax_row_quadratic(c, p, lam, v)
+    assert got >= 0.0
+    x = np.empty(K)
+    solve_softmax_row(c, p, lam, v, x)
+    assert np.isclose(got, float(v @ x), rtol=1e-9, atol=1e-12 / lam)
+    if c / lam < 1e6:
+        assert np.isclose(got, float(v @ np.linalg.solve(dense, v)), rtol=1e-6, atol=1e-9)
 
 
 def dense_rows(
