@@ -79,18 +79,33 @@ def _softmax_scaled(theta, d, p):
 
 
 @jit_inline
-def _shifted_row(population, worker, scale, s, z, d, x, at):
-    """x[at + k] = d theta_k - m for slot s's row z (theta of eq. 1, m = max_k d theta_k),
-    as ``_softmax_scaled`` shifts it; returns m."""
+def _exp_rows(population, worker, scale, s, d, x, e, top):
+    """Slot s's K rows shifted and exponentiated together: x[z K + k] = d theta_zk - m_z
+    (theta of eq. 1, m_z = max_k d theta_zk, as ``_softmax_scaled`` shifts a row; m_z into
+    top[z]) and e = exp(x) (``exp_all``; ``x``, ``e`` of length ``padded(K * K)``, zeros past
+    K * K). The learning E-step and the prediction both read a row's softmax from here, so
+    they agree bit for bit."""
     K = population.shape[0]
-    m = -np.inf
+    for z in range(K):
+        m = -np.inf
+        for k in range(K):
+            v = d * (population[z, k] + scale * worker[s, z, k])
+            x[z * K + k] = v
+            m = max(m, v)
+        for k in range(K):
+            x[z * K + k] -= m
+        top[z] = m
+    exp_all(x, e, x.shape[0])
+
+
+@jit_inline
+def _row_sum(e, z, K):
+    """sum_k exp(d theta_zk - m_z) of row z from ``_exp_rows``, in the order
+    ``_softmax_scaled`` sums."""
+    acc = 0.0
     for k in range(K):
-        v = d * (population[z, k] + scale * worker[s, z, k])
-        x[at + k] = v
-        m = max(m, v)
-    for k in range(K):
-        x[at + k] -= m
-    return m
+        acc += e[z * K + k]
+    return acc
 
 
 @jit
@@ -101,29 +116,24 @@ def _log_joint(
     """logq[z] = log pi_z + sum_j h_j log p(l_j | z, s_j, d)   (eq. 3).
 
     Also leaves p(. | z, s_j, d) in probs[j - lo, z] for the gradient (eq. 7) to reuse. A
-    label's K rows are shifted into ``x`` and exponentiated together (``exp_all``; ``x`` and
-    ``e`` of length ``padded(K * K)``, zeros past K * K), then summed row by row in the
-    order ``_softmax_scaled`` sums (its exps are libm's: the sums agree to an ulp or so; the
-    probabilities are multiplied by the sum's reciprocal, not divided by it). The item's row
-    sums go to rows[0] and their logs (``log_all``, once for every label) to rows[2]; rows[1]
-    ends with log p(l_j | z, s_j, d) at [(j - lo) K + z], which the prequential scores read
-    (``rows`` 3 x ``padded(K * max labels)``; past an item's values, whatever an earlier item
+    label's K rows come from ``_exp_rows`` (``_softmax_scaled``'s exps are libm's: the sums
+    agree with its to an ulp or so; the probabilities are multiplied by the sum's
+    reciprocal, not divided by it). The item's row sums go to rows[0] and their logs
+    (``log_all``, once for every label) to rows[2]; rows[1] ends with log p(l_j | z, s_j, d)
+    at [(j - lo) K + z], which the prequential scores read; rows[3] holds the rows' maxima
+    (``rows`` 4 x ``padded(K * max labels)``; past an item's values, whatever an earlier item
     left, finite and never read).
     """
     K = logq.shape[0]
     for z in range(K):
         logq[z] = class_logits[z] - lse_pi  # (lse_pi = _logsumexp(class_logits))
-    sums, picked, logs = rows[0], rows[1], rows[2]
+    sums, picked, logs, top = rows[0], rows[1], rows[2], rows[3]
     for j in range(lo, hi):
         r = j - lo
         l = labels[j]
+        _exp_rows(population, worker, scale, slots[j], d, x, e, top)
         for z in range(K):
-            _shifted_row(population, worker, scale, slots[j], z, d, x, z * K)
-        exp_all(x, e, x.shape[0])
-        for z in range(K):
-            acc = 0.0
-            for k in range(K):
-                acc += e[z * K + k]
+            acc = _row_sum(e, z, K)
             inv = 1.0 / acc
             for k in range(K):
                 probs[r, z, k] = e[z * K + k] * inv
@@ -539,7 +549,7 @@ def learn_blocks(
     probs = np.empty((max(max_len, 1), K, K))
     x = np.zeros(padded(K * K))  # a label's shifted rows, exponentiated into e (_log_joint)
     e = np.empty(x.shape[0])
-    rows = np.ones((3, padded(max(max_len, 1) * K)))  # a label's row sums, their logs (_log_joint)
+    rows = np.ones((4, padded(max(max_len, 1) * K)))  # the labels' row sums, logs (_log_joint)
     q_prev = np.empty(K)
     rhs = np.empty(K)
     step = np.empty(K)
@@ -673,7 +683,7 @@ def predict_blocks(
     row_max = np.empty((S, K))  # m of _softmax_scaled for slot s, class z
     row_log = np.empty((S, K))  # its log sum_k exp(theta_k - m)
     ready = np.zeros(S, dtype=np.bool_)
-    x = np.zeros(padded(K))  # one row shifted, exponentiated into e, as in _log_joint
+    x = np.zeros(padded(K * K))  # a slot's rows shifted, exponentiated into e (_exp_rows)
     e = np.empty(x.shape[0])
     logq = np.empty(K)
     q = np.empty(K)
@@ -684,13 +694,9 @@ def predict_blocks(
         for j in range(ptr[b], ptr[b + 1]):
             s, l, h = slots[j], labels[j], weights[j]
             if not ready[s]:
+                _exp_rows(population, worker, scale, s, 1.0, x, e, row_max[s])
                 for z in range(K):
-                    row_max[s, z] = _shifted_row(population, worker, scale, s, z, 1.0, x, 0)
-                    exp_all(x, e, x.shape[0])
-                    acc = 0.0
-                    for k in range(K):
-                        acc += e[k]
-                    row_log[s, z] = log(acc)  # (_log_joint's log_all, one at a time)
+                    row_log[s, z] = log(_row_sum(e, z, K))  # (_log_joint's log_all, one by one)
                 ready[s] = True
             for z in range(K):
                 theta_l = population[z, l] + scale * worker[s, z, l]
