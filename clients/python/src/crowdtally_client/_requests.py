@@ -173,6 +173,13 @@ TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
 """The 413s of a block the service took nothing of: too many labels, or too many bytes."""
 
 
+def _halve(err: ApiError, size: int) -> bool:
+    """Whether a block of ``size`` that got ``err`` goes again in halves: a 413 of a block the
+    service took nothing of (its limits are lower than the client's blocks), not yet a single
+    entry."""
+    return err.status == 413 and err.code in TOO_LARGE and size > 1
+
+
 def _post_blocks(
     path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool
 ) -> Plan[models.PostResult]:
@@ -186,8 +193,8 @@ def _post_blocks(
         try:
             got = yield req
         except ApiError as err:
-            if err.status == 413 and err.code in TOO_LARGE and size > 1:
-                size //= 2  # (nothing of the block was taken)
+            if _halve(err, size):
+                size //= 2
                 continue
             raise _shift(err, start, total) from None
         except TransportError as err:
@@ -333,7 +340,7 @@ def predict(
         try:
             got = yield Req("POST", path, _predictions, body=chunk, idempotent=True)
         except ApiError as err:
-            if err.status == 413 and err.code in TOO_LARGE and size > 1:
+            if _halve(err, size):
                 size //= 2
                 continue
             raise
