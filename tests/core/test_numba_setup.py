@@ -25,35 +25,26 @@ from core.nominal import NominalConfig, NominalParams
 from core.served import log_likelihoods
 blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
 log_likelihoods(NominalParams.initial(NominalConfig(n_classes=3)), blocks)  # a kernel runs
-probed = "scipy.linalg" in sys.modules
-import scipy.linalg.cython_blas  # the module the probe was kept from: importable as usual
-print(probed)
-"""
-
-CFFI_CHECK = """
-import sys
-from core.blocks import LabelBlocks
-from core.nominal import NominalConfig, NominalParams
-from core.served import log_likelihoods
-blocks = LabelBlocks.group([0, 0, 1], [0, 1, 0], [0, 1, 2])
-log_likelihoods(NominalParams.initial(NominalConfig(n_classes=3)), blocks)  # a kernel runs
-imported = "cffi" in sys.modules
-import cffi  # the module numba's typing was kept from: importable as usual
-cffi.FFI()
-print(imported)
+loaded = {module!r} in sys.modules
+{afterwards}  # the module numba was kept from: importable as usual
+print(loaded)
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("scipy") is None, reason="SciPy not installed")
-def test_a_kernel_runs_without_importing_scipy_linalg() -> None:
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
-
-
-@pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="cffi not installed")
-def test_a_kernel_runs_without_importing_cffi() -> None:
-    done = subprocess.run([sys.executable, "-c", CFFI_CHECK], capture_output=True, text=True)
+@pytest.mark.parametrize(
+    ("package", "module", "afterwards"),
+    [
+        ("scipy", "scipy.linalg", "import scipy.linalg.cython_blas"),
+        ("cffi", "cffi", "import cffi; cffi.FFI()"),
+    ],
+)
+def test_a_kernel_runs_without_importing_what_numba_probes_for(
+    package: str, module: str, afterwards: str
+) -> None:
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} not installed")
+    script = CHECK.format(module=module, afterwards=afterwards)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 

@@ -48,6 +48,8 @@ const project = () => encodeURIComponent($("project").value);
 // A browser resolves a path segment "." or ".." (encoded or not) before it asks for it: such a
 // name cannot be looked up from here (the service answers it to other clients).
 const unreachable = (name) => name === "." || name === "..";
+const unreachableNote = (what, name) =>
+  `a browser cannot ask for ${what} named "${name}" (it reads it as a step of the URL): use the API`;
 const segment = encodeURIComponent;
 const fmt = (v, d = 3) => (v === null || v === undefined ? "–" : v.toFixed(d));
 
@@ -365,7 +367,7 @@ async function loadWorkers() {
   let rows, info;
   if (workers.search !== null && unreachable(workers.search)) {
     rows = [];
-    info = `a browser cannot ask for a worker named "${workers.search}" (it reads it as a step of the URL): use the API`;
+    info = unreachableNote("a worker", workers.search);
   } else if (workers.search !== null) {
     try {
       const w = await api(`/v1/projects/${project()}/workers/${segment(workers.search)}`);
@@ -418,7 +420,7 @@ async function loadItems() {
   let rows, info;
   if (items.search !== null && unreachable(items.search)) {
     rows = [];
-    info = `a browser cannot ask for an item named "${items.search}" (it reads it as a step of the URL): use the API`;
+    info = unreachableNote("an item", items.search);
   } else if (items.search !== null) {
     try {
       rows = [itemRow(await api(`/v1/projects/${project()}/items/${segment(items.search)}`))];
