@@ -940,9 +940,10 @@ def _copy2(dst, src):
 
 
 @jit
-def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, h, one):
-    """Whether ``tg`` is predicted (argmax, first on ties) after the model really learns the
-    example (r, t, tg) with weight h: the learner's own step on copied rows."""
+def _margin_after(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, h, one):
+    """(f_tg − max_{c≠tg} f_c, whether tg is predicted: argmax, first on ties) after the
+    model really learns the example (r, t, tg) with weight h: the learner's own step on
+    copied rows."""
     _load_pair(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, r, t, one)
     a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1 = one
     row = np.int64(0)  # (not the literal 0: one compiled specialization, see _numba)
@@ -950,35 +951,93 @@ def _target_wins(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K,
         a1, b1, wr1, wt1, wc1, g1, gwr1, gwt1, gc1, ga1, gb1, hyper, reduction, K, row, row, tg, h
     )
     f = _predict1(a1, b1, wr1, wt1, wc1, tg, row, row)
+    margin = np.inf
+    wins = True
     for c in range(K):
+        if c == tg:
+            continue
         v = _predict1(a1, b1, wr1, wt1, wc1, c, row, row)
+        margin = min(margin, f - v)
         if v > f or (v == f and c < tg):
-            return False
-    return True
+            wins = False
+    return margin, wins
+
+
+# h_min's search: weights SEARCH_RATIO apart from 1e-6; around a sampled peak of the margin, a
+# golden-section search until its bracket is PEAK_RATIO wide.
+SEARCH_RATIO = 2.0
+PEAK_RATIO = 1.0 + 1e-4
+_GOLD = 0.5 * (math.sqrt(5.0) - 1.0)
+
+
+@jit
+def _win_near_peak(
+    A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, lo, mid, hi, one
+):
+    """A weight in (lo, hi) at which tg is predicted, or 0: a golden-section search (on log h)
+    for the largest margin, whose samples bracket it at mid (margin(mid) above both ends)."""
+    a, b, c = math.log(lo), math.log(mid), math.log(hi)
+    fb = _margin_after(
+        A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, mid, one
+    )[0]
+    while c - a > math.log(PEAK_RATIO):
+        x = b + (1.0 - _GOLD) * (c - b) if c - b > b - a else b - (1.0 - _GOLD) * (b - a)
+        fx, wins = _margin_after(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg,
+            math.exp(x), one,
+        )  # fmt: skip
+        if wins:
+            return math.exp(x)
+        if fx > fb:  # the peak's bracket narrows around x
+            if x > b:
+                a = b
+            else:
+                c = b
+            b, fb = x, fx
+        elif x > b:
+            c = x
+        else:
+            a = x
+    return 0.0
 
 
 @jit
 def _first_win(A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, one):
     """The first crossing of "tg predicted after learning (r, t, tg) with weight h": doubling
-    from 1e-6, then bisection to 1e-12 relative (at most 200 halvings); the largest weight
-    found *not* to flip; inf when no weight up to ``H_SEARCH_MAX`` flips it. (Not checked at
-    the bound first: for squared loss the flip need not persist to large weights.)"""
+    from 1e-6 (SEARCH_RATIO), then bisection to 1e-12 relative (at most 200 halvings);
+    the largest weight found *not* to flip; inf when no weight up to ``H_SEARCH_MAX`` flips
+    it. Where the sampled margin (f_tg − the best other) rises then falls, a golden-section
+    search looks for a range of winning weights between the samples: with L2 decay a win
+    need not last (docs/dyadic.md). (Not checked at the bound first: for squared loss the
+    flip need not persist to large weights.)"""
+    lo = 0.0  # the largest weight sampled that does not flip it
+    h_a = m_a = h_b = m_b = -np.inf  # the two samples before
     hi = 1e-6
-    lo = 0.0
-    while not _target_wins(
-        A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, hi, one
-    ):
+    while True:
+        m, wins = _margin_after(
+            A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, hi, one
+        )
+        if not wins and m_a > -np.inf and m_b > m_a and m_b >= m:
+            w = _win_near_peak(
+                A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg,
+                h_a, h_b, hi, one,
+            )  # fmt: skip
+            if w > 0.0:
+                lo, hi, wins = h_a, w, True
+        if wins:
+            break
         if hi >= H_SEARCH_MAX:
             return np.inf
         lo = hi
-        hi *= 2.0
+        h_a, m_a, h_b, m_b = h_b, m_b, hi, m
+        hi *= SEARCH_RATIO
     for _ in range(200):
         if hi - lo <= 1e-12 * hi:
             break
         mid = 0.5 * (lo + hi)
-        if _target_wins(
+        if _margin_after(
             A, B, WR, WT, WC, G, GWR, GWT, GC, GA, GB, hyper, reduction, K, r, t, tg, mid, one
-        ):
+        )[1]:
             hi = mid
         else:
             lo = mid

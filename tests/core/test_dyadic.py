@@ -482,21 +482,22 @@ def test_prediction_never_flips_below_h_min(
     assert _flips(m, r, t, target, h * (1 + 1e-7))
 
 
-@pytest.mark.xfail(strict=True, reason="known: the filter tree's h_min search misses a flip")
-def test_a_flip_between_two_doubled_weights_is_found() -> None:
-    """A hypothesis example of the property test above (found 2026-11-29; it fails on the
-    code of that morning too): squared loss under the filter tree, where learning the target
-    makes it win only over a range of weights. ``_first_win`` doubles the weight from 1e-6
-    and tries each, so a range between two of its tries is missed and h_min is reported as
-    unreachable (inf), while a weight the test tries flips the prediction: the unsafe
-    direction. Strict: a fix makes this pass, and the mark must then go."""
+def test_a_flip_between_two_grid_weights_is_found() -> None:
+    """A hypothesis example of the property test above (found 2026-11-29): squared loss
+    under the filter tree, where learning the target makes it win only for weights in
+    [1.43, 1.96] (L2 decay pulls its score back down). The search once doubled the weight
+    from 1e-6 and tried each, so that range, between 1.02 and 2.05, was missed and h_min
+    was reported inf: the unsafe direction. Now the margin's peak between the samples is
+    searched and the range's start is found."""
     cfg = DyadicConfig(n_classes=3, k=1, loss="squared", ordinal=False, reduction="tree",
                        eta=0.30078125, l2=0.2, dyadic_rate=0.5, rater_slots=3, task_slots=3,
                        init_scale=0.5, seed=2639267)  # fmt: skip
     m, r, t, target = _random_case(cfg, n_seen=15)
     h = float(m.h_min(r, t, np.array([target]))[0])
-    flipping = [w for w in np.geomspace(1e-3, 1e6, 12) if _flips(m, r, t, target, float(w))]
-    assert not flipping or h <= flipping[0], (h, flipping)
+    assert 1.4 < h < 1.45, h
+    assert not any(_flips(m, r, t, target, float(w)) for w in h * np.geomspace(1e-4, 1 - 1e-9, 24))
+    assert _flips(m, r, t, target, h * (1 + 1e-7))
+    assert not _flips(m, r, t, target, 2.05)  # the range ends before the doubling's next try
 
 
 def test_an_unreachable_target_is_reported_without_searching_every_weight() -> None:
