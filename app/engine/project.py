@@ -71,19 +71,16 @@ class _Codes:
         self.names: UntrackedList[str] = UntrackedList()
 
     def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
-        """Codes of ``ids`` and the ids that were new (one dict look-up per distinct id; the
-        per-id work is done by dict and map in C)."""
-        distinct = dict.fromkeys(ids)  # first-appearance order
-        new: list[str] = []
-        code, n = self.code, len(self.names)
-        for name in distinct:
-            c = code.get(name)
-            if c is None:
-                c = code[name] = n + len(new)
-                new.append(name)
-            distinct[name] = c
+        """Codes of ``ids`` and the ids that were new (the look-ups are made by map, in C; a
+        Python loop runs over the new ids only)."""
+        code = self.code
+        known = list(map(code.get, ids))
+        if None not in known:
+            return np.array(known, dtype=np.int64), []
+        new = list(dict.fromkeys([i for i, c in zip(ids, known, strict=True) if c is None]))
+        code.update(zip(new, range(len(self.names), len(self.names) + len(new)), strict=True))
         self.names.extend(new)
-        return np.fromiter(map(distinct.__getitem__, ids), np.int64, len(ids)), new
+        return np.fromiter(map(code.__getitem__, ids), np.int64, len(ids)), new
 
 
 @dataclass

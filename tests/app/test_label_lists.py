@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.store.base import LogEntry, ProjectRecord, Store
+from app.store.item_records import ItemWrites, grow_lists
 from core.nominal import NominalConfig
 from tests.app.conftest import opened_store
 
@@ -177,3 +178,14 @@ def test_an_engine_that_replays_up_to_the_served_state_adds_no_label_twice(store
     served = orjson.loads(store.get_item("p", "a") or b"null")["labels"]
     assert served == orjson.loads(eng.item_json(eng.items.code["a"]))["labels"]
     assert len(served) == 4
+
+
+def test_growing_the_stored_lists_replaces_appends_and_refuses_a_list_never_written() -> None:
+    lists = {"a": bytearray(b'[{"w":1}'), "b": bytearray(b"[")}
+    texts = [b',{"w":2}', b'[{"w":3}', b"", b"", b'[{"w":4}']
+    grow_lists(lists, ItemWrites(["a", "b", "c", "a", "d"], [b""] * 5, texts))
+    assert lists == {"a": b'[{"w":1},{"w":2}', "b": b'[{"w":3}', "d": b'[{"w":4}'}
+    grow_lists(lists, ItemWrites(["d"], [b""], [bytearray(b',{"w":5}')]))
+    assert lists["d"] == b'[{"w":4},{"w":5}'
+    with pytest.raises(LookupError, match="item 'e': labels added to a list that was never"):
+        grow_lists(lists, ItemWrites(["a", "e"], [b"", b""], [b',{"w":6}', b',{"w":7}']))
