@@ -36,6 +36,7 @@ SCALE, STEP = 0, 1
 _RESCALE_BELOW = 1e-100
 _MAX_NEWTON_STEP = 1.0  # trust region of the M-step: no logit moves more than this per step
 _MAX_PRIOR_SHRINK = 0.5
+_MAX_LABEL_STEP = 1.0
 
 
 @jit_inline
@@ -319,6 +320,34 @@ def _label_gradients(
 
 
 @jit_inline
+def _mean_weight(sums, K):
+    """The geometric mean weight of the labels learned so far (1 before any): eta_t is per
+    label of that weight (eq. 9'), so that weights on a scale of their own step as weights
+    of 1 do; one label far heavier than the rest hardly moves it."""
+    kk = K * K
+    n = sums[kk + K + 3]
+    return math.exp(sums[kk + K + 4] / n) if n > 0.0 else 1.0
+
+
+@jit_inline
+def _step_factor(grad, first, last, z, eta):
+    """1, or less where the rows first..last of one slot would move a logit of its row z by
+    more than _MAX_LABEL_STEP in one item's step: then the rows are scaled down together
+    (eq. 10'). A label of the mean weight moves a logit by eta_t <= 0.95 at the default
+    settings and is not scaled; an answer given 5 times to one item stepped 5 times as far,
+    and such steps flipped the workers' rows early on (one pass over dog: 15% right)."""
+    largest = 0.0
+    for k in range(grad.shape[2]):
+        total = 0.0
+        for r in range(first, last):
+            total += grad[r, z, k]
+        largest = max(largest, abs(total))
+    if eta * largest <= _MAX_LABEL_STEP:
+        return 1.0
+    return _MAX_LABEL_STEP / (eta * largest)
+
+
+@jit_inline
 def _global_step(
     lo,
     hi,
@@ -344,7 +373,7 @@ def _global_step(
     """
     K = class_logits.shape[0]
     t = scalars[STEP]
-    eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO])
+    eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO]) / _mean_weight(sums, K)
     n_items = hyper[H_NITEMS]
     lam_pi = hyper[H_LAM_PI] / n_items if first_arrival else 0.0
     for z in range(K):
@@ -360,16 +389,22 @@ def _global_step(
     scale = scalars[SCALE]
     eta_g = hyper[H_RATE_G]
     per_scale = eta / scale  # (one division an item, then a multiplication a value)
-    for j in range(lo, hi):
-        r = j - lo
+    j = lo
+    while j < hi:  # a run of labels of one slot (a block's labels are sorted by slot)
         s = slots[j]
+        end = j + 1
+        while end < hi and slots[end] == s:
+            end += 1
         for z in range(K):
-            for k in range(K):
-                g = eta * grad[r, z, k]
-                population[z, k] += eta_g * g
-                step = per_scale * grad[r, z, k]
-                worker[s, z, k] += step
-                sums[z * K + k] += step
+            f = _step_factor(grad, j - lo, end - lo, z, eta)
+            for r in range(j - lo, end - lo):
+                for k in range(K):
+                    g = eta * grad[r, z, k] * f
+                    population[z, k] += eta_g * g
+                    step = per_scale * grad[r, z, k] * f
+                    worker[s, z, k] += step
+                    sums[z * K + k] += step
+        j = end
     scalars[STEP] = t + 1.0
     if scale < _RESCALE_BELOW:
         worker *= scale
@@ -412,8 +447,11 @@ def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_ol
             for z in range(K):
                 counts[s, z, l] += h * (q_new[z] - q_old[z])
         else:
-            if h > 0.0 and _slot_is_empty(counts, s):
-                sums[kk + K + 2] += 1.0
+            if h > 0.0:
+                if _slot_is_empty(counts, s):
+                    sums[kk + K + 2] += 1.0
+                sums[kk + K + 3] += 1.0
+                sums[kk + K + 4] += math.log(h)
             sums[kk + K + 1] += h
             for z in range(K):
                 counts[s, z, l] += h * q_new[z]

@@ -164,8 +164,17 @@ class NominalConfig:
 
 
 def sums_size(n_classes: int) -> int:
-    """Length of ``NominalParams.sums``: K*K worker sum, K class totals, 3 counters."""
-    return n_classes * n_classes + n_classes + 3
+    """Length of ``NominalParams.sums``: K*K worker sum, K class totals, 5 counters."""
+    return n_classes * n_classes + n_classes + 5
+
+
+def current_sums(sums: FloatArray, n_classes: int) -> FloatArray:
+    """``sums`` in today's layout: state saved before the labels were counted (3 counters)
+    gets the count of labels read as their total weight and their log weights' sum as 0
+    (labels of weight 1, the default)."""
+    if sums.shape == (sums_size(n_classes) - 2,):
+        return np.append(sums, [sums[-2], 0.0])
+    return sums
 
 
 @dataclass
@@ -182,7 +191,8 @@ class NominalParams:
     sums: FloatArray | None = None
     """Summary statistics (online only), layout ``sums_layout(K)``: the sum of the stored
     worker table over slots (K*K), the class totals sum_i q_i (K), the number of items, the
-    total label weight, and the number of slots with labels."""
+    total label weight, the number of slots with labels, the number of labels of weight above
+    0 and the sum of their weights' logs."""
     evidence: FloatArray | None = None
     """Prequential evidence for the calibration's tempering (online only; docs/model.md eq. 22,
     ``core.calibration``): one log-score sum per rho of RHO_GRID, then the weight scored."""
@@ -256,7 +266,13 @@ class NominalParams:
             worker=np.array(arrays["worker"], dtype=np.float64),
             scalars=np.array(arrays["scalars"], dtype=np.float64),
             counts=np.array(arrays["counts"], dtype=np.float64) if "counts" in arrays else None,
-            sums=np.array(arrays["sums"], dtype=np.float64) if "sums" in arrays else None,
+            sums=(
+                current_sums(
+                    np.array(arrays["sums"], dtype=np.float64), len(arrays["class_logits"])
+                )
+                if "sums" in arrays
+                else None
+            ),
             evidence=(
                 np.array(arrays["evidence"], dtype=np.float64) if "evidence" in arrays else None
             ),

@@ -289,4 +289,6 @@ def statistics_from(params: NominalParams, blocks: LabelBlocks, posteriors: Floa
     sums[K * K + K] = float(has.sum())
     sums[K * K + K + 1] = float(blocks.weights[blocks.weights > 0].sum())
     sums[K * K + K + 2] = float(np.unique(blocks.slots[blocks.weights > 0]).size)
+    sums[K * K + K + 3] = float(np.count_nonzero(blocks.weights > 0))
+    sums[K * K + K + 4] = float(np.log(blocks.weights[blocks.weights > 0]).sum())
     params.counts, params.sums = counts, sums

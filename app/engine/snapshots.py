@@ -34,7 +34,7 @@ from app.engine.sweeps import Slice
 from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
 from core.evidence import evidence_size
-from core.nominal import NominalParams
+from core.nominal import NominalParams, current_sums
 
 FORMAT = 2  # the .npz's layout (its compression is told by its first bytes)
 READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every capture)
@@ -205,7 +205,7 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
         z["worker_rows"],
         z["scalars"].copy(),
         z["count_rows"],
-        z["sums"].copy(),
+        current_sums(z["sums"].copy(), len(record.labels)),
         evidence,
     )
     eng.load_rows(z["used_slots"].astype(np.int64), params)  # only the rows in use

@@ -1,13 +1,15 @@
-"""A label's weight is bounded (``CROWDTALLY_MAX_LABEL_WEIGHT``): one label of weight 1e6 on
-one item, by one of the crowd's workers, outweighs that worker's other answers and the class
-prior and moves the served label of about a fifth of the other items.
+"""A label's weight is bounded (``CROWDTALLY_MAX_LABEL_WEIGHT``), and one heavy label moves
+no more than a few ordinary ones: one label of weight 1e6 on one item, by one of the crowd's
+workers, once moved the served label of about a fifth of the other items; an item's step now
+moves a worker's logits by at most 1 (docs/model.md eq. 10').
 
 The experiment: 500 items with 5 labels each from a synthetic Dawid-Skene crowd (3 classes,
 25 workers of accuracy 0.7 to 0.95, seed 0), then one more label on item i0, by its first
 worker, naming a label other than the served one; the served labels (``GET .../items/{item}``,
 recomputed under the current parameters: the route's view) of the other 499 items before and
 after. Measured (seeds 0, 1, 2): weight 1 flips 0, 1, 0 of them (a near tie moves with any new
-label); 3: 1, 2, 0; 10: 1, 1, 1; 30: 2, 3, 1; 100: 12, 8, 9; 1e6: 96, 107, 114.
+label); 3: 1, 2, 0; 10: 1, 1, 1; 100 and 1e6: 1, 2, 0 (before the cap, 100: 12, 8, 9; 1e6:
+96, 107, 114).
 """
 
 from __future__ import annotations
@@ -87,9 +89,10 @@ def test_a_label_at_the_bound_moves_no_more_than_an_ordinary_label(tmp_path: Pat
     ordinary = unrelated_flips(tmp_path / "one", 1.0)
     at_bound = unrelated_flips(tmp_path / "bound", bound)
     unbounded = unrelated_flips(tmp_path / "huge", 1e6)
-    # at the bound, as many as one more ordinary label moves (a near tie), not a fifth
+    # at the bound, and far above it, as many as one more ordinary label moves (a near tie),
+    # not a fifth of the items
     assert at_bound <= max(ordinary, 1), (ordinary, at_bound)
-    assert unbounded > 50, unbounded
+    assert unbounded <= max(ordinary, 1) + 1, (ordinary, unbounded)
 
 
 def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:

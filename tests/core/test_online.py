@@ -425,3 +425,45 @@ def test_batch_em_holds_known_items() -> None:
     blocks = LabelBlocks.group([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1, 1, 0, 0, 0, 0])
     result, _ = BatchEM(NominalConfig(n_classes=2)).fit(blocks, 3, known=np.array([0, -1]))
     assert np.array_equal(result.probas[0], [1.0, 0.0])
+
+
+def _one_pass_accuracy(data: Synthetic, copies: int, weight: float) -> float:
+    """One pass of online EM over ``data`` with each answer given ``copies`` times, every
+    label of ``weight``; the share of items whose most probable class is their true one."""
+    items, workers, labels = (np.repeat(a, copies) for a in (data.items, data.workers, data.labels))
+    blocks = LabelBlocks.group(items, workers, labels, np.full(items.size, weight))
+    model = OnlineEM(NominalConfig(n_classes=data.n_classes, n_items=float(data.truth.size)))
+    model.learn_many(blocks)
+    return float(np.mean(model.predict_many(blocks).posteriors.argmax(1) == data.truth))
+
+
+@pytest.mark.parametrize(
+    ("copies", "weight", "within"),
+    [(1, 5.0, 0.01), (1, 10.0, 0.01), (1, 100.0, 0.01), (10, 1.0, 0.02)],
+)
+def test_heavy_labels_do_not_throw_the_workers_off(
+    synthetic: Synthetic, copies: int, weight: float, within: float
+) -> None:
+    """A label of weight h, or an answer given h times, steps its worker's row h times as far
+    (eq. 7): at the default rates the first items' steps flipped the rows, and one pass with
+    every weight 10 (or each answer 10 times) ended at 4% here, 15% on dog with weight 5.
+    Now eta_t is per label of the mean weight (eq. 9'), and one item moves a slot's logits by
+    at most _MAX_LABEL_STEP (eq. 10'): the pass lands where weight 1 does."""
+    plain = _one_pass_accuracy(synthetic, 1, 1.0)
+    assert plain > 0.8
+    assert _one_pass_accuracy(synthetic, copies, weight) > plain - within
+
+
+def test_state_saved_before_the_labels_were_counted_reads_them_as_of_weight_one(
+    synthetic: Synthetic,
+) -> None:
+    """Statistics saved with three counters (no label count) read the count as the total
+    weight: the mean weight that scales eta_t is then 1, as it was for them."""
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    model = OnlineEM(NominalConfig(n_classes=3, n_items=3000.0))
+    model.learn_many(blocks)
+    arrays = model.params.arrays()
+    assert arrays["sums"][-2] == arrays["sums"][-4] == synthetic.items.size  # count, weight
+    assert arrays["sums"][-1] == 0.0  # the weights' logs
+    old = {**arrays, "sums": arrays["sums"][:-2]}
+    assert NominalParams.from_arrays(old).equals(model.params)
