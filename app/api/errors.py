@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from app.api.schemas import ErrorResponse
+from app.store.base import UnknownProjectError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -157,6 +158,11 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     ).response()
 
 
+async def _deleted(_: Request, exc: Exception) -> JSONResponse:
+    # a project deleted while a request that had found it was under way
+    return ApiError(404, "unknown_project", str(exc)).response()
+
+
 async def _internal(_: Request, exc: Exception) -> JSONResponse:
     # ServerErrorMiddleware re-raises the exception after this answer: the server logs it
     return ApiError(500, "internal_error", "an unexpected error; see the service's log").response()
@@ -169,4 +175,5 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http)
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
+    app.add_exception_handler(UnknownProjectError, _deleted)
     app.add_exception_handler(Exception, _internal)

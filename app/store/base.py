@@ -30,6 +30,14 @@ class ProjectExistsError(Exception):
     """A project of that name already exists."""
 
 
+class UnknownProjectError(LookupError):
+    """No project of that name (e.g. deleted while a request that had found it went on)."""
+
+    def __init__(self, project: str) -> None:
+        super().__init__(f"project {project!r} was deleted")
+        self.project = project
+
+
 class EngineBehindError(Exception):
     """The project's engine lags more than the bound an append was given: nothing was
     appended (and no id marked seen). ``lag_s``: how long the oldest entry not yet applied has

@@ -31,6 +31,7 @@ from app.store.base import (
     ProjectRecord,
     QueueHead,
     StateUpdate,
+    UnknownProjectError,
 )
 from app.store.item_records import ItemWrites, grow_lists, render
 from app.store.sql import upgrade
@@ -266,7 +267,9 @@ class EmbeddedStore:
         max_lag_s: float | None = None,
     ) -> AppendResult:
         with self._lock:
-            st = self._state[project]
+            st = self._state.get(project)
+            if st is None:
+                raise UnknownProjectError(project)
             now = time.monotonic()
             if max_lag_s is not None and (lag := st.lag(now)) > max_lag_s:
                 raise EngineBehindError(project, lag)

@@ -11,6 +11,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from app.store.base import Store
+from app.store.redis_store import RedisStore
 from tests.app.conftest import listed_items
 
 LABELS = ["asian", "black", "hispanic", "white", "other"]
@@ -465,6 +467,23 @@ def test_unknown_project_and_item(client: TestClient) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_item"
     r = client.get("/v1/projects/census/workers/never", headers=key)
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_worker"
+
+
+def test_a_block_for_a_project_deleted_meanwhile_is_answered_404(
+    client: TestClient, store: Store
+) -> None:
+    """A request that found its project, which is then deleted before the block is appended
+    (the service's record of it still cached): 404, not 500."""
+    make_project(client)
+    svc = client.app.state.service  # type: ignore[attr-defined]
+    if isinstance(store, RedisStore):
+        pytest.xfail("known: on Redis the block is appended to the deleted project's log (202)")
+    svc.project("census")  # found, and cached
+    assert svc.store.delete_project("census")
+    r = client.post("/v1/projects/census/labels", content=orjson.dumps(triples(2)))  # (admin)
+    assert r.status_code == 404, r.text
+    assert r.json()["error"] == {**r.json()["error"], "code": "unknown_project"}
+    assert "'census' was deleted" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
