@@ -15,7 +15,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from app.api.errors import ApiError
-from app.api.schemas import GoldIn, ItemIn, LabelIn, PairIn
+from app.api.schemas import NO_CONTROL_MESSAGE, GoldIn, ItemIn, LabelIn, PairIn
 from app.store.base import ProjectRecord
 
 
@@ -140,7 +140,7 @@ def parse_block(
         field = ".".join(str(x) for x in loc[1:]) or None
         msg = err["msg"]
         if err["type"] == "string_pattern_mismatch":  # ids: schemas.NO_CONTROL
-            msg = "ids and labels hold no control characters (U+0000 to U+001F, U+007F to U+009F)"
+            msg = NO_CONTROL_MESSAGE
         n_bad = exc.error_count()
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(

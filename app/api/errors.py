@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from app.api.schemas import ErrorResponse
+from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import UnknownProjectError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -99,7 +99,9 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     loc = [str(x) for x in err["loc"]]
     field = ".".join(loc[1:]) or None
     where = field or loc[0]
-    return ApiError(422, "invalid_request", f"{where}: {err['msg']}", None, field).response()
+    no_control = err.get("ctx", {}).get("pattern") == NO_CONTROL
+    msg = NO_CONTROL_MESSAGE if no_control else err["msg"]
+    return ApiError(422, "invalid_request", f"{where}: {msg}", None, field).response()
 
 
 def engine_behind(project: str, lag_s: float, bound_s: float) -> ApiError:

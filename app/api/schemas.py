@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from app.engine.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
@@ -14,12 +15,17 @@ from core.nominal import NominalConfig
 
 ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")]
 NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+NO_CONTROL_MESSAGE = (
+    "ids and labels hold no control characters (U+0000 to U+001F, U+007F to U+009F)"
+)
 """Ids hold no control characters (Unicode Cc): a NUL or a newline would make two ids one in
 some stores and paths, or an id that cannot be routed."""
 ExternalId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)
 ]
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL)]
+IdQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
+"""A worker's or an item's id given in the query (None: not given)."""
 """A class's name: no control characters either (a newline in one broke exports' rows)."""
 MAX_CLASSES = 256
 MAX_COUNT = 2**53 - 1

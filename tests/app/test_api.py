@@ -469,6 +469,23 @@ def test_unknown_project_and_item(client: TestClient) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_worker"
 
 
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [("queue?worker=%0A", "worker"), ("boundary?worker=%00", "worker"),
+     ("boundary?item=%09", "item"), ("boundary?item=a%C2%85b", "item")],
+)  # fmt: skip
+def test_an_id_in_the_query_with_a_control_character_is_refused(
+    client: TestClient, path: str, field: str
+) -> None:
+    """As in a body: NUL, newline, tab, and U+0085 (NEL) were served, echoed back (200)."""
+    make_project(client)
+    r = client.get(f"/v1/projects/census/{path}")
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and error["field"] == field
+    assert "no control characters" in error["message"]
+
+
 def test_a_block_for_a_project_deleted_meanwhile_is_answered_404(
     client: TestClient, store: Store
 ) -> None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from app.api.bodies import PAIRS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require
 from app.api.errors import ERRORS, ApiError
-from app.api.schemas import BoundaryPage, ErrorResponse, PairIn, Predictions
+from app.api.schemas import BoundaryPage, ErrorResponse, IdQuery, PairIn, Predictions
 from app.api.views import (
     boundary_workers,
     nearest_first,
@@ -52,8 +52,8 @@ async def predict(project: str, request: Request, svc: ServiceDep) -> dict[str, 
 def nearest_boundary(
     project: str,
     svc: ServiceDep,
-    worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
-    item: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    worker: IdQuery = None,
+    item: IdQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     candidates: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 200,
 ) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ERRORS
-from app.api.schemas import Accepted, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
+from app.api.schemas import Accepted, IdQuery, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
 from app.api.views import queue_for, queue_settings
 from app.engine.queue import QueueSettings
 
@@ -94,7 +94,7 @@ def get_queue(
     project: str,
     svc: ServiceDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    worker: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    worker: IdQuery = None,
 ) -> QueuePage:
     """The items to label next, best first; finished items never appear. With ``worker``:
     not the items this worker labelled, ranked by the worker's own confusion (voi, lookahead)."""
