@@ -98,9 +98,12 @@ class NominalConfig:
             raise ValueError("; ".join(failed))
         if self.class_prior is not None:
             prior = np.asarray(self.class_prior, dtype=np.float64)
-            if prior.shape != (self.n_classes,) or not np.all(prior > 0):
+            with np.errstate(over="ignore"):
+                total = prior.sum()
+            if prior.shape != (self.n_classes,) or not np.all(prior > 0) or not np.isfinite(total):
                 raise ValueError(
-                    f"class_prior needs {self.n_classes} positive numbers, got {self.class_prior}"
+                    f"class_prior needs {self.n_classes} positive numbers of finite sum, got "
+                    f"{self.class_prior}"
                 )
 
     def with_(self, **changes: Any) -> NominalConfig:

@@ -33,6 +33,8 @@ def _priorz(text: str, flag: str, n_classes: int) -> tuple[float, ...]:
         raise InputError(
             flag, None, f"needs {n_classes} positive numbers, one per class, got {text!r}"
         )
+    if not np.isfinite(sum(weights)):  # (normalised by their sum)
+        raise InputError(flag, None, f"the numbers' sum overflows, got {text!r}")
     return weights
 
 

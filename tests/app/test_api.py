@@ -540,6 +540,10 @@ def test_a_block_for_a_project_deleted_meanwhile_is_answered_404(
             {"name": "p", "labels": ["a", "b"], "hyperparameters": {"population_prior": 1e300}},
             "hyperparameters.population_prior",
         ),
+        (  # a prior whose sum overflows: every item was served 500 (NaN parameters)
+            {"name": "p", "labels": ["a", "b"], "hyperparameters": {"class_prior": [1e308, 1e308]}},
+            "hyperparameters",
+        ),
     ],
 )
 def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> None:
