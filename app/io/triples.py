@@ -37,6 +37,7 @@ _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, c
 _ROLES = {"item": 0, "task": 0, "worker": 1, "label": 2, "weight": 3}
 """The column a header's name stands for: item, worker, label, weight (in that order)."""
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
+_TRUTH_NAMES = {name for header in _TRUTH_HEADERS for name in header}
 _WHITESPACE = re.compile(r"[\t ]+")
 
 
@@ -466,7 +467,7 @@ def _header_columns(path: Path, line: int | None, fields: list[str]) -> tuple[in
     the field of item, worker, label and, when it names one, weight; else None (an answer).
     An InputError for a header with any other column, or one named twice."""
     head = [f.strip().lower() for f in fields]
-    if not any(set(names) <= set(head) for names in _HEADERS):
+    if sum(name in _ROLES for name in head) < 2:  # (an answer names no two columns)
         return None
     unknown = [name for name in head if name not in _ROLES]
     if unknown:
@@ -477,6 +478,9 @@ def _header_columns(path: Path, line: int | None, fields: list[str]) -> tuple[in
     if len(set(roles)) < len(roles):
         raise InputError(path, line, f"columns {head}: item (or task), worker, label and weight "
                          "may each be named once")  # fmt: skip
+    if not {0, 1, 2} <= set(roles):
+        raise InputError(path, line, f"columns {head}: item (or task), worker and label are "
+                         "needed")  # fmt: skip
     return tuple(sorted(range(len(roles)), key=roles.__getitem__))
 
 
@@ -538,16 +542,21 @@ def truth_rows(path: str | Path) -> list[tuple[int, str, str]]:
     ``task,label`` or ``task,true_label`` too). An item given twice is an error."""
     path = Path(path)
     rows = _rows(path)
-    if rows and [f.strip().lower() for f in rows[0][1]] in _TRUTH_HEADERS:
+    first = 0  # the item's field (the label's is the other)
+    if rows and (head := [f.strip().lower() for f in rows[0][1]]) in _TRUTH_HEADERS:
         rows = rows[1:]
+    elif rows and head[::-1] in _TRUTH_HEADERS:  # label first
+        rows, first = rows[1:], 1
+    elif rows and any(name in _TRUTH_NAMES for name in head):
+        raise InputError(path, rows[0][0], f"columns {head}: expected item,label (or task,label)")
     seen: set[str] = set()
     out = []
     for line, fields in rows:
         if len(fields) != 2:
             raise InputError(path, line, f"expected 2 fields (item, label), got {len(fields)}")
-        item = checked_id(path, line, "item", fields[0])
+        item = checked_id(path, line, "item", fields[first])
         if item in seen:
             raise InputError(path, line, f"item {item!r} has a gold label already")
         seen.add(item)
-        out.append((line, item, checked_id(path, line, "label", fields[1])))
+        out.append((line, item, checked_id(path, line, "label", fields[1 - first])))
     return out

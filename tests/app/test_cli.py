@@ -240,6 +240,10 @@ def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
         ),
         ("item,worker,label\n", "only a header"),
         ("item,worker,label,weight,extra\na,w,0,1,x\n", ":1: unknown columns ['extra']"),
+        # a header with a misspelt name (it was read as an answer: item 'item', class 'lable')
+        ("item,worker,lable\na,w,0\nb,w,1\n", ":1: unknown columns ['lable']"),
+        ("item,item,label\na,w,0\n", ":1: columns ['item', 'item', 'label']: item (or task),"),
+        ("item,worker\na,w\n", ":1: columns ['item', 'worker']: item (or task), worker and"),
         ("item,worker,label\na\x01b,w,0\n", ":2: item 'a\\x01b': ids hold no control characters"),
         ('item,worker,label\n"a\nb",w,0\n', ":2: a quoted field runs on to the next line"),
         ('item,worker,label\na,w,0\nb,w,"1\n', ":3: a quoted field is not closed"),

@@ -216,3 +216,26 @@ def test_an_id_may_hold_a_line_separator(tmp_path: Path) -> None:
     for read in (read_triples, triples._read_rows):
         got = read(path)
         assert got.items.tolist() == ["a\u2028b", "c\u2029d"] and got.lines.tolist() == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "header", ["item,label", "label,item", "task,true_label", "true_label,task"]
+)
+def test_a_truth_header_names_its_columns_in_either_order(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "truth.csv"
+    rows = {"item": ["a", "b"], "task": ["a", "b"], "label": ["1", "0"], "true_label": ["1", "0"]}
+    names = header.split(",")
+    path.write_text(
+        header + "\n" + "".join(f"{rows[names[0]][n]},{rows[names[1]][n]}\n" for n in range(2))
+    )
+    assert [(item, label) for _, item, label in triples.truth_rows(path)] == [
+        ("a", "1"),
+        ("b", "0"),
+    ]
+
+
+def test_a_truth_header_with_a_misspelt_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "truth.csv"
+    path.write_text("item,lable\na,1\n")
+    with pytest.raises(InputError, match=r":1: columns \['item', 'lable'\]: expected item,label"):
+        triples.truth_rows(path)
