@@ -8,7 +8,7 @@ from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from app.engine.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
-from app.io.input import MAX_ID_LENGTH
+from app.io.input import MAX_CLASSES, MAX_ID_LENGTH
 from core.dyadic import LOSSES, REDUCTIONS
 from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig
@@ -27,7 +27,6 @@ LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, patte
 IdQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
 """A worker's or an item's id given in the query (None: not given)."""
 """A class's name: no control characters either (a newline in one broke exports' rows)."""
-MAX_CLASSES = 256
 MAX_COUNT = 2**53 - 1
 """The largest count a setting takes (the largest integer a JSON number holds exactly)."""
 _DEFAULTS = NominalConfig(n_classes=2)

@@ -209,6 +209,8 @@ def extract(
     for flag, target in (("--predictions", predictions), ("--model", model)):
         if target is not None:
             check_output(flag, target, [p for _, p in read])
+    if predictions is not None and model is not None and predictions.resolve() == model.resolve():
+        raise InputError("--model", None, f"{model} is the --predictions file too: give two files")
     out = sys.stdout
     # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
     from app.io import extract as job

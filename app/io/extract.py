@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from app.io.codes import AnswerCodes, read_codes
-from app.io.input import InputError
+from app.io.input import MAX_CLASSES, InputError
 from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, BatchEM, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
@@ -91,6 +91,9 @@ def resolve_classes(
     without the flag (adult2's G, P, R, X are classes 0..3), which is also the order of
     ``--priorz``. ``n_labels_flag`` is the flag as the user typed it, for the errors."""
     seen = _natural_order(sorted(set(label_names)))
+    for flag, k in (("--labels", len(names or ())), (n_labels_flag, n_labels or 0)):
+        if k > MAX_CLASSES:
+            raise InputError(flag, None, f"{k} classes: at most {MAX_CLASSES}")
     if names is not None:
         if len(set(names)) != len(names):
             raise InputError("--labels", None, "a label name is given twice")
@@ -117,6 +120,8 @@ def resolve_classes(
         raise InputError(
             path, None, f"only one distinct label ({seen}); give --labels or --n-labels"
         )
+    if len(seen) > MAX_CLASSES:
+        raise InputError(path, None, f"{len(seen)} distinct labels: at most {MAX_CLASSES} classes")
     return tuple(seen)
 
 

@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MAX_ID_LENGTH = 512
+MAX_CLASSES = 256
+"""The most classes a project (or ``crowdtally extract``) has: the model holds K x K numbers
+per worker."""
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 

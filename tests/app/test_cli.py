@@ -239,6 +239,10 @@ def test_crowd_kit_headers_are_headers(tmp_path: Path) -> None:
             ":3: worker is longer than 512 characters",
         ),
         ("item,worker,label\n", "only a header"),
+        (
+            "item,worker,label\n" + "".join(f"i{n},w,c{n}\n" for n in range(257)),
+            ": 257 distinct labels: at most 256 classes",
+        ),
         ("item,worker,label,weight,extra\na,w,0,1,x\n", ":1: unknown columns ['extra']"),
         # a header with a misspelt name (it was read as an answer: item 'item', class 'lable')
         ("item,worker,lable\na,w,0\nb,w,1\n", ":1: unknown columns ['lable']"),
@@ -306,6 +310,7 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
         (["--predictions", "out"], "--predictions: out is a folder: give a file name"),
         (["--predictions", "a.csv"], "--predictions: a.csv is an input of this command"),
         (["--model", "no/m.npz"], "--model: no folder no to write m.npz in"),
+        (["--predictions", "p.csv", "--model", "./p.csv"], "--model: p.csv is the --predictions"),
         (["--truth", "out"], "--truth: out is a folder, not a file"),
         (["--load", "a.csv"], "a.csv: not a readable crowdtally model (not a .npz archive of"),
     ],
@@ -428,6 +433,7 @@ def test_n_labels_maps_the_labels(
         (["--n_labels", "5"], "error: --n_labels: 5 classes, but"),
         (["--n-labels", "3"], "error: --n-labels: 3 classes, but"),
         (["--n_labels", "1"], "error: --n_labels: needs at least 2 classes, got 1"),
+        (["--n-labels", "100000"], "error: --n-labels: 100000 classes: at most 256"),
         (["--n_labels", "4", "--priorz", "1,1,1"], "error: --priorz: needs 4 positive numbers"),
         (["--priorz", "1,1,1,0"], "error: --priorz: needs 4 positive numbers, one per class"),
         (["--priorz", "1,1,1,inf"], "error: --priorz: needs 4 positive numbers"),
