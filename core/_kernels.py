@@ -325,8 +325,8 @@ def _mean_weight(sums, K):
     label of that weight (eq. 9'), so that weights on a scale of their own step as weights
     of 1 do; one label far heavier than the rest hardly moves it."""
     kk = K * K
-    n = sums[kk + K + 3]
-    return math.exp(sums[kk + K + 4] / n) if n > 0.0 else 1.0
+    logs, n = sums[kk + K + 4], sums[kk + K + 3]
+    return math.exp(logs / n) if logs != 0.0 else 1.0  # (no logs: every weight 1, or none)
 
 
 @jit_inline
@@ -353,6 +353,8 @@ def _global_step(
     hi,
     first_arrival,
     slots,
+    weights,
+    clarity,
     class_logits,
     class_mean,
     population,
@@ -389,6 +391,43 @@ def _global_step(
     scale = scalars[SCALE]
     eta_g = hyper[H_RATE_G]
     per_scale = eta / scale  # (one division an item, then a multiplication a value)
+    if _steps_are_small(lo, hi, slots, weights, eta * clarity):
+        for j in range(lo, hi):
+            r = j - lo
+            s = slots[j]
+            for z in range(K):
+                for k in range(K):
+                    g = eta * grad[r, z, k]
+                    population[z, k] += eta_g * g
+                    step = per_scale * grad[r, z, k]
+                    worker[s, z, k] += step
+                    sums[z * K + k] += step
+    else:
+        _capped_steps(lo, hi, slots, population, worker, sums, grad, eta, eta_g, per_scale)
+    scalars[STEP] = t + 1.0
+    if scale < _RESCALE_BELOW:
+        worker *= scale
+        for m in range(K * K):
+            sums[m] *= scale
+        scalars[SCALE] = 1.0
+
+
+@jit_inline
+def _steps_are_small(lo, hi, slots, weights, limit):
+    """No slot's step can reach _MAX_LABEL_STEP (eq. 10'): each label of its own slot, and
+    h limit <= _MAX_LABEL_STEP for each (``limit`` = eta (d_new + d_old), a bound on how far
+    a label moves a logit): the common case, taken without a look at the gradients."""
+    for j in range(lo, hi):
+        if weights[j] * limit > _MAX_LABEL_STEP or (j > lo and slots[j] == slots[j - 1]):
+            return False
+    return True
+
+
+@jit_inline
+def _capped_steps(lo, hi, slots, population, worker, sums, grad, eta, eta_g, per_scale):
+    """The steps of eq. 10, each slot's scaled down to move a logit by at most
+    _MAX_LABEL_STEP (eq. 10')."""
+    K = population.shape[0]
     j = lo
     while j < hi:  # a run of labels of one slot (a block's labels are sorted by slot)
         s = slots[j]
@@ -405,12 +444,6 @@ def _global_step(
                     worker[s, z, k] += step
                     sums[z * K + k] += step
         j = end
-    scalars[STEP] = t + 1.0
-    if scale < _RESCALE_BELOW:
-        worker *= scale
-        for m in range(K * K):
-            sums[m] *= scale
-        scalars[SCALE] = 1.0
 
 
 @jit_inline
@@ -451,7 +484,8 @@ def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_ol
                 if _slot_is_empty(counts, s):
                     sums[kk + K + 2] += 1.0
                 sums[kk + K + 3] += 1.0
-                sums[kk + K + 4] += math.log(h)
+                if h != 1.0:  # (log 1 = 0: the common weight costs no logarithm)
+                    sums[kk + K + 4] += math.log(h)
             sums[kk + K + 1] += h
             for z in range(K):
                 counts[s, z, l] += h * q_new[z]
@@ -688,11 +722,14 @@ def learn_blocks(
                     theta, p, rhs, step,
                 )  # fmt: skip
             else:
+                d_new = math.exp(b_new)
                 _global_step(
                     lo,
                     hi,
                     n_prev == 0 or plain,
                     slots,
+                    weights,
+                    d_new + (d_prev if n_prev > 0 and not again else 0.0),
                     class_logits,
                     class_mean,
                     population,
