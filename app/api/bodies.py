@@ -64,8 +64,8 @@ def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
         raise ApiError(
             422,
             "invalid_label",
-            f"entry {entry}, field 'weight': {weights[entry]:g} is above the largest weight "
-            f"one label may carry, {max_weight:g} (CROWDTALLY_MAX_LABEL_WEIGHT)",
+            f"entry {entry}, field 'weight': {weights[entry]!r} is above the largest weight "
+            f"one label may carry, {max_weight!r} (CROWDTALLY_MAX_LABEL_WEIGHT)",
             entry,
             "weight",
         )
@@ -146,7 +146,9 @@ def parse_block(
         raise ApiError(
             422,
             code or f"invalid_{what}",
-            f"entry {entry}, field {field!r}: {msg}{more}",
+            f"entry {entry}, field {field!r}: {msg}{more}"
+            if field is not None
+            else f"entry {entry}: {msg}{more}",
             entry,
             field,
         ) from None

@@ -429,6 +429,7 @@ def test_bad_block_is_rejected_whole(
     assert err["entry"] == entry and err["field"] == field
     if entry is not None:
         assert f"entry {entry}" in err["message"]
+    assert "field None" not in err["message"]  # (an entry that is not an object said so)
     # nothing of the block was applied, not even its good first entry
     assert log_end(client, key) == 0
     assert client.get("/v1/projects/census/items/i0", headers=key).status_code == 404

@@ -113,7 +113,11 @@ def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
     huge = [block[0], {**block[1], "weight": 1e300}]  # (the schema's own 1e6 was named)
     with pytest.raises(ApiError) as err_info:
         label_block(orjson.dumps(huge), 50, max_weight=10.0)
-    assert "1e+300 is above the largest weight one label may carry, 10" in err_info.value.message
+    assert "1e+300 is above the largest weight one label may carry, 10.0" in err_info.value.message
+    barely = [block[0], {**block[1], "weight": 10.000000000000002}]  # (it read "10 is above 10")
+    with pytest.raises(ApiError) as err_info:
+        label_block(orjson.dumps(barely), 50, max_weight=10.0)
+    assert "10.000000000000002 is above the largest weight" in err_info.value.message
 
 
 def test_a_weight_above_the_bound_is_a_422(tmp_path: Path) -> None:
