@@ -161,6 +161,8 @@ def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
     gold_codes = np.array([lookup[label] for label in truth.values()] + [-1], dtype=np.int64)
     where = pc.fill_null(pc.index_in(data.item_names, value_set=gold_items), -1).to_numpy()
     out: IntArray = gold_codes[where]  # -1 picks the last entry: no gold
+    if not np.any(out >= 0):  # (an accuracy of nothing: the wrong file, or its items renamed)
+        raise InputError(path, None, f"none of its {len(truth)} items is among the answers' items")
     return out
 
 

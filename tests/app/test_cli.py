@@ -82,6 +82,18 @@ def test_truth_predictions_and_accuracy(dog: Path, tmp_path: Path) -> None:
         assert r[1] == str(int(p.argmax())) and float(r[2]) == pytest.approx(p.max(), rel=1e-4)
 
 
+@pytest.mark.parametrize("truth", ["item,label\nnot-an-item,0\n", "item,label\n", ""])
+def test_a_truth_file_that_names_no_item_of_the_answers_is_refused(
+    dog: Path, tmp_path: Path, truth: str
+) -> None:
+    """It printed "accuracy nan on 0 items with gold" and exited 0."""
+    path = tmp_path / "truth.csv"
+    path.write_text(truth)
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "items is among the answers' items" in run.stderr
+
+
 def test_save_load_test_only_round_trip(dog: Path, tmp_path: Path) -> None:
     model, p1, p2 = tmp_path / "m.npz", tmp_path / "a.csv", tmp_path / "b.csv"
     assert extract(dog / "answers.csv", "--save", model, "--predictions", p1).returncode == 0
