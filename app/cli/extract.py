@@ -178,6 +178,8 @@ def extract(
         raise InputError(test_only_flag, None, "needs a model to test: give --load FILE")
     if test_only and batch:
         raise InputError(test_only_flag, None, "cannot be combined with --batch")
+    if load is not None and batch:  # (batch EM fits from its own start: the model was unused)
+        raise InputError("--load", None, "applies to online EM only; --batch fits from scratch")
     if batch and (passes != 1 or shuffle is not None or later_passes is not LaterPasses.revisit):
         flag = (
             "--passes" if passes != 1 else "--shuffle" if shuffle is not None else "--later-passes"
@@ -226,6 +228,10 @@ def extract(
         if n_labels is not None and n_labels != len(saved.classes):
             raise InputError(
                 n_labels_flag, None, f"{n_labels}, but {load} has {len(saved.classes)} classes"
+            )
+        if names is not None and names != list(saved.classes):  # (they were ignored)
+            raise InputError(
+                "--labels", None, f"{','.join(names)}, but {load} has {','.join(saved.classes)}"
             )
         names, n_labels = list(saved.classes), None
     classes = job.resolve_classes(

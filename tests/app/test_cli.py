@@ -94,6 +94,19 @@ def test_a_truth_file_that_names_no_item_of_the_answers_is_refused(
     assert "items is among the answers' items" in run.stderr
 
 
+def test_a_loaded_model_is_not_silently_set_aside(dog: Path, tmp_path: Path) -> None:
+    """--load with --batch, or with other --labels than the model's, ran as if no model had
+    been given."""
+    model = tmp_path / "m.npz"
+    assert extract(dog / "answers.csv", "--save", model).returncode == 0
+    batch = extract(dog / "answers.csv", "--load", model, "--batch")
+    assert batch.returncode == 2 and "--load: applies to online EM only" in batch.stderr
+    named = extract(dog / "answers.csv", "--load", model, "--labels", "3,2,1,0")
+    assert named.returncode == 2 and "--labels: 3,2,1,0, but" in named.stderr
+    same = extract(dog / "answers.csv", "--load", model, "--labels", "0,1,2,3")
+    assert same.returncode == 0, same.stderr
+
+
 def test_save_load_test_only_round_trip(dog: Path, tmp_path: Path) -> None:
     model, p1, p2 = tmp_path / "m.npz", tmp_path / "a.csv", tmp_path / "b.csv"
     assert extract(dog / "answers.csv", "--save", model, "--predictions", p1).returncode == 0
