@@ -185,6 +185,27 @@ def test_items_pages_filter_and_export(client: TestClient) -> None:
     assert lines[0].startswith("item,label,probability,asian,black") and len(lines) == 21
 
 
+def test_a_filtered_listing_has_no_empty_page_before_its_end(client: TestClient) -> None:
+    """With limit 1 and a filter only a few items pass, most pages came back empty with a
+    next_cursor to follow (a client stopping at an empty page missed items)."""
+    key = make_project(client)
+    assert post(client, key, triples(40)).status_code == 202
+    every = client.get("/v1/projects/census/items", params={"limit": 1000}, headers=key).json()
+    lowest = sorted(x["probability"] for x in every["items"])[2]  # three items pass
+    pages, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"limit": 1, "max_probability": lowest}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/projects/census/items", params=params, headers=key).json()
+        pages.append([x["item"] for x in page["items"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    passing = [x["item"] for x in every["items"] if x["probability"] <= lowest]
+    assert all(pages[:-1]) and sorted(x for p in pages for x in p) == sorted(passing)
+
+
 def test_the_export_is_the_listing_without_labels_over_several_pages(client: TestClient) -> None:
     """Export rows are built without a model per item: they must be the listing's items
     (gold, unlabelled and unicode ones included) but their labels, over pages of 1,000."""

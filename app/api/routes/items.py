@@ -70,11 +70,21 @@ def list_items(
             None,
             "cursor",
         ) from None
-    nxt, page = svc.store.scan_items(project, pos, limit)
     g = globals_of(svc, record)
-    items = stored_item_views(record, page, g)
-    items = [x for x in items if within(x, min_probability, max_probability)]
-    return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
+    scanned = 0
+    while True:  # scan on while no item passes the filter, up to SCANNED_PER_PAGE items
+        nxt, page = svc.store.scan_items(project, pos, limit)
+        scanned += len(page)
+        views = stored_item_views(record, page, g)
+        items = [x for x in views if within(x, min_probability, max_probability)]
+        if items or not nxt or scanned >= SCANNED_PER_PAGE:
+            return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
+        pos = nxt
+
+
+SCANNED_PER_PAGE = 10_000
+"""A filtered page scans on past ``limit`` items while none passes the filter, up to this
+many: a page of a filtered listing is empty only at the end or after that many."""
 
 
 EXPORT_CONTENT: dict[str, Any] = {
