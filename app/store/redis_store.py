@@ -35,6 +35,7 @@ from app.store.base import (
     ProjectRecord,
     QueueHead,
     StateUpdate,
+    UnknownProjectError,
 )
 from app.store.item_records import grow_lists, record_size, render_values
 
@@ -357,6 +358,7 @@ class RedisStore:
     def create_project(self, record: ProjectRecord) -> None:
         if not self.r.hsetnx(self._projects_key, record.name, record.to_json()):
             raise ProjectExistsError(record.name)
+        self._drop_state(record.name)  # (what a block appended as an earlier one went left)
         self._catalogue_changed()
 
     def _catalogue_changed(self) -> None:
@@ -389,10 +391,16 @@ class RedisStore:
         if doomed:
             pipe.hdel(self._keys_key, *doomed)
         pipe.hdel(self._failed_key, name)
+        pipe.execute()
+        self._drop_state(name)
+        return True
+
+    def _drop_state(self, name: str) -> None:
+        """Delete every key of project ``name``'s log and served state."""
+        pipe = self.r.pipeline()
         for what in _STATE_KEYS:
             pipe.delete(self._k(name, what))
         pipe.execute()
-        return True
 
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
         self.r.hset(self._keys_key, key_hash, orjson.dumps(record.__dict__))
@@ -461,6 +469,9 @@ class RedisStore:
         position, accepted = self._append_and_wake(project, keys, args)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
+        if not self.r.hexists(self._projects_key, project):  # deleted meanwhile: the block
+            self._drop_state(project)  # went to keys of no project (a project created later
+            raise UnknownProjectError(project)  # under its name would have read them)
         n = len(ids) if ids is not None else 0
         return AppendResult(
             int(position),
