@@ -248,6 +248,13 @@ def test_dyadic_settings(client: TestClient) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_dyadic")
     r = client.post("/v1/projects", json={"name": "bad", "labels": ["x", "y"], "dyadic": {"k": -1}})
     assert r.status_code == 422
+    # each within its own bound, together a rate at which the factors overflowed
+    fast = {"loss": "logistic", "eta": 100, "dyadic_rate": 100}
+    r = client.post("/v1/projects", json={"name": "bad", "labels": ["x", "y"], "dyadic": fast})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_dyadic")
+    assert (
+        "eta x dyadic_rate is 10000, the factors' rate: at most 100" in r.json()["error"]["message"]
+    )
     assert client.get("/v1/projects/bad").status_code == 404
 
 

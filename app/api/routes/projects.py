@@ -36,9 +36,24 @@ def dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any] 
         return None
     fields = body.model_dump(exclude={"enabled"})
     try:
-        return settings_for(n_classes, **fields).to_dict()
+        settings = settings_for(n_classes, **fields)
     except ValueError as exc:
         raise ApiError(422, "invalid_dyadic", str(exc), None, "dyadic") from None
+    rate = settings.config.eta * settings.config.dyadic_rate
+    if rate > MAX_FACTOR_RATE:
+        raise ApiError(
+            422,
+            "invalid_dyadic",
+            f"eta x dyadic_rate is {rate:g}, the factors' rate: at most {MAX_FACTOR_RATE:g}",
+            None,
+            "dyadic",
+        )
+    return settings.to_dict()
+
+
+MAX_FACTOR_RATE = 100.0
+"""The most the dyadic factors' rate eta x dyadic_rate may be (0.3 by default, 0.5 for ordinal
+labels): at 100 x 100 the factors overflowed (scores null, an h_min search of 15 s a pair)."""
 
 
 def check_memory(record: ProjectRecord, limit_mb: int) -> None:
