@@ -39,6 +39,19 @@ class LaterPasses(StrEnum):
     newton = "newton"
 
 
+MAX_FIRST_STEP = 1e6
+"""The largest first step eta0 tau0^-rho x max(1, population_rate, class_rate) a new project or
+run may take (0.95 by default): eta0 1e6 with rho 0 and a class_rate of 100 or a
+population_rate of 1000 made the parameters NaN; every product up to 1e6 tried stayed finite.
+(Checked where a model is made, not where a saved one is read.)"""
+
+
+def first_step(eta0: float, tau0: float, rho: float, rate: float = 1.0) -> float:
+    """eta_t at t = 0 (eq. 9) times ``rate`` (inf where tau0 is 0 and rho > 0)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return float(eta0 * np.float64(tau0) ** -rho * rate)
+
+
 @dataclass(frozen=True)
 class NominalConfig:
     """Hyperparameters of the model and of its online and batch fits."""
@@ -105,6 +118,12 @@ class NominalConfig:
                     f"class_prior needs {self.n_classes} positive numbers of finite sum, got "
                     f"{self.class_prior}"
                 )
+
+    def first_step(self) -> float:
+        """The first step of the shared parameters (``MAX_FIRST_STEP`` bounds it)."""
+        return first_step(
+            self.eta0, self.tau0, self.rho, max(1.0, self.population_rate, self.class_rate)
+        )
 
     def with_(self, **changes: Any) -> NominalConfig:
         """A copy with some fields changed (validated again)."""

@@ -11,7 +11,7 @@ import typer
 
 from app.cli.layout import as_typed, check_output
 from app.io.input import InputError, refuse_duplicate_columns
-from core.nominal import LaterPasses, NominalConfig
+from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
 
 DEFAULTS = NominalConfig(n_classes=2)
 
@@ -194,6 +194,12 @@ def extract(
     _check(eta, "--eta", 0.0)
     _check(rho, "--rho", 0.0)
     _check(initial_t, as_typed(ctx, *INITIAL_T), 0.0)
+    first = first_step(eta, initial_t, rho)
+    if not first <= MAX_FIRST_STEP:
+        raise InputError(
+            "--eta", None, f"{eta:g} with {as_typed(ctx, *INITIAL_T)} {initial_t:g} and --rho "
+            f"{rho:g} is a first step of {first:g}: at most {MAX_FIRST_STEP:g}",
+        )  # fmt: skip
     if n_items is not None:
         _check(n_items, as_typed(ctx, *N_ITEMS), 0.0, strict=True)
     if n_worker_slots < 1:

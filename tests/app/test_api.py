@@ -560,6 +560,14 @@ def test_a_block_for_a_project_deleted_meanwhile_is_answered_404(client: TestCli
             {"name": "p", "labels": ["a", "b"], "hyperparameters": {"population_prior": 1e300}},
             "hyperparameters.population_prior",
         ),
+        (  # each within its bound, together a first step that made the parameters NaN
+            {
+                "name": "p",
+                "labels": ["a", "b"],
+                "hyperparameters": {"eta0": 1e6, "rho": 0, "tau0": 1, "population_rate": 1000},
+            },
+            "hyperparameters",
+        ),
         (  # a prior whose sum overflows: every item was served 500 (NaN parameters)
             {"name": "p", "labels": ["a", "b"], "hyperparameters": {"class_prior": [1e308, 1e308]}},
             "hyperparameters",
@@ -577,14 +585,15 @@ def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> No
     "hyper",
     [
         {"class_prior": [1.0, 2.0, 1e-300, 1.0, 1.0]},
-        {
-            "eta0": 1e6,
+        {  # a first step at its bound (eta0 1e6 with these rates is refused: NaN with n_items 100)
+            "eta0": 1e3,
             "tau0": 1.0,
             "rho": 0.0,
             "population_rate": 1e3,
             "class_rate": 1e3,
             "n_items": 1.0,
         },
+        {"eta0": 1e3, "tau0": 1.0, "rho": 0.0, "population_rate": 1e3, "n_items": 100.0},
         {
             "worker_prior": 1e6,
             "population_prior": 1e6,

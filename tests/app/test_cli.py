@@ -463,6 +463,7 @@ def test_n_labels_maps_the_labels(
         (["--priorz", "1,1,1,0"], "error: --priorz: needs 4 positive numbers, one per class"),
         (["--priorz", "1,1,1,inf"], "error: --priorz: needs 4 positive numbers"),
         (["--priorz", "1e308,1e308,1,1"], "error: --priorz: the numbers' sum overflows"),
+        (["--eta", "1e308"], "error: --eta: 1e+308 with --initial-t 100 and --rho 0.75 is a first"),
         (["--initial_t", "-1"], "error: --initial_t: must be a finite number >= 0, got -1"),
         (["--initial-t", "nan"], "error: --initial-t: must be a finite number >= 0, got nan"),
         (["--rho", "-0.5"], "error: --rho: must be a finite number >= 0"),

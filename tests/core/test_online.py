@@ -467,3 +467,13 @@ def test_state_saved_before_the_labels_were_counted_reads_them_as_of_weight_one(
     assert arrays["sums"][-1] == 0.0  # the weights' logs
     old = {**arrays, "sums": arrays["sums"][:-2]}
     assert NominalParams.from_arrays(old).equals(model.params)
+
+
+def test_the_first_step_is_measured_not_refused_by_the_model() -> None:
+    """A new project's or run's first step is bounded where it is made (the API, extract);
+    a saved model beyond the bound, made before it, still loads."""
+    default = NominalConfig(n_classes=3)
+    assert default.first_step() == pytest.approx(30.0 * 100.0**-0.75)  # 0.95
+    steep = NominalConfig(n_classes=3, eta0=1e6, tau0=1.0, rho=0.0, population_rate=1e3)
+    assert steep.first_step() == 1e9  # (refused for a new project: MAX_FIRST_STEP 1e6)
+    assert NominalConfig(n_classes=3, tau0=0.0).first_step() == np.inf

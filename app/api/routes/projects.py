@@ -26,7 +26,7 @@ from app.engine.dyadic import settings_for
 from app.engine.project import model_bytes
 from app.serving.nominal import iso
 from app.store.base import ProjectExistsError, ProjectRecord
-from core.nominal import NominalConfig
+from core.nominal import MAX_FIRST_STEP, NominalConfig
 
 router = APIRouter()
 
@@ -102,6 +102,15 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
         cfg = NominalConfig(n_classes=len(body.labels), n_worker_slots=body.worker_slots, **hyper)
     except ValueError as exc:
         raise ApiError(422, "invalid_hyperparameters", str(exc), None, "hyperparameters") from None
+    if not cfg.first_step() <= MAX_FIRST_STEP:
+        raise ApiError(
+            422,
+            "invalid_hyperparameters",
+            f"eta0 x tau0^-rho x max(1, population_rate, class_rate) is {cfg.first_step():g}: "
+            f"at most {MAX_FIRST_STEP:g} (the first step; past it the parameters overflowed)",
+            None,
+            "hyperparameters",
+        )
     config: dict[str, Any] = cfg.to_dict()
     config["dyadic"] = dyadic_settings(body.dyadic, len(body.labels))
     record = ProjectRecord(body.name, tuple(body.labels), config, time.time())
