@@ -39,6 +39,7 @@ _ROLES = {"item": 0, "task": 0, "worker": 1, "label": 2, "weight": 3}
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _TRUTH_NAMES = {name for header in _TRUTH_HEADERS for name in header}
 _WHITESPACE = re.compile(r"[\t ]+")
+_TABS = re.compile(r"\t+")
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,13 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
     first = next((ln for ln in lines if ln.strip()), "")
     if "," in first:
         return _csv_rows(path, lines, 1)
-    return [(n, _WHITESPACE.split(ln.strip())) for n, ln in enumerate(lines, start=1) if ln.strip()]
+    # tab separated where the first line holds a tab (an id may then hold a space), else spaces
+    split = _TABS.split if "\t" in first else _WHITESPACE.split
+    return [
+        (n, [f.strip() for f in split(ln.strip())])
+        for n, ln in enumerate(lines, start=1)
+        if ln.strip()
+    ]
 
 
 def _csv_rows(path: Path, lines: list[str], first: int) -> list[tuple[int, list[str]]]:

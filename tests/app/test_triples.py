@@ -239,3 +239,17 @@ def test_a_truth_header_with_a_misspelt_column_is_refused(tmp_path: Path) -> Non
     path.write_text("item,lable\na,1\n")
     with pytest.raises(InputError, match=r":1: columns \['item', 'lable'\]: expected item,label"):
         triples.truth_rows(path)
+
+
+def test_a_tab_separated_file_keeps_the_spaces_inside_its_ids(tmp_path: Path) -> None:
+    """Split at every run of tabs and spaces, 'a b<TAB>w1<TAB>0' was 4 fields and refused."""
+    path = tmp_path / "answers.tsv"
+    path.write_text("item\tworker\tlabel\na b\tw 1\t0\n c \tw2\t1\n")
+    rows = triples.read_triples(path)
+    assert list(rows.items) == ["a b", "c"] and list(rows.workers) == ["w 1", "w2"]
+    spaced = tmp_path / "answers.txt"  # no tab on its first line: spaces separate
+    spaced.write_text("a w1 0\nc w2 1\n")
+    assert list(triples.read_triples(spaced).items) == ["a", "c"]
+    truth = tmp_path / "truth.tsv"
+    truth.write_text("a b\t1\n")
+    assert [(i, label) for _, i, label in triples.truth_rows(truth)] == [("a b", "1")]
