@@ -385,8 +385,8 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
             out.lines = lines
         else:  # the same checks, one row at a time, for the message ("line" = row)
             fields = zip(*(c.to_pylist() for c in columns), strict=True)
-            numbered = [  # (a null is an empty cell, as in a CSV file)
-                (n, ["" if x is None else str(x) for x in row])
+            numbered = [  # (a null, or a float NaN, is an empty cell, as in a CSV file)
+                (n, ["" if x is None or x != x else str(x) for x in row])
                 for n, row in zip(lines.tolist(), fields, strict=True)
             ]
             out = _columns(_row_columns(path, numbered, len(columns) == 4, decided=True))
@@ -412,6 +412,8 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
         return None
     ids = []
     for column in columns[:3]:
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            return None  # (cast to text, NaN is the id or label "nan")
         c = pc.cast(column, pa.string())
         if len(c) != n_rows or c.null_count:
             return None

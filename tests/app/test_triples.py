@@ -151,6 +151,10 @@ def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
     pq.write_table(pa.table({"item": ["a"], "who": ["w"], "label": ["x"]}), path)
     with pytest.raises(InputError, match="expected item,worker,label"):
         read_triples(path)
+    nan = pa.table({"item": ["a", "a"], "worker": ["w", "v"], "label": [0.0, float("nan")]})
+    pq.write_table(nan, path)  # (cast to text, a NaN label was the class "nan")
+    with pytest.raises(InputError, match=r"answers.parquet:2: empty label"):
+        read_triples(path)
     path.write_text("not parquet")
     with pytest.raises(InputError, match="not a Parquet file"):
         read_triples(path)
