@@ -37,6 +37,7 @@ _RESCALE_BELOW = 1e-100
 _MAX_NEWTON_STEP = 1.0  # trust region of the M-step: no logit moves more than this per step
 _MAX_PRIOR_SHRINK = 0.5
 _MAX_LABEL_STEP = 1.0
+_LOG_WEIGHT_SPAN = math.log(1000.0)  # the mean weight's logs, each within 1/1000 to 1000
 
 
 @jit_inline
@@ -321,9 +322,10 @@ def _label_gradients(
 
 @jit_inline
 def _mean_weight(sums, K):
-    """The geometric mean weight of the labels learned so far (1 before any): eta_t is per
-    label of that weight (eq. 9'), so that weights on a scale of their own step as weights
-    of 1 do; one label far heavier than the rest hardly moves it."""
+    """The geometric mean weight of the labels learned so far (1 before any), each weight
+    taken within 1/1000 to 1000: the labels' gradient steps are per label of that weight
+    (eq. 9'), so that weights on a scale of their own step as weights of 1 do; one label far
+    heavier or lighter than the rest hardly moves it."""
     kk = K * K
     logs, n = sums[kk + K + 4], sums[kk + K + 3]
     return math.exp(logs / n) if logs != 0.0 else 1.0  # (no logs: every weight 1, or none)
@@ -375,7 +377,7 @@ def _global_step(
     """
     K = class_logits.shape[0]
     t = scalars[STEP]
-    eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO]) / _mean_weight(sums, K)
+    eta = hyper[H_ETA0] * (hyper[H_TAU0] + t) ** (-hyper[H_RHO])
     n_items = hyper[H_NITEMS]
     lam_pi = hyper[H_LAM_PI] / n_items if first_arrival else 0.0
     for z in range(K):
@@ -390,6 +392,7 @@ def _global_step(
         scalars[SCALE] *= 1.0 - min(eta * hyper[H_LAM_A] / n_items, _MAX_PRIOR_SHRINK)
     scale = scalars[SCALE]
     eta_g = hyper[H_RATE_G]
+    eta = eta / _mean_weight(sums, K)  # the labels' gradients: per label of the mean weight
     per_scale = eta / scale  # (one division an item, then a multiplication a value)
     if _steps_are_small(lo, hi, slots, weights, eta * clarity):
         for j in range(lo, hi):
@@ -485,7 +488,7 @@ def _add_counts(lo, hi, n_old, slots, labels, weights, counts, sums, q_new, q_ol
                     sums[kk + K + 2] += 1.0
                 sums[kk + K + 3] += 1.0
                 if h != 1.0:  # (log 1 = 0: the common weight costs no logarithm)
-                    sums[kk + K + 4] += math.log(h)
+                    sums[kk + K + 4] += min(max(math.log(h), -_LOG_WEIGHT_SPAN), _LOG_WEIGHT_SPAN)
             sums[kk + K + 1] += h
             for z in range(K):
                 counts[s, z, l] += h * q_new[z]

@@ -290,5 +290,8 @@ def statistics_from(params: NominalParams, blocks: LabelBlocks, posteriors: Floa
     sums[K * K + K + 1] = float(blocks.weights[blocks.weights > 0].sum())
     sums[K * K + K + 2] = float(np.unique(blocks.slots[blocks.weights > 0]).size)
     sums[K * K + K + 3] = float(np.count_nonzero(blocks.weights > 0))
-    sums[K * K + K + 4] = float(np.log(blocks.weights[blocks.weights > 0]).sum())
+    span = np.log(1000.0)  # (as the kernels count them: each within 1/1000 to 1000)
+    sums[K * K + K + 4] = float(
+        np.clip(np.log(blocks.weights[blocks.weights > 0]), -span, span).sum()
+    )
     params.counts, params.sums = counts, sums

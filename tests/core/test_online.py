@@ -477,3 +477,21 @@ def test_the_first_step_is_measured_not_refused_by_the_model() -> None:
     steep = NominalConfig(n_classes=3, eta0=1e6, tau0=1.0, rho=0.0, population_rate=1e3)
     assert steep.first_step() == 1e9  # (refused for a new project: MAX_FIRST_STEP 1e6)
     assert NominalConfig(n_classes=3, tau0=0.0).first_step() == np.inf
+
+
+def test_a_few_labels_of_vanishing_weight_leave_the_steps_as_they_were(
+    synthetic: Synthetic,
+) -> None:
+    """Two labels of weight 1.2e-290 among weight-1 ones once pulled the mean weight to
+    1e-145 and the steps up by as much: the class logits overflowed (a hypothesis example of
+    tests/app/test_label_lists.py). Each weight counts in the mean within 1/1000 to 1000."""
+    weights = np.ones(synthetic.items.size)
+    weights[:2] = 1.2e-290
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels, weights)
+    model = OnlineEM(NominalConfig(n_classes=3, n_items=3000.0))
+    model.learn_many(blocks)
+    p = model.params
+    assert all(np.all(np.isfinite(a)) for a in (p.class_logits, p.population, p.worker))
+    plain = _one_pass_accuracy(synthetic, 1, 1.0)
+    posteriors = model.predict_many(blocks).posteriors
+    assert float(np.mean(posteriors.argmax(1) == synthetic.truth)) > plain - 0.01
