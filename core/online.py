@@ -290,7 +290,7 @@ def statistics_from(params: NominalParams, blocks: LabelBlocks, posteriors: Floa
     sums[K * K + K + 1] = float(blocks.weights[blocks.weights > 0].sum())
     sums[K * K + K + 2] = float(np.unique(blocks.slots[blocks.weights > 0]).size)
     sums[K * K + K + 3] = float(np.count_nonzero(blocks.weights > 0))
-    span = np.log(1000.0)  # (as the kernels count them: each within 1/1000 to 1000)
+    span = _kernels.LOG_WEIGHT_SPAN  # (each weight's log clipped as the kernels count it)
     sums[K * K + K + 4] = float(
         np.clip(np.log(blocks.weights[blocks.weights > 0]), -span, span).sum()
     )

@@ -102,11 +102,11 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
         cfg = NominalConfig(n_classes=len(body.labels), n_worker_slots=body.worker_slots, **hyper)
     except ValueError as exc:
         raise ApiError(422, "invalid_hyperparameters", str(exc), None, "hyperparameters") from None
-    if not cfg.first_step() <= MAX_FIRST_STEP:
+    if not (first := cfg.first_step()) <= MAX_FIRST_STEP:
         raise ApiError(
             422,
             "invalid_hyperparameters",
-            f"eta0 x tau0^-rho x max(1, population_rate, class_rate) is {cfg.first_step():g}: "
+            f"eta0 x tau0^-rho x max(1, population_rate, class_rate) is {first:g}: "
             f"at most {MAX_FIRST_STEP:g} (the first step; past it the parameters overflowed)",
             None,
             "hyperparameters",
