@@ -279,7 +279,8 @@ class Store(Protocol):
 
     def holds(self, project: str, position: int, token: int) -> bool:
         """The log holds the entry at ``position`` with ``token``, or held it and trimmed it
-        (its prefix is archived); position 0 always."""
+        (its prefix is archived), and its read by the engine (the seal of ``read_log``) is
+        still recorded; position 0 always. A state at that position can then be carried on."""
         ...
 
     def log_start(self, project: str) -> int:

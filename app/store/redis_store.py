@@ -131,7 +131,9 @@ return 0
 # The anchor check of _HOLDS (unless ARGV[2] is '') and (ARGV[5] unless '') that the served
 # state (KEYS[3]) is still at that applied position; then up to ARGV[4] entries from id
 # ARGV[3], and with ARGV[6] = '1' the last of them marked read in KEYS[4] (the seal: an entry
-# appended past an unread one joins it, LogEntry.joins).
+# appended past an unread one joins it, LogEntry.joins). A seal behind ARGV[1] also fails the
+# read: Redis went back to before the reader's last read, and an entry appended since may
+# join the run the reader closed there (``sealed_through``).
 _READ = (
     "local function holds()\n"
     + _HOLDS
@@ -139,6 +141,9 @@ _READ = (
     + """
 if ARGV[2] ~= '' and holds() == 0 then return {0} end
 if ARGV[5] ~= '' and (redis.call('HGET', KEYS[3], 'applied') or '0') ~= ARGV[5] then
+  return {0}
+end
+if ARGV[6] == '1' and tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[4]) or '0') then
   return {0}
 end
 local found = redis.call('XRANGE', KEYS[1], ARGV[3], '+', 'COUNT', ARGV[4])
@@ -173,9 +178,10 @@ def new_token() -> int:
     return secrets.randbits(62) | 2
 
 
-# KEYS: the project's log, seq, state and fence. ARGV: the position and token a state write
-# ends at (position 0: not checked). What a state write checks, read in one round trip:
-# whether the log holds that entry (as _HOLDS), the applied position served, the fence.
+# KEYS: the project's log, seq, state, fence and seal. ARGV: the position and token a state
+# write ends at (position 0: not checked). What a state write checks, read in one round trip:
+# whether the log holds that entry (as _HOLDS), the applied position served, the fence, the
+# seal (the last position the engine read: a write past it is of a read Redis lost).
 _CHECK = (
     "local function holds()\n"
     + _HOLDS
@@ -183,7 +189,8 @@ _CHECK = (
     + """
 local applied = tonumber(redis.call('HGET', KEYS[3], 'applied') or '0')
 local fence = tonumber(redis.call('GET', KEYS[4]) or '0')
-return {holds(), applied, fence}
+local sealed = tonumber(redis.call('GET', KEYS[5]) or '0')
+return {holds(), applied, fence, sealed}
 """
 )
 
@@ -579,7 +586,16 @@ class RedisStore:
 
     def holds(self, project: str, position: int, token: int) -> bool:
         keys = [self._k(project, "log"), self._k(project, "seq")]
-        return bool(self._holds(keys=keys, args=[position, token]))
+        return bool(self._holds(keys=keys, args=[position, token])) and self.sealed_through(
+            project, position
+        )
+
+    def sealed_through(self, project: str, position: int) -> bool:
+        """The log's seal (the engine's last read) is at ``position`` or past it. Redis gone
+        back to before that read (an AOF that missed it) may hold the entry still, but an
+        entry appended since may join the run an engine closed there (``LogEntry.joins``):
+        a state at that position, in memory or snapshotted, no longer matches a replay."""
+        return position <= int(self.r.get(self._k(project, "sealed")) or 0)
 
     def restore_log(self, project: str, entries: list[LogEntry], ids: list[str], end: int) -> None:
         """Put archived entries back (positions and tokens kept), the seen ids, the log end."""
@@ -750,17 +766,22 @@ class RedisStore:
                 # on one connection (a change or a restart of Redis in between fails it).
                 fence = self._k(project, "fence")
                 pipe.watch(state, fence)
-                keys = [self._k(project, "log"), self._k(project, "seq"), state, fence]
+                sealed = self._k(project, "sealed")
+                keys = [self._k(project, "log"), self._k(project, "seq"), state, fence, sealed]
                 at = [update.position, update.anchor] if update.anchor is not None else [0, 0]
-                holds, was, token = self._evalsha(pipe, self._check, keys, at)
+                holds, was, token, read = self._evalsha(pipe, self._check, keys, at)
                 if update.fence is not None and int(token) != update.fence:
                     pipe.reset()
                     raise LeaseLostError(f"{project}: another engine holds it now")
-                if not holds or (update.served is not None and int(was) != update.served):
+                if (
+                    not holds
+                    or at[0] > int(read)
+                    or (update.served is not None and int(was) != update.served)
+                ):
                     pipe.reset()
                     raise LogRewoundError(
-                        f"{project}: the log no longer holds entry {update.position}, or the "
-                        f"served state is at {was}, not {update.served}"
+                        f"{project}: the log no longer holds entry {update.position} as read, "
+                        f"or the served state is at {was}, not {update.served}"
                     )
                 pipe.multi()
             try:

@@ -28,7 +28,7 @@ from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB
-from app.store.base import LogEntry, ProjectRecord
+from app.store.base import LogEntry, ProjectRecord, StateUpdate
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from app.testing import free_port
@@ -237,9 +237,9 @@ def test_redis_rolled_back_past_state_writes_only(tmp_path: Path) -> None:
             assert store.append("p", "labels", body, ids).accepted == 100
             loop.step()
         loop.run_until_idle()
-        assert loop.rewinds >= 1
         want = {i for _, ids in blocks for i in ids if i is not None}
         check_against_replay(store, db, loop.engines["p"], want)
+        assert loop.rewinds >= 1
     finally:
         snap.close()
         store.close()
@@ -271,4 +271,64 @@ def test_running_until_idle_reloads_a_project_dropped_at_a_rewind(tmp_path: Path
         assert loop.rewinds == 1 and loop.engines["p"].position == 12
     finally:
         store.close()
+        redis_.close()
+
+
+@pytest.mark.parametrize("held", ["snapshot", "memory"])
+def test_redis_rolled_back_past_the_engines_last_read(tmp_path: Path, held: str) -> None:
+    """The AOF kept ten queued entries but lost the engine's read of them (its seal) and its
+    state write: an entry posted next joins them in the log (``LogEntry.joins``), as one run
+    with them. The engine applied those ten as a run of their own; restoring that state (a
+    snapshot taken at their end, or the engine's memory after its write failed) would serve
+    what no replay of the log gives. It restores from before the lost read instead."""
+    redis_ = RedisWithAof(tmp_path)
+    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    store = RedisStore(redis_.url, "rb", join_entries=True)
+    rng = np.random.default_rng(4)
+    blocks = [block(n, rng) for n in range(22)]
+    snap = Snapshotter(db, store, interval_s=0.0 if held == "snapshot" else 3600.0)
+    loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=64)
+    try:
+        store.create_project(RECORD)
+        for body, ids in blocks[:10]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        snap.wait()
+        for body, ids in blocks[10:20]:
+            store.append("p", "labels", body, ids)
+        cut = redis_.aof_size()  # the entries are in; the engine's read of them is not
+        if held == "snapshot":
+            loop.run_until_idle()
+            snap.wait()
+            assert max(p for _, p, _ in db.anchors("p")) == 20
+            redis_.restart_truncated(cut)
+        else:
+            write = store.write_state
+
+            def crash_first(project: str, update: StateUpdate) -> None:
+                redis_.crash()  # Redis dies between the engine's read and its write
+                write(project, update)
+
+            store.write_state = crash_first  # type: ignore[method-assign]
+            with pytest.raises(redis.ConnectionError):
+                loop.step()
+            store.write_state = write  # type: ignore[method-assign]
+            assert loop.engines["p"].position == 20
+            redis_.restart_truncated(cut)
+        assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
+        for body, ids in blocks[20:]:
+            assert store.append("p", "labels", body, ids).accepted == 100
+            loop.step()
+        loop.run_until_idle()
+        log = whole_log(store, db)
+        assert log[10].joins is False and all(e.joins for e in log[11:21])  # 11-21: one run
+        want = {i for _, ids in blocks for i in ids if i is not None}
+        check_against_replay(store, db, loop.engines["p"], want)
+        assert loop.rewinds >= 1
+    finally:
+        snap.close()
+        store.close()
+        db.close()
         redis_.close()
