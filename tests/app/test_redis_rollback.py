@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,24 @@ def block(n: int, rng: np.random.Generator, size: int = 100) -> tuple[bytes, lis
     return orjson.dumps(body), ids
 
 
+@contextmanager
+def redis_and_sql(
+    tmp_path: Path, join_entries: bool
+) -> Iterator[tuple[RedisWithAof, SnapshotDB, RedisStore]]:
+    """A private Redis with its AOF, a SQLite snapshot database, and the store on both."""
+    redis_ = RedisWithAof(tmp_path)
+    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    store = RedisStore(redis_.url, "rb", join_entries=join_entries)
+    try:
+        yield redis_, db, store
+    finally:
+        store.close()
+        db.close()
+        redis_.close()
+
+
 def whole_log(
     store: RedisStore, db: SnapshotDB, project: str = "p", end: int | None = None
 ) -> list[LogEntry]:
@@ -143,26 +163,22 @@ def check_against_replay(
 
 @pytest.mark.parametrize("engine", ["running", "restarted"])
 def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None:
-    redis_ = RedisWithAof(tmp_path)
-    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
-    store = RedisStore(redis_.url, "rb", join_entries=True)  # (the first 15 blocks queue: one run)
-    rng = np.random.default_rng(3)
-    blocks = [block(n, rng) for n in range(40)]
+    # (joined entries: the first 15 blocks queue, one run)
+    with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
+        rng = np.random.default_rng(3)
+        blocks = [block(n, rng) for n in range(40)]
 
-    def new_loop() -> EngineLoop:
-        snap = Snapshotter(db, store, interval_s=0.0, keep=3)
-        return EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
+        def new_loop() -> EngineLoop:
+            snap = Snapshotter(db, store, interval_s=0.0, keep=3)
+            return EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
 
-    def drain(lp: EngineLoop) -> None:
-        lp.run_until_idle()
-        assert lp.snapshotter is not None
-        lp.snapshotter.wait()
-        lp.step()  # the snapshot of the last entries, once the one before is written
-        lp.snapshotter.wait()
+        def drain(lp: EngineLoop) -> None:
+            lp.run_until_idle()
+            assert lp.snapshotter is not None
+            lp.snapshotter.wait()
+            lp.step()  # the snapshot of the last entries, once the one before is written
+            lp.snapshotter.wait()
 
-    try:
         store.create_project(RECORD)
         loop = new_loop()
         for body, ids in blocks[:15]:
@@ -202,49 +218,38 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
         assert again.engines["p"].position == replay.position
         check_against_replay(store, db, again.engines["p"], want)
         again.snapshotter.close()  # type: ignore[union-attr]
-    finally:
-        store.close()
-        db.close()
-        redis_.close()
 
 
 def test_redis_rolled_back_past_state_writes_only(tmp_path: Path) -> None:
     """The AOF kept the entries but lost the engine's state writes after them: the engine's
     position still holds in the log, but what it served since is gone and must be written
     again (else items the later blocks do not touch keep a stale posterior)."""
-    redis_ = RedisWithAof(tmp_path)
-    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
-    store = RedisStore(redis_.url, "rb")
-    rng = np.random.default_rng(4)
-    blocks = [block(n, rng) for n in range(22)]
-    snap = Snapshotter(db, store, interval_s=3600.0)
-    loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
-    try:
-        store.create_project(RECORD)
-        for body, ids in blocks[:10]:
-            store.append("p", "labels", body, ids)
-        loop.run_until_idle()
-        for body, ids in blocks[10:20]:
-            store.append("p", "labels", body, ids)
-        cut = redis_.aof_size()  # the entries are in, the state written for them is not
-        loop.run_until_idle()
-        assert store.applied_position("p") == 20
-        redis_.restart_truncated(cut)
-        assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
-        for body, ids in blocks[20:]:  # two more blocks: most items are not touched again
-            assert store.append("p", "labels", body, ids).accepted == 100
-            loop.step()
-        loop.run_until_idle()
-        want = {i for _, ids in blocks for i in ids if i is not None}
-        check_against_replay(store, db, loop.engines["p"], want)
-        assert loop.rewinds >= 1
-    finally:
-        snap.close()
-        store.close()
-        db.close()
-        redis_.close()
+    with redis_and_sql(tmp_path, join_entries=False) as (redis_, db, store):
+        rng = np.random.default_rng(4)
+        blocks = [block(n, rng) for n in range(22)]
+        snap = Snapshotter(db, store, interval_s=3600.0)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
+        try:
+            store.create_project(RECORD)
+            for body, ids in blocks[:10]:
+                store.append("p", "labels", body, ids)
+            loop.run_until_idle()
+            for body, ids in blocks[10:20]:
+                store.append("p", "labels", body, ids)
+            cut = redis_.aof_size()  # the entries are in, the state written for them is not
+            loop.run_until_idle()
+            assert store.applied_position("p") == 20
+            redis_.restart_truncated(cut)
+            assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
+            for body, ids in blocks[20:]:  # two more blocks: most items are not touched again
+                assert store.append("p", "labels", body, ids).accepted == 100
+                loop.step()
+            loop.run_until_idle()
+            want = {i for _, ids in blocks for i in ids if i is not None}
+            check_against_replay(store, db, loop.engines["p"], want)
+            assert loop.rewinds >= 1
+        finally:
+            snap.close()
 
 
 def test_running_until_idle_reloads_a_project_dropped_at_a_rewind(tmp_path: Path) -> None:
@@ -281,54 +286,47 @@ def test_redis_rolled_back_past_the_engines_last_read(tmp_path: Path, held: str)
     with them. The engine applied those ten as a run of their own; restoring that state (a
     snapshot taken at their end, or the engine's memory after its write failed) would serve
     what no replay of the log gives. It restores from before the lost read instead."""
-    redis_ = RedisWithAof(tmp_path)
-    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
-    store = RedisStore(redis_.url, "rb", join_entries=True)
-    rng = np.random.default_rng(4)
-    blocks = [block(n, rng) for n in range(22)]
-    snap = Snapshotter(db, store, interval_s=0.0 if held == "snapshot" else 3600.0)
-    loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=64)
-    try:
-        store.create_project(RECORD)
-        for body, ids in blocks[:10]:
-            store.append("p", "labels", body, ids)
-        loop.run_until_idle()
-        snap.wait()
-        for body, ids in blocks[10:20]:
-            store.append("p", "labels", body, ids)
-        cut = redis_.aof_size()  # the entries are in; the engine's read of them is not
-        if held == "snapshot":
+    with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
+        rng = np.random.default_rng(4)
+        blocks = [block(n, rng) for n in range(22)]
+        snap = Snapshotter(db, store, interval_s=0.0 if held == "snapshot" else 3600.0)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=64)
+        try:
+            store.create_project(RECORD)
+            for body, ids in blocks[:10]:
+                store.append("p", "labels", body, ids)
             loop.run_until_idle()
             snap.wait()
-            assert max(p for _, p, _ in db.anchors("p")) == 20
-            redis_.restart_truncated(cut)
-        else:
-            write = store.write_state
+            for body, ids in blocks[10:20]:
+                store.append("p", "labels", body, ids)
+            cut = redis_.aof_size()  # the entries are in; the engine's read of them is not
+            if held == "snapshot":
+                loop.run_until_idle()
+                snap.wait()
+                assert max(p for _, p, _ in db.anchors("p")) == 20
+                redis_.restart_truncated(cut)
+            else:
+                write = store.write_state
 
-            def crash_first(project: str, update: StateUpdate) -> None:
-                redis_.crash()  # Redis dies between the engine's read and its write
-                write(project, update)
+                def crash_first(project: str, update: StateUpdate) -> None:
+                    redis_.crash()  # Redis dies between the engine's read and its write
+                    write(project, update)
 
-            store.write_state = crash_first  # type: ignore[method-assign]
-            with pytest.raises(redis.ConnectionError):
+                store.write_state = crash_first  # type: ignore[method-assign]
+                with pytest.raises(redis.ConnectionError):
+                    loop.step()
+                store.write_state = write  # type: ignore[method-assign]
+                assert loop.engines["p"].position == 20
+                redis_.restart_truncated(cut)
+            assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
+            for body, ids in blocks[20:]:
+                assert store.append("p", "labels", body, ids).accepted == 100
                 loop.step()
-            store.write_state = write  # type: ignore[method-assign]
-            assert loop.engines["p"].position == 20
-            redis_.restart_truncated(cut)
-        assert (store.log_end("p"), store.applied_position("p")) == (20, 10)
-        for body, ids in blocks[20:]:
-            assert store.append("p", "labels", body, ids).accepted == 100
-            loop.step()
-        loop.run_until_idle()
-        log = whole_log(store, db)
-        assert log[10].joins is False and all(e.joins for e in log[11:21])  # 11-21: one run
-        want = {i for _, ids in blocks for i in ids if i is not None}
-        check_against_replay(store, db, loop.engines["p"], want)
-        assert loop.rewinds >= 1
-    finally:
-        snap.close()
-        store.close()
-        db.close()
-        redis_.close()
+            loop.run_until_idle()
+            log = whole_log(store, db)
+            assert log[10].joins is False and all(e.joins for e in log[11:21])  # 11-21: one run
+            want = {i for _, ids in blocks for i in ids if i is not None}
+            check_against_replay(store, db, loop.engines["p"], want)
+            assert loop.rewinds >= 1
+        finally:
+            snap.close()
