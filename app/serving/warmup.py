@@ -34,7 +34,7 @@ from app.serving.nominal import Globals, item_slots, recompute_posterior, stored
 from app.serving.predictions import warm_up as warm_up_predictions
 from app.store.base import EntryKind, LogEntry, ProjectRecord
 from core.acquisition import priority
-from core.blocks import LabelBlocks
+from core.blocks import LARGE, LabelBlocks, canonical_order
 from core.idset import IdSet, hash_ids, join_ids
 from core.itemlabels import ItemLabels
 from core.nominal import NominalConfig, NominalParams
@@ -90,6 +90,13 @@ def serving_extras() -> None:
     label_ids()
 
 
+def large_blocks() -> None:
+    """The sort of a block of at least ``LARGE`` labels (a run of queued entries joined: up to
+    ``JOIN_CAP`` blocks; a sweep's or a refit's gathering), with the engine's argument types."""
+    codes = np.zeros(LARGE, dtype=np.int64)
+    canonical_order(codes, codes, codes, np.ones(LARGE))
+
+
 def label_ids() -> None:
     """The embedded store's set of label ids: a block's keep mask, then its ids added; then
     enough ids that the set grows and moves its rows."""
@@ -119,6 +126,7 @@ def dyadic_learning() -> None:
 def everything() -> None:
     nominal()
     label_ids()
+    large_blocks()
     dyadic_learning()
     warm_up_predictions()  # predictions and h_min
 
@@ -138,8 +146,8 @@ def adopt(second: subprocess.Popen[bytes] | None) -> None:
 def second_process() -> None:
     """Compile the nominal model's learning (its callees' second half, then ``learn_blocks``
     once the service's process wrote the first half) and print a line; the dyadic model's
-    learning and another line; then what only predictions, h_min and refits need. With
-    everything cached, the two lines and nothing else."""
+    learning and another line; then what only predictions, h_min, refits and large blocks
+    need. With everything cached, the two lines and nothing else."""
     cached = _cached()
     if not cached:
         split_compile.compile_half(split_compile.SECOND_HALF)
@@ -152,6 +160,7 @@ def second_process() -> None:
     if not cached:
         warm_up_predictions()
         nominal()
+        large_blocks()
 
 
 _dyadic_loaded = threading.Event()

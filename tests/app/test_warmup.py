@@ -21,10 +21,13 @@ SESSION = textwrap.dedent(
     from app.serving.warmup import everything
     from app.settings import Settings
     import core._calibration_kernels, core._dyadic_kernels, core._kernels, core.acquisition
-    import core.idset, core.itemlabels
+    import core.blocks, core.idset, core.itemlabels
+    import orjson
+    from app.engine.project import ProjectEngine
+    from app.store.base import LogEntry, ProjectRecord
 
     MODULES = (core._kernels, core._dyadic_kernels, core._calibration_kernels,
-               core.acquisition, core.idset, core.itemlabels)
+               core.acquisition, core.blocks, core.idset, core.itemlabels)
 
     def signatures():
         return {(m.__name__, n, str(s)) for m in MODULES for n, d in vars(m).items()
@@ -56,6 +59,12 @@ SESSION = textwrap.dedent(
             while c.get(f"/v1/projects/{name}", headers=h).json()["stats"]["dyadic_passes"] < 30:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+    # Queued entries joined into one block of more than core.blocks.LARGE labels.
+    n = 70_000
+    big = ProjectEngine(ProjectRecord("big", ("a", "b", "c"), {"n_classes": 3}, 0.0))
+    body = {"items": [f"i{k % 9000}" for k in range(n)], "workers": [f"w{k % 50}" for k in range(n)],
+            "labels": [k % 3 for k in range(n)], "weights": None}
+    big.apply(LogEntry(1, "labels", orjson.dumps(body), b""))
     added = sorted(signatures() - before)
     print(len(before), added)
     sys.exit(1 if added else 0)
