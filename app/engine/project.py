@@ -63,6 +63,11 @@ _NO_BLOCKS = LabelBlocks(
 )
 
 
+class NonFiniteModelError(ArithmeticError):
+    """The model's parameters or an item's posterior left the finite numbers: nothing of it
+    is written, and the project stops at the state it last served (marked failed)."""
+
+
 class _Codes:
     """Dense codes 0..n-1 for opaque string ids, in order of first appearance."""
 
@@ -515,8 +520,10 @@ class ProjectEngine:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
         False, without the dyadic model's rows (its queued labels stay queued:
         ``dyadic_update`` learns them and gives its rows), else with every label learned."""
-        rows = self._rows_bytes()
+        changed = self._changed_rows()
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
+        self._check_finite(dirty, changed)
+        rows = rows_by_slot(self.slot_of_row[changed], self.online.params.worker[changed])
         self.calibration = self._calibrate()
         if _moved(self.calibration, self._queue_calibration):
             # every queued item's served posterior moved: scored again a slice a step
@@ -538,14 +545,30 @@ class ProjectEngine:
             rows_of_dyadic, queue_replace=replace,
         )  # fmt: skip
 
-    def _rows_bytes(self) -> dict[int, bytes]:
-        """The changed worker-slot rows (all after a rescale), by slot."""
-        changed = (
-            np.arange(self.n_rows, dtype=np.int64)
-            if self._all_rows
-            else np.fromiter(self._dirty_rows, np.int64, len(self._dirty_rows))
-        )
-        return rows_by_slot(self.slot_of_row[changed], self.online.params.worker[changed])
+    def _changed_rows(self) -> IntArray:
+        """The rows of the worker slots changed since the last update (all after a rescale)."""
+        if self._all_rows:
+            return np.arange(self.n_rows, dtype=np.int64)
+        return np.fromiter(self._dirty_rows, np.int64, len(self._dirty_rows))
+
+    def _check_finite(self, items: IntArray, rows: IntArray) -> None:
+        """Raise ``NonFiniteModelError`` unless the global parameters, the changed slot rows
+        and the changed items' posteriors are finite (settings whose steps overflow, as a
+        project saved before ``core.nominal.MAX_FIRST_STEP`` may have)."""
+        p = self.online.params
+        parts = {
+            "class logits": p.class_logits, "population matrix": p.population,
+            "step scale": p.scalars, "worker rows": p.worker[rows],
+            "item posteriors": self.q[items], "item clarities": self.b[items],
+        }  # fmt: skip
+        bad = [name for name, values in parts.items() if not np.isfinite(values).all()]
+        if bad:
+            raise NonFiniteModelError(
+                f"after log entry {self.position} the model's {', '.join(bad)} are not finite "
+                "numbers (its hyperparameters' first step eta0 tau0^-rho x max(1, "
+                "population_rate, class_rate) is too large for these answers); the state "
+                "before it stays served"
+            )
 
     @property
     def dyadic_backlog(self) -> int:

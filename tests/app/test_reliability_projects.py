@@ -355,3 +355,39 @@ def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: 
         assert sweeps() == k + 1  # one more each step: the last one applied, then a new one
     loop.run_until_idle()
     assert all(e.kind == "refine" for n in names for e in store.read_log(n, 1, 100)[:1])
+
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+def test_a_model_gone_non_finite_is_not_served(tmp_path: Path, kind: str) -> None:
+    """Settings whose first step overflows (refused at creation today; a project saved before
+    the bound may have them): the labels that take the model out of the finite numbers are not
+    applied to the served state, the project is marked failed with the reason, and what was
+    served before stays (it was served as null posteriors, and reads failed with 500)."""
+    store = make_store(kind, tmp_path)
+    config = NominalConfig(
+        n_classes=2, eta0=1e12, tau0=1.0, rho=0.0, population_rate=1e6, class_rate=1e6
+    )
+    store.create_project(ProjectRecord("p", ("a", "b"), config.to_dict(), time.time()))
+    loop = EngineLoop(store, refine_passes=0)
+    try:
+        store.append("p", "labels", orjson.dumps(_entry(["x"], ["w"], [0])))
+        loop.run_until_idle()
+        served = orjson.loads(store.get_item("p", "x") or b"{}")["posterior"]
+        items = [f"i{k % 30}" for k in range(300)]
+        workers = [f"w{k % 7}" for k in range(300)]
+        store.append(
+            "p", "labels", orjson.dumps(_entry(items, workers, [k % 2 for k in range(300)]))
+        )
+        loop.step()
+        assert "not finite" in store.failed_projects()["p"]
+        assert store.applied_position("p") == 1
+        assert orjson.loads(store.get_item("p", "x") or b"{}")["posterior"] == served
+        assert store.get_item("p", "i1") is None
+    finally:
+        if isinstance(store, RedisStore):
+            store.flush_prefix()
+        store.close()
+
+
+def _entry(items: list[str], workers: list[str], labels: list[int]) -> dict[str, Any]:
+    return {"items": items, "workers": workers, "labels": labels, "weights": None}
