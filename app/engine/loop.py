@@ -181,6 +181,10 @@ class EngineLoop:
         """The dyadic model's recent seconds per label learned, per project."""
         self._served: dict[str, int] = {}
         """The applied position each project's served state is at (found, then written)."""
+        self._unwritten: set[str] = set()
+        """Projects whose last state write failed (the store was unreachable): written again
+        at their next step, new entries or not (a quiet log would else leave the served state
+        behind the engine's until the next label)."""
         self.rewinds = 0
         """Engines dropped because the log went back in time (restored, then replayed)."""
         self._last_label: dict[str, float] = {}
@@ -333,6 +337,8 @@ class EngineLoop:
         eng = self.engines.get(name)
         if eng is None or name in self._sweeping or eng.position < self._catch_up.get(name, 0):
             return False
+        if name in self._unwritten:
+            return False
         if eng.sweep is not None and self.refine_passes > 0:  # (a sweep to go on with)
             return False
         if self._refine_due.get(name) or self._sweep_pending.get(name):
@@ -482,6 +488,7 @@ class EngineLoop:
         self.engines.pop(name, None)
         for held in (self._catch_up, self._anchor, self._served):
             held.pop(name, None)
+        self._unwritten.discard(name)
         self._sweeping.discard(name)  # (its sweep's entry may be among those lost)
         self._slice_pending.discard(name)
         self._sweep_pending.pop(name, None)
@@ -497,6 +504,7 @@ class EngineLoop:
             held.pop(name, None)
         self._anchor.pop(name, None)
         self._served.pop(name, None)
+        self._unwritten.discard(name)
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
         self.failed.pop(name, None)
@@ -538,6 +546,9 @@ class EngineLoop:
         now = time.monotonic()
         if not entries:
             served = eng.position >= self._catch_up.get(name, 0)
+            if served and name in self._unwritten:  # (written before anything else)
+                self._write(name, eng.state_update(dyadic=False), anchor, self._served.get(name))
+                self._served[name] = eng.position
             if served and eng.queue_rescoring:
                 self._write_queue_slice(name, eng, anchor)
             if served and (limit := self._dyadic_limit(name, eng, True)) is not None:
@@ -671,7 +682,9 @@ class EngineLoop:
         except BaseException:
             if (eng := self.engines.get(name)) is not None:
                 eng.not_written()  # (kept when the store was unreachable: all written again)
+                self._unwritten.add(name)
             raise
+        self._unwritten.discard(name)
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
         """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic

@@ -330,3 +330,37 @@ def test_redis_rolled_back_past_the_engines_last_read(tmp_path: Path, held: str)
             assert loop.rewinds >= 1
         finally:
             snap.close()
+
+
+def test_a_state_write_lost_with_redis_is_written_again_without_new_labels(tmp_path: Path) -> None:
+    """Redis dies under the engine's state write and comes back with everything before it
+    (the entries, the engine's read of them): the log is then quiet at the engine's position,
+    and the state it could not write is written at its next step all the same (it was left
+    unwritten until the next label came)."""
+    with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
+        rng = np.random.default_rng(5)
+        blocks = [block(n, rng) for n in range(13)]
+        loop = EngineLoop(store, refine_passes=0)
+        store.create_project(RECORD)
+        for body, ids in blocks[:10]:
+            store.append("p", "labels", body, ids)
+        loop.run_until_idle()
+        for body, ids in blocks[10:]:
+            store.append("p", "labels", body, ids)
+        write, kept = store.write_state, []
+
+        def crash_first(project: str, update: StateUpdate) -> None:
+            kept.append(redis_.aof_size())  # all but the write: Redis comes back with it
+            redis_.crash()
+            write(project, update)
+
+        store.write_state = crash_first  # type: ignore[method-assign]
+        with pytest.raises(redis.ConnectionError):
+            loop.step()
+        store.write_state = write  # type: ignore[method-assign]
+        redis_.restart_truncated(kept[0])
+        assert (store.log_end("p"), store.applied_position("p")) == (13, 10)
+        loop.run_until_idle()
+        assert store.applied_position("p") == 13
+        want = {i for _, ids in blocks for i in ids if i is not None}
+        check_against_replay(store, db, loop.engines["p"], want)
