@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import UnknownProjectError
@@ -128,6 +129,22 @@ def not_found(method: str, path: str, headers: dict[str, str] | None = None) -> 
     return ApiError(404, "not_found", message, headers=headers)
 
 
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str | None:
+    """Every method the request's path takes, for a 405's ``Allow``: FastAPI makes a route per
+    method, and Starlette's 405 names only the first route whose path matched. (Mounts, which
+    take any method, are left out.)"""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    takes = [
+        m
+        for m in METHODS
+        if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
+    ]
+    return ", ".join(takes) or None
+
+
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     """Starlette's and FastAPI's own errors: unknown routes, methods, unparsable bodies."""
     assert isinstance(exc, HTTPException)
@@ -137,6 +154,9 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
         return not_found(request.method, path, headers).response()
     if exc.status_code == 405:
         message = f"{request.method} is not allowed on {_shown(path)}"
+        if allow := allowed_methods(request):
+            headers = {**(headers or {}), "Allow": allow}
+            message += f": it takes {allow}"
         return ApiError(405, "method_not_allowed", message, headers=headers).response()
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read the body
         why = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]

@@ -255,6 +255,26 @@ def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClien
     _error(client.get("/v1/projects/census/workers/w%0A", headers=key), 404, "not_found")
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/projects/census", "DELETE, GET"),
+        ("PUT", "/v1/projects", "GET, POST"),
+        ("DELETE", "/v1/projects/census/keys", "GET, POST"),
+        ("POST", "/v1/projects/census/queue/settings", "GET, PUT"),
+        ("PATCH", "/v1/projects/census/snapshots/1", "DELETE, GET"),
+        ("DELETE", "/v1/projects/census/queue", "GET"),
+    ],
+)
+def test_a_405_allows_every_method_of_its_path(
+    bare: TestClient, method: str, path: str, allow: str
+) -> None:
+    r = bare.request(method, path)
+    err = _error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == allow
+    assert err["message"] == f"{method} is not allowed on {path!r}: it takes {allow}"
+
+
 @pytest.mark.parametrize("bad", ["a\x00", "a\n", "\ta", "a\x7f", "a\x85"])
 def test_ids_with_control_characters_are_refused(client: TestClient, bad: str) -> None:
     key = make_project(client)
