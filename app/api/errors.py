@@ -88,6 +88,18 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+JSON_TYPES = ((bool, "true or false"), (str, "a string"), (int | float, "a number"),
+              (list, "an array"), (dict, "an object"), (type(None), "null"))  # fmt: skip
+NOT_AN_OBJECT = ("dict_type", "model_type", "model_attributes_type")
+"""Pydantic's errors for a value that is no JSON object where one is expected (their messages
+name our classes, "a valid dictionary or instance of ItemIn", or pydantic's own terms)."""
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is: "a string", "an array", "null"..."""
+    return next((name for kind, name in JSON_TYPES if isinstance(value, kind)), "something else")
+
+
 async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     err = exc.errors()[0]
@@ -102,6 +114,8 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     where = field or loc[0]
     no_control = err.get("ctx", {}).get("pattern") == NO_CONTROL
     msg = NO_CONTROL_MESSAGE if no_control else err["msg"]
+    if err["type"] in NOT_AN_OBJECT and not isinstance(err.get("input"), bytes):
+        msg = f"must be a JSON object, not {json_type(err.get('input'))}"
     return ApiError(422, "invalid_request", f"{where}: {msg}", None, field).response()
 
 

@@ -240,6 +240,37 @@ def test_malformed_bodies_answer_in_the_error_format(client: TestClient) -> None
     assert _error(r, 422, "invalid_request")["field"] == "nope"
 
 
+def test_an_entry_that_is_no_object_is_told_what_an_entry_is(client: TestClient) -> None:
+    key = make_project(client)
+    label = {"item": "a", "worker": "w", "label": "white"}
+    for what, block, code, message in (
+        ("items", ["x"], "invalid_label", 'an item must be a JSON object with "item", not a string'),
+        ("gold", [{"item": "a", "label": "white"}, 5], "invalid_label",
+         'a gold answer must be a JSON object with "item" and "label", not a number'),
+        ("labels", [label, None], "invalid_label",
+         'a label must be a JSON object with "item", "worker" and "label" (and optionally "id", '
+         '"weight"), not null'),
+        ("predictions", [["w", "a"]], "invalid_pair",
+         'a pair must be a JSON object with "worker" and "item", not an array'),
+    ):  # fmt: skip
+        r = client.post(f"/v1/projects/census/{what}", content=orjson.dumps(block), headers=key)
+        err = _error(r, 422, code)
+        entry = len(block) - 1
+        assert err == {"code": code, "message": f"entry {entry}: {message}", "entry": entry,
+                       "field": None}, what  # fmt: skip
+    # the bodies FastAPI reads: the whole body, or a field that should be an object
+    r = client.post("/v1/projects", json=["x"])
+    assert (
+        _error(r, 422, "invalid_request")["message"] == "body: must be a JSON object, not an array"
+    )
+    r = client.post("/v1/projects", json={"name": "x", "labels": LABELS, "dyadic": "on"})
+    err = _error(r, 422, "invalid_request")
+    assert (err["message"], err["field"]) == (
+        "dyadic: must be a JSON object, not a string",
+        "dyadic",
+    )
+
+
 def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     _error(client.get("/nope"), 404, "not_found")
