@@ -222,6 +222,19 @@ def test_out_of_range_numbers_in_queue_settings_are_422(client: TestClient) -> N
     assert r.status_code == 202 and r.json()["budget"] == 2**53 - 1
 
 
+def test_a_nan_probability_in_the_query_is_refused_as_such(client: TestClient) -> None:
+    key = make_project(client)
+    path = "/v1/projects/census/items"
+    for param in ("min_probability", "max_probability"):
+        for nan in ("nan", "NaN", "-nan"):
+            err = _error(client.get(path, params={param: nan}, headers=key), 422, "invalid_request")
+            assert err["field"] == param
+            assert err["message"] == f"{param}: must be a number between 0 and 1, not NaN"
+        err = _error(client.get(path, params={param: "2"}, headers=key), 422, "invalid_request")
+        assert err["message"] == f"{param}: Input should be less than or equal to 1"
+        assert client.get(path, params={param: "0.5"}, headers=key).status_code == 200
+
+
 def test_malformed_bodies_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     json_ = {**key, "content-type": "application/json"}
