@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from app.api.errors import NOT_AN_OBJECT, ApiError, json_type
+from app.api.errors import NOT_AN_OBJECT, ApiError, json_type, not_utf8
 from app.api.schemas import NO_CONTROL_MESSAGE, GoldIn, ItemIn, LabelIn, PairIn
 from app.store.base import ProjectRecord
 
@@ -122,6 +122,10 @@ def parse_block(
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode()
+        except UnicodeDecodeError as not_text:
+            raise not_utf8(not_text) from None
         raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
     if not isinstance(data, list):
         raise ApiError(422, "invalid_block", f"the body must be a JSON array of {what}s")

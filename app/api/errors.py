@@ -95,6 +95,17 @@ NOT_AN_OBJECT = ("dict_type", "model_type", "model_attributes_type")
 name our classes, "a valid dictionary or instance of ItemIn", or pydantic's own terms)."""
 
 
+def not_utf8(exc: UnicodeDecodeError) -> ApiError:
+    """400 for a body that is not UTF-8, so no JSON (orjson said "surrogates not allowed")."""
+    at = exc.start
+    return ApiError(
+        400,
+        "invalid_json",
+        f"the body is not JSON: it is not valid UTF-8 (byte {exc.object[at]:#04x} at position "
+        f"{at}); send UTF-8 JSON",
+    )
+
+
 def json_type(value: Any) -> str:
     """What a parsed JSON value is: "a string", "an array", "null"..."""
     return next((name for kind, name in JSON_TYPES if isinstance(value, kind)), "something else")
@@ -172,6 +183,8 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
             headers = {**(headers or {}), "Allow": allow}
             message += f": it takes {allow}"
         return ApiError(405, "method_not_allowed", message, headers=headers).response()
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        return not_utf8(exc.__cause__).response()
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read the body
         why = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
         return ApiError(400, "invalid_json", f"the body is not JSON: {why}").response()

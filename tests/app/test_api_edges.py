@@ -284,6 +284,27 @@ def test_an_entry_that_is_no_object_is_told_what_an_entry_is(client: TestClient)
     )
 
 
+def test_a_body_that_is_not_utf8_is_told_so(client: TestClient) -> None:
+    key = make_project(client)
+    json_ = {**key, "content-type": "application/json"}
+    for method, path in (
+        ("POST", "/v1/projects"),
+        ("POST", "/v1/projects/census/keys"),
+        ("PUT", "/v1/projects/census/queue/settings"),
+        ("POST", "/v1/projects/census/labels"),
+        ("POST", "/v1/projects/census/gold"),
+        ("POST", "/v1/projects/census/items"),
+        ("POST", "/v1/projects/census/predictions"),
+    ):
+        headers = {**json_, "Authorization": f"Bearer {ADMIN}"} if "keys" in path else json_
+        for body, at in ((b"\xff", 0), (b'[{"item": "\xff"}]', 11)):
+            r = client.request(method, path, content=body, headers=headers)
+            assert _error(r, 400, "invalid_json")["message"] == (
+                f"the body is not JSON: it is not valid UTF-8 (byte 0xff at position {at}); "
+                "send UTF-8 JSON"
+            ), (path, body)
+
+
 def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     _error(client.get("/nope"), 404, "not_found")
