@@ -83,8 +83,29 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+def media_type(request: Request) -> str:
+    """The body's Content-Type without its parameters ("": none given)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(media: str) -> bool:
+    """JSON's media type, as FastAPI tells it (``application/json``, ``application/*+json``)."""
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def must_be_json(request: Request) -> str:
+    media = media_type(request)
+    how = f"as {media}" if media else "without a Content-Type"
+    return f"the body must be JSON, sent with Content-Type: application/json (it was sent {how})"
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    media = media_type(request)
+    if exc.code == "invalid_json" and media and not is_json(media):  # a form, say
+        exc = ApiError(exc.status, exc.code, f"{must_be_json(request)}; {exc.message}")
     return exc.response()
 
 
@@ -111,9 +132,11 @@ def json_type(value: Any) -> str:
     return next((name for kind, name in JSON_TYPES if isinstance(value, kind)), "something else")
 
 
-async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     err = exc.errors()[0]
+    if err["type"] in NOT_AN_OBJECT and isinstance(err.get("input"), bytes):  # not read as JSON
+        return ApiError(422, "invalid_request", must_be_json(request)).response()
     if err["type"] == "json_invalid":  # as the routes that read their body by hand answer
         why = err.get("ctx", {}).get("error", "not JSON")
         at = err["loc"][-1]
@@ -125,7 +148,7 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     where = field or loc[0]
     no_control = err.get("ctx", {}).get("pattern") == NO_CONTROL
     msg = NO_CONTROL_MESSAGE if no_control else err["msg"]
-    if err["type"] in NOT_AN_OBJECT and not isinstance(err.get("input"), bytes):
+    if err["type"] in NOT_AN_OBJECT:
         msg = f"must be a JSON object, not {json_type(err.get('input'))}"
     return ApiError(422, "invalid_request", f"{where}: {msg}", None, field).response()
 

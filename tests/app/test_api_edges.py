@@ -305,6 +305,34 @@ def test_a_body_that_is_not_utf8_is_told_so(client: TestClient) -> None:
             ), (path, body)
 
 
+def test_a_form_body_is_told_to_be_json(client: TestClient) -> None:
+    key = make_project(client)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    must = "the body must be JSON, sent with Content-Type: application/json (it was sent {})"
+    sent_as_form = must.format("as application/x-www-form-urlencoded")
+    for method, path in (  # the bodies FastAPI reads: JSON only when sent as JSON
+        ("POST", "/v1/projects"),
+        ("POST", "/v1/projects/census/keys"),
+        ("PUT", "/v1/projects/census/queue/settings"),
+    ):
+        r = client.request(method, path, content=b"name=x&labels=a", headers=form)
+        assert _error(r, 422, "invalid_request")["message"] == sent_as_form, path
+        r = client.request(method, path, content=b'{"name": "x", "labels": ["a", "b"]}')
+        assert _error(r, 422, "invalid_request")["message"] == must.format(
+            "without a Content-Type"
+        ), path
+    for what in ("labels", "gold", "items", "predictions"):  # blocks: read as JSON whatever
+        path = f"/v1/projects/census/{what}"
+        r = client.post(path, content=b"item=a&label=white", headers={**key, **form})
+        assert _error(r, 400, "invalid_json")["message"].startswith(
+            f"{sent_as_form}; the body is not JSON: "
+        ), what
+    r = client.post(
+        "/v1/projects/census/items", content=b'[{"item": "a"}]', headers={**key, **form}
+    )
+    assert r.status_code == 202 and r.json()["accepted"] == 1, r.text
+
+
 def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     _error(client.get("/nope"), 404, "not_found")
