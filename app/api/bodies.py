@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from app.api.errors import ApiError
+from app.api.errors import NOT_AN_OBJECT, ApiError, json_type, not_utf8
 from app.api.schemas import NO_CONTROL_MESSAGE, GoldIn, ItemIn, LabelIn, PairIn
 from app.store.base import ProjectRecord
 
@@ -122,6 +122,10 @@ def parse_block(
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode()
+        except UnicodeDecodeError as not_text:
+            raise not_utf8(not_text) from None
         raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
     if not isinstance(data, list):
         raise ApiError(422, "invalid_block", f"the body must be a JSON array of {what}s")
@@ -141,6 +145,8 @@ def parse_block(
         msg = err["msg"]
         if err["type"] == "string_pattern_mismatch":  # ids: schemas.NO_CONTROL
             msg = NO_CONTROL_MESSAGE
+        elif err["type"] in NOT_AN_OBJECT and field is None:
+            msg = not_an_object(adapter, what, err["input"])
         n_bad = exc.error_count()
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(
@@ -153,6 +159,19 @@ def parse_block(
             field,
         ) from None
     return out
+
+
+def not_an_object(adapter: TypeAdapter[Any], what: str, value: Any) -> str:
+    """What an entry must look like, said for one that is no JSON object (pydantic's message
+    names a class of ours: "a valid dictionary or instance of ItemIn")."""
+    entry = next(iter(adapter.json_schema()["$defs"].values()))
+    required = [f'"{k}"' for k in entry["required"]]
+    optional = [f'"{k}"' for k in entry["properties"] if k not in entry["required"]]
+    fields = ", ".join(required[:-1]) + " and " + required[-1] if required[1:] else required[0]
+    if optional:
+        fields += f" (and optionally {', '.join(optional)})"
+    article = "an" if what[0] in "aeiou" else "a"
+    return f"{article} {what} must be a JSON object with {fields}, not {json_type(value)}"
 
 
 def array_body(schema: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import UnknownProjectError
@@ -82,14 +83,60 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+def media_type(request: Request) -> str:
+    """The body's Content-Type without its parameters ("": none given)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(media: str) -> bool:
+    """JSON's media type, as FastAPI tells it (``application/json``, ``application/*+json``)."""
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def must_be_json(request: Request) -> str:
+    media = media_type(request)
+    how = f"as {media}" if media else "without a Content-Type"
+    return f"the body must be JSON, sent with Content-Type: application/json (it was sent {how})"
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    media = media_type(request)
+    if exc.code == "invalid_json" and media and not is_json(media):  # a form, say
+        exc = ApiError(exc.status, exc.code, f"{must_be_json(request)}; {exc.message}")
     return exc.response()
 
 
-async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+JSON_TYPES = ((bool, "true or false"), (str, "a string"), (int | float, "a number"),
+              (list, "an array"), (dict, "an object"), (type(None), "null"))  # fmt: skip
+NOT_AN_OBJECT = ("dict_type", "model_type", "model_attributes_type")
+"""Pydantic's errors for a value that is no JSON object where one is expected (their messages
+name our classes, "a valid dictionary or instance of ItemIn", or pydantic's own terms)."""
+
+
+def not_utf8(exc: UnicodeDecodeError) -> ApiError:
+    """400 for a body that is not UTF-8, so no JSON (orjson said "surrogates not allowed")."""
+    at = exc.start
+    return ApiError(
+        400,
+        "invalid_json",
+        f"the body is not JSON: it is not valid UTF-8 (byte {exc.object[at]:#04x} at position "
+        f"{at}); send UTF-8 JSON",
+    )
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is: "a string", "an array", "null"..."""
+    return next((name for kind, name in JSON_TYPES if isinstance(value, kind)), "something else")
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     err = exc.errors()[0]
+    if err["type"] in NOT_AN_OBJECT and isinstance(err.get("input"), bytes):  # not read as JSON
+        return ApiError(422, "invalid_request", must_be_json(request)).response()
     if err["type"] == "json_invalid":  # as the routes that read their body by hand answer
         why = err.get("ctx", {}).get("error", "not JSON")
         at = err["loc"][-1]
@@ -101,6 +148,8 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     where = field or loc[0]
     no_control = err.get("ctx", {}).get("pattern") == NO_CONTROL
     msg = NO_CONTROL_MESSAGE if no_control else err["msg"]
+    if err["type"] in NOT_AN_OBJECT:
+        msg = f"must be a JSON object, not {json_type(err.get('input'))}"
     return ApiError(422, "invalid_request", f"{where}: {msg}", None, field).response()
 
 
@@ -128,6 +177,22 @@ def not_found(method: str, path: str, headers: dict[str, str] | None = None) -> 
     return ApiError(404, "not_found", message, headers=headers)
 
 
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str | None:
+    """Every method the request's path takes, for a 405's ``Allow``: FastAPI makes a route per
+    method, and Starlette's 405 names only the first route whose path matched. (Mounts, which
+    take any method, are left out.)"""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    takes = [
+        m
+        for m in METHODS
+        if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
+    ]
+    return ", ".join(takes) or None
+
+
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     """Starlette's and FastAPI's own errors: unknown routes, methods, unparsable bodies."""
     assert isinstance(exc, HTTPException)
@@ -137,7 +202,12 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
         return not_found(request.method, path, headers).response()
     if exc.status_code == 405:
         message = f"{request.method} is not allowed on {_shown(path)}"
+        if allow := allowed_methods(request):
+            headers = {**(headers or {}), "Allow": allow}
+            message += f": it takes {allow}"
         return ApiError(405, "method_not_allowed", message, headers=headers).response()
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        return not_utf8(exc.__cause__).response()
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read the body
         why = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
         return ApiError(400, "invalid_json", f"the body is not JSON: {why}").response()

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from app.engine.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
 from app.io.input import MAX_CLASSES, MAX_ID_LENGTH
@@ -27,6 +36,22 @@ LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, patte
 IdQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
 """A worker's or an item's id given in the query (None: not given)."""
 """A class's name: no control characters either (a newline in one broke exports' rows)."""
+
+
+def _not_nan(value: Any) -> Any:
+    """A query's ``nan`` refused as such: read as NaN, it failed ``le=1`` ("should be less
+    than or equal to 1")."""
+    try:
+        nan = math.isnan(float(value))
+    except (TypeError, ValueError):
+        return value  # pydantic says what is wrong with it
+    if nan:
+        raise PydanticCustomError("finite_number", "must be a number between 0 and 1, not NaN")
+    return value
+
+
+ProbabilityQuery = Annotated[float, Query(ge=0, le=1), BeforeValidator(_not_nan)]
+"""A probability given in the query: 0 to 1, not NaN."""
 MAX_COUNT = 2**53 - 1
 """The largest count a setting takes (the largest integer a JSON number holds exactly)."""
 _DEFAULTS = NominalConfig(n_classes=2)

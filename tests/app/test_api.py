@@ -153,6 +153,21 @@ def test_gold_labels(client: TestClient) -> None:
     assert (named["accepted"], named["duplicates"]) == (2, 1)  # (it said 3 accepted)
 
 
+def test_gold_given_twice_in_a_block_counts_once(client: TestClient) -> None:
+    key = make_project(client)
+    post(client, key, triples(40))
+    path = "/v1/projects/census/gold"
+    twice = [{"item": "img3", "label": "asian"}, {"item": "img5", "label": "white"}] * 2
+    r = client.post(path, params={"wait": True}, json=twice, headers=key)
+    assert r.status_code == 202, r.text
+    assert (r.json()["accepted"], r.json()["duplicates"]) == (2, 2)  # (it said 4 and 0)
+    w = client.get("/v1/projects/census/workers/w3", headers=key).json()
+    assert w["gold_labels"] == 1  # img3's gold, once
+    bad = [*twice, {"item": "img6", "label": "purple"}]  # an entry is named in the block
+    err = client.post(path, json=bad, headers=key).json()["error"]
+    assert (err["code"], err["entry"], err["field"]) == ("unknown_label", 4, "label")
+
+
 def test_items_pages_filter_and_export(client: TestClient) -> None:
     key = make_project(client)
     assert post(client, key, triples(40)).status_code == 202

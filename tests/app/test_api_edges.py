@@ -222,6 +222,19 @@ def test_out_of_range_numbers_in_queue_settings_are_422(client: TestClient) -> N
     assert r.status_code == 202 and r.json()["budget"] == 2**53 - 1
 
 
+def test_a_nan_probability_in_the_query_is_refused_as_such(client: TestClient) -> None:
+    key = make_project(client)
+    path = "/v1/projects/census/items"
+    for param in ("min_probability", "max_probability"):
+        for nan in ("nan", "NaN", "-nan"):
+            err = _error(client.get(path, params={param: nan}, headers=key), 422, "invalid_request")
+            assert err["field"] == param
+            assert err["message"] == f"{param}: must be a number between 0 and 1, not NaN"
+        err = _error(client.get(path, params={param: "2"}, headers=key), 422, "invalid_request")
+        assert err["message"] == f"{param}: Input should be less than or equal to 1"
+        assert client.get(path, params={param: "0.5"}, headers=key).status_code == 200
+
+
 def test_malformed_bodies_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     json_ = {**key, "content-type": "application/json"}
@@ -240,6 +253,86 @@ def test_malformed_bodies_answer_in_the_error_format(client: TestClient) -> None
     assert _error(r, 422, "invalid_request")["field"] == "nope"
 
 
+def test_an_entry_that_is_no_object_is_told_what_an_entry_is(client: TestClient) -> None:
+    key = make_project(client)
+    label = {"item": "a", "worker": "w", "label": "white"}
+    for what, block, code, message in (
+        ("items", ["x"], "invalid_label", 'an item must be a JSON object with "item", not a string'),
+        ("gold", [{"item": "a", "label": "white"}, 5], "invalid_label",
+         'a gold answer must be a JSON object with "item" and "label", not a number'),
+        ("labels", [label, None], "invalid_label",
+         'a label must be a JSON object with "item", "worker" and "label" (and optionally "id", '
+         '"weight"), not null'),
+        ("predictions", [["w", "a"]], "invalid_pair",
+         'a pair must be a JSON object with "worker" and "item", not an array'),
+    ):  # fmt: skip
+        r = client.post(f"/v1/projects/census/{what}", content=orjson.dumps(block), headers=key)
+        err = _error(r, 422, code)
+        entry = len(block) - 1
+        assert err == {"code": code, "message": f"entry {entry}: {message}", "entry": entry,
+                       "field": None}, what  # fmt: skip
+    # the bodies FastAPI reads: the whole body, or a field that should be an object
+    r = client.post("/v1/projects", json=["x"])
+    assert (
+        _error(r, 422, "invalid_request")["message"] == "body: must be a JSON object, not an array"
+    )
+    r = client.post("/v1/projects", json={"name": "x", "labels": LABELS, "dyadic": "on"})
+    err = _error(r, 422, "invalid_request")
+    assert (err["message"], err["field"]) == (
+        "dyadic: must be a JSON object, not a string",
+        "dyadic",
+    )
+
+
+def test_a_body_that_is_not_utf8_is_told_so(client: TestClient) -> None:
+    key = make_project(client)
+    json_ = {**key, "content-type": "application/json"}
+    for method, path in (
+        ("POST", "/v1/projects"),
+        ("POST", "/v1/projects/census/keys"),
+        ("PUT", "/v1/projects/census/queue/settings"),
+        ("POST", "/v1/projects/census/labels"),
+        ("POST", "/v1/projects/census/gold"),
+        ("POST", "/v1/projects/census/items"),
+        ("POST", "/v1/projects/census/predictions"),
+    ):
+        headers = {**json_, "Authorization": f"Bearer {ADMIN}"} if "keys" in path else json_
+        for body, at in ((b"\xff", 0), (b'[{"item": "\xff"}]', 11)):
+            r = client.request(method, path, content=body, headers=headers)
+            assert _error(r, 400, "invalid_json")["message"] == (
+                f"the body is not JSON: it is not valid UTF-8 (byte 0xff at position {at}); "
+                "send UTF-8 JSON"
+            ), (path, body)
+
+
+def test_a_form_body_is_told_to_be_json(client: TestClient) -> None:
+    key = make_project(client)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    must = "the body must be JSON, sent with Content-Type: application/json (it was sent {})"
+    sent_as_form = must.format("as application/x-www-form-urlencoded")
+    for method, path in (  # the bodies FastAPI reads: JSON only when sent as JSON
+        ("POST", "/v1/projects"),
+        ("POST", "/v1/projects/census/keys"),
+        ("PUT", "/v1/projects/census/queue/settings"),
+    ):
+        r = client.request(method, path, content=b"name=x&labels=a", headers=form)
+        assert _error(r, 422, "invalid_request")["message"] == sent_as_form, path
+        r = client.request(method, path, content=b'{"name": "x", "labels": ["a", "b"]}')
+        assert _error(r, 422, "invalid_request")["message"] == must.format(
+            "without a Content-Type"
+        ), path
+    for what in ("labels", "gold", "items", "predictions"):  # blocks: read as JSON whatever
+        path = f"/v1/projects/census/{what}"
+        r = client.post(path, content=b"item=a&label=white", headers={**key, **form})
+        assert _error(r, 400, "invalid_json")["message"].startswith(
+            f"{sent_as_form}; the body is not JSON: "
+        ), what
+    r = client.post(
+        "/v1/projects/census/items", content=b'[{"item": "a"}]', headers={**key, **form}
+    )
+    assert r.status_code == 202 and r.json()["accepted"] == 1, r.text
+
+
 def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClient) -> None:
     key = make_project(client)
     _error(client.get("/nope"), 404, "not_found")
@@ -253,6 +346,26 @@ def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClien
         r = client.get(f"/v1/projects/census/items/{item}", headers=key)
         assert "control characters" in _error(r, 404, "not_found")["message"], item
     _error(client.get("/v1/projects/census/workers/w%0A", headers=key), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/projects/census", "DELETE, GET"),
+        ("PUT", "/v1/projects", "GET, POST"),
+        ("DELETE", "/v1/projects/census/keys", "GET, POST"),
+        ("POST", "/v1/projects/census/queue/settings", "GET, PUT"),
+        ("PATCH", "/v1/projects/census/snapshots/1", "DELETE, GET"),
+        ("DELETE", "/v1/projects/census/queue", "GET"),
+    ],
+)
+def test_a_405_allows_every_method_of_its_path(
+    bare: TestClient, method: str, path: str, allow: str
+) -> None:
+    r = bare.request(method, path)
+    err = _error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == allow
+    assert err["message"] == f"{method} is not allowed on {path!r}: it takes {allow}"
 
 
 @pytest.mark.parametrize("bad", ["a\x00", "a\n", "\ta", "a\x7f", "a\x85"])

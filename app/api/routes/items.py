@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep, require
 from app.api.errors import ERRORS, ApiError
 from app.api.exports import csv_header, csv_rows, jsonl_lines
-from app.api.schemas import Item, ItemPage
+from app.api.schemas import Item, ItemPage, ProbabilityQuery
 from app.api.views import globals_of, item_view, stored_item_views, within
 from app.serving.stored_pages import stored_pages
 
@@ -54,8 +54,8 @@ def list_items(
     svc: ServiceDep,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    max_probability: Annotated[float, Query(ge=0, le=1)] = 1.0,
-    min_probability: Annotated[float, Query(ge=0, le=1)] = 0.0,
+    max_probability: ProbabilityQuery = 1.0,
+    min_probability: ProbabilityQuery = 0.0,
 ) -> ItemPage:
     record = svc.project(project)
     try:

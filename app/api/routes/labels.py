@@ -115,10 +115,14 @@ async def post_gold(
     )
     refuse_two_golds(gold)
     codes = label_codes(record, [x.label for x in gold])
-    payload = orjson.dumps({"items": [x.item for x in gold], "labels": codes})
+    answers = dict(zip((x.item for x in gold), codes, strict=True))  # (given twice: once)
+    payload = orjson.dumps({"items": list(answers), "labels": list(answers.values())})
     result = await append_block(svc, project, "gold", payload, None)
     applied = await in_thread(wait_applied, svc, project, result.position) if wait else False
-    return Accepted(accepted=len(gold), duplicates=0, position=result.position, applied=applied)
+    repeats = len(gold) - len(answers)
+    return Accepted(
+        accepted=len(answers), duplicates=repeats, position=result.position, applied=applied
+    )
 
 
 def refuse_two_golds(gold: list[GoldIn]) -> None:
