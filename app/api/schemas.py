@@ -33,9 +33,9 @@ ExternalId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)
 ]
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL)]
+"""A class's name: no control characters either (a newline in one broke exports' rows)."""
 IdQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
 """A worker's or an item's id given in the query (None: not given)."""
-"""A class's name: no control characters either (a newline in one broke exports' rows)."""
 
 
 def _not_nan(value: Any) -> Any:
