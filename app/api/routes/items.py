@@ -58,10 +58,35 @@ def list_items(
     min_probability: ProbabilityQuery = 0.0,
 ) -> ItemPage:
     record = svc.project(project)
+    pos, after = _cursor(cursor)
+    g = globals_of(svc, record)
+    scanned = 0
+    while True:  # scan on while no item passes the filter, up to SCANNED_PER_PAGE items
+        nxt, page = svc.store.scan_items(project, pos, limit)
+        if after is not None:  # the rest of a scan's page that held more than ``limit``
+            page = [entry for entry in page if entry[0] > after]
+        scanned += len(page)
+        views = stored_item_views(record, page, g)
+        items = [x for x in views if within(x, min_probability, max_probability)]
+        if len(items) > limit:  # (Redis' HSCAN counts buckets, not fields)
+            items = sorted(items, key=lambda x: x.item)[:limit]
+            return ItemPage(items=items, next_cursor=f"{pos}:{items[-1].item}")
+        if items or not nxt or scanned >= SCANNED_PER_PAGE:
+            return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
+        pos, after = nxt, None
+
+
+def _cursor(cursor: str | None) -> tuple[int, str | None]:
+    """A listing's cursor: the store's scan position, and after a page that the scan filled
+    past ``limit``, the last item served from it (``position:item``, the rest of that scan's
+    page comes next, in item order)."""
+    if not cursor:
+        return 0, None
+    text, colon, after = cursor.partition(":")
     try:
-        pos = int(cursor) if cursor else 0
-        if pos < 0:  # (no next_cursor is: a store slicing from the end would page forever)
-            raise ValueError(cursor)
+        pos = int(text)
+        if pos < 0 or (colon and not after):  # (no next_cursor is: a store slicing from the
+            raise ValueError(cursor)  # end would page forever)
     except ValueError:
         raise ApiError(
             422,
@@ -70,16 +95,7 @@ def list_items(
             None,
             "cursor",
         ) from None
-    g = globals_of(svc, record)
-    scanned = 0
-    while True:  # scan on while no item passes the filter, up to SCANNED_PER_PAGE items
-        nxt, page = svc.store.scan_items(project, pos, limit)
-        scanned += len(page)
-        views = stored_item_views(record, page, g)
-        items = [x for x in views if within(x, min_probability, max_probability)]
-        if items or not nxt or scanned >= SCANNED_PER_PAGE:
-            return ItemPage(items=items, next_cursor=str(nxt) if nxt else None)
-        pos = nxt
+    return pos, after if colon else None
 
 
 SCANNED_PER_PAGE = 10_000
