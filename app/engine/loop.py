@@ -474,6 +474,7 @@ class EngineLoop:
         error = f"{type(exc).__name__}: {exc}"[:500]
         self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
         self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
+        self._unwritten.discard(name)  # (the engine rebuilt writes what it restores)
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
         self._catch_up.pop(name, None)
