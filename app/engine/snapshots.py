@@ -300,15 +300,18 @@ class Snapshotter:
                 kept = anchor
                 break
             stale.append(anchor[0])
-        if stale:
-            # Archived entries the live log still holds, or never held, may be of the lost
-            # history: they go; those it trimmed are of its own (archived before the trim).
-            trimmed = min(self.store.log_start(record.name) - 1, self.store.log_end(record.name))
-            at = max(kept[1] if kept is not None else 0, trimmed)
+        # Archived entries the live log still holds, or never held, may be of a lost history
+        # (they outlive the snapshots that archived them): they go; those it trimmed are of its
+        # own (archived before the trim). The archive is appended from its end on, so an entry
+        # of a lost history left there would be replayed in place of the log's.
+        trimmed = min(self.store.log_start(record.name) - 1, self.store.log_end(record.name))
+        at = max(kept[1] if kept is not None else 0, trimmed)
+        past_log = not self.store.log_in_sql and self.db.archived_position(record.name) > at
+        if stale or past_log:
             log.warning(
-                "%s: the log no longer holds what %d snapshot(s) covered (the store went back "
-                "in time); restoring from position %d, archive kept up to %d",
-                record.name, len(stale), kept[1] if kept is not None else 0, at,
+                "%s: the log no longer holds what %d snapshot(s) and the archive past position "
+                "%d covered (the store went back in time); restoring from position %d",
+                record.name, len(stale), at, kept[1] if kept is not None else 0,
             )  # fmt: skip
             self.db.rewind(record.name, at, stale)
             self.rewinds += 1

@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -364,3 +365,51 @@ def test_a_state_write_lost_with_redis_is_written_again_without_new_labels(tmp_p
         assert store.applied_position("p") == 13
         want = {i for _, ids in blocks for i in ids if i is not None}
         check_against_replay(store, db, loop.engines["p"], want)
+
+
+def test_archived_entries_of_a_lost_history_are_dropped_without_a_stale_snapshot(
+    tmp_path: Path,
+) -> None:
+    """Two roll-backs: after the first, no snapshot is left past the log's start but the
+    archive is kept up to where the log was trimmed; the second goes back before that, and the
+    blocks posted again are logged at those positions anew. No snapshot is stale then, so the
+    archive's entries of the lost history were kept, and read in place of the log's."""
+    with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
+        rng = np.random.default_rng(8)
+        blocks = [block(n, rng) for n in range(9)]
+        store.create_project(replace(RECORD, created_at=time.time()))  # (no snapshot due)
+
+        def loop_with(interval_s: float) -> EngineLoop:
+            snap = Snapshotter(db, store, interval_s=interval_s, keep=1)
+            return EngineLoop(store, refine_passes=0, snapshotter=snap)
+
+        def post(numbers: range, lp: EngineLoop) -> None:
+            for n in numbers:
+                store.append("p", "labels", *blocks[n])
+                lp.step()
+            lp.run_until_idle()
+            assert lp.snapshotter is not None
+            lp.snapshotter.wait()
+            lp.step()  # (the snapshot of the last entry, archived, the log trimmed)
+            lp.snapshotter.wait()
+
+        loop = loop_with(0.0)
+        post(range(3), loop)
+        early = redis_.aof_size()  # entries 1-3 archived, the log trimmed past them
+        post(range(3, 8), loop)
+        later = redis_.aof_size()  # 4-8 archived and trimmed
+        post(range(8, 9), loop)  # a snapshot at 9 (keep=1: the only one)
+        assert loop.snapshotter is not None
+        loop.snapshotter.close()
+        redis_.restart_truncated(later)  # the snapshot at 9 is stale; the archive kept to 8
+        loop = loop_with(3600.0)
+        loop.run_until_idle()
+        assert db.anchors("p") == [] and loop.engines["p"].position == 8
+        redis_.restart_truncated(early)
+        for n in range(3, 9):  # posted again, at positions 4-9 anew
+            assert store.append("p", "labels", *blocks[n]).accepted == 100
+        loop.run_until_idle(timeout_s=20)  # (it rewound for ever, each replay reading them)
+        want = {i for _, ids in blocks for i in ids if i is not None}
+        check_against_replay(store, db, loop.engines["p"], want)
+        assert loop.snapshotter is not None
+        loop.snapshotter.close()
