@@ -363,12 +363,13 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
     import pyarrow as pa  # (only for Parquet files)
     import pyarrow.compute as pc
 
-    from app.io.triples import parquet_file
+    from app.io.triples import check_utf8, parquet_file
 
     table = parquet_file(path).read()
     yield None, list(table.column_names)
     columns = []
     for name, column in zip(table.column_names, table.columns, strict=True):
+        check_utf8(path, name, column)
         try:
             columns.append(pc.cast(column, pa.string()).to_pylist())
         except pa.ArrowException:

@@ -379,6 +379,8 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
     first = 1
     for batch in pfile.iter_batches(batch_size=rows, columns=picked):
         columns = list(batch.columns)
+        for name, column in zip(picked, columns, strict=True):
+            check_utf8(path, name, column, first)
         lines = np.arange(first, first + batch.num_rows, dtype=np.int64)
         out = _checked(columns, batch.num_rows)
         if out is not None:
@@ -392,6 +394,27 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
             out = _columns(_row_columns(path, numbered, len(columns) == 4, decided=True))
         first += batch.num_rows
         yield out
+
+
+def check_utf8(path: Path, name: str, column: pa.Array | pa.ChunkedArray, first: int = 1) -> None:
+    """A Parquet column of text (or bytes, read as text) whose every value is UTF-8; else an
+    InputError naming the column and its first other row (rows numbered from ``first``)."""
+    kind = column.type
+    try:
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            column.validate(full=True)
+        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            column.cast(pa.string())
+        else:
+            return
+    except pa.ArrowInvalid:
+        values = column.cast(pa.large_binary()).to_pylist()
+        for row, value in enumerate(values, start=first):
+            try:
+                (value or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(path, row, f"column {name!r}: not UTF-8 text") from None
+        raise
 
 
 def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:

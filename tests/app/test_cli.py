@@ -24,6 +24,7 @@ from app.io.input import InputError
 from app.io.model_file import SavedModel, load_model, save_model
 from core.nominal import NominalConfig
 from core.online import OnlineEM
+from tests.app.conftest import not_utf8
 from tests.cli_in_process import run_cli
 
 
@@ -370,6 +371,21 @@ def test_parquet_columns_of_another_type_or_with_nulls_are_refused(
     pq.write_table(pa.table(table), tmp_path / "bad.parquet")
     run = extract(tmp_path / "bad.parquet")
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()])
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"a\xffb"], ids=["first byte", "inner byte"])
+def test_a_parquet_value_that_is_not_utf8_names_its_file_row_and_column(
+    tmp_path: Path, kind: pa.DataType, bad: bytes
+) -> None:
+    """It was pyarrow's 'Invalid UTF8 payload' (or '... sequence in input'), without the file,
+    the row or the column."""
+    workers = not_utf8([b"w", b"v", bad], kind)
+    table = pa.table({"item": ["i", "j", "k"], "worker": workers, "label": ["a", "b", "a"]})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    run = extract(tmp_path / "bad.parquet")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr == f"error: {tmp_path / 'bad.parquet'}:3: column 'worker': not UTF-8 text\n"
 
 
 def test_a_class_named_as_a_fixed_column_is_refused_for_parquet_only(tmp_path: Path) -> None:

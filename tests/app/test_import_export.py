@@ -28,7 +28,7 @@ from app.io.input import InputError
 from app.io.triples import read_truth
 from app.store.embedded import EmbeddedStore
 from app.testing import cli_command, running_service
-from tests.app.conftest import ADMIN, service_settings
+from tests.app.conftest import ADMIN, not_utf8, service_settings
 from tests.cli_in_process import run_cli
 
 DATA = Path(__file__).parent / "data"
@@ -170,6 +170,20 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         importers.parse_map("colour=c")
     with pytest.raises(InputError, match="no such file"):
         importers.read(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()])
+def test_a_parquet_value_that_is_not_utf8_names_its_file_row_and_column(
+    tmp_path: Path, kind: pa.DataType
+) -> None:
+    """Refused before anything is sent (it was a UnicodeDecodeError's traceback, or a binary
+    column called one of another type)."""
+    labels = not_utf8([b"x", b"y", b"a\xffb"], kind)
+    table = pa.table({"item": ["i", "j", "k"], "worker": ["w", "v", "w"], "label": labels})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    run = run_cli("import", tmp_path / "bad.parquet", "-p", "p", "--url", "http://127.0.0.1:9")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr == f"error: {tmp_path / 'bad.parquet'}:3: column 'label': not UTF-8 text\n"
 
 
 # ---------------------------------------------------------------------- in-process service
