@@ -24,6 +24,7 @@ from app.io.input import (
     MAX_ID_LENGTH,
     InputError,
     checked_id,
+    is_parquet,
     quoting_error,
     text_lines,
 )
@@ -131,7 +132,7 @@ def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[
 
 def read_triples(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Triples:
     """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
-    crowd-kit's ``task,worker,label``) is skipped. Parquet files (``.parquet``) hold those
+    crowd-kit's ``task,worker,label``) is skipped. Parquet files (``is_parquet``) hold those
     columns by name. The whole file at once (``read_answer_chunks`` reads it in pieces)."""
     chunks = list(read_answer_chunks(path, chunk_bytes))
     weights = [c.weights for c in chunks if c.weights is not None]
@@ -186,7 +187,8 @@ def read_answer_chunks(
     returns on, are read line by line. ``lines=False`` spares finding the line of each
     answer in clean CSV chunks (``answer_line`` finds one later)."""
     path = Path(path)
-    if path.suffix.lower() == ".parquet":
+    parquet = is_parquet(path)
+    if parquet:
         chunks = _parquet_chunks(path, max(1, chunk_bytes // 16))
     else:
         chunks = _csv_chunks(path, chunk_bytes, lines)
@@ -195,7 +197,7 @@ def read_answer_chunks(
         n += len(chunk)
         if len(chunk):
             yield chunk
-    if n == 0 and path.suffix.lower() == ".parquet":
+    if n == 0 and parquet:
         raise InputError(path, None, "no answers in the file (only a header)")
 
 

@@ -617,6 +617,23 @@ def test_csv_and_parquet_answers_give_identical_predictions(
     )
 
 
+def test_a_parquet_file_is_known_by_its_magic_bytes_whatever_its_name(tmp_path: Path) -> None:
+    """It was read as CSV unless named .parquet ('not UTF-8 text' on line 1); a text file whose
+    first id starts with the magic bytes stays text."""
+    answers = "item,worker,label\nPAR1a,w,x\nb,w,y\nb,v,x\n"
+    pq.write_table(pa_csv.read_csv(io.BytesIO(answers.encode())), tmp_path / "answers.dat")
+    (tmp_path / "answers.csv").write_text(answers)
+    (tmp_path / "magic.csv").write_text(answers.removeprefix("item,worker,label\n"))
+    written = []
+    for name in ("answers.dat", "answers.csv", "magic.csv"):
+        out = tmp_path / f"{name}.predictions.csv"
+        run = extract(tmp_path / name, "--predictions", out)
+        assert run.returncode == 0, run.stderr
+        assert "3 labels" in run.stdout
+        written.append(out.read_text())
+    assert written[0] == written[1] == written[2] and "PAR1a,x," in written[0]
+
+
 def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
     datasets_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -186,6 +186,19 @@ def test_a_parquet_value_that_is_not_utf8_names_its_file_row_and_column(
     assert run.stderr == f"error: {tmp_path / 'bad.parquet'}:3: column 'label': not UTF-8 text\n"
 
 
+def test_a_file_in_a_pipe_is_read_whole(tmp_path: Path) -> None:
+    """Looking for Parquet's magic bytes read the first four bytes of a pipe (``<(cat f)``),
+    and the text read after it lacked them: 'no item column'."""
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as fh:
+        fh.write("item,worker,label\na,w,x\n")
+    try:
+        table, _ = importers.read_answers(Path(f"/dev/fd/{read}"))
+    finally:
+        os.close(read)
+    assert (table.format, table.items.to_pylist()) == ("csv", ["a"])
+
+
 # ---------------------------------------------------------------------- in-process service
 
 
