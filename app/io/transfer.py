@@ -439,6 +439,51 @@ def run_export(
     progress: bool = False,
 ) -> int:
     """Write ``what`` of ``project`` to ``out``; returns the number of rows written."""
+    format, classes = _export_start(http, project, out, what, format)
+    tmp = out.with_name(out.name + ".part")
+    try:
+        if format == "parquet":
+            n = _write_parquet(http, project, tmp, what, classes, confusion)
+        else:
+            with tmp.open("wb") as sink:
+                n = _write_export(http, project, sink, what, format, classes, confusion)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
+        raise
+    tmp.replace(out)
+    return n
+
+
+def print_export(
+    http: httpx.Client,
+    project: str,
+    out: BinaryIO,
+    *,
+    what: str = "posteriors",
+    format: str = "auto",
+    confusion: bool = False,
+) -> int:
+    """``run_export`` as CSV (``auto``) or JSONL to a stream (standard output); returns the
+    number of rows written."""
+    refuse_parquet_to_stdout(format)
+    format, classes = _export_start(http, project, Path("-"), what, format)
+    n = _write_export(http, project, out, what, format, classes, confusion)
+    out.flush()
+    return n
+
+
+def refuse_parquet_to_stdout(format: str) -> None:
+    """An InputError for ``--format parquet`` to standard output (a binary file, written
+    beside its name first)."""
+    if format == "parquet":
+        raise InputError("--format", None, "Parquet is not written to standard output: "
+                         "give -o FILE")  # fmt: skip
+
+
+def _export_start(
+    http: httpx.Client, project: str, out: Path, what: str, format: str
+) -> tuple[str, list[str]]:
+    """The export's format (``export_format``) and the project's classes, checked."""
     if what not in WHAT:
         raise InputError("--what", None, f"one of {', '.join(WHAT)}, got {what!r}")
     format = export_format(format, out)
@@ -448,34 +493,25 @@ def run_export(
     if format == "parquet" and what == "posteriors":
         columns = (*_HEAD, *_TAIL, "computed_at")
         refuse_duplicate_columns("--format", classes, columns, "export CSV or JSONL")
-    tmp = out.with_name(out.name + ".part")
-    try:
-        n = _write_export(http, project, tmp, what, format, classes, confusion)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
-        raise
-    tmp.replace(out)
-    return n
+    return format, classes
 
 
 def _write_export(
     http: httpx.Client,
     project: str,
-    tmp: Path,
+    sink: BinaryIO,
     what: str,
     format: str,
     classes: list[str],
     confusion: bool,
 ) -> int:
-    """Write the export to ``tmp``; the number of rows written."""
-    if format == "parquet":
-        return _write_parquet(http, project, tmp, what, classes, confusion)
+    """Write the export as CSV or JSONL to ``sink``; the number of rows written."""
     if what == "posteriors":
-        with tmp.open("wb") as out_file:
-            n = _copy_export(http, project, format, out_file)
+        n = _copy_export(http, project, format, sink)
         return n - (1 if format == "csv" and n else 0)  # (the CSV's header)
     n = 0
-    with tmp.open("w", encoding="utf-8", newline="") as f:
+    f = io.TextIOWrapper(sink, encoding="utf-8", newline="")
+    try:
         if what == "labels":
             writer = csv.writer(f) if format == "csv" else None
             if writer:
@@ -506,6 +542,9 @@ def _write_export(
                     keep = fields + (["confusion"] if confusion else [])
                     f.write(json.dumps({k: w.get(k) for k in keep}) + "\n")
                 n += 1
+    finally:
+        f.flush()
+        f.detach()  # (``sink`` stays open: its owner closes it)
     return n
 
 

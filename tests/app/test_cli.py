@@ -336,6 +336,7 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
         (["--predictions", "out"], "--predictions: out is a folder: give a file name"),
         (["--predictions", "a.csv"], "--predictions: a.csv is an input of this command"),
         (["--model", "no/m.npz"], "--model: no folder no to write m.npz in"),
+        (["--model", "-"], "--model: cannot write to standard output (a model is a binary"),
         (["--predictions", "p.csv", "--model", "./p.csv"], "--model: p.csv is the --predictions"),
         (["--truth", "out"], "--truth: out is a folder, not a file"),
         (["--load", "a.csv"], "a.csv: not a readable crowdtally model (not a .npz archive of"),
@@ -351,8 +352,25 @@ def test_bad_paths_and_flags_are_refused_before_any_work(
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
     assert run.stdout == ""  # (nothing read, nothing fitted)
     assert Path("a.csv").read_text() == "item,worker,label\na,w,0\nb,w,1\n"
+    assert not Path("-").exists()
     folder = extract("out")
     assert folder.returncode == 2 and "DATA: out is a folder, not a file" in folder.stderr
+
+
+def test_predictions_to_standard_output(dog: Path, tmp_path: Path) -> None:
+    """``--predictions -`` writes the CSV to standard output, the report to standard error (it
+    wrote a file named '-')."""
+    answers, written = dog / "answers.csv", tmp_path / "p.csv"
+    assert extract(answers, "--predictions", written).returncode == 0
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "extract", answers, "--predictions", "-"],
+        capture_output=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == written.read_bytes()
+    report = run.stderr.decode()
+    assert "online EM: 8070 labels" in report and "predictions written" not in report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]
 
 
 @pytest.mark.parametrize(

@@ -377,6 +377,33 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
         "img-01", "img-02", "img-03", "img-04, with a comma"}  # fmt: skip
 
 
+def test_export_to_standard_output(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export -o -`` writes CSV or JSONL to standard output and its summary to standard
+    error (it wrote a file named '-'); Parquet is refused there."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    monkeypatch.chdir(tmp_path)
+    transfer.run_import(service, DATA / "answers.tsv", "stdout", create_with=["cat", "dog", "bird"])
+    runner = CliRunner()
+    for what, format, name in [("posteriors", "auto", "p.csv"), ("labels", "jsonl", "l.jsonl"),
+                               ("workers", "csv", "w.csv")]:  # fmt: skip
+        args = ["export", "-p", "stdout", "--what", what, "--format", format]
+        assert runner.invoke(cli_app, [*args, "-o", name]).exit_code == 0
+        printed = runner.invoke(cli_app, [*args, "-o", "-"])
+        assert printed.exit_code == 0, printed.output
+        assert printed.stdout_bytes == Path(name).read_bytes()
+        assert printed.stderr.startswith("standard output: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.jsonl", "p.csv", "w.csv"]
+    refused = run_cli("export", "-p", "stdout", "-f", "parquet", "-o", "-")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert (
+        refused.stderr
+        == "error: --format: Parquet is not written to standard output: give -o FILE\n"
+    )
+    assert not Path("-").exists()
+
+
 # ---------------------------------------------------------------------- a real `crowdtally serve`
 
 
