@@ -192,6 +192,11 @@ def extract(
         raise InputError(
             "--later-passes", None, f"newton learns: it cannot be used with {test_only_flag}"
         )
+    if test_only and passes != 1:  # (each pass scored the same items again, to the same end)
+        raise InputError(
+            "--passes", None, f"{passes}, but {test_only_flag} learns nothing: it scores each "
+            "item once (one pass)",
+        )  # fmt: skip
     _check(eta, "--eta", 0.0)
     _check(rho, "--rho", 0.0)
     _check(initial_t, as_typed(ctx, *INITIAL_T), 0.0)

@@ -331,6 +331,10 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
         (["--batch", "--passes", "3"], "--passes: applies to online EM only"),
         (["--batch", "--shuffle", "1"], "--shuffle: applies to online EM only"),
         (["--batch", "--later-passes", "newton"], "--later-passes: applies to online EM only"),
+        (
+            ["--load", "m.npz", "--test_only", "--passes", "3"],
+            "--passes: 3, but --test_only learns nothing: it scores each item once (one pass)",
+        ),
         (["--predictions", "no/p.csv"], "--predictions: no folder no to write p.csv in"),
         (["--predictions", "."], "--predictions: give a file name"),
         (["--predictions", "out"], "--predictions: out is a folder: give a file name"),
