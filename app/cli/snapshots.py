@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import load_settings, snapshot_db
+from app.cli.common import existing_store, load_settings, snapshot_db
 from app.cli.layout import HelpCommand, HelpGroup
 from app.io.input import InputError
 
@@ -75,11 +75,11 @@ def restore(
     from app.engine.loop import EngineLoop
     from app.engine.snapshots import Snapshotter
     from app.engine.snapshots import restore as restore_state
-    from app.store import open_store
     from app.store.archive import rebuild_store
 
     settings = load_settings()
-    store, db = open_store(settings), snapshot_db()
+    db = snapshot_db(create=False)  # (a mistyped data folder is refused, not made)
+    store = existing_store(settings)
     rebuilt = rebuild_store(store, db)
     if rebuilt:
         print(f"rebuilt from SQL: {', '.join(rebuilt)}")
