@@ -83,6 +83,9 @@ def restore(
     rebuilt = rebuild_store(store, db)
     if rebuilt:
         print(f"rebuilt from SQL: {', '.join(rebuilt)}")
+    if project is not None and project not in (names := store.project_names()):
+        listed = f"projects: {', '.join(names)}" if names else "it has none"
+        raise InputError("--project", None, f"no project {project!r} in the store ({listed})")
     snap = Snapshotter(db, store, interval_s=float("inf"), every_labels=2**62)
     loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
     for record in store.list_projects():

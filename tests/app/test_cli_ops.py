@@ -137,3 +137,15 @@ def test_restore_refuses_a_data_folder_that_is_not_there(tmp_path: Path) -> None
     assert not typo.exists()
     env = {"CROWDTALLY_DATA_DIR": str(tmp_path / "data"), "CROWDTALLY_DATABASE_URL": db}
     assert "p: state from position 0" in run(env, "restore")
+
+
+def test_restore_refuses_a_project_that_is_not_there(tmp_path: Path) -> None:
+    """``restore --project nope`` restored nothing and exited 0, silently."""
+    settings = service_settings(tmp_path)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        assert c.post("/v1/projects", json={"name": "p", "labels": ["x", "y"]}).status_code == 201
+    env = {"CROWDTALLY_DATA_DIR": str(tmp_path)}
+    nope = run_cli("restore", "--project", "nope", env=env)
+    assert nope.returncode == 2 and nope.stdout == ""
+    assert nope.stderr == "error: --project: no project 'nope' in the store (projects: p)\n"
+    assert "p: state from position 0" in run(env, "restore", "--project", "p")
