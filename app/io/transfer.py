@@ -171,31 +171,37 @@ def _ensure_project(
     http: httpx.Client,
     project: str,
     create_with: list[str] | None,
-    answers: AnswerTable,
-    gold: list[Record],
-    path: Path,
-) -> tuple[list[str], bool]:
-    created = False
-    if create_with is not None:
-        resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
-        if resp.status_code == 201:
-            created = True
-        elif resp.status_code != 409:
-            _check(resp, f"creating project {project!r}")
+    check: Callable[[list[str]], None],
+) -> list[str]:
+    """The project's classes, which ``check`` accepts; a project not there yet is created with
+    ``create_with`` once ``check`` has accepted those (a file it refuses leaves no project)."""
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
-    if resp.status_code == 404 and create_with is None and _code(resp) == "unknown_project":
-        raise ServiceError(
-            f"no project named {project!r}: create it, or pass --create-with-labels a,b,c (admin key)"
-        )
+    if resp.status_code == 404 and _code(resp) == "unknown_project":
+        if create_with is None:
+            raise ServiceError(f"no project named {project!r}: create it, or pass "
+                               "--create-with-labels a,b,c (admin key)")  # fmt: skip
+        check(create_with)
+        resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
+        if resp.status_code != 409:  # (409: made meanwhile by another, used as it is)
+            _check(resp, f"creating project {project!r}")
+        resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     _check(resp, f"project {project!r}")
     classes: list[str] = resp.json()["labels"]
+    check(classes)
+    return classes
+
+
+def refuse_unknown_labels(
+    path: Path, answers: AnswerTable, gold: list[Record], classes: list[str], project: str
+) -> None:
+    """An InputError naming the first answer, then gold record, of ``path`` whose label is not
+    one of ``classes``."""
     unknown = answers.first_label_not_in(classes)
     if unknown is not None:
         label = answers.labels[unknown].as_py()
         raise InputError(path, answers.line(unknown),
                          f"label {label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
     refuse_unknown_gold(path, gold, classes, project)
-    return classes, created
 
 
 def refuse_unknown_gold(path: Path, gold: list[Record], classes: list[str], project: str) -> None:
@@ -280,14 +286,19 @@ def run_import(
     if auto_labels:
         labels = answers.label_names() | {r.label for r in gold + known}
         create_with = importers.label_order(labels)
-    classes, _ = _ensure_project(http, project, create_with, answers, gold, path)
     if truth is not None:
-        refuse_unknown_gold(truth, known, classes, project)
         in_file = {r.item: r for r in gold}
         for r in known:
             if (other := in_file.get(r.item)) is not None and other.label != r.label:
                 raise InputError(truth, r.line, f"item {r.item!r} has gold {r.label!r} here and "
                                  f"{other.label!r} in {path}, line {other.line}")  # fmt: skip
+
+    def check(classes: list[str]) -> None:
+        refuse_unknown_labels(path, answers, gold, classes, project)
+        if truth is not None:
+            refuse_unknown_gold(truth, known, classes, project)
+
+    _ensure_project(http, project, create_with, check)
     gold += known
     with _progress(progress, len(answers), f"import {path.name}") as advance:
         wait_last = wait and not gold

@@ -404,6 +404,29 @@ def test_export_to_standard_output(
     assert not Path("-").exists()
 
 
+def test_a_file_refused_against_the_labels_to_create_leaves_no_project(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import --create-with-labels`` refused the file's label after creating the project, and
+    left it behind with none of the answers."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    bad = _write(tmp_path, "bad.csv", "item,worker,label\na,w,cat\nb,w,zebra\n")
+    run = run_cli("import", bad, "-p", "none-made", "--create-with-labels", "cat,dog")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == (f"error: {bad}:3: label 'zebra' is not one of project 'none-made''s "
+                          "labels ['cat', 'dog']\n")  # fmt: skip
+    good = _write(tmp_path, "good.csv", "item,worker,label\na,w,cat\nb,w,dog\n")
+    truth = _write(tmp_path, "truth.csv", "item,label\na,cat\nb,zebra\n")
+    run = run_cli("import", good, "-p", "none-made", "--create-with-labels", "cat,dog",
+                  "--truth", truth)  # fmt: skip
+    assert run.returncode == 2 and run.stderr.startswith(f"error: {truth}:3: gold label 'zebra'")
+    assert service.get("/v1/projects/none-made").status_code == 404
+    run = run_cli("import", good, "-p", "none-made", "--create-with-labels", "cat,dog",
+                  "--no-progress")  # fmt: skip
+    assert run.returncode == 0 and "2 new" in run.stdout, run.stderr
+    assert service.get("/v1/projects/none-made").json()["labels"] == ["cat", "dog"]
+
+
 # ---------------------------------------------------------------------- a real `crowdtally serve`
 
 
