@@ -2,7 +2,9 @@
 
 CSV is written as Python's csv module writes it (numbers as ``%.6g``, fields quoted only when
 they must be, CRLF line ends), but formatted by compiled code a block of rows at a time;
-Parquet (a ``.parquet`` path) keeps the posteriors as float64 columns.
+Parquet (a ``.parquet`` path) keeps the posteriors as float64 columns. The CSV always starts
+with its header, whose names may repeat (a class named ``item``, ``label`` or
+``probability``): its columns are read by position, as its first row says.
 """
 
 from __future__ import annotations

@@ -419,6 +419,27 @@ def test_a_class_named_as_a_fixed_column_is_refused_for_parquet_only(tmp_path: P
     assert run.returncode == 0, run.stderr
 
 
+def test_header_words_as_ids_and_classes_read_and_write_unambiguously(tmp_path: Path) -> None:
+    """Only a first row is a header: under one, an answer of item 'item', worker 'worker' and
+    label 'label' is an answer; the predictions CSV starts with its header whatever the classes
+    are named, its columns by position (README: what a file without a header does)."""
+    rows = ["item,worker,label", "label,worker,item", "i,w,label", "i,v,item"]
+    headed = tmp_path / "headed.csv"
+    headed.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    run = extract(headed, "--predictions", tmp_path / "p.csv")
+    assert run.returncode == 0 and "3 items, 4 labels, 2 classes" in run.stdout, run.stderr
+    with (tmp_path / "p.csv").open(newline="") as fh:
+        read = list(csv.reader(fh))
+    assert read[0] == ["item", "label", "probability", "item", "label"]
+    assert [r[0] for r in read[1:]] == ["item", "label", "i"]  # one row per item, in file order
+    for r in read[1:]:
+        assert r[2] == r[3 + ["item", "label"].index(r[1])]
+    bare = tmp_path / "bare.csv"  # (documented: its first answer is taken for a header)
+    bare.write_text("\n".join(rows) + "\n")
+    run = extract(bare)
+    assert run.returncode == 0 and "2 items, 3 labels" in run.stdout, run.stderr
+
+
 def test_missing_file() -> None:
     run = extract_script("/nonexistent/answers.csv")  # one error through the script
     assert run.returncode == 2 and "no such file" in run.stderr
