@@ -9,7 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from app.cli.layout import as_typed, check_output
+from app.cli.layout import STDOUT, as_typed, check_output
 from app.io.input import InputError, refuse_duplicate_columns
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
 
@@ -148,7 +148,8 @@ def extract(
         typer.Option(
             "--predictions",
             metavar="FILE",
-            help="Write item,label,probability,<one column per class>.",
+            help="Write item,label,probability,<one column per class>; '-': as CSV to standard "
+            "output (the report then goes to standard error).",
         ),
     ] = None,
     truth: Annotated[
@@ -191,6 +192,11 @@ def extract(
         raise InputError(
             "--later-passes", None, f"newton learns: it cannot be used with {test_only_flag}"
         )
+    if test_only and passes != 1:  # (each pass scored the same items again, to the same end)
+        raise InputError(
+            "--passes", None, f"{passes}, but {test_only_flag} learns nothing: it scores each "
+            "item once (one pass)",
+        )  # fmt: skip
     _check(eta, "--eta", 0.0)
     _check(rho, "--rho", 0.0)
     _check(initial_t, as_typed(ctx, *INITIAL_T), 0.0)
@@ -214,17 +220,19 @@ def extract(
     for flag, given in read:
         if given.is_dir():
             raise InputError(flag, None, f"{given} is a folder, not a file")
-    for flag, target in (("--predictions", predictions), ("--model", model)):
-        if target is not None:
-            check_output(flag, target, [p for _, p in read])
+    to_stdout = predictions == STDOUT
+    if predictions is not None and not to_stdout:
+        check_output("--predictions", predictions, [p for _, p in read])
+    if model is not None:
+        check_output("--model", model, [p for _, p in read], " (a model is a binary .npz file)")
     if predictions is not None and model is not None and predictions.resolve() == model.resolve():
         raise InputError("--model", None, f"{model} is the --predictions file too: give two files")
-    out = sys.stdout
+    out = sys.stderr if to_stdout else sys.stdout  # (the report: standard output holds the CSV)
     # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
     from app.io import extract as job
     from app.io.codes import read_codes, use_system_allocator
     from app.io.model_file import SavedModel, load_model, save_model
-    from app.io.predictions_file import COLUMNS, write_predictions
+    from app.io.predictions_file import COLUMNS, print_predictions, write_predictions
     from app.io.triples import read_truth
 
     use_system_allocator()
@@ -316,7 +324,10 @@ def extract(
         print(job.calibration_line(calibrated), file=out)
     if gold is not None:
         print(job.gold_report(posteriors, gold, raw), file=out)
-    if predictions is not None:
+    if to_stdout:
+        sys.stdout.flush()
+        print_predictions(sys.stdout.buffer, encoded.item_names, classes, posteriors)
+    elif predictions is not None:
         write_predictions(predictions, encoded.item_names, classes, posteriors)
         print(f"predictions written to {predictions}", file=out)
     if model is not None:

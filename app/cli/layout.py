@@ -117,9 +117,17 @@ def as_typed(ctx: typer.Context | None, *spellings: str) -> str:
     return spellings[0]
 
 
-def check_output(flag: str, path: Path, inputs: list[Path]) -> None:
+STDOUT = Path("-")
+"""An output flag's ``-``: standard output, where a command takes it (else refused, not
+written as a file named ``-``)."""
+
+
+def check_output(flag: str, path: Path, inputs: list[Path], why: str = "") -> None:
     """An output file that can be written, checked before any work: it names a file (not a
-    folder, a device or a pipe), in a folder that exists, and is none of the inputs."""
+    folder, a device or a pipe, nor ``-``: ``why`` says why it cannot go to standard
+    output), in a folder that exists, and is none of the inputs."""
+    if path == STDOUT:
+        raise InputError(flag, None, f"cannot write to standard output{why}: give a file name")
     if not path.name:
         raise InputError(flag, None, "give a file name")
     if path.is_dir():

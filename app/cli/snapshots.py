@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import load_settings, snapshot_db
+from app.cli.common import existing_store, load_settings, snapshot_db
 from app.cli.layout import HelpCommand, HelpGroup
 from app.io.input import InputError
 
@@ -75,14 +75,17 @@ def restore(
     from app.engine.loop import EngineLoop
     from app.engine.snapshots import Snapshotter
     from app.engine.snapshots import restore as restore_state
-    from app.store import open_store
     from app.store.archive import rebuild_store
 
     settings = load_settings()
-    store, db = open_store(settings), snapshot_db()
+    db = snapshot_db(create=False)  # (a mistyped data folder is refused, not made)
+    store = existing_store(settings)
     rebuilt = rebuild_store(store, db)
     if rebuilt:
         print(f"rebuilt from SQL: {', '.join(rebuilt)}")
+    if project is not None and project not in (names := store.project_names()):
+        listed = f"projects: {', '.join(names)}" if names else "it has none"
+        raise InputError("--project", None, f"no project {project!r} in the store ({listed})")
     snap = Snapshotter(db, store, interval_s=float("inf"), every_labels=2**62)
     loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
     for record in store.list_projects():

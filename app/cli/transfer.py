@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.cli.layout import check_output
+from app.cli.layout import STDOUT, check_output
 from app.io import importers, transfer
 
 
@@ -102,7 +103,15 @@ def import_command(
 
 def export_command(
     project: Annotated[str, typer.Option("--project", "-p", help="Project to export.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="File to write; '-': standard output (CSV or JSONL; the summary then goes to "
+            "standard error).",
+        ),
+    ],
     what: Annotated[
         str, typer.Option("--what", help="posteriors (every class), labels (best), or workers.")
     ] = "posteriors",
@@ -134,13 +143,24 @@ def export_command(
     ] = 5,
 ) -> None:
     """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""
-    check_output("--output", output, [])
+    to_stdout = output == STDOUT
+    if to_stdout:
+        transfer.refuse_parquet_to_stdout(format)
+    else:
+        check_output("--output", output, [])
     transfer.RETRIES.set(retries)
     with transfer.make_http(url, _key(key)) as http:
-        n = transfer.run_export(
-            http, project, output, what=what, format=format, confusion=confusion
-        )
-    print(f"{output}: {n:,} {what if what != 'posteriors' else 'items'}")
+        if to_stdout:
+            sys.stdout.flush()
+            n = transfer.print_export(
+                http, project, sys.stdout.buffer, what=what, format=format, confusion=confusion
+            )
+        else:
+            n = transfer.run_export(
+                http, project, output, what=what, format=format, confusion=confusion
+            )
+    where, report = ("standard output", sys.stderr) if to_stdout else (output, sys.stdout)
+    print(f"{where}: {n:,} {what if what != 'posteriors' else 'items'}", file=report)
 
 
 def calibration_command(

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from app.io.input import CONTROL, MAX_ID_LENGTH, hash_id
-from app.io.triples import parquet_file, string_buffers
+from app.io.triples import check_utf8, parquet_file, string_buffers
 
 NO_LINE = -1
 
@@ -219,6 +219,8 @@ def _cells(
     wanted = {k: i for k, i in columns.items() if i is not None}
     if delimiter is None:  # (every column cast, as the rows' reading does: one it cannot
         table = parquet_file(path).read()  # cast is refused there, with its reason)
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            check_utf8(path, name, column)
         text = [pc.fill_null(pc.cast(c, pa.string()), "") for c in table.columns]
         return {k: _flat(text[i]) for k, i in wanted.items()}, 1
     names = [f"f{i}" for i in range(n_fields)]

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.io.input import MAX_ID_LENGTH, InputError, checked_id, hash_id, quoting_error, text_lines
+from app.io.input import (
+    MAX_ID_LENGTH,
+    InputError,
+    checked_id,
+    hash_id,
+    is_parquet,
+    quoting_error,
+    text_lines,
+)
 
 if TYPE_CHECKING:
     from app.io.answer_table import AnswerTable
@@ -170,11 +178,14 @@ def read_answers(
 
 def _plain_table(source: _Source) -> AnswerTable | None:
     """A plain table read in columns, or None when it needs reading row by row: cells in
-    quotes, a first line that is blank, lone carriage returns, a gold column, or a check
-    failed (the rows' reading then names the line)."""
+    quotes, a first line that is blank, lone carriage returns, a gold column, a check
+    failed (the rows' reading then names the line), or text from a pipe (read once, as
+    ``source.text``: the columns' reader would read the file again)."""
     from app.io import answer_table
 
     path = source.path
+    if source.text is not None and not path.is_file():
+        return None
     if source.text is None:
         names, delimiter = answer_table.parquet_names(path), None
     else:
@@ -223,7 +234,7 @@ def _source(path: str | Path, format: str, mapping: dict[str, str] | None) -> _S
             "--format", None, f"unknown format {format!r}: one of {', '.join(FORMATS)}"
         )
     mapping = dict(mapping or {})
-    if format == "parquet" or (format == "auto" and _is_parquet(path)):
+    if format == "parquet" or (format == "auto" and is_parquet(path)):
         return _Source(path, "parquet", None, mapping)
     text = _text(path)
     if not text.strip():
@@ -248,17 +259,6 @@ def _parse(source: _Source) -> Parsed:
 
 def _delimiter(kind: str, text: str) -> str:
     return "\t" if kind == "tsv" or (kind == "crowdkit" and _tabbed(text)) else ","
-
-
-def _is_parquet(path: Path) -> bool:
-    """Named ``.parquet``, or starting with Parquet's magic bytes."""
-    if path.suffix.lower() == ".parquet":
-        return True
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == b"PAR1"
-    except OSError:
-        return False  # (reading the file as text says why)
 
 
 def _checked_parsed(path: Path, parsed: Parsed) -> Parsed:
@@ -363,12 +363,13 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
     import pyarrow as pa  # (only for Parquet files)
     import pyarrow.compute as pc
 
-    from app.io.triples import parquet_file
+    from app.io.triples import check_utf8, parquet_file
 
     table = parquet_file(path).read()
     yield None, list(table.column_names)
     columns = []
     for name, column in zip(table.column_names, table.columns, strict=True):
+        check_utf8(path, name, column)
         try:
             columns.append(pc.cast(column, pa.string()).to_pylist())
         except pa.ArrowException:

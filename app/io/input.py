@@ -1,6 +1,6 @@
 """What every reader of input shares: the error it reports, the longest id it takes, where
-its lines end and what a CSV reader's quoting error means; and what the files the commands
-write share: no class may take a fixed column's name in Parquet.
+its lines end, what a CSV reader's quoting error means and which files are Parquet; and what
+the files the commands write share: no class may take a fixed column's name in Parquet.
 
 Kept apart from the file readers (``app.io.triples``, which load pyarrow) so that the service,
 the engine and the command line's start import neither.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,10 @@ MAX_ID_LENGTH = 512
 MAX_CLASSES = 256
 """The most classes a project (or ``crowdtally extract``) has: the model holds K x K numbers
 per worker."""
+MAX_LABEL_WEIGHT = 10.0
+"""The largest weight one answer of a file may carry: the service's default bound on a label's
+(``CROWDTALLY_MAX_LABEL_WEIGHT``), so that ``crowdtally extract`` takes what a service takes.
+Far heavier answers (1e17) drowned the priors of batch EM's Newton steps in rounding: NaN."""
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 
@@ -36,6 +41,27 @@ class InputError(ValueError):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {reason}")
         self.path, self.line, self.reason = str(path), line, reason
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def is_parquet(path: Path) -> bool:
+    """An answers file to read as Parquet: named ``.parquet``, or a regular file that starts
+    and ends with Parquet's magic bytes whatever its name (a CSV file whose first id starts
+    with them is still text; a pipe is not peeked at: its bytes would be gone)."""
+    if path.suffix.lower() == ".parquet":
+        return True
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as f:
+            if f.read(4) != PARQUET_MAGIC or f.seek(0, os.SEEK_END) < 12:
+                return False
+            f.seek(-4, os.SEEK_END)
+            return f.read(4) == PARQUET_MAGIC
+    except OSError:
+        return False  # (reading the file as text says why)
 
 
 def refuse_duplicate_columns(

@@ -2,7 +2,9 @@
 
 CSV is written as Python's csv module writes it (numbers as ``%.6g``, fields quoted only when
 they must be, CRLF line ends), but formatted by compiled code a block of rows at a time;
-Parquet (a ``.parquet`` path) keeps the posteriors as float64 columns.
+Parquet (a ``.parquet`` path) keeps the posteriors as float64 columns. The CSV always starts
+with its header, whose names may repeat (a class named ``item``, ``label`` or
+``probability``): its columns are read by position, as its first row says.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import io
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -41,8 +44,17 @@ def write_predictions(
     if path.suffix.lower() == ".parquet":
         _write_parquet(tmp, item_names, classes, posteriors, best)
     else:
-        _write_csv(tmp, item_names, classes, posteriors, best)
+        with tmp.open("wb") as fh:
+            _write_csv(fh, item_names, classes, posteriors, best)
     tmp.replace(path)
+
+
+def print_predictions(
+    out: BinaryIO, item_names: pa.Array, classes: tuple[str, ...], posteriors: FloatArray
+) -> None:
+    """``write_predictions``' CSV, written to a stream (standard output)."""
+    _write_csv(out, item_names, classes, posteriors, posteriors.argmax(axis=1))
+    out.flush()
 
 
 def _write_parquet(
@@ -61,7 +73,7 @@ def _write_parquet(
 
 
 def _write_csv(
-    path: Path,
+    fh: BinaryIO,
     item_names: pa.Array,
     classes: tuple[str, ...],
     posteriors: FloatArray,
@@ -72,7 +84,7 @@ def _write_csv(
     items = _csv_fields(item_names)
     labels = _csv_fields(arrow_strings(list(classes)))
     if not _plain_numbers(posteriors):
-        return _write_csv_slowly(path, items, labels, posteriors, best, header.getvalue())
+        return _write_csv_slowly(fh, items, labels, posteriors, best, header.getvalue())
     item_offsets, item_bytes = string_buffers(items)
     label_offsets, label_bytes = string_buffers(labels)
     K = posteriors.shape[1]
@@ -90,7 +102,7 @@ def _write_csv(
 
     # Blocks are formatted two at a time (compiled loops that release the GIL) and written in
     # order; at most two are held.
-    with path.open("wb") as fh, ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         fh.write(header.getvalue().encode("utf-8"))
         ahead: deque[Future[bytes]] = deque()
         for lo in range(0, best.size, ROWS_PER_BLOCK):
@@ -102,7 +114,7 @@ def _write_csv(
 
 
 def _write_csv_slowly(
-    path: Path,
+    fh: BinaryIO,
     items: pa.Array,
     labels: pa.Array,
     posteriors: FloatArray,
@@ -111,11 +123,10 @@ def _write_csv_slowly(
 ) -> None:
     """Rows with negative, negative-zero or non-finite numbers, by Python's formatting."""
     names = labels.to_pylist()
-    with path.open("w", encoding="utf-8", newline="") as fh:
-        fh.write(header)
-        for item, k, row in zip(items.to_pylist(), best.tolist(), posteriors.tolist(), strict=True):
-            cells = [f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)]
-            fh.write(",".join([item, names[k], *cells]) + "\r\n")
+    fh.write(header.encode("utf-8"))
+    for item, k, row in zip(items.to_pylist(), best.tolist(), posteriors.tolist(), strict=True):
+        cells = [f"{row[k]:.6g}", *(f"{p:.6g}" for p in row)]
+        fh.write((",".join([item, names[k], *cells]) + "\r\n").encode("utf-8"))
 
 
 def _plain_numbers(x: FloatArray) -> bool:

@@ -171,31 +171,37 @@ def _ensure_project(
     http: httpx.Client,
     project: str,
     create_with: list[str] | None,
-    answers: AnswerTable,
-    gold: list[Record],
-    path: Path,
-) -> tuple[list[str], bool]:
-    created = False
-    if create_with is not None:
-        resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
-        if resp.status_code == 201:
-            created = True
-        elif resp.status_code != 409:
-            _check(resp, f"creating project {project!r}")
+    check: Callable[[list[str]], None],
+) -> list[str]:
+    """The project's classes, which ``check`` accepts; a project not there yet is created with
+    ``create_with`` once ``check`` has accepted those (a file it refuses leaves no project)."""
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
-    if resp.status_code == 404 and create_with is None and _code(resp) == "unknown_project":
-        raise ServiceError(
-            f"no project named {project!r}: create it, or pass --create-with-labels a,b,c (admin key)"
-        )
+    if resp.status_code == 404 and _code(resp) == "unknown_project":
+        if create_with is None:
+            raise ServiceError(f"no project named {project!r}: create it, or pass "
+                               "--create-with-labels a,b,c (admin key)")  # fmt: skip
+        check(create_with)
+        resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
+        if resp.status_code != 409:  # (409: made meanwhile by another, used as it is)
+            _check(resp, f"creating project {project!r}")
+        resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     _check(resp, f"project {project!r}")
     classes: list[str] = resp.json()["labels"]
+    check(classes)
+    return classes
+
+
+def refuse_unknown_labels(
+    path: Path, answers: AnswerTable, gold: list[Record], classes: list[str], project: str
+) -> None:
+    """An InputError naming the first answer, then gold record, of ``path`` whose label is not
+    one of ``classes``."""
     unknown = answers.first_label_not_in(classes)
     if unknown is not None:
         label = answers.labels[unknown].as_py()
         raise InputError(path, answers.line(unknown),
                          f"label {label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
     refuse_unknown_gold(path, gold, classes, project)
-    return classes, created
 
 
 def refuse_unknown_gold(path: Path, gold: list[Record], classes: list[str], project: str) -> None:
@@ -280,14 +286,19 @@ def run_import(
     if auto_labels:
         labels = answers.label_names() | {r.label for r in gold + known}
         create_with = importers.label_order(labels)
-    classes, _ = _ensure_project(http, project, create_with, answers, gold, path)
     if truth is not None:
-        refuse_unknown_gold(truth, known, classes, project)
         in_file = {r.item: r for r in gold}
         for r in known:
             if (other := in_file.get(r.item)) is not None and other.label != r.label:
                 raise InputError(truth, r.line, f"item {r.item!r} has gold {r.label!r} here and "
                                  f"{other.label!r} in {path}, line {other.line}")  # fmt: skip
+
+    def check(classes: list[str]) -> None:
+        refuse_unknown_labels(path, answers, gold, classes, project)
+        if truth is not None:
+            refuse_unknown_gold(truth, known, classes, project)
+
+    _ensure_project(http, project, create_with, check)
     gold += known
     with _progress(progress, len(answers), f"import {path.name}") as advance:
         wait_last = wait and not gold
@@ -439,6 +450,51 @@ def run_export(
     progress: bool = False,
 ) -> int:
     """Write ``what`` of ``project`` to ``out``; returns the number of rows written."""
+    format, classes = _export_start(http, project, out, what, format)
+    tmp = out.with_name(out.name + ".part")
+    try:
+        if format == "parquet":
+            n = _write_parquet(http, project, tmp, what, classes, confusion)
+        else:
+            with tmp.open("wb") as sink:
+                n = _write_export(http, project, sink, what, format, classes, confusion)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
+        raise
+    tmp.replace(out)
+    return n
+
+
+def print_export(
+    http: httpx.Client,
+    project: str,
+    out: BinaryIO,
+    *,
+    what: str = "posteriors",
+    format: str = "auto",
+    confusion: bool = False,
+) -> int:
+    """``run_export`` as CSV (``auto``) or JSONL to a stream (standard output); returns the
+    number of rows written."""
+    refuse_parquet_to_stdout(format)
+    format, classes = _export_start(http, project, Path("-"), what, format)
+    n = _write_export(http, project, out, what, format, classes, confusion)
+    out.flush()
+    return n
+
+
+def refuse_parquet_to_stdout(format: str) -> None:
+    """An InputError for ``--format parquet`` to standard output (a binary file, written
+    beside its name first)."""
+    if format == "parquet":
+        raise InputError("--format", None, "Parquet is not written to standard output: "
+                         "give -o FILE")  # fmt: skip
+
+
+def _export_start(
+    http: httpx.Client, project: str, out: Path, what: str, format: str
+) -> tuple[str, list[str]]:
+    """The export's format (``export_format``) and the project's classes, checked."""
     if what not in WHAT:
         raise InputError("--what", None, f"one of {', '.join(WHAT)}, got {what!r}")
     format = export_format(format, out)
@@ -448,34 +504,25 @@ def run_export(
     if format == "parquet" and what == "posteriors":
         columns = (*_HEAD, *_TAIL, "computed_at")
         refuse_duplicate_columns("--format", classes, columns, "export CSV or JSONL")
-    tmp = out.with_name(out.name + ".part")
-    try:
-        n = _write_export(http, project, tmp, what, format, classes, confusion)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
-        raise
-    tmp.replace(out)
-    return n
+    return format, classes
 
 
 def _write_export(
     http: httpx.Client,
     project: str,
-    tmp: Path,
+    sink: BinaryIO,
     what: str,
     format: str,
     classes: list[str],
     confusion: bool,
 ) -> int:
-    """Write the export to ``tmp``; the number of rows written."""
-    if format == "parquet":
-        return _write_parquet(http, project, tmp, what, classes, confusion)
+    """Write the export as CSV or JSONL to ``sink``; the number of rows written."""
     if what == "posteriors":
-        with tmp.open("wb") as out_file:
-            n = _copy_export(http, project, format, out_file)
+        n = _copy_export(http, project, format, sink)
         return n - (1 if format == "csv" and n else 0)  # (the CSV's header)
     n = 0
-    with tmp.open("w", encoding="utf-8", newline="") as f:
+    f = io.TextIOWrapper(sink, encoding="utf-8", newline="")
+    try:
         if what == "labels":
             writer = csv.writer(f) if format == "csv" else None
             if writer:
@@ -506,6 +553,9 @@ def _write_export(
                     keep = fields + (["confusion"] if confusion else [])
                     f.write(json.dumps({k: w.get(k) for k in keep}) + "\n")
                 n += 1
+    finally:
+        f.flush()
+        f.detach()  # (``sink`` stays open: its owner closes it)
     return n
 
 

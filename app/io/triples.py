@@ -22,8 +22,10 @@ import pyarrow.parquet as pq
 from app.io.input import (
     CONTROL,
     MAX_ID_LENGTH,
+    MAX_LABEL_WEIGHT,
     InputError,
     checked_id,
+    is_parquet,
     quoting_error,
     text_lines,
 )
@@ -131,7 +133,7 @@ def string_buffers(array: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[
 
 def read_triples(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Triples:
     """Read ``item,worker,label[,weight]`` rows; a header row naming those columns (or
-    crowd-kit's ``task,worker,label``) is skipped. Parquet files (``.parquet``) hold those
+    crowd-kit's ``task,worker,label``) is skipped. Parquet files (``is_parquet``) hold those
     columns by name. The whole file at once (``read_answer_chunks`` reads it in pieces)."""
     chunks = list(read_answer_chunks(path, chunk_bytes))
     weights = [c.weights for c in chunks if c.weights is not None]
@@ -186,7 +188,8 @@ def read_answer_chunks(
     returns on, are read line by line. ``lines=False`` spares finding the line of each
     answer in clean CSV chunks (``answer_line`` finds one later)."""
     path = Path(path)
-    if path.suffix.lower() == ".parquet":
+    parquet = is_parquet(path)
+    if parquet:
         chunks = _parquet_chunks(path, max(1, chunk_bytes // 16))
     else:
         chunks = _csv_chunks(path, chunk_bytes, lines)
@@ -195,7 +198,7 @@ def read_answer_chunks(
         n += len(chunk)
         if len(chunk):
             yield chunk
-    if n == 0 and path.suffix.lower() == ".parquet":
+    if n == 0 and parquet:
         raise InputError(path, None, "no answers in the file (only a header)")
 
 
@@ -379,6 +382,8 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
     first = 1
     for batch in pfile.iter_batches(batch_size=rows, columns=picked):
         columns = list(batch.columns)
+        for name, column in zip(picked, columns, strict=True):
+            check_utf8(path, name, column, first)
         lines = np.arange(first, first + batch.num_rows, dtype=np.int64)
         out = _checked(columns, batch.num_rows)
         if out is not None:
@@ -394,6 +399,27 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[AnswerColumns]:
         yield out
 
 
+def check_utf8(path: Path, name: str, column: pa.Array | pa.ChunkedArray, first: int = 1) -> None:
+    """A Parquet column of text (or bytes, read as text) whose every value is UTF-8; else an
+    InputError naming the column and its first other row (rows numbered from ``first``)."""
+    kind = column.type
+    try:
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            column.validate(full=True)
+        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            column.cast(pa.string())
+        else:
+            return
+    except pa.ArrowInvalid:
+        values = column.cast(pa.large_binary()).to_pylist()
+        for row, value in enumerate(values, start=first):
+            try:
+                (value or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(path, row, f"column {name!r}: not UTF-8 text") from None
+        raise
+
+
 def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:
     """A column read as text (ids, labels) or numbers (weights): of a type that casts to
     them, else an InputError naming it."""
@@ -406,7 +432,7 @@ def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:
 
 
 def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
-    """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights finite numbers >= 0; None
+    """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights 0 to MAX_LABEL_WEIGHT; None
     when any check fails (the caller then reads row by row to name the line)."""
     if not n_rows:
         return None
@@ -431,7 +457,7 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
             weights = np.asarray(pc.cast(columns[3], pa.float64()).to_numpy(zero_copy_only=False))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
-        if not np.all(np.isfinite(weights) & (weights >= 0)):
+        if not np.all(np.isfinite(weights) & (weights >= 0) & (weights <= MAX_LABEL_WEIGHT)):
             return None
     return AnswerColumns(ids[0], ids[1], ids[2], weights, None)
 
@@ -538,6 +564,10 @@ def _parse_weight(path: Path, line: int, text: str) -> float:
         raise InputError(path, line, f"weight {text!r} is not a number") from None
     if not np.isfinite(value) or value < 0:
         raise InputError(path, line, f"weight {text!r} must be a finite number >= 0")
+    if value > MAX_LABEL_WEIGHT:
+        raise InputError(path, line, f"weight {text!r} is above {MAX_LABEL_WEIGHT:g}, the most one "
+                         "answer may weigh (the service's default CROWDTALLY_MAX_LABEL_WEIGHT): "
+                         "scale the weights down")  # fmt: skip
     return value
 
 

@@ -136,6 +136,18 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     yield from opened_store(request.param, tmp_path)
 
 
+def not_utf8(values: list[bytes], kind: Any) -> Any:
+    """A pyarrow string (or binary) array of ``values`` as a Parquet file may hold them, UTF-8
+    or not (pyarrow's own constructors build no such string array)."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
+    return pa.Array.from_buffers(kind, len(values), buffers)
+
+
 def service_settings(tmp_path: Path, **changes: object) -> Settings:
     base: dict[str, object] = {
         "data_dir": tmp_path,

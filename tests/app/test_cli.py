@@ -24,6 +24,7 @@ from app.io.input import InputError
 from app.io.model_file import SavedModel, load_model, save_model
 from core.nominal import NominalConfig
 from core.online import OnlineEM
+from tests.app.conftest import not_utf8
 from tests.cli_in_process import run_cli
 
 
@@ -292,6 +293,36 @@ def test_malformed_files_name_the_line(tmp_path: Path, content: str, message: st
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("mode", [["--batch", "--raw"], ["--batch"], []])
+def test_a_weight_above_the_service_s_bound_is_refused(
+    tmp_path: Path, mode: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights of 1e17 made batch EM's posteriors NaN (written as 'nan', or as 0.5 once
+    calibrated); every path now takes a weight up to the service's default bound, 10."""
+    from app.io.input import MAX_LABEL_WEIGHT
+    from app.settings import Settings
+
+    assert Settings.model_fields["max_label_weight"].default == MAX_LABEL_WEIGHT
+    monkeypatch.chdir(tmp_path)
+    rows = [f"i{i},w{j},{'ab'[(i + j) % 3 == 0]}" for i in range(20) for j in range(3)]
+    weights = ["1e17" if n % 5 == 0 else "1" for n in range(len(rows))]
+    heavy = Path("heavy.csv")
+    heavy.write_text("item,worker,label,weight\n" + "".join(
+        f"{r},{w}\n" for r, w in zip(rows, weights, strict=True)))  # fmt: skip
+    run = extract(heavy, *mode, "--predictions", "p.csv")
+    assert run.returncode == 2 and not Path("p.csv").exists()
+    assert run.stderr == ("error: heavy.csv:2: weight '1e17' is above 10, the most one answer "
+                          "may weigh (the service's default CROWDTALLY_MAX_LABEL_WEIGHT): scale "
+                          "the weights down\n")  # fmt: skip
+    bound = Path("bound.csv")
+    bound.write_text(heavy.read_text().replace("1e17", "10"))
+    run = extract(bound, *mode, "--predictions", "p.csv")
+    assert run.returncode == 0, run.stderr
+    with open("p.csv", newline="") as fh:
+        posteriors = np.array([r[2:] for r in list(csv.reader(fh))[1:]], dtype=float)
+    assert posteriors.shape == (20, 3) and np.isfinite(posteriors).all()
+
+
 def test_label_outside_declared_classes(tmp_path: Path) -> None:
     data = tmp_path / "a.csv"
     data.write_text("item,worker,label\na,w,yes\nb,w,no\nc,w,maybe\n")
@@ -330,11 +361,16 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
         (["--batch", "--passes", "3"], "--passes: applies to online EM only"),
         (["--batch", "--shuffle", "1"], "--shuffle: applies to online EM only"),
         (["--batch", "--later-passes", "newton"], "--later-passes: applies to online EM only"),
+        (
+            ["--load", "m.npz", "--test_only", "--passes", "3"],
+            "--passes: 3, but --test_only learns nothing: it scores each item once (one pass)",
+        ),
         (["--predictions", "no/p.csv"], "--predictions: no folder no to write p.csv in"),
         (["--predictions", "."], "--predictions: give a file name"),
         (["--predictions", "out"], "--predictions: out is a folder: give a file name"),
         (["--predictions", "a.csv"], "--predictions: a.csv is an input of this command"),
         (["--model", "no/m.npz"], "--model: no folder no to write m.npz in"),
+        (["--model", "-"], "--model: cannot write to standard output (a model is a binary"),
         (["--predictions", "p.csv", "--model", "./p.csv"], "--model: p.csv is the --predictions"),
         (["--truth", "out"], "--truth: out is a folder, not a file"),
         (["--load", "a.csv"], "a.csv: not a readable crowdtally model (not a .npz archive of"),
@@ -350,8 +386,25 @@ def test_bad_paths_and_flags_are_refused_before_any_work(
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
     assert run.stdout == ""  # (nothing read, nothing fitted)
     assert Path("a.csv").read_text() == "item,worker,label\na,w,0\nb,w,1\n"
+    assert not Path("-").exists()
     folder = extract("out")
     assert folder.returncode == 2 and "DATA: out is a folder, not a file" in folder.stderr
+
+
+def test_predictions_to_standard_output(dog: Path, tmp_path: Path) -> None:
+    """``--predictions -`` writes the CSV to standard output, the report to standard error (it
+    wrote a file named '-')."""
+    answers, written = dog / "answers.csv", tmp_path / "p.csv"
+    assert extract(answers, "--predictions", written).returncode == 0
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "extract", answers, "--predictions", "-"],
+        capture_output=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == written.read_bytes()
+    report = run.stderr.decode()
+    assert "online EM: 8070 labels" in report and "predictions written" not in report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]
 
 
 @pytest.mark.parametrize(
@@ -372,6 +425,21 @@ def test_parquet_columns_of_another_type_or_with_nulls_are_refused(
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()])
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"a\xffb"], ids=["first byte", "inner byte"])
+def test_a_parquet_value_that_is_not_utf8_names_its_file_row_and_column(
+    tmp_path: Path, kind: pa.DataType, bad: bytes
+) -> None:
+    """It was pyarrow's 'Invalid UTF8 payload' (or '... sequence in input'), without the file,
+    the row or the column."""
+    workers = not_utf8([b"w", b"v", bad], kind)
+    table = pa.table({"item": ["i", "j", "k"], "worker": workers, "label": ["a", "b", "a"]})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    run = extract(tmp_path / "bad.parquet")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr == f"error: {tmp_path / 'bad.parquet'}:3: column 'worker': not UTF-8 text\n"
+
+
 def test_a_class_named_as_a_fixed_column_is_refused_for_parquet_only(tmp_path: Path) -> None:
     data = tmp_path / "a.csv"
     data.write_text("item,worker,label\na,w,label\nb,w,x\n")
@@ -379,6 +447,27 @@ def test_a_class_named_as_a_fixed_column_is_refused_for_parquet_only(tmp_path: P
     assert run.returncode == 2 and "a class named 'label' would give the Parquet file" in run.stderr
     run = extract(data, "--predictions", tmp_path / "p.csv")  # (read by position)
     assert run.returncode == 0, run.stderr
+
+
+def test_header_words_as_ids_and_classes_read_and_write_unambiguously(tmp_path: Path) -> None:
+    """Only a first row is a header: under one, an answer of item 'item', worker 'worker' and
+    label 'label' is an answer; the predictions CSV starts with its header whatever the classes
+    are named, its columns by position (README: what a file without a header does)."""
+    rows = ["item,worker,label", "label,worker,item", "i,w,label", "i,v,item"]
+    headed = tmp_path / "headed.csv"
+    headed.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    run = extract(headed, "--predictions", tmp_path / "p.csv")
+    assert run.returncode == 0 and "3 items, 4 labels, 2 classes" in run.stdout, run.stderr
+    with (tmp_path / "p.csv").open(newline="") as fh:
+        read = list(csv.reader(fh))
+    assert read[0] == ["item", "label", "probability", "item", "label"]
+    assert [r[0] for r in read[1:]] == ["item", "label", "i"]  # one row per item, in file order
+    for r in read[1:]:
+        assert r[2] == r[3 + ["item", "label"].index(r[1])]
+    bare = tmp_path / "bare.csv"  # (documented: its first answer is taken for a header)
+    bare.write_text("\n".join(rows) + "\n")
+    run = extract(bare)
+    assert run.returncode == 0 and "2 items, 3 labels" in run.stdout, run.stderr
 
 
 def test_missing_file() -> None:
@@ -599,6 +688,23 @@ def test_csv_and_parquet_answers_give_identical_predictions(
         np.column_stack([from_csv.column(k).to_numpy() for k in rows[0][3:]]),
         rtol=1e-5,
     )
+
+
+def test_a_parquet_file_is_known_by_its_magic_bytes_whatever_its_name(tmp_path: Path) -> None:
+    """It was read as CSV unless named .parquet ('not UTF-8 text' on line 1); a text file whose
+    first id starts with the magic bytes stays text."""
+    answers = "item,worker,label\nPAR1a,w,x\nb,w,y\nb,v,x\n"
+    pq.write_table(pa_csv.read_csv(io.BytesIO(answers.encode())), tmp_path / "answers.dat")
+    (tmp_path / "answers.csv").write_text(answers)
+    (tmp_path / "magic.csv").write_text(answers.removeprefix("item,worker,label\n"))
+    written = []
+    for name in ("answers.dat", "answers.csv", "magic.csv"):
+        out = tmp_path / f"{name}.predictions.csv"
+        run = extract(tmp_path / name, "--predictions", out)
+        assert run.returncode == 0, run.stderr
+        assert "3 labels" in run.stdout
+        written.append(out.read_text())
+    assert written[0] == written[1] == written[2] and "PAR1a,x," in written[0]
 
 
 def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(

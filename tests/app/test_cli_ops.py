@@ -111,3 +111,41 @@ def test_listing_snapshots_where_there_are_none_makes_no_data_folder(tmp_path: P
     listing = run_cli("snapshots", "list", env={"CROWDTALLY_DATA_DIR": str(data)})
     assert listing.returncode == 2 and "no snapshot database at" in listing.stderr
     assert not data.exists()  # (it made the folder and an empty database)
+
+
+def test_restore_refuses_a_data_folder_that_is_not_there(tmp_path: Path) -> None:
+    """A mistyped data folder was made, with an empty database, and restore exited 0."""
+    typo = tmp_path / "typo"
+    missing = run_cli("restore", env={"CROWDTALLY_DATA_DIR": str(typo)})
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr == (
+        f"error: CROWDTALLY_DATA_DIR: no snapshot database at {typo / 'crowdtally.sqlite3'} "
+        "(set CROWDTALLY_DATA_DIR as the service has it)\n"
+    )
+    assert not typo.exists()
+    db = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"  # (apart from the store's own file)
+    settings = service_settings(tmp_path / "data", database_url=db)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        assert c.post("/v1/projects", json={"name": "p", "labels": ["x", "y"]}).status_code == 201
+    no_store = run_cli("restore", env={"CROWDTALLY_DATA_DIR": str(typo),
+                                       "CROWDTALLY_DATABASE_URL": db})  # fmt: skip
+    assert no_store.returncode == 2 and no_store.stdout == ""
+    assert no_store.stderr == (
+        f"error: CROWDTALLY_DATA_DIR: no store at {typo / 'crowdtally.sqlite3'} "
+        "(set CROWDTALLY_DATA_DIR as the service has it)\n"
+    )
+    assert not typo.exists()
+    env = {"CROWDTALLY_DATA_DIR": str(tmp_path / "data"), "CROWDTALLY_DATABASE_URL": db}
+    assert "p: state from position 0" in run(env, "restore")
+
+
+def test_restore_refuses_a_project_that_is_not_there(tmp_path: Path) -> None:
+    """``restore --project nope`` restored nothing and exited 0, silently."""
+    settings = service_settings(tmp_path)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        assert c.post("/v1/projects", json={"name": "p", "labels": ["x", "y"]}).status_code == 201
+    env = {"CROWDTALLY_DATA_DIR": str(tmp_path)}
+    nope = run_cli("restore", "--project", "nope", env=env)
+    assert nope.returncode == 2 and nope.stdout == ""
+    assert nope.stderr == "error: --project: no project 'nope' in the store (projects: p)\n"
+    assert "p: state from position 0" in run(env, "restore", "--project", "p")

@@ -28,7 +28,7 @@ from app.io.input import InputError
 from app.io.triples import read_truth
 from app.store.embedded import EmbeddedStore
 from app.testing import cli_command, running_service
-from tests.app.conftest import ADMIN, service_settings
+from tests.app.conftest import ADMIN, not_utf8, service_settings
 from tests.cli_in_process import run_cli
 
 DATA = Path(__file__).parent / "data"
@@ -170,6 +170,33 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         importers.parse_map("colour=c")
     with pytest.raises(InputError, match="no such file"):
         importers.read(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()])
+def test_a_parquet_value_that_is_not_utf8_names_its_file_row_and_column(
+    tmp_path: Path, kind: pa.DataType
+) -> None:
+    """Refused before anything is sent (it was a UnicodeDecodeError's traceback, or a binary
+    column called one of another type)."""
+    labels = not_utf8([b"x", b"y", b"a\xffb"], kind)
+    table = pa.table({"item": ["i", "j", "k"], "worker": ["w", "v", "w"], "label": labels})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    run = run_cli("import", tmp_path / "bad.parquet", "-p", "p", "--url", "http://127.0.0.1:9")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr == f"error: {tmp_path / 'bad.parquet'}:3: column 'label': not UTF-8 text\n"
+
+
+def test_a_file_in_a_pipe_is_read_whole(tmp_path: Path) -> None:
+    """Looking for Parquet's magic bytes read the first four bytes of a pipe (``<(cat f)``),
+    and the text read after it lacked them: 'no item column'."""
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as fh:
+        fh.write("item,worker,label\na,w,x\n")
+    try:
+        table, _ = importers.read_answers(Path(f"/dev/fd/{read}"))
+    finally:
+        os.close(read)
+    assert (table.format, table.items.to_pylist()) == ("csv", ["a"])
 
 
 # ---------------------------------------------------------------------- in-process service
@@ -348,6 +375,56 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
     assert result.exit_code == 0 and "4 items" in result.output
     assert {json.loads(x)["item"] for x in out.read_text().splitlines()} == {
         "img-01", "img-02", "img-03", "img-04, with a comma"}  # fmt: skip
+
+
+def test_export_to_standard_output(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export -o -`` writes CSV or JSONL to standard output and its summary to standard
+    error (it wrote a file named '-'); Parquet is refused there."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    monkeypatch.chdir(tmp_path)
+    transfer.run_import(service, DATA / "answers.tsv", "stdout", create_with=["cat", "dog", "bird"])
+    runner = CliRunner()
+    for what, format, name in [("posteriors", "auto", "p.csv"), ("labels", "jsonl", "l.jsonl"),
+                               ("workers", "csv", "w.csv")]:  # fmt: skip
+        args = ["export", "-p", "stdout", "--what", what, "--format", format]
+        assert runner.invoke(cli_app, [*args, "-o", name]).exit_code == 0
+        printed = runner.invoke(cli_app, [*args, "-o", "-"])
+        assert printed.exit_code == 0, printed.output
+        assert printed.stdout_bytes == Path(name).read_bytes()
+        assert printed.stderr.startswith("standard output: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.jsonl", "p.csv", "w.csv"]
+    refused = run_cli("export", "-p", "stdout", "-f", "parquet", "-o", "-")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert (
+        refused.stderr
+        == "error: --format: Parquet is not written to standard output: give -o FILE\n"
+    )
+    assert not Path("-").exists()
+
+
+def test_a_file_refused_against_the_labels_to_create_leaves_no_project(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import --create-with-labels`` refused the file's label after creating the project, and
+    left it behind with none of the answers."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    bad = _write(tmp_path, "bad.csv", "item,worker,label\na,w,cat\nb,w,zebra\n")
+    run = run_cli("import", bad, "-p", "none-made", "--create-with-labels", "cat,dog")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == (f"error: {bad}:3: label 'zebra' is not one of project 'none-made''s "
+                          "labels ['cat', 'dog']\n")  # fmt: skip
+    good = _write(tmp_path, "good.csv", "item,worker,label\na,w,cat\nb,w,dog\n")
+    truth = _write(tmp_path, "truth.csv", "item,label\na,cat\nb,zebra\n")
+    run = run_cli("import", good, "-p", "none-made", "--create-with-labels", "cat,dog",
+                  "--truth", truth)  # fmt: skip
+    assert run.returncode == 2 and run.stderr.startswith(f"error: {truth}:3: gold label 'zebra'")
+    assert service.get("/v1/projects/none-made").status_code == 404
+    run = run_cli("import", good, "-p", "none-made", "--create-with-labels", "cat,dog",
+                  "--no-progress")  # fmt: skip
+    assert run.returncode == 0 and "2 new" in run.stdout, run.stderr
+    assert service.get("/v1/projects/none-made").json()["labels"] == ["cat", "dog"]
 
 
 # ---------------------------------------------------------------------- a real `crowdtally serve`
