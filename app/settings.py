@@ -66,8 +66,7 @@ class Settings(BaseSettings):
     max_label_weight: float = Field(10.0, gt=0, allow_inf_nan=False)
     """Largest ``weight`` one label may carry (422 beyond): a heavier label outweighs the
     worker's other answers and moves every item they labelled (README, "Semantics worth
-    knowing"). ``crowdtally extract`` refuses a heavier answer than this default
-    (``app.io.input.MAX_LABEL_WEIGHT``)."""
+    knowing")."""
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     """Largest request body (bytes), refused with 413 before it is parsed or its key checked:
     10,000 labels of up to 2 KiB each."""

@@ -19,10 +19,10 @@ MAX_ID_LENGTH = 512
 MAX_CLASSES = 256
 """The most classes a project (or ``crowdtally extract``) has: the model holds K x K numbers
 per worker."""
-MAX_LABEL_WEIGHT = 10.0
-"""The largest weight one answer of a file may carry: the service's default bound on a label's
-(``CROWDTALLY_MAX_LABEL_WEIGHT``), so that ``crowdtally extract`` takes what a service takes.
-Far heavier answers (1e17) drowned the priors of batch EM's Newton steps in rounding: NaN."""
+MAX_ANSWER_WEIGHT = 1e6
+"""The largest weight one answer of a file may carry (a million answers' worth: the model counts
+a weight as that many answers). Far heavier ones (1e17) drowned the priors of batch EM's Newton
+steps in rounding, and its posteriors were NaN; from about 1e12 it no longer converged."""
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 
 from app.io.input import (
     CONTROL,
+    MAX_ANSWER_WEIGHT,
     MAX_ID_LENGTH,
-    MAX_LABEL_WEIGHT,
     InputError,
     checked_id,
     is_parquet,
@@ -432,7 +432,7 @@ def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:
 
 
 def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
-    """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights 0 to MAX_LABEL_WEIGHT; None
+    """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights 0 to MAX_ANSWER_WEIGHT; None
     when any check fails (the caller then reads row by row to name the line)."""
     if not n_rows:
         return None
@@ -457,7 +457,7 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
             weights = np.asarray(pc.cast(columns[3], pa.float64()).to_numpy(zero_copy_only=False))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
-        if not np.all(np.isfinite(weights) & (weights >= 0) & (weights <= MAX_LABEL_WEIGHT)):
+        if not np.all(np.isfinite(weights) & (weights >= 0) & (weights <= MAX_ANSWER_WEIGHT)):
             return None
     return AnswerColumns(ids[0], ids[1], ids[2], weights, None)
 
@@ -564,10 +564,10 @@ def _parse_weight(path: Path, line: int, text: str) -> float:
         raise InputError(path, line, f"weight {text!r} is not a number") from None
     if not np.isfinite(value) or value < 0:
         raise InputError(path, line, f"weight {text!r} must be a finite number >= 0")
-    if value > MAX_LABEL_WEIGHT:
-        raise InputError(path, line, f"weight {text!r} is above {MAX_LABEL_WEIGHT:g}, the most one "
-                         "answer may weigh (the service's default CROWDTALLY_MAX_LABEL_WEIGHT): "
-                         "scale the weights down")  # fmt: skip
+    if value > MAX_ANSWER_WEIGHT:
+        raise InputError(path, line, f"weight {text!r} is above {MAX_ANSWER_WEIGHT:g}, the most "
+                         "one answer may weigh (a weight counts as that many answers): scale "
+                         "the weights down")  # fmt: skip
     return value
 
 

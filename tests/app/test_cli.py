@@ -294,15 +294,11 @@ def test_malformed_files_name_the_line(tmp_path: Path, content: str, message: st
 
 
 @pytest.mark.parametrize("mode", [["--batch", "--raw"], ["--batch"], []])
-def test_a_weight_above_the_service_s_bound_is_refused(
+def test_a_weight_above_a_million_is_refused(
     tmp_path: Path, mode: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Weights of 1e17 made batch EM's posteriors NaN (written as 'nan', or as 0.5 once
-    calibrated); every path now takes a weight up to the service's default bound, 10."""
-    from app.io.input import MAX_LABEL_WEIGHT
-    from app.settings import Settings
-
-    assert Settings.model_fields["max_label_weight"].default == MAX_LABEL_WEIGHT
+    calibrated); an answer may weigh up to 1e6, and such weights give finite posteriors."""
     monkeypatch.chdir(tmp_path)
     rows = [f"i{i},w{j},{'ab'[(i + j) % 3 == 0]}" for i in range(20) for j in range(3)]
     weights = ["1e17" if n % 5 == 0 else "1" for n in range(len(rows))]
@@ -311,11 +307,11 @@ def test_a_weight_above_the_service_s_bound_is_refused(
         f"{r},{w}\n" for r, w in zip(rows, weights, strict=True)))  # fmt: skip
     run = extract(heavy, *mode, "--predictions", "p.csv")
     assert run.returncode == 2 and not Path("p.csv").exists()
-    assert run.stderr == ("error: heavy.csv:2: weight '1e17' is above 10, the most one answer "
-                          "may weigh (the service's default CROWDTALLY_MAX_LABEL_WEIGHT): scale "
-                          "the weights down\n")  # fmt: skip
+    assert run.stderr == ("error: heavy.csv:2: weight '1e17' is above 1e+06, the most one answer "
+                          "may weigh (a weight counts as that many answers): scale the weights "
+                          "down\n")  # fmt: skip
     bound = Path("bound.csv")
-    bound.write_text(heavy.read_text().replace("1e17", "10"))
+    bound.write_text(heavy.read_text().replace("1e17", "1e6"))
     run = extract(bound, *mode, "--predictions", "p.csv")
     assert run.returncode == 0, run.stderr
     with open("p.csv", newline="") as fh:
