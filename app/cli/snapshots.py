@@ -63,7 +63,8 @@ def snapshots_delete(
 def restore(
     project: Annotated[str | None, typer.Option(help="Only this project (default: all).")] = None,
     snapshot: Annotated[
-        int | None, typer.Option(help="Start from this snapshot id (default: the latest).")
+        int | None,
+        typer.Option(help="Start from this snapshot id, of its project (default: the latest)."),
     ] = None,
 ) -> None:
     """Load a snapshot, replay the log after it and write the served state to the store.
@@ -83,6 +84,12 @@ def restore(
     rebuilt = rebuild_store(store, db)
     if rebuilt:
         print(f"rebuilt from SQL: {', '.join(rebuilt)}")
+    found = db.get(snapshot) if snapshot is not None else None
+    if snapshot is not None:  # the project it is of, unless --project names another
+        if found is None or project not in (None, found[0].project):
+            of = f" of project {project!r}" if project is not None else ""
+            raise InputError("--snapshot", None, f"no snapshot {snapshot}{of}")
+        project = found[0].project
     if project is not None and project not in (names := store.project_names()):
         listed = f"projects: {', '.join(names)}" if names else "it has none"
         raise InputError("--project", None, f"no project {project!r} in the store ({listed})")
@@ -91,15 +98,7 @@ def restore(
     for record in store.list_projects():
         if project is not None and record.name != project:
             continue
-        if snapshot is not None:
-            found = db.get(snapshot)
-            if found is None or found[0].project != record.name:
-                raise InputError(
-                    "--snapshot", None, f"no snapshot {snapshot} of project {record.name!r}"
-                )
-            eng = restore_state(record, found[1])
-        else:
-            eng = snap.load(record)
+        eng = restore_state(record, found[1]) if found is not None else snap.load(record)
         start = eng.position
         while True:
             entries = snap.read_log(record.name, eng.position, 1000)

@@ -12,7 +12,9 @@ from fastapi.testclient import TestClient
 
 from app.api import create_app
 from app.cli.service import use_store
+from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
+from app.store.sql import sql_engine
 from tests.app.conftest import ADMIN, REDIS_URL, service_settings
 from tests.cli_in_process import run_cli
 
@@ -149,3 +151,28 @@ def test_restore_refuses_a_project_that_is_not_there(tmp_path: Path) -> None:
     assert nope.returncode == 2 and nope.stdout == ""
     assert nope.stderr == "error: --project: no project 'nope' in the store (projects: p)\n"
     assert "p: state from position 0" in run(env, "restore", "--project", "p")
+
+
+def test_restore_from_a_snapshot_id_restores_its_project(tmp_path: Path) -> None:
+    """``restore --snapshot ID`` without ``--project`` stopped at the first project the snapshot
+    was not of: with two projects it always failed, whichever the snapshot."""
+    settings = service_settings(tmp_path)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        for name in ("a", "b"):
+            assert (
+                c.post("/v1/projects", json={"name": name, "labels": ["x", "y"]}).status_code == 201
+            )
+        labels = [{"item": "i", "worker": "w", "label": "x"}]
+        assert c.post("/v1/projects/b/labels?wait=true", json=labels).status_code == 202
+        assert c.post("/v1/projects/b/snapshots?wait=true").json()["applied"]
+    env = {"CROWDTALLY_DATA_DIR": str(tmp_path)}
+    db = SnapshotDB(sql_engine(f"sqlite:///{tmp_path / 'crowdtally.sqlite3'}"))
+    snapshot = str(db.anchors("b")[0][0])
+    db.close()
+    out = run(env, "restore", "--snapshot", snapshot)
+    assert out.startswith("b: state from position 2, replayed to 2") and "a:" not in out
+    other = run_cli("restore", "--snapshot", snapshot, "--project", "a", env=env)
+    assert other.returncode == 2
+    assert other.stderr == f"error: --snapshot: no snapshot {snapshot} of project 'a'\n"
+    missing = run_cli("restore", "--snapshot", "999", env=env)
+    assert missing.stderr == "error: --snapshot: no snapshot 999\n"
