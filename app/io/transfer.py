@@ -306,8 +306,8 @@ def run_import(
             http, project, path, answers, batch_size, wait_last, advance
         )
     if gold:
-        # Gold has no ids in the API; posting it again sets the same answers (idempotent for
-        # the posteriors, though workers' gold tallies count it again).
+        # Gold has no ids in the API; posting it again sets the same answers (idempotent: the
+        # engine replaces an item's earlier gold, its workers' gold tallies with it).
         items = {r.item: r.label for r in gold}
         body_all = [{"item": i, "label": lab} for i, lab in items.items()]
         for k in range(0, len(body_all), batch_size):

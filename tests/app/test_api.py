@@ -163,6 +163,10 @@ def test_gold_given_twice_in_a_block_counts_once(client: TestClient) -> None:
     assert (r.json()["accepted"], r.json()["duplicates"]) == (2, 2)  # (it said 4 and 0)
     w = client.get("/v1/projects/census/workers/w3", headers=key).json()
     assert w["gold_labels"] == 1  # img3's gold, once
+    again = client.post(path, params={"wait": True}, json=twice[:1], headers=key)
+    assert again.status_code == 202  # posted again later (gold has no ids): replaced, not added
+    w2 = client.get("/v1/projects/census/workers/w3", headers=key).json()
+    assert (w2["gold_labels"], w2["gold_accuracy"]) == (1, w["gold_accuracy"])
     bad = [*twice, {"item": "img6", "label": "purple"}]  # an entry is named in the block
     err = client.post(path, json=bad, headers=key).json()["error"]
     assert (err["code"], err["entry"], err["field"]) == ("unknown_label", 4, "label")
