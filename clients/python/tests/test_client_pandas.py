@@ -77,3 +77,19 @@ def test_async_to_pandas(live_server: LiveServer) -> None:
         assert list(agg.probas.columns) == CLASSES
 
     asyncio.run(run())
+
+
+def test_probas_labels_and_gold_share_one_task_dtype(live_server: LiveServer) -> None:
+    """The task dtype was inferred for each part alone: gold on item "1" came back int64 while
+    the answered items ("img-x" among them) were text, and ``labels.reindex(gold.index)`` gave
+    NaN (accuracy on gold 0)."""
+    with Client(live_server.url, live_server.admin_key) as admin:
+        name = live_server.project_name("dtypes")
+        key = admin.create_project(name, CLASSES).api_key
+    with Client(live_server.url, key) as c:
+        c.post_labels(name, [("1", "w1", CLASSES[0]), ("1", "w2", CLASSES[0]),
+                             ("img-x", "w1", CLASSES[1])], wait=True)  # fmt: skip
+        c.post_gold(name, [("1", CLASSES[0])], wait=True)
+        agg = c.to_pandas(name, errors=False)
+    assert agg.probas.index.dtype == agg.labels.index.dtype == agg.gold.index.dtype == object
+    assert agg.labels.reindex(agg.gold.index).tolist() == [CLASSES[0]]

@@ -131,8 +131,8 @@ def test_push_back_is_waited_out_without_spending_the_retries(
         pytest.raises(ApiError) as err,
     ):
         c.post_labels("p", [("i", "w", "a")])
-    assert err.value.status == 429 and not answers  # 30 waits of 0 s, counted 0.1 s each
-    assert slept == [0.0] * 30
+    assert err.value.status == 429 and not answers  # 30 waits of 0.1 s: "0" is no spin
+    assert slept == [0.1] * 30  # (it resent at once: 601 requests in 0.6 s at max_pushback 60)
 
 
 @pytest.mark.parametrize("code", ["block_too_large", "body_too_large"])
@@ -255,3 +255,59 @@ def test_a_transport_error_says_what_the_blocks_before_it_did() -> None:
         c.post_labels("p", labels)
     assert len(seen) == 2 and lost.value.sent.blocks == 1
     assert lost.value.sent.accepted == ACCEPTED["accepted"]
+
+
+def test_inputs_the_client_cannot_send_are_refused_before_any_request() -> None:
+    """A missing worker in a data frame (None, pandas' NA) was dropped from the entry, so the
+    service refused its block after the blocks before it were posted; a DataFrame of pairs was
+    iterated as its column names; batch_size 0 fell back to the default."""
+    import pandas as pd
+
+    seen: list[httpx.Request] = []
+    with fast(scripted([], seen)) as c:
+        for missing in (None, pd.NA):
+            frame = pd.DataFrame({"task": ["i1", "i2"], "worker": ["w1", missing],
+                                  "label": ["a", "b"]})  # fmt: skip
+            with pytest.raises(ValueError, match="label 1: worker is missing"):
+                c.post_labels("p", frame)
+        with pytest.raises(ValueError, match="label 0: weight 'x' is not a number"):
+            c.post_labels("p", [("i", "w", "a", "x")])
+        with pytest.raises(ValueError, match="pair 0: expected"):
+            c.predict("p", [("w1", "i2", "extra")])
+        with pytest.raises(ValueError, match="batch_size must be within"):
+            c.post_labels("p", [("i", "w", "a")], batch_size=0)
+    assert seen == []
+
+
+def test_pairs_come_from_a_data_frame_and_a_tuple_weight_may_be_none() -> None:
+    import pandas as pd
+
+    seen: list[httpx.Request] = []
+    answers: list[object] = [
+        httpx.Response(200, json={"predictions": []}),
+        httpx.Response(202, json=ACCEPTED),
+    ]
+    with fast(scripted(answers, seen)) as c:
+        c.predict("p", pd.DataFrame({"worker": ["w1", "w2"], "item": ["i2", "i1"]}))
+        c.post_labels("p", [("i", "w", "a", None)])
+    assert json.loads(seen[0].content) == [
+        {"worker": "w1", "item": "i2"},
+        {"worker": "w2", "item": "i1"},
+    ]
+    assert json.loads(seen[1].content) == [{"item": "i", "worker": "w", "label": "a"}]
+
+
+def test_a_retry_policy_of_many_retries_has_a_finite_back_off() -> None:
+    from crowdtally_client._core import RetryPolicy
+
+    assert RetryPolicy(retries=10**6, max_backoff=8.0).delay(1024, None) <= 8.0  # (overflowed)
+
+
+def test_stream_lines_split_at_newlines_only() -> None:
+    """Ids may hold U+2028 and U+2029, which str.splitlines (httpx's iter_lines) ends lines at:
+    an export's rows were cut in two."""
+    from crowdtally_client._core import split_lines
+
+    lines, rest = split_lines(b"", '{"item":"x\u2028y"}\r\n{"item":'.encode())
+    assert lines == ['{"item":"x\u2028y"}'] and rest == b'{"item":'
+    assert split_lines(rest, b'"z"}\n') == (['{"item":"z"}'], b"")

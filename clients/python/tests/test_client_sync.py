@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -108,6 +109,7 @@ def test_errors_name_the_entry_of_the_whole_input(
             c.post_labels(name, bad, ids="auto", wait=True)
         assert err.value.status == 422 and err.value.code == "unknown_label"
         assert err.value.entry == 5 and err.value.field == "label"
+        assert "(entry 5 of the input; block at 4)" in str(err.value)  # (printed: entry 1)
         assert err.value.sent.accepted == 4  # the two blocks before the bad one went in
         with pytest.raises(ApiError) as missing:
             c.get_item(name, "nope")
@@ -196,3 +198,17 @@ def test_names_of_dots_are_names_not_path_steps(
         c.post_labels(name, [Label(item="..", worker=".", label="cat", id="dots")], wait=True)
         assert c.get_worker(name, ".").worker == "."
         assert c.get_item(name, "..").item == ".."
+
+
+def test_an_export_keeps_ids_with_unicode_line_separators_whole(
+    live_server: LiveServer, project: tuple[str, str]
+) -> None:
+    """httpx's iter_lines also ends lines at U+2028 and U+2029: an item id holding one came
+    back as two broken rows."""
+    name, key = project
+    odd = "x\u2028y\u2029z"
+    with Client(live_server.url, key) as c:
+        c.post_labels(name, [(odd, "ann", "cat"), ("plain", "bob", "dog")], wait=True)
+        rows = [json.loads(line) for line in c.export(name)]
+        assert sorted(r["item"] for r in rows) == sorted([odd, "plain"])
+        assert len(list(c.export(name, "csv"))) == 3  # the header and two rows

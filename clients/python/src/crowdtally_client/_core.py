@@ -50,7 +50,7 @@ class ApiError(CrowdtallyError):
         entry: int | None = None,
         field: str | None = None,
     ) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        super().__init__(status, code, message, entry, field)
         self.status, self.code, self.message, self.entry, self.field = (
             status,
             code,
@@ -58,6 +58,9 @@ class ApiError(CrowdtallyError):
             entry,
             field,
         )
+
+    def __str__(self) -> str:  # (``entry`` and ``message`` change when a split call reports)
+        return f"{self.status} {self.code}: {self.message}"
         self.sent: Any = None
 
 
@@ -145,14 +148,12 @@ def prepare_labels(
         if isinstance(x, Label):
             d = x.model_dump(exclude_none=True)
         elif isinstance(x, Mapping):
-            d = {
-                k: v
-                for k, v in x.items()
-                if v is not None and not (k in ("id", "weight") and _is_missing(v))
+            d = {  # (a missing id or weight is none given; a missing item is refused below)
+                k: v for k, v in x.items() if not (k in ("id", "weight") and _is_missing(v))
             }
         elif isinstance(x, Sequence) and not isinstance(x, str) and 3 <= len(x) <= 4:
             d = {"item": x[0], "worker": x[1], "label": x[2]}
-            if len(x) == 4:
+            if len(x) == 4 and x[3] is not None:  # (None: no weight, as in a mapping)
                 d["weight"] = x[3]
         else:
             raise ValueError(f"label {n}: expected a Label, a mapping or a tuple, got {x!r}")
@@ -160,7 +161,10 @@ def prepare_labels(
             if k in d:
                 d[k] = as_text(d[k], f"label {n}: {k}")
         if "weight" in d:
-            d["weight"] = float(d["weight"])
+            try:
+                d["weight"] = float(d["weight"])
+            except (TypeError, ValueError):
+                raise ValueError(f"label {n}: weight {d['weight']!r} is not a number") from None
             if not math.isfinite(d["weight"]) or d["weight"] < 0:  # (inf is no JSON number)
                 raise ValueError(f"label {n}: weight {d['weight']!r} is not a finite number >= 0")
             if d["weight"] == 1.0:
@@ -171,6 +175,32 @@ def prepare_labels(
             except KeyError as exc:
                 raise ValueError(f"label {n}: no {exc.args[0]!r}") from None
         out.append(d)
+    return out
+
+
+def prepare_pairs(pairs: Any) -> list[dict[str, str]]:
+    """(worker, item) pairs as JSON-ready dicts: 2-tuples, mappings with ``worker`` and
+    ``item``, or a pandas DataFrame with the columns ``worker`` and ``item`` (or ``task``)."""
+    columns = getattr(pairs, "columns", None)
+    if columns is not None and hasattr(pairs, "to_dict"):
+        cols = set(columns)
+        item = "task" if "task" in cols else "item"
+        if not {"worker", item} <= cols:
+            raise ValueError("a DataFrame of pairs needs the columns worker and item (or task)")
+        pairs = list(zip(pairs["worker"].tolist(), pairs[item].tolist(), strict=True))
+    if isinstance(pairs, str | bytes | Mapping) or not isinstance(pairs, Iterable):
+        raise ValueError(f"pairs: give a list of (worker, item) pairs, got {pairs!r}")
+    out = []
+    for n, p in enumerate(pairs):
+        if isinstance(p, Mapping) and "worker" in p and "item" in p:
+            worker, item = p["worker"], p["item"]
+        elif isinstance(p, Sequence) and not isinstance(p, str | bytes) and len(p) == 2:
+            worker, item = p
+        else:
+            raise ValueError(f"pair {n}: expected (worker, item) or a mapping with worker and "
+                             f"item, got {p!r}")  # fmt: skip
+        out.append({"worker": as_text(worker, f"pair {n}: worker"),
+                    "item": as_text(item, f"pair {n}: item")})  # fmt: skip
     return out
 
 
@@ -274,7 +304,7 @@ class RetryPolicy:
         after = retry_after(response) if response is not None else None
         if after is not None:
             return min(after, self.max_backoff)
-        d = min(self.backoff * 2.0**attempt, self.max_backoff)
+        d = min(self.backoff * 2.0 ** min(attempt, 64), self.max_backoff)
         return d / 2 + random.random() * d / 2
 
     def should_retry_status(self, status: int, attempt: int, idempotent: bool) -> bool:
@@ -309,8 +339,8 @@ class Attempts:
     def after_answer(self, response: httpx.Response) -> float | None:
         """The wait, or None: ``response`` is the answer (``ApiError`` if it is an error)."""
         if response.status_code == 429 and self.pushed_back < self.policy.max_pushback:
-            delay = self.policy.delay(min(self.attempt, 5), response)
-            self.pushed_back += max(delay, PUSHBACK_FLOOR)
+            delay = max(self.policy.delay(min(self.attempt, 5), response), PUSHBACK_FLOOR)
+            self.pushed_back += delay
             return delay
         if self.policy.should_retry_status(response.status_code, self.attempt, self.idempotent):
             return self._next(response)
@@ -323,6 +353,14 @@ class Attempts:
         delay = self.policy.delay(self.attempt, response)
         self.attempt += 1
         return delay
+
+
+def split_lines(rest: bytes, chunk: bytes) -> tuple[list[str], bytes]:
+    """The whole lines of ``rest + chunk`` (ended by a newline, a carriage return before it
+    dropped) and what is left: a stream's lines split at newlines only (httpx's
+    ``iter_lines`` also splits at U+2028 and U+2029, which ids may hold)."""
+    *lines, rest = (rest + chunk).split(b"\n")
+    return [line.removesuffix(b"\r").decode() for line in lines], rest
 
 
 def raise_for(response: httpx.Response) -> None:

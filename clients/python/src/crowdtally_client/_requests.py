@@ -320,18 +320,13 @@ def _predictions(answer: Any) -> list[models.Prediction]:
     return [models.Prediction.model_validate(p) for p in answer["predictions"]]
 
 
-def _pair(p: Any) -> dict[str, str]:
-    worker, item = (p["worker"], p["item"]) if isinstance(p, dict) else (p[0], p[1])
-    return {"worker": _core.as_text(worker, "worker"), "item": _core.as_text(item, "item")}
-
-
 def predict(
     project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
 ) -> Plan[list[models.Prediction]]:
     """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order. A
     request the service finds too large (413 ``body_too_large``: its byte limit is lower, or
     the ids are long) is sent again in halves, and the requests after it as large."""
-    body = [_pair(p) for p in pairs]
+    body = _core.prepare_pairs(pairs)
     path = f"{_project(project)}/predictions"
     out: list[models.Prediction] = []
     size, lo = MAX_PAIRS, 0

@@ -220,7 +220,7 @@ class Client(_Base):
         position in ``labels`` and ``id_namespace``) and retried or re-run calls count once.
         Without ids, a block is only re-sent when the connection failed before sending it.
         """
-        size = batch_size or self.batch_size
+        size = self.batch_size if batch_size is None else _core.check_batch(batch_size)
         return self._run(_req.post_labels(project, labels, ids, id_namespace, wait, size))
 
     def post_gold(
@@ -275,7 +275,12 @@ class Client(_Base):
                 if resp.status_code >= 400:
                     resp.read()
                     _core.raise_for(resp)
-                yield from resp.iter_lines()
+                rest = b""
+                for chunk in resp.iter_bytes():
+                    lines, rest = _core.split_lines(rest, chunk)
+                    yield from lines
+                if rest:
+                    yield rest.removesuffix(b"\r").decode()
         except httpx.TransportError as exc:
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
@@ -529,7 +534,7 @@ class AsyncClient(_Base):
         batch_size: int | None = None,
     ) -> PostResult:
         """As ``Client.post_labels``; blocks go one after another (the log keeps their order)."""
-        size = batch_size or self.batch_size
+        size = self.batch_size if batch_size is None else _core.check_batch(batch_size)
         return await self._run(_req.post_labels(project, labels, ids, id_namespace, wait, size))
 
     async def post_gold(
@@ -583,8 +588,13 @@ class AsyncClient(_Base):
                 if resp.status_code >= 400:
                     await resp.aread()
                     _core.raise_for(resp)
-                async for line in resp.aiter_lines():
-                    yield line
+                rest = b""
+                async for chunk in resp.aiter_bytes():
+                    lines, rest = _core.split_lines(rest, chunk)
+                    for line in lines:
+                        yield line
+                if rest:
+                    yield rest.removesuffix(b"\r").decode()
         except httpx.TransportError as exc:
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 

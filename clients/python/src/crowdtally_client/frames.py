@@ -19,7 +19,7 @@ numbers; ``dtypes="str"`` keeps everything text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -193,6 +193,10 @@ def aggregation(
     types: IdTypes | None = None,
 ) -> Aggregation:
     types = types or IdTypes()
+    # One task dtype for probas, labels and gold, decided on every item (gold alone on "1"
+    # read int64 where the answered items, "img-x" among them, read text).
+    task = _converter([x.item for x in items], types.task, types.dtypes)
+    types = replace(types, task=np.dtype(object) if task is None else task)
     answered = [x for x in items if x.n_labels > 0]  # as crowd-kit: tasks with answers only
     return Aggregation(
         probas=probas_frame(answered, classes, types),
