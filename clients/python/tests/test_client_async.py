@@ -70,3 +70,23 @@ def test_async_concurrent_posts_with_ids_are_idempotent(live_server: LiveServer)
             assert sum(r.duplicates for r in results) == 90
 
     asyncio.run(run())
+
+
+def test_a_failed_fan_out_stops_the_other_requests(live_server: LiveServer) -> None:
+    """``worker_confusions`` raised the first 404 and left the other GETs running (unclosed
+    sockets at ``aclose``); ``wait_ready`` was the sync client's only."""
+
+    async def run() -> None:
+        async with AsyncClient(live_server.url, live_server.admin_key) as admin:
+            await admin.wait_ready(timeout=5)
+            name = live_server.project_name("fanout")
+            key = (await admin.create_project(name, ["yes", "no"])).api_key
+        labels = [{"item": f"q{n}", "worker": f"w{n}", "label": "yes"} for n in range(40)]
+        async with AsyncClient(live_server.url, key, concurrency=2) as c:
+            await c.post_labels(name, labels, wait=True)
+            with pytest.raises(ApiError) as err:
+                await c.worker_confusions(name, ["nope", *(f"w{n}" for n in range(40))])
+            assert err.value.status == 404
+            assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left running
+
+    asyncio.run(run())

@@ -496,6 +496,19 @@ class AsyncClient(_Base):
     async def healthz(self) -> bool:
         return await self._call(_req.healthz())
 
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Poll /healthz until the service answers (e.g. right after starting it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if (await self._http.get("/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TransportError(f"{self.url} did not answer /healthz within {timeout} s")
+            await asyncio.sleep(0.1)
+
     async def create_project(
         self,
         name: str,
@@ -638,7 +651,14 @@ class AsyncClient(_Base):
             async with gate:
                 return await self.get_worker(project, name)
 
-        return list(await asyncio.gather(*(one(w) for w in names)))
+        tasks = [asyncio.ensure_future(one(w)) for w in names]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:  # (one failed: the others are stopped, not left running)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def predict(
         self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
