@@ -50,4 +50,34 @@ def existing_store(settings: Settings) -> Store:
         if not path.exists():
             raise InputError("CROWDTALLY_DATA_DIR", None, f"no store at {path} (set "
                              "CROWDTALLY_DATA_DIR as the service has it)")  # fmt: skip
+        hold_data_dir(settings)
     return open_store(settings)
+
+
+_HELD: dict[Path, int] = {}
+"""The data folders' lock files' descriptors, open (so locked) until the process exits."""
+
+
+def hold_data_dir(settings: Settings) -> None:
+    """The embedded store is one process's (its served state and ids live in that process):
+    take the data folder's lock, held until exit, or an InputError naming the process that
+    holds it (a second service on the folder broke the first: both appended to one log)."""
+    import fcntl
+    import os
+
+    folder = settings.data_dir
+    if settings.store != "embedded" or folder.resolve() in _HELD:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / "crowdtally.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise InputError("CROWDTALLY_DATA_DIR", None, f"{folder} is in use by another crowdtally "
+                         f"process (pid {holder}): one process per embedded store; stop it, or "
+                         "give this one its own CROWDTALLY_DATA_DIR") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[folder.resolve()] = fd

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.cli.common import load_settings
+from app.cli.common import hold_data_dir, load_settings
 from app.io.input import InputError
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def serve(
         raise InputError("--no-engine", None, "the embedded store's engine runs in the API's "
                          "process: no other process can apply its labels (--store redis)")  # fmt: skip
     check_places(settings)
+    hold_data_dir(settings)  # (embedded: no second process on the folder)
     open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
     print(
         f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
@@ -127,6 +128,7 @@ def engine_command(
 
     logs.configure(settings.log_format, settings.log_level)
     check_places(settings)
+    hold_data_dir(settings)
     db = open_database(settings)  # (the store's projects rebuilt from it if Redis lost them)
     st, _ = open_store_when_reachable(
         settings, lambda st: rebuild_store(st, db), "crowdtally engine"

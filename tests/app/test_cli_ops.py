@@ -176,3 +176,27 @@ def test_restore_from_a_snapshot_id_restores_its_project(tmp_path: Path) -> None
     assert other.stderr == f"error: --snapshot: no snapshot {snapshot} of project 'a'\n"
     missing = run_cli("restore", "--snapshot", "999", env=env)
     assert missing.stderr == "error: --snapshot: no snapshot 999\n"
+
+
+def test_a_second_process_on_an_embedded_data_folder_is_refused(tmp_path: Path) -> None:
+    """A second ``serve`` on a running service's folder started, appended to the same log,
+    and the first one answered 500 (UNIQUE constraint failed) until it was restarted."""
+    import subprocess
+
+    from app.testing import cli_command, free_port, running_service
+
+    env = {"CROWDTALLY_ADMIN_KEY": ADMIN}
+    with running_service(tmp_path, env):
+        second = subprocess.run(
+            [*cli_command(), "serve", "--port", str(free_port())],
+            env={**os.environ, **env, "CROWDTALLY_DATA_DIR": str(tmp_path)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.startswith(f"error: CROWDTALLY_DATA_DIR: {tmp_path} is in use by "
+                                        "another crowdtally process (pid ")  # fmt: skip
+        restore = run_cli("restore", env={"CROWDTALLY_DATA_DIR": str(tmp_path)})
+        assert (
+            restore.returncode == 2 and "is in use by another crowdtally process" in restore.stderr
+        )
+    run({"CROWDTALLY_DATA_DIR": str(tmp_path)}, "restore")  # (the service stopped: taken)
