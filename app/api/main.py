@@ -64,8 +64,9 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
         db = open_snapshot_db(settings)
 
         def first_use(st: Store) -> list[str]:
-            _announce_admin_key(st, settings)
-            return rebuild_store(st, db)
+            rebuilt = rebuild_store(st, db)  # (first: a wiped Redis gets its admin key back,
+            _announce_admin_key(st, settings)  # and no new one besides it)
+            return rebuilt
 
         if store is None:
             st, rebuilt = open_store_when_reachable(settings, first_use, "crowdtally")

@@ -4,6 +4,7 @@ the deleted project's)."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -391,3 +392,28 @@ def test_a_model_gone_non_finite_is_not_served(tmp_path: Path, kind: str) -> Non
 
 def _entry(items: list[str], workers: list[str], labels: list[int]) -> dict[str, Any]:
     return {"items": items, "workers": workers, "labels": labels, "weights": None}
+
+
+def test_a_wiped_redis_gets_its_admin_key_back_and_no_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API made a new admin key before it rebuilt the wiped store from SQL, which then put
+    the archived one back: two admin keys, both archived at the next snapshot."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, admin_key=None, snapshot_interval_s=0.0)
+    try:
+        with TestClient(create_app(settings, store=store)) as c:
+            made = re.findall(r"created the admin API key[^:]*: (\S+)", capsys.readouterr().err)[0]
+            head = {"Authorization": f"Bearer {made}"}
+            new = {"name": "p", "labels": ["a", "b"]}
+            assert c.post("/v1/projects", json=new, headers=head).status_code == 201
+            assert c.post("/v1/projects/p/snapshots?wait=true", headers=head).json()["applied"]
+        store.flush_prefix()
+        with TestClient(create_app(settings, store=store)) as c:
+            assert "created the admin API key" not in capsys.readouterr().err
+            assert [k.scope for k in store.list_keys(None).values()] == ["admin"]
+            assert c.get("/v1/projects", headers=head).status_code == 200
+    finally:
+        store.flush_prefix()
+        store.close()
