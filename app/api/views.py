@@ -67,7 +67,9 @@ def project_view(
     return {
         "name": record.name,
         "labels": list(record.labels),
-        "hyperparameters": hyper,
+        # As saved, not checked again: a project saved before a bound was added (a first
+        # step over MAX_FIRST_STEP) is still listed and read, not a 500 for every listing.
+        "hyperparameters": Hyperparameters.model_construct(**hyper),
         "worker_slots": slots,
         "dyadic": dyadic_view(dyadic),
         "created_at": iso(record.created_at),
@@ -89,9 +91,10 @@ def dyadic_view(settings: DyadicSettings | None) -> DyadicSettingsBody:
     if settings is None:
         return DyadicSettingsBody(enabled=False)
     c = settings.config
-    return DyadicSettingsBody(
-        k=c.k, loss=c.loss, reduction=c.reduction, ordinal=c.ordinal, eta=c.eta, l2=c.l2,
-        dyadic_rate=c.dyadic_rate, passes=settings.passes, rater_slots=c.rater_slots, task_slots=c.task_slots,
+    return DyadicSettingsBody.model_construct(  # (as saved: a bound added later is for input)
+        enabled=True, k=c.k, loss=c.loss, reduction=c.reduction, ordinal=c.ordinal, eta=c.eta,
+        l2=c.l2, dyadic_rate=c.dyadic_rate, passes=settings.passes, rater_slots=c.rater_slots,
+        task_slots=c.task_slots,
     )  # fmt: skip
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from app.store.base import Store
 from tests.app.conftest import listed_items
 
 LABELS = ["asian", "black", "hispanic", "white", "other"]
@@ -710,3 +712,20 @@ def test_workers_by_name_page_without_missing_any_while_labels_arrive(client: Te
         page = client.get(url, params={"order": "name", "limit": 10, "offset": offset}, headers=key)
         seen += [w["worker"] for w in page.json()["workers"]]
     assert {f"w{k:02d}" for k in range(30)} <= set(seen)
+
+
+def test_a_project_saved_beyond_todays_bounds_is_still_listed_and_read(
+    client: TestClient, store: Store
+) -> None:
+    """Bounds added later (a first step above MAX_FIRST_STEP, dyadic eta x rate above 100)
+    are for new input: one such project made every listing of projects answer 500."""
+    assert client.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+    record = store.get_project("p")
+    assert record is not None
+    config = {**record.config, "eta0": 1e300}
+    config["dyadic"] = {**config["dyadic"], "eta": 100.0, "dyadic_rate": 100.0}
+    store.create_project(replace(record, name="legacy", config=config))
+    listed = client.get("/v1/projects")
+    assert listed.status_code == 200, listed.text
+    one = client.get("/v1/projects/legacy").json()
+    assert one["hyperparameters"]["eta0"] == 1e300 and one["dyadic"]["eta"] == 100.0
