@@ -417,3 +417,20 @@ def test_a_wiped_redis_gets_its_admin_key_back_and_no_other(
     finally:
         store.flush_prefix()
         store.close()
+
+
+def test_readyz_says_so_when_redis_was_wiped_under_the_api(tmp_path: Path) -> None:
+    """A Redis restarted empty under a running API: every key answered 401 and /readyz said
+    ready (the rebuild from SQL comes with the API's next start)."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    try:
+        with TestClient(create_app(service_settings(tmp_path), store=store)) as c:
+            assert c.get("/readyz").status_code == 200
+            store.flush_prefix()
+            ready = c.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["store"] == "wiped: restart the API to rebuild it"
+    finally:
+        store.flush_prefix()
+        store.close()

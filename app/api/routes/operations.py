@@ -21,6 +21,9 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", operation_id="readyz", tags=["operations"])
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
+    # A store that lost its admin key while this process ran was wiped (a Redis restarted
+    # empty): every key answers 401 until a start of the API rebuilds it from SQL.
+    wiped = ok and svc.store.admin_key_hash() is None
     names = svc.store.project_names() if ok else []
     lag = {name: end - applied for name, (end, applied) in svc.store.positions(names).items()}
     failed = svc.store.failed_projects() if ok else {}
@@ -36,10 +39,10 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     ages: dict[str, float] = {}
     for info in svc.db.infos():
         ages[info.project] = now - info.created_at
-    ready = ok and engine_error is None and snapshot_error is None and not restoring
+    ready = ok and not wiped and engine_error is None and snapshot_error is None and not restoring
     body = {
         "ready": ready,
-        "store": "ok" if ok else "unreachable",
+        "store": "wiped: restart the API to rebuild it" if wiped else "ok" if ok else "unreachable",
         "engine_lag": lag,
         "engine_error": engine_error,
         # projects the engine could not apply (retried after a back-off); the others are served
