@@ -29,7 +29,6 @@ def load_settings() -> Settings:
 def snapshot_db(create: bool = True) -> SnapshotDB:
     """The snapshot database of the settings; unless ``create``, an InputError when it is a
     SQLite file that does not exist (a listing does not make a data folder where it runs)."""
-    from app.store.archive import open_snapshot_db  # imported here: extract stays light
 
     settings = load_settings()
     url = settings.database_url_resolved()
@@ -37,7 +36,22 @@ def snapshot_db(create: bool = True) -> SnapshotDB:
         variable = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
         raise InputError(variable, None, f"no snapshot database at {url[len('sqlite:///') :]} "
                          f"(set {variable} as the service has it)")  # fmt: skip
-    return open_snapshot_db(settings)
+    return open_database(settings)
+
+
+def open_database(settings: Settings) -> SnapshotDB:
+    """The snapshot database (``open_snapshot_db``); one that cannot be opened is one error
+    line naming the setting."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.store.archive import open_snapshot_db
+
+    try:
+        return open_snapshot_db(settings)
+    except (SQLAlchemyError, OSError, ImportError) as err:  # (ImportError: no driver)
+        what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
+        first = str(err).splitlines()[0]
+        raise InputError(what, None, f"cannot open the snapshot database: {first}") from None
 
 
 def existing_store(settings: Settings) -> Store:
@@ -51,7 +65,10 @@ def existing_store(settings: Settings) -> Store:
             raise InputError("CROWDTALLY_DATA_DIR", None, f"no store at {path} (set "
                              "CROWDTALLY_DATA_DIR as the service has it)")  # fmt: skip
         hold_data_dir(settings)
-    return open_store(settings)
+    store = open_store(settings)
+    if settings.store == "redis" and not store.ping():
+        raise InputError("REDIS_URL", None, f"Redis does not answer at {settings.redis_url}")
+    return store
 
 
 _HELD: dict[Path, int] = {}

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.cli.common import hold_data_dir, load_settings
+from app.cli.common import hold_data_dir, load_settings, open_database
 from app.io.input import InputError
 
 if TYPE_CHECKING:
     from app.settings import Settings
-    from app.store.archive import SnapshotDB
 
 
 def use_store(flag: str | None, default: str | None = None) -> None:
@@ -183,18 +182,3 @@ def check_redis(url: str) -> None:
         raise InputError("REDIS_URL", None, f"{url}: {err}") from None
     finally:
         client.close()
-
-
-def open_database(settings: Settings) -> SnapshotDB:
-    """The snapshot database (``open_snapshot_db``); one that cannot be opened is one error
-    line naming the setting."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from app.store.archive import open_snapshot_db
-
-    try:
-        return open_snapshot_db(settings)
-    except (SQLAlchemyError, OSError) as err:
-        what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
-        first = str(err).splitlines()[0]
-        raise InputError(what, None, f"cannot open the snapshot database: {first}") from None

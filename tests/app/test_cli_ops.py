@@ -200,3 +200,23 @@ def test_a_second_process_on_an_embedded_data_folder_is_refused(tmp_path: Path) 
             restore.returncode == 2 and "is in use by another crowdtally process" in restore.stderr
         )
     run({"CROWDTALLY_DATA_DIR": str(tmp_path)}, "restore")  # (the service stopped: taken)
+
+
+def test_an_unreachable_database_or_redis_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """``snapshots list`` (inspect, delete, restore) printed about 540 lines of traceback for a
+    database that does not answer, ``restore`` 189 for a Redis that does not."""
+    from app.store.sql import upgrade
+
+    url = "postgresql+psycopg://x@127.0.0.1:1/db"
+    listed = run_cli("snapshots", "list", env={"CROWDTALLY_DATABASE_URL": url})
+    assert listed.returncode == 2 and "Traceback" not in listed.stderr
+    assert listed.stderr.startswith("error: CROWDTALLY_DATABASE_URL: cannot open the snapshot "
+                                    "database: ")  # fmt: skip
+    assert len(listed.stderr.splitlines()) == 1
+    sqlite = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(sqlite)
+    env = {"CROWDTALLY_STORE": "redis", "REDIS_URL": "redis://127.0.0.1:1/0",
+           "CROWDTALLY_DATABASE_URL": sqlite}  # fmt: skip
+    restored = run_cli("restore", env=env)
+    assert restored.returncode == 2
+    assert restored.stderr == "error: REDIS_URL: Redis does not answer at redis://127.0.0.1:1/0\n"
