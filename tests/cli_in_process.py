@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import traceback
@@ -33,6 +34,7 @@ def run_cli(
         mp.setattr(sys, "argv", argv)
         for name, value in (env or {}).items():
             mp.setenv(name, value)
+        saved = dict(os.environ)
         try:
             main()
         except SystemExit as exc:
@@ -40,6 +42,9 @@ def run_cli(
         except Exception:
             traceback.print_exc()
             code = 1
+        finally:  # (a command sets variables of its own, e.g. --store: not for the next one)
+            os.environ.clear()
+            os.environ.update(saved)
     if isinstance(code, str):  # SystemExit("message"): printed, status 1
         err.write(code + "\n")
         code = 1

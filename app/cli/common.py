@@ -98,3 +98,14 @@ def hold_data_dir(settings: Settings) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     _HELD[folder.resolve()] = fd
+
+
+def use_store(flag: str | None, default: str | None = None) -> None:
+    """The store a command runs on: its ``--store`` flag, over CROWDTALLY_STORE; without the
+    flag, the variable, else ``default`` (None: the settings' own, embedded)."""
+    import os
+
+    if flag is not None:
+        os.environ["CROWDTALLY_STORE"] = flag
+    elif default is not None:
+        os.environ.setdefault("CROWDTALLY_STORE", default)

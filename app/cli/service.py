@@ -9,22 +9,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.cli.common import hold_data_dir, load_settings, open_database
+from app.cli.common import hold_data_dir, load_settings, open_database, use_store
 from app.io.input import InputError
 
 if TYPE_CHECKING:
     from app.settings import Settings
-
-
-def use_store(flag: str | None, default: str | None = None) -> None:
-    """The store a command runs on: its ``--store`` flag, over CROWDTALLY_STORE; without the
-    flag, the variable, else ``default`` (None: the settings' own, embedded)."""
-    import os
-
-    if flag is not None:
-        os.environ["CROWDTALLY_STORE"] = flag
-    elif default is not None:
-        os.environ.setdefault("CROWDTALLY_STORE", default)
 
 
 def serve(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Annotated
 
 import typer
 
-from app.cli.common import existing_store, load_settings, snapshot_db
+from app.cli.common import existing_store, load_settings, snapshot_db, use_store
 from app.cli.layout import HelpCommand, HelpGroup
 from app.io.input import InputError
 
@@ -66,6 +67,9 @@ def restore(
         int | None,
         typer.Option(help="Start from this snapshot id, of its project (default: the latest)."),
     ] = None,
+    store: Annotated[
+        str | None, typer.Option(help="embedded (default) or redis; else CROWDTALLY_STORE.")
+    ] = None,
 ) -> None:
     """Load a snapshot, replay the log after it and write the served state to the store.
 
@@ -78,10 +82,11 @@ def restore(
     from app.engine.snapshots import restore as restore_state
     from app.store.archive import rebuild_store
 
+    use_store(store)
     settings = load_settings()
     db = snapshot_db(create=False)  # (a mistyped data folder is refused, not made)
-    store = existing_store(settings)
-    rebuilt = rebuild_store(store, db)
+    st = existing_store(settings)
+    rebuilt = rebuild_store(st, db)
     if rebuilt:
         print(f"rebuilt from SQL: {', '.join(rebuilt)}")
     found = db.get(snapshot) if snapshot is not None else None
@@ -90,12 +95,14 @@ def restore(
             of = f" of project {project!r}" if project is not None else ""
             raise InputError("--snapshot", None, f"no snapshot {snapshot}{of}")
         project = found[0].project
-    if project is not None and project not in (names := store.project_names()):
+    if project is not None and project not in (names := st.project_names()):
         listed = f"projects: {', '.join(names)}" if names else "it has none"
         raise InputError("--project", None, f"no project {project!r} in the store ({listed})")
-    snap = Snapshotter(db, store, interval_s=float("inf"), every_labels=2**62)
-    loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
-    for record in store.list_projects():
+    where = settings.redis_url if settings.store == "redis" else settings.data_dir
+    print(f"restoring into the {settings.store} store at {where}", file=sys.stderr)
+    snap = Snapshotter(db, st, interval_s=float("inf"), every_labels=2**62)
+    loop = EngineLoop(st, refine_passes=0, snapshotter=snap)
+    for record in st.list_projects():
         if project is not None and record.name != project:
             continue
         eng = restore_state(record, found[1]) if found is not None else snap.load(record)
@@ -107,7 +114,7 @@ def restore(
             for run in runs(entries, complete=len(entries) < 1000):
                 eng.apply_run(run)
         eng.mark_all_dirty()
-        store.write_state(record.name, eng.state_update())
+        st.write_state(record.name, eng.state_update())
         loop.engines[record.name] = eng
         print(f"{record.name}: state from position {start}, replayed to {eng.position}, "
               f"{eng.labels.n_labels:,} labels over {eng.items_count:,} items")  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
-from app.cli.service import use_store
+from app.cli.common import use_store
 from app.store.archive import SnapshotDB
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine
@@ -73,6 +73,11 @@ def test_snapshot_commands_and_restore_after_redis_wipe(tmp_path: Path) -> None:
         assert after.keys() == before.keys()
         for k in before:
             assert orjson.loads(after[k])["posterior"] == orjson.loads(before[k])["posterior"]
+        store.flush_prefix()  # again, restored with --store (it restored into the embedded
+        flagged = {k: v for k, v in env.items() if k != "CROWDTALLY_STORE"}  # store silently)
+        again = run_cli("restore", "--store", "redis", env=flagged)
+        assert again.returncode == 0 and "rebuilt from SQL: p" in again.stdout
+        assert again.stderr.startswith(f"restoring into the redis store at {REDIS_URL}\n")
         assert "deleted snapshot 1" in run(env, "snapshots", "delete", "1")
         assert "400" not in run(env, "snapshots", "list")
     finally:
