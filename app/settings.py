@@ -75,7 +75,8 @@ class Settings(BaseSettings):
     waiting and one of its steps would take at its recent pace) before ``POST .../labels`` and ``.../gold``
     answer 429 ``engine_behind`` (appending nothing); 0 disables the check."""
     wait_timeout_s: float = Field(30.0, ge=0, allow_inf_nan=False)
-    """How long ``wait=true`` waits for the engine before answering 504."""
+    """How long ``wait=true`` waits for the engine: blocks then answer ``applied: false``,
+    queue settings 504 ``not_applied``."""
     refine_passes: int = Field(3, ge=0)
     """Refinement sweeps the engine runs over all stored labels once it is idle."""
     refine_idle_s: float = Field(1.0, ge=0, allow_inf_nan=False)

@@ -26,6 +26,11 @@ from app.store.base import UnknownProjectError
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
 }
+NOT_APPLIED: dict[str, Any] = {
+    "model": ErrorResponse,
+    "description": "not_applied: wait=true, and the engine did not apply the change within "
+    "CROWDTALLY_WAIT_TIMEOUT_S (it is logged, and comes into force when it does)",
+}
 RETRY_AFTER_S = 2
 """What a 503 asks the client to wait (``Retry-After``) while the store is unreachable."""
 ENGINE_BEHIND: dict[int | str, dict[str, Any]] = {

@@ -6,14 +6,16 @@ import csv
 import io
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api import create_app
 from app.store.base import Store
-from tests.app.conftest import listed_items
+from tests.app.conftest import ADMIN, listed_items, service_settings
 
 LABELS = ["asian", "black", "hispanic", "white", "other"]
 
@@ -729,3 +731,15 @@ def test_a_project_saved_beyond_todays_bounds_is_still_listed_and_read(
     assert listed.status_code == 200, listed.text
     one = client.get("/v1/projects/legacy").json()
     assert one["hyperparameters"]["eta0"] == 1e300 and one["dyadic"]["eta"] == 100.0
+
+
+def test_queue_settings_not_applied_within_the_wait_answer_504(tmp_path: Path) -> None:
+    """With the engine stopped, PUT queue/settings?wait=true answered 202 with the policy
+    asked for after the wait, while GET still showed the old one."""
+    settings = service_settings(tmp_path, wait_timeout_s=0.3)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        assert c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+        c.app.state.service.engine.stop()  # type: ignore[attr-defined]
+        r = c.put("/v1/projects/p/queue/settings?wait=true", json={"policy": "margin"})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "not_applied"
+        assert c.get("/v1/projects/p/queue/settings").json()["policy"] != "margin"

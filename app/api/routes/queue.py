@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
-from app.api.errors import ERRORS
+from app.api.errors import ERRORS, NOT_APPLIED, ApiError
 from app.api.schemas import Accepted, IdQuery, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
 from app.api.views import queue_for, queue_settings
 from app.engine.queue import QueueSettings
@@ -64,22 +64,27 @@ def get_queue_settings(project: str, svc: ServiceDep) -> dict[str, Any]:
     operation_id="set_queue_settings",
     tags=["queue"],
     response_model=QueueSettingsBody,
-    responses=ERRORS,
+    responses={**ERRORS, 504: NOT_APPLIED},
     dependencies=[require("write")],
 )
 def set_queue_settings(
     project: str, body: QueueSettingsBody, svc: ServiceDep, wait: bool = False
 ) -> dict[str, Any]:
     """Replace the queue's settings (a field left out takes its default). Answers the
-    settings in force once the engine has applied the change, as ``GET`` answers them; with
-    ``wait=true``, read back after the engine applied it."""
+    settings asked for, in force once the engine has applied the change; with ``wait=true``,
+    read back after the engine applied it, or 504 ``not_applied`` when it has not within
+    ``CROWDTALLY_WAIT_TIMEOUT_S`` (it answered 202 with the settings asked for, not in force)."""
     svc.project(project)
     settings = QueueSettings(**body.model_dump())
     payload = orjson.dumps({"queue": settings.to_dict()})
     result = svc.store.append(project, "settings", payload, None)
-    if wait and wait_applied(svc, project, result.position):
-        return queue_settings(svc, project).to_dict()
-    return settings.to_dict()
+    if not wait:
+        return settings.to_dict()
+    if not wait_applied(svc, project, result.position):
+        raise ApiError(504, "not_applied", "the engine has not applied the new settings within "
+                       f"{svc.settings.wait_timeout_s:g} s (CROWDTALLY_WAIT_TIMEOUT_S); they are "
+                       "logged and come into force when it does: GET .../queue/settings tells")  # fmt: skip
+    return queue_settings(svc, project).to_dict()
 
 
 @router.get(
