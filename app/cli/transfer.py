@@ -160,7 +160,7 @@ def export_command(
                 http, project, output, what=what, format=format, confusion=confusion
             )
     where, report = ("standard output", sys.stderr) if to_stdout else (output, sys.stdout)
-    print(f"{where}: {n:,} {what if what != 'posteriors' else 'items'}", file=report)
+    print(f"{where}: {n:,} {'workers' if what == 'workers' else 'items'}", file=report)
 
 
 def calibration_command(

@@ -535,7 +535,7 @@ def _write_export(
                 if writer:
                     writer.writerow([*list(best.values())[:4], best["gold"] or ""])
                 else:
-                    f.write(json.dumps(best) + "\n")
+                    f.write(_jsonl(best))
                 n += 1
         else:
             fields = list(WORKER_FIELDS)
@@ -551,7 +551,7 @@ def _write_export(
                     writer.writerow(row)
                 else:
                     keep = fields + (["confusion"] if confusion else [])
-                    f.write(json.dumps({k: w.get(k) for k in keep}) + "\n")
+                    f.write(_jsonl({k: w.get(k) for k in keep}))
                 n += 1
     finally:
         f.flush()
@@ -672,3 +672,8 @@ def calibration_text(report: dict[str, Any]) -> str:
                 f"{b['accuracy']:>9.3f}"
             )
     return "\n".join(lines)
+
+
+def _jsonl(row: dict[str, Any]) -> str:
+    """One JSONL line as the service writes its own (compact, UTF-8: an id "w\u00e9" is "wé")."""
+    return json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"

@@ -644,3 +644,24 @@ def test_an_import_halves_its_blocks_for_a_service_that_takes_smaller_ones(
         again = transfer.run_import(service, answers, "small", batch_size=120)
         assert (again.accepted, again.duplicates) == (0, 230)
     store.close()
+
+
+def test_every_jsonl_export_is_compact_utf8_and_counts_what_it_wrote(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels and workers exports wrote ``"w\\u00e9"`` with spaced separators where the
+    posteriors' JSONL is raw UTF-8; ``--what labels`` counted its item rows as labels."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    monkeypatch.chdir(tmp_path)
+    answers = tmp_path / "accents.csv"
+    answers.write_text("item,worker,label\nimagé,wé,cat\nimagé,w2,dog\n", encoding="utf-8")
+    transfer.run_import(service, answers, "utf8", create_with=["cat", "dog"])
+    runner = CliRunner()
+    for what, count in [("labels", "1 items"), ("workers", "2 workers")]:
+        out = runner.invoke(
+            cli_app, ["export", "-p", "utf8", "--what", what, "-o", f"{what}.jsonl"]
+        )
+        assert out.exit_code == 0 and f": {count}" in out.output, out.output
+        text = Path(f"{what}.jsonl").read_text(encoding="utf-8")
+        assert "\\u00e9" not in text and ('"wé"' in text or '"imagé"' in text)
+        assert ", " not in text.splitlines()[0] and '": ' not in text.splitlines()[0]
