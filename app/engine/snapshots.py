@@ -300,20 +300,24 @@ class Snapshotter:
                 kept = anchor
                 break
             stale.append(anchor[0])
-        # Archived entries the live log still holds, or never held, may be of a lost history
-        # (they outlive the snapshots that archived them): they go; those it trimmed are of its
-        # own (archived before the trim). The archive is appended from its end on, so an entry
-        # of a lost history left there would be replayed in place of the log's.
+        # Archived entries past the snapshot kept that the live log does not hold as archived
+        # (past its end, or another entry there) are of a lost history (they outlive the
+        # snapshots that archived them): they go, from the first one; those it trimmed are of
+        # its own (archived before the trim), and so are those it holds with their tokens (an
+        # engine of a pool archives, then trims: they are not lost). The archive is appended
+        # from its end on, so an entry of a lost history left there would be replayed in place
+        # of the log's.
         trimmed = min(self.store.log_start(record.name) - 1, self.store.log_end(record.name))
         at = max(kept[1] if kept is not None else 0, trimmed)
-        past_log = not self.store.log_in_sql and self.db.archived_position(record.name) > at
-        if stale or past_log:
+        lost = None if self.store.log_in_sql else self._first_lost(record.name, at)
+        if stale or lost is not None:
+            cut = lost - 1 if lost is not None else self.db.archived_position(record.name)
             log.warning(
                 "%s: the log no longer holds what %d snapshot(s) and the archive past position "
                 "%d covered (the store went back in time); restoring from position %d",
-                record.name, len(stale), at, kept[1] if kept is not None else 0,
+                record.name, len(stale), cut, kept[1] if kept is not None else 0,
             )  # fmt: skip
-            self.db.rewind(record.name, at, stale)
+            self.db.rewind(record.name, cut, stale)
             self.rewinds += 1
         # The interval counts from the snapshot (from the project's creation when there is
         # none), not from this restore: an engine restarted over and over, each time killed
@@ -337,6 +341,18 @@ class Snapshotter:
         )
         log.info("%s: restored snapshot %d at position %d", record.name, info.id, info.position)
         return eng, kept[2]
+
+    def _first_lost(self, project: str, after: int) -> int | None:
+        """The first archived entry past ``after`` that the live log does not hold with its
+        token (None: every one is there, or none is archived past ``after``)."""
+        while rows := self.db.read_archive(project, after, 10_000):
+            live = self.store.read_log(project, after, len(rows))
+            tokens = {e.position: e.token for e in live}
+            for e in rows:
+                if tokens.get(e.position) != e.token:
+                    return e.position
+            after = rows[-1].position
+        return None
 
     def read_log(
         self,

@@ -413,3 +413,39 @@ def test_archived_entries_of_a_lost_history_are_dropped_without_a_stale_snapshot
         check_against_replay(store, db, loop.engines["p"], want)
         assert loop.snapshotter is not None
         loop.snapshotter.close()
+
+
+def test_a_load_keeps_archived_entries_the_log_still_holds(tmp_path: Path) -> None:
+    """An engine of a pool archives entries with its snapshot, then trims them from Redis.
+    Another engine loading meanwhile, from an older snapshot, found them past its snapshot and
+    the log's trim, and dropped them; the late trim then took them from Redis too: lost."""
+    with redis_and_sql(tmp_path, join_entries=True) as (_, db, store):
+        rng = np.random.default_rng(9)
+        blocks = [block(n, rng) for n in range(8)]
+        store.create_project(replace(RECORD, created_at=time.time()))
+        snap = Snapshotter(db, store, interval_s=0.0)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
+        for n in range(4):
+            store.append("p", "labels", *blocks[n])
+        loop.run_until_idle()
+        snap.wait()  # a snapshot at 4, the log trimmed to it
+        trim, late = store.trim, []
+        store.trim = lambda *args, **kw: late.append((args, kw))  # type: ignore[method-assign]
+        for n in range(4, 8):
+            store.append("p", "labels", *blocks[n])
+        loop.run_until_idle()
+        snap.wait()  # a snapshot at 8 archived 5-8; its trim comes later
+        snap.close()
+        store.trim = trim  # type: ignore[method-assign]
+        newest = db.anchors("p")[0]
+        assert newest[1] == 8 and late
+        db.delete(newest[0])  # (this engine's snapshot not seen yet by the other one)
+        other = Snapshotter(db, store, interval_s=3600.0)
+        other.load(store.get_project("p"))  # type: ignore[arg-type]
+        args, kw = late[-1]
+        store.trim(*args, **kw)  # the first engine's trim, late
+        loop = EngineLoop(store, refine_passes=0, snapshotter=other)
+        loop.run_until_idle()
+        want = {i for _, ids in blocks for i in ids if i is not None}
+        check_against_replay(store, db, loop.engines["p"], want)
+        other.close()
