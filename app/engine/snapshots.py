@@ -371,7 +371,13 @@ class Snapshotter:
             return entries
         if not entries and self.store.log_end(project) <= after:
             return entries
-        return self.db.read_archive(project, after, limit)
+        archived = self.db.read_archive(project, after, limit)
+        if len(archived) < limit:  # the live log goes on where the archive ends: read on
+            last = archived[-1].position if archived else after  # (so that a run the archive
+            more = self.store.read_log(project, last, limit - len(archived))  # cuts is whole:
+            if more and more[0].position == last + 1:  # the next entry may join its last one)
+                archived += more
+        return archived
 
     def covers(self, eng: ProjectEngine) -> bool:
         """A snapshot at the engine's position was taken (so none is due until it moves)."""

@@ -449,3 +449,28 @@ def test_a_load_keeps_archived_entries_the_log_still_holds(tmp_path: Path) -> No
         want = {i for _, ids in blocks for i in ids if i is not None}
         check_against_replay(store, db, loop.engines["p"], want)
         other.close()
+
+
+def test_a_read_that_starts_in_the_archive_goes_on_in_the_live_log(tmp_path: Path) -> None:
+    """The archive can end inside a run of joined entries (a load keeps the archived entries
+    the live log holds): a read that stopped at the archive's end let the engine take its last
+    entry for the end of a run, and learn the next one, which joins it, apart."""
+    with redis_and_sql(tmp_path, join_entries=True) as (_, db, store):
+        rng = np.random.default_rng(10)
+        store.create_project(replace(RECORD, created_at=time.time()))
+        snap = Snapshotter(db, store, interval_s=0.0)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
+        store.append("p", "labels", *block(0, rng))
+        loop.run_until_idle()
+        snap.wait()  # entry 1 archived, the log trimmed to it
+        trim = store.trim
+        store.trim = lambda *args, **kw: None  # type: ignore[method-assign]
+        store.append("p", "labels", *block(1, rng))
+        loop.run_until_idle()
+        snap.wait()  # entry 2 archived, still in the log
+        store.trim = trim  # type: ignore[method-assign]
+        for n in (2, 3):
+            store.append("p", "labels", *block(n, rng))
+        assert (db.archived_position("p"), store.log_start("p"), store.log_end("p")) == (2, 2, 4)
+        assert [e.position for e in snap.read_log("p", 0, 4)] == [1, 2, 3, 4]  # (was [1, 2])
+        snap.close()
