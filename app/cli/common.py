@@ -29,7 +29,6 @@ def load_settings() -> Settings:
 def snapshot_db(create: bool = True) -> SnapshotDB:
     """The snapshot database of the settings; unless ``create``, an InputError when it is a
     SQLite file that does not exist (a listing does not make a data folder where it runs)."""
-
     settings = load_settings()
     url = settings.database_url_resolved()
     if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():

@@ -34,7 +34,7 @@ from tests.app.conftest import (
     cluster_url,
     service_settings,
 )
-from tests.app.test_redis_rollback import RECORD, block, check_against_replay, whole_log
+from tests.app.test_redis_rollback import RECORD, block, check_against_replay, label_ids, whole_log
 
 
 def dog_blocks(n_blocks: int = 6, size: int = 500) -> list[list[dict[str, str]]]:
@@ -123,7 +123,7 @@ def test_a_primary_lost_mid_stream_fails_over_and_nothing_acknowledged_is_lost(
             retried(lambda n=n: store.append("p", "labels", *blocks[n]))
             retried(loop.step)
         retried(loop.run_until_idle)
-        want = {i for _, ids in blocks for i in ids if i is not None}
+        want = label_ids(blocks)
         check_against_replay(store, db, loop.engines["p"], want)
         joined = sum(e.joins for e in whole_log(store, db, "p", end=store.log_end("p")))
         assert joined >= 5, joined

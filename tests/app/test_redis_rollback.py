@@ -110,6 +110,11 @@ def redis_and_sql(
         redis_.close()
 
 
+def label_ids(blocks: list[tuple[bytes, list[str | None]]]) -> set[str]:
+    """Every label id of ``blocks`` (what must be in the log once)."""
+    return {i for _, ids in blocks for i in ids if i is not None}
+
+
 def whole_log(
     store: RedisStore, db: SnapshotDB, project: str = "p", end: int | None = None
 ) -> list[LogEntry]:
@@ -209,7 +214,7 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
         drain(loop)
         assert loop.rewinds + loop.snapshotter.rewinds >= 1  # type: ignore[union-attr]
         assert store.log_end("p") == 40
-        want = {i for _, ids in blocks for i in ids if i is not None}
+        want = label_ids(blocks)
         replay = check_against_replay(store, db, loop.engines["p"], want)
         assert sum(e.joins for e in whole_log(store, db, "p", end=40)) >= 14
         # A later restart of the engine restores a snapshot of this log and agrees too.
@@ -246,7 +251,7 @@ def test_redis_rolled_back_past_state_writes_only(tmp_path: Path) -> None:
                 assert store.append("p", "labels", body, ids).accepted == 100
                 loop.step()
             loop.run_until_idle()
-            want = {i for _, ids in blocks for i in ids if i is not None}
+            want = label_ids(blocks)
             check_against_replay(store, db, loop.engines["p"], want)
             assert loop.rewinds >= 1
         finally:
@@ -326,7 +331,7 @@ def test_redis_rolled_back_past_the_engines_last_read(tmp_path: Path, held: str)
             loop.run_until_idle()
             log = whole_log(store, db)
             assert log[10].joins is False and all(e.joins for e in log[11:21])  # 11-21: one run
-            want = {i for _, ids in blocks for i in ids if i is not None}
+            want = label_ids(blocks)
             check_against_replay(store, db, loop.engines["p"], want)
             assert loop.rewinds >= 1
         finally:
@@ -363,7 +368,7 @@ def test_a_state_write_lost_with_redis_is_written_again_without_new_labels(tmp_p
         assert (store.log_end("p"), store.applied_position("p")) == (13, 10)
         loop.run_until_idle()
         assert store.applied_position("p") == 13
-        want = {i for _, ids in blocks for i in ids if i is not None}
+        want = label_ids(blocks)
         check_against_replay(store, db, loop.engines["p"], want)
 
 
@@ -409,7 +414,7 @@ def test_archived_entries_of_a_lost_history_are_dropped_without_a_stale_snapshot
         for n in range(3, 9):  # posted again, at positions 4-9 anew
             assert store.append("p", "labels", *blocks[n]).accepted == 100
         loop.run_until_idle(timeout_s=20)  # (it rewound for ever, each replay reading them)
-        want = {i for _, ids in blocks for i in ids if i is not None}
+        want = label_ids(blocks)
         check_against_replay(store, db, loop.engines["p"], want)
         assert loop.snapshotter is not None
         loop.snapshotter.close()
@@ -446,7 +451,7 @@ def test_a_load_keeps_archived_entries_the_log_still_holds(tmp_path: Path) -> No
         store.trim(*args, **kw)  # the first engine's trim, late
         loop = EngineLoop(store, refine_passes=0, snapshotter=other)
         loop.run_until_idle()
-        want = {i for _, ids in blocks for i in ids if i is not None}
+        want = label_ids(blocks)
         check_against_replay(store, db, loop.engines["p"], want)
         other.close()
 

@@ -29,6 +29,7 @@ from tests.app.test_redis_rollback import (
     RedisWithAof,
     block,
     check_against_replay,
+    label_ids,
     redis_and_sql,
 )
 
@@ -136,7 +137,7 @@ def test_a_schedule_of_faults_ends_in_the_replay_of_the_log(
         try:
             schedule.run(60)
             schedule.settle()
-            want = {i for _, ids in schedule.blocks for i in ids if i is not None}
+            want = label_ids(schedule.blocks)
             check_against_replay(store, db, schedule.loop.engines["p"], want)
             schedule.restart_engine()
             schedule.loop.run_until_idle()
