@@ -306,8 +306,12 @@ def test_a_retry_policy_of_many_retries_has_a_finite_back_off() -> None:
 def test_stream_lines_split_at_newlines_only() -> None:
     """Ids may hold U+2028 and U+2029, which str.splitlines (httpx's iter_lines) ends lines at:
     an export's rows were cut in two."""
-    from crowdtally_client._core import split_lines
+    from crowdtally_client._core import Lines
 
-    lines, rest = split_lines(b"", '{"item":"x\u2028y"}\r\n{"item":'.encode())
-    assert lines == ['{"item":"x\u2028y"}'] and rest == b'{"item":'
-    assert split_lines(rest, b'"z"}\n') == (['{"item":"z"}'], b"")
+    lines = Lines()
+    assert lines.feed('{"item":"x\u2028y"}\r\n{"item":'.encode()) == ['{"item":"x\u2028y"}']
+    assert lines.feed(b'"z"}\n{"a":1}') == ['{"item":"z"}'] and lines.end() == ['{"a":1}']
+
+
+def test_an_api_error_not_from_a_split_call_has_sent_none() -> None:
+    assert ApiError(404, "unknown_item", "no item 'x'").sent is None

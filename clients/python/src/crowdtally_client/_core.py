@@ -58,10 +58,10 @@ class ApiError(CrowdtallyError):
             entry,
             field,
         )
+        self.sent: Any = None
 
     def __str__(self) -> str:  # (``entry`` and ``message`` change when a split call reports)
         return f"{self.status} {self.code}: {self.message}"
-        self.sent: Any = None
 
 
 class TransportError(CrowdtallyError):
@@ -355,12 +355,21 @@ class Attempts:
         return delay
 
 
-def split_lines(rest: bytes, chunk: bytes) -> tuple[list[str], bytes]:
-    """The whole lines of ``rest + chunk`` (ended by a newline, a carriage return before it
-    dropped) and what is left: a stream's lines split at newlines only (httpx's
-    ``iter_lines`` also splits at U+2028 and U+2029, which ids may hold)."""
-    *lines, rest = (rest + chunk).split(b"\n")
-    return [line.removesuffix(b"\r").decode() for line in lines], rest
+class Lines:
+    """A stream's lines, split at newlines only (a carriage return before one dropped):
+    httpx's ``iter_lines`` also splits at U+2028 and U+2029, which ids may hold."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines ``chunk`` completes."""
+        *lines, self.rest = (self.rest + chunk).split(b"\n")
+        return [line.removesuffix(b"\r").decode() for line in lines]
+
+    def end(self) -> list[str]:
+        """The last line, when the stream did not end with a newline."""
+        return [self.rest.removesuffix(b"\r").decode()] if self.rest else []
 
 
 def raise_for(response: httpx.Response) -> None:

@@ -275,12 +275,10 @@ class Client(_Base):
                 if resp.status_code >= 400:
                     resp.read()
                     _core.raise_for(resp)
-                rest = b""
+                lines = _core.Lines()
                 for chunk in resp.iter_bytes():
-                    lines, rest = _core.split_lines(rest, chunk)
-                    yield from lines
-                if rest:
-                    yield rest.removesuffix(b"\r").decode()
+                    yield from lines.feed(chunk)
+                yield from lines.end()
         except httpx.TransportError as exc:
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
@@ -601,13 +599,12 @@ class AsyncClient(_Base):
                 if resp.status_code >= 400:
                     await resp.aread()
                     _core.raise_for(resp)
-                rest = b""
+                lines = _core.Lines()
                 async for chunk in resp.aiter_bytes():
-                    lines, rest = _core.split_lines(rest, chunk)
-                    for line in lines:
+                    for line in lines.feed(chunk):
                         yield line
-                if rest:
-                    yield rest.removesuffix(b"\r").decode()
+                for line in lines.end():
+                    yield line
         except httpx.TransportError as exc:
             raise TransportError(f"export of {project!r}: {exc!r}") from exc
 
@@ -645,20 +642,23 @@ class AsyncClient(_Base):
             names = list(dict.fromkeys(every))
         else:
             names = list(workers)
-        gate = asyncio.Semaphore(self.concurrency)
+        gate, failed = asyncio.Semaphore(self.concurrency), asyncio.Event()
 
-        async def one(name: str) -> Worker:
+        async def one(name: str) -> Worker | None:
             async with gate:
-                return await self.get_worker(project, name)
+                if failed.is_set():  # (one failed: the GETs not started yet are not sent;
+                    return None  # those under way end, their connections closed as usual)
+                try:
+                    return await self.get_worker(project, name)
+                except BaseException:
+                    failed.set()
+                    raise
 
-        tasks = [asyncio.ensure_future(one(w)) for w in names]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:  # (one failed: the others are stopped, not left running)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        got = await asyncio.gather(*(one(w) for w in names), return_exceptions=True)
+        for answer in got:
+            if isinstance(answer, BaseException):
+                raise answer
+        return [w for w in got if isinstance(w, Worker)]
 
     async def predict(
         self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
