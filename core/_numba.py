@@ -26,9 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numba
-from numba import types
-
 
 def _import_without(module: str, probe: str) -> None:
     """Import numba's ``module`` with its optional dependency ``probe`` answered "absent" for
@@ -45,6 +42,14 @@ def _import_without(module: str, probe: str) -> None:
     finally:
         del sys.modules[probe]
 
+
+# ``numba.core.config`` imports PyYAML at numba's import when it is installed (a dependency of
+# other packages here), to read a ``.numba_config.yaml`` in the working folder: 8 ms of every
+# process start. Numba's settings here come from its environment variables only.
+_import_without("numba", "yaml")
+
+import numba  # noqa: E402  (after numba's import above, which this one reuses)
+from numba import types  # noqa: E402
 
 # At its first compile or cache load, numba imports these, and they probe for optional
 # packages that no kernel here uses:

@@ -20,7 +20,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from app.io.codes import arrow_ints, valid
 from app.io.csv_fields import csv_field
@@ -69,6 +68,8 @@ def _write_parquet(
     columns = [item_names, labels, arrow_floats(posteriors[rows, best])]
     columns += [arrow_floats(posteriors[:, k]) for k in range(len(classes))]
     names = [*COLUMNS, *classes]
+    import pyarrow.parquet as pq  # (here: writing CSV spares its import)
+
     pq.write_table(pa.Table.from_arrays(columns, names=names), path)
 
 

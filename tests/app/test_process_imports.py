@@ -1,11 +1,12 @@
 """What the long-running processes load: ``crowdtally serve`` and ``crowdtally engine`` import
 no file readers (pyarrow: about 37 MB of memory and 0.08 s a start), which ``extract``,
-``import``, a Parquet ``export`` and the benches do."""
+``import``, a Parquet ``export`` and the benches do; and reading CSV loads no Parquet."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 SERVICE_MODULES = (
     "app.cli",
@@ -55,3 +56,24 @@ def test_a_command_freezes_the_objects_alive_before_the_last_collection_at_exit(
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     lines = out.stdout.strip().splitlines()
     assert lines[-2:] == ["after main 0", "frozen True"], out.stdout
+
+
+def test_reading_csv_answers_does_not_load_the_parquet_reader(tmp_path: Path) -> None:
+    """Parquet's reader and writer (10-20 ms of a start) load when a Parquet file is read or
+    written; ``extract`` of a CSV file into CSV predictions spares them."""
+    answers, out = tmp_path / "answers.csv", tmp_path / "predictions.csv"
+    answers.write_text("item,worker,label\ni1,w1,a\ni1,w2,b\ni2,w1,a\n")
+    probe = (
+        "import sys\n"
+        "from app.cli import main\n"
+        f"sys.argv = ['crowdtally', 'extract', {str(answers)!r}, '--predictions', {str(out)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as done:\n"
+        "    assert not done.code, done.code\n"
+        "print('parquet', 'pyarrow.parquet' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "parquet False", done.stderr
+    assert out.read_text().startswith("item,label,probability")
