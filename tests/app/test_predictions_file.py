@@ -59,9 +59,11 @@ def test_blocks_of_rows_and_unusual_numbers(
     rng = np.random.default_rng(1)
     posteriors = rng.dirichlet(np.ones(4), size=50)
     items = [f"item{n}" for n in range(50)]
-    names = pa.concat_arrays([arrow_strings(["pad"]), arrow_strings(items)]).slice(1)
+    # (a slice whose buffer holds a name that needs quotes, outside the slice)
+    names = pa.concat_arrays([arrow_strings(['p,"ad']), arrow_strings(items)]).slice(1)
     unusual = np.where(posteriors > 0.5, -0.0, posteriors)
-    unusual[3, 1] = np.nan  # negative zeros, NaN: written by Python's formatting, as before
+    unusual[3, 1] = np.nan  # negative zeros, NaN, inf: written by Python's formatting
+    unusual[4, 2] = np.inf
     for case in (posteriors, unusual):
         mine, reference = tmp_path / "mine.csv", tmp_path / "ref.csv"
         write_predictions(mine, names, ("a", "b", "c", "d"), case)
