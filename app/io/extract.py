@@ -232,16 +232,15 @@ class ProgressTable:
         self.printed_at = 0
         print(self.HEADER, file=out)
 
-    def add(
-        self, f_per_rating: FloatArray, gold: IntArray, predicted: IntArray, ratings: IntArray
-    ) -> None:
-        """Account for items processed in order (a chunk ending at most at the next row)."""
+    def add(self, f_per_rating: FloatArray, gold: int, predicted: int, ratings: int) -> None:
+        """Account for items processed in order (a chunk ending at most at the next row);
+        ``gold``, ``predicted`` and ``ratings`` are the chunk's last item's, which a row shows."""
         self.total += float(f_per_rating.sum())
         self.since += float(f_per_rating.sum())
         self.count += f_per_rating.size
         self.since_count += f_per_rating.size
         if self.count >= self.next_row:
-            self._row(int(gold[-1]), int(predicted[-1]), int(ratings[-1]))
+            self._row(gold, predicted, ratings)
             self.next_row *= 2
 
     def finish(self, gold: int, predicted: int, ratings: int) -> None:
@@ -394,11 +393,12 @@ def run_online(
             model.revisit_many(blocks, result, order=order, out=result)
         seconds += time.perf_counter() - t0
         for lo, hi in doubling_chunks(order.size, table.count):
-            chunk = order[lo:hi]
-            predicted = result.posteriors[chunk].argmax(axis=1)
+            chunk, last = order[lo:hi], int(order[hi - 1])
+            predicted = int(result.posteriors[last].argmax())
             table.add(
-                result.objective[chunk] / per_rating[chunk], gold[chunk], predicted, ratings[chunk]
-            )
+                result.objective[chunk] / per_rating[chunk], int(gold[last]), predicted,
+                int(ratings[last]),
+            )  # fmt: skip
         if order.size:
             last = int(order[-1])
             table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
