@@ -38,6 +38,7 @@ import numpy.typing as npt
 from core import _calibration_kernels
 from core.evidence import RHO_GRID, evidence_size
 from core.nominal import softmax
+from core.threads import in_threads
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -92,19 +93,28 @@ class Calibration:
         )
         return out
 
-    def from_posteriors(self, posteriors: FloatArray, n_labels: npt.ArrayLike) -> FloatArray:
+    def from_posteriors(
+        self, posteriors: FloatArray, n_labels: npt.ArrayLike, threads: int = 1
+    ) -> FloatArray:
         """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
         constant, which the softmax removes). Exact while no q_i(z) underflows to 0. Rows are
-        taken SLICE_ROWS at a time, so the temporaries stay those of one slice."""
+        taken SLICE_ROWS at a time, so the temporaries stay those of a slice a thread; the
+        slices are the same whatever ``threads`` (numpy releases the GIL), and so are the
+        results, bit for bit."""
         q = np.asarray(posteriors, dtype=np.float64)
         n = np.broadcast_to(np.asarray(n_labels, dtype=np.float64), q.shape[:-1])
         if q.ndim < 2 or q.shape[0] <= SLICE_ROWS:
             return self._from_posteriors(q, n)
         out = np.empty_like(q)
-        for lo in range(0, q.shape[0], SLICE_ROWS):
-            out[lo : lo + SLICE_ROWS] = self._from_posteriors(
-                q[lo : lo + SLICE_ROWS], n[lo : lo + SLICE_ROWS]
-            )
+
+        def slices(starts: range) -> None:
+            for lo in starts:
+                out[lo : lo + SLICE_ROWS] = self._from_posteriors(
+                    q[lo : lo + SLICE_ROWS], n[lo : lo + SLICE_ROWS]
+                )
+
+        every = range(0, q.shape[0], SLICE_ROWS)
+        in_threads(slices, [every[k::threads] for k in range(max(1, threads))])
         return out
 
     def _from_posteriors(self, q: FloatArray, n_labels: FloatArray) -> FloatArray:

@@ -421,7 +421,7 @@ def served(
     21-23, without gold), the tempering chosen by the prequential ``evidence``; and that
     calibration."""
     cal = choose(evidence)
-    return cal.from_posteriors(posteriors, blocks.total_weight()), cal
+    return cal.from_posteriors(posteriors, blocks.total_weight(), threads=2), cal
 
 
 def calibration_line(cal: Calibration) -> str:

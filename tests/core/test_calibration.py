@@ -258,6 +258,8 @@ def test_posteriors_calibrated_in_slices_are_those_calibrated_at_once(
     monkeypatch.setattr(calibration, "SLICE_ROWS", 64)  # 16 slices, the last one short
     np.testing.assert_array_equal(cal.from_posteriors(q, n), whole)
     np.testing.assert_array_equal(cal.from_posteriors(q[:1], [n[0]]), whole[:1])
+    for k in (2, 3):  # the same slices, shared among threads
+        np.testing.assert_array_equal(cal.from_posteriors(q, n, threads=k), whole)
 
 
 def _row_map(counts: np.ndarray, base: np.ndarray, lam: float) -> np.ndarray:
