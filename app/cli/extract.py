@@ -9,6 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from app.cli.common import without_cycle_collection
 from app.cli.layout import STDOUT, as_typed, check_output
 from app.io.input import InputError, refuse_duplicate_columns
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
@@ -55,6 +56,7 @@ def _check(value: float, flag: str, minimum: float, strict: bool = False) -> Non
         raise InputError(flag, None, f"must be a finite number {bound}, got {value:g}")
 
 
+@without_cycle_collection
 def extract(
     ctx: typer.Context,
     data: Annotated[

@@ -6,6 +6,7 @@ each interpreter start costs about 0.8 s of CPU, most of this file's time."""
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import os
 import subprocess
@@ -18,6 +19,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
+from app.io import codes
 from app.io import extract as job
 from app.io.codes import read_codes
 from app.io.input import InputError
@@ -61,6 +63,25 @@ def test_seed_flags_print_the_table(dog: Path, tmp_path: Path) -> None:
     counters = [int(ln.split()[2]) for ln in lines[3:] if ln[:1] == "-"]
     assert counters == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 807]
     assert (tmp_path / "flass").exists()
+
+
+def test_extract_runs_with_the_cycle_collector_paused(
+    dog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading numba makes the collector walk several hundred thousand objects again and
+    again (70 ms of a 1 s run); extract pauses it, and it runs again after, as it was."""
+    seen: list[bool] = []
+    monkeypatch.setattr(codes, "use_system_allocator", lambda: seen.append(gc.isenabled()))
+    done = extract(dog / "answers.csv", "--predictions", tmp_path / "p.csv")
+    assert done.returncode == 0, done.stderr
+    assert seen == [False]
+    assert gc.isenabled()
+    gc.disable()
+    try:  # (a job run by a caller that had paused it leaves it paused)
+        assert extract(dog / "answers.csv", "--predictions", tmp_path / "p.csv").returncode == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_truth_predictions_and_accuracy(dog: Path, tmp_path: Path) -> None:
