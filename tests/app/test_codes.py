@@ -1,13 +1,15 @@
-"""Ids as codes: the compiled hash table gives each id its first appearance's number, over
-any number of chunks."""
+"""Ids as codes: the compiled hash table, or the array by number while every id is a plain
+number, gives each id its first appearance's number, over any number of chunks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.io import codes
 from app.io.codes import Codebook
 
 
@@ -31,6 +33,51 @@ def test_codes_are_first_appearances_across_chunks_as_the_table_grows() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.text(max_size=6), max_size=40), max_size=8))
 def test_any_chunks_of_any_ids_get_first_appearance_codes(chunks: list[list[str]]) -> None:
+    book = Codebook()
+    got = [book.codes(pa.array(c, pa.string())).tolist() for c in chunks]
+    flat = [x for c in chunks for x in c]
+    assert [code for c in got for code in c] == first_appearance(flat)
+    assert book.names.to_pylist() == list(dict.fromkeys(flat))
+
+
+def test_plain_numbers_keep_their_codes_when_other_ids_come() -> None:
+    """Numbers are coded by the array until an id that is not one (a leading zero, a sign, ten
+    digits, a word) or a number too large for it: from there the hash table, built from every
+    id so far, codes them all the same way."""
+    rng = np.random.default_rng(1)
+    numbers = [str(k) for k in rng.integers(0, 50_000, 30_000)]
+    others = ["012", "0", "00", "+5", "-5", "1234567890", "word", "5 ", "999999999", "7"]
+    ids = numbers + others + numbers[:5_000] + [str(k) for k in rng.integers(0, 60_000, 9_000)]
+    book = Codebook()
+    got = np.concatenate(
+        [book.codes(pa.array(ids[lo : lo + 4_000])) for lo in range(0, len(ids), 4_000)]
+    )
+    assert got.tolist() == first_appearance(ids)
+    assert book.names.to_pylist() == list(dict.fromkeys(ids))
+
+
+def test_large_or_sparse_numbers_go_to_the_hash_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    book = Codebook()
+    ids = ["3", "999999999", "3", "5", "999999999"]  # a number far past 8 slots an id
+    assert book.codes(pa.array(ids)).tolist() == [0, 1, 0, 2, 1]
+    assert book._by_number is None  # (the hash table took over)
+    monkeypatch.setattr(codes, "NUMBER_LIMIT", 100)
+    small = Codebook()
+    assert small.codes(pa.array(["99", "100", "99", "7"])).tolist() == [0, 1, 0, 2]
+    assert small._by_number is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.from_regex(r"(0|[1-9][0-9]{0,10}|0[0-9]{1,2}|-?[0-9]{1,3}|x[0-9])", fullmatch=True),
+            max_size=40,
+        ),
+        max_size=8,
+    )
+)
+def test_any_chunks_of_number_like_ids_get_first_appearance_codes(chunks: list[list[str]]) -> None:
     book = Codebook()
     got = [book.codes(pa.array(c, pa.string())).tolist() for c in chunks]
     flat = [x for c in chunks for x in c]
