@@ -18,6 +18,15 @@ def first_appearance(ids: list[str]) -> list[int]:
     return [seen.setdefault(x, len(seen)) for x in ids]
 
 
+def assert_coded_in_chunks(chunks: list[list[str]]) -> None:
+    """One codebook codes the chunks in turn: first appearances, and the ids in that order."""
+    book = Codebook()
+    got = [book.codes(pa.array(c, pa.string())).tolist() for c in chunks]
+    flat = [x for c in chunks for x in c]
+    assert [code for c in got for code in c] == first_appearance(flat)
+    assert book.names.to_pylist() == list(dict.fromkeys(flat))
+
+
 def test_codes_are_first_appearances_across_chunks_as_the_table_grows() -> None:
     rng = np.random.default_rng(0)
     pool = [f"item-{n}" for n in range(20_000)] + ["é", "猫", "a" * 300, "a" * 301, "x,y"]
@@ -33,11 +42,7 @@ def test_codes_are_first_appearances_across_chunks_as_the_table_grows() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.text(max_size=6), max_size=40), max_size=8))
 def test_any_chunks_of_any_ids_get_first_appearance_codes(chunks: list[list[str]]) -> None:
-    book = Codebook()
-    got = [book.codes(pa.array(c, pa.string())).tolist() for c in chunks]
-    flat = [x for c in chunks for x in c]
-    assert [code for c in got for code in c] == first_appearance(flat)
-    assert book.names.to_pylist() == list(dict.fromkeys(flat))
+    assert_coded_in_chunks(chunks)
 
 
 def test_plain_numbers_keep_their_codes_when_other_ids_come() -> None:
@@ -78,8 +83,4 @@ def test_large_or_sparse_numbers_go_to_the_hash_table(monkeypatch: pytest.Monkey
     )
 )
 def test_any_chunks_of_number_like_ids_get_first_appearance_codes(chunks: list[list[str]]) -> None:
-    book = Codebook()
-    got = [book.codes(pa.array(c, pa.string())).tolist() for c in chunks]
-    flat = [x for c in chunks for x in c]
-    assert [code for c in got for code in c] == first_appearance(flat)
-    assert book.names.to_pylist() == list(dict.fromkeys(flat))
+    assert_coded_in_chunks(chunks)
