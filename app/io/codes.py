@@ -34,7 +34,7 @@ class Codebook:
     While every id is a number written plainly (decimal digits, no sign, no leading zero,
     below ``NUMBER_LIMIT`` and within 8 slots an id), as item and worker ids often are, its
     code is read from an array indexed by the number instead: no hash and no comparison of
-    bytes (10M answers' 2M item ids coded in about 0.3 s instead of 2 s). The first id that is
+    bytes (bench.e2e's 10M answers, 2M item ids: 0.7 s instead of 2.1 s). The first id that is
     not builds the hash table of every id so far, which codes the rest."""
 
     def __init__(self) -> None:
