@@ -1,13 +1,10 @@
 """What the commands share: the settings (a bad one is an ``InputError``), the snapshot
-database and the store; a job run without the cyclic garbage collector."""
+database and the store."""
 
 from __future__ import annotations
 
-import functools
-import gc
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from app.io.input import InputError
 
@@ -15,32 +12,6 @@ if TYPE_CHECKING:  # imported when a command needs them: extract stays light
     from app.settings import Settings
     from app.store.archive import SnapshotDB
     from app.store.base import Store
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def without_cycle_collection(command: Callable[P, R]) -> Callable[P, R]:
-    """``command`` run with Python's cyclic garbage collector paused (enabled again after, as
-    it was). For a job that ends: loading numba and its first kernels makes several hundred
-    thousand objects, and the collections their numbers set off took 70 ms of a 1 s
-    ``extract`` (2 full ones, 50 ms). What the job frees, arrays among it, is freed by
-    reference counts as before. The objects the job leaves alive are then frozen (as
-    ``main`` freezes all at exit): the collector, enabled again, does not walk them at its
-    next collection (33 ms), and a reference cycle among them is never collected."""
-
-    @functools.wraps(command)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return command(*args, **kwargs)
-        finally:
-            if enabled:
-                gc.freeze()
-                gc.enable()
-
-    return run
 
 
 def load_settings() -> Settings:

@@ -9,7 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from app.cli.common import without_cycle_collection
+from app.cli.collector import without_cycle_collection
 from app.cli.layout import STDOUT, as_typed, check_output
 from app.io.input import InputError, refuse_duplicate_columns
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
