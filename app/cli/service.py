@@ -36,8 +36,11 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, help="API processes (redis store only).")] = 1,
 ) -> None:
     """Start the HTTP API (and, by default, the engine in the same process)."""
+    import gc
     import os
     import subprocess
+
+    gc.disable()  # while loading: the warm-up's freeze_what_is_loaded enables it again
 
     from app.serving.kernel_cache import looks_cached
 
@@ -101,8 +104,11 @@ def engine_command(
     ] = None,
 ) -> None:
     """Run the engine on its own: apply every project's label log and write served state."""
+    import gc
     import os
     import signal
+
+    gc.disable()  # while loading: freeze_what_is_loaded enables it again
 
     from app.engine.runtime import make_engine_loop
     from app.store import open_store_when_reachable

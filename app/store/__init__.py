@@ -4,6 +4,7 @@ the snapshots, label archive and catalogue (``archive``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -58,6 +59,7 @@ def open_store_when_reachable(
                     st.close()
                 print(f"{who}: the store cannot be reached ({exc}); trying again in 1 s",
                       file=sys.stderr, flush=True)  # fmt: skip
+                gc.enable()  # (a start paused the cycle collector to load faster; not to wait)
                 time.sleep(1)
 
 
