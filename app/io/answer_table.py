@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from app.io.input import CONTROL, MAX_ID_LENGTH, hash_id
+from app.io.input import CONTROL, MAX_ID_LENGTH
+from app.io.sha256 import hex_digests
 from app.io.triples import check_utf8, parquet_file, string_buffers
 
 NO_LINE = -1
@@ -34,7 +35,6 @@ _PY_SPACE = (
 _EDGE_SPACE = f"^[{_PY_SPACE}]|[{_PY_SPACE}]$"
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 """A weight written as a plain decimal number (any other is read row by row, as ``float``)."""
-_HASHED_AT_ONCE = 1 << 16
 _ROWS_AT_ONCE = 1 << 17  # answers whose JSON is written at once (about 12 MB)
 
 
@@ -296,13 +296,7 @@ def _ids(
         np.arange(codes.size) - np.repeat(starts, np.diff(np.r_[starts, codes.size])) + 1
     )
     keys = pc.binary_join_element_wise(answer, pc.cast(pa.array(occurrence), pa.string()), "\x1f")
-    hashed = pa.concat_arrays(
-        [
-            pa.array([hash_id("row", k) for k in keys.slice(lo, _HASHED_AT_ONCE).to_pylist()])
-            for lo in range(0, len(keys), _HASHED_AT_ONCE)
-        ]  # SHA-256: one call per answer; a slice's strings at a time in memory
-        or [pa.array([], pa.string())]
-    )
+    hashed = hex_digests(keys, "row:", 32)  # = input.hash_id("row", item, worker, label, n)
     if given is None:
         return hashed
     return pc.replace_with_mask(given, pa.array(missing), hashed)
