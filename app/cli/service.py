@@ -155,25 +155,35 @@ def check_places(settings: Settings) -> None:
             make_url(settings.database_url)
         except ArgumentError as err:
             raise InputError("CROWDTALLY_DATABASE_URL", None, str(err)) from None
-    if settings.store == "redis" and not settings.redis_cluster:
-        check_redis(settings.redis_url)
+    if settings.store == "redis":
+        check_redis(settings.redis_url, settings.redis_cluster)
 
 
-def check_redis(url: str) -> None:
-    """A Redis that answers but refuses the URL (a database index it lacks, a wrong password)
-    is one error line; one that cannot be reached is waited for, as before."""
+def check_redis(url: str, cluster: bool = False) -> None:
+    """A Redis that answers but refuses the URL (a database index it lacks, a wrong password),
+    or whose cluster mode is not the one ``cluster`` (CROWDTALLY_REDIS_CLUSTER) says, is one
+    error line (a plain Redis named as a cluster's node was retried every second for ever); one
+    that cannot be reached is waited for, as before. With ``cluster``, the URL's first node."""
     import redis
     from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+    node = url.split(",")[0].strip() if cluster else url
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        client = redis.Redis.from_url(node, socket_connect_timeout=2, socket_timeout=2)
     except ValueError as err:
         raise InputError("REDIS_URL", None, str(err)) from None
     try:
         client.ping()
+        in_cluster = bool(client.info("cluster").get("cluster_enabled"))
     except (ConnectionError, TimeoutError):
-        pass  # (down: the store is waited for)
+        return  # (down: the store is waited for)
     except ResponseError as err:
-        raise InputError("REDIS_URL", None, f"{url}: {err}") from None
+        raise InputError("REDIS_URL", None, f"{node}: {err}") from None
     finally:
         client.close()
+    if cluster and not in_cluster:
+        raise InputError("CROWDTALLY_REDIS_CLUSTER", None, f"true, but {node} is a single Redis "
+                         "(not in cluster mode): leave it unset for one Redis")  # fmt: skip
+    if in_cluster and not cluster:
+        raise InputError("CROWDTALLY_REDIS_CLUSTER", None, f"not set, but {node} is a node of a "
+                         "Redis Cluster: set CROWDTALLY_REDIS_CLUSTER=true")  # fmt: skip

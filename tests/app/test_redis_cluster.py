@@ -243,3 +243,19 @@ def test_closing_a_cluster_store_closes_every_node_s_connections() -> None:
     assert len(connections) >= 3 and all(c._sock is not None for c in connections)
     store.close()
     assert all(c._sock is None for c in connections)
+
+
+def test_a_cluster_mode_other_than_the_settings_say_is_one_error_line() -> None:
+    """CROWDTALLY_REDIS_CLUSTER=true against a single Redis was retried every second for ever
+    ("Cluster mode is not enabled on this node"); a cluster's node without it would have run
+    until a key's slot lay on another node. Both are refused before anything starts; a
+    cluster's node with it, and a single Redis without it, pass."""
+    from app.cli.service import check_redis
+    from app.io.input import InputError
+
+    with pytest.raises(InputError, match=r"true, but .* is a single Redis"):
+        check_redis(REDIS_URL, cluster=True)
+    with pytest.raises(InputError, match="is a node of a Redis Cluster: set"):
+        check_redis(cluster_url(), cluster=False)
+    check_redis(f"{cluster_url()},redis://127.0.0.1:{free_port()}/0", cluster=True)
+    check_redis(REDIS_URL, cluster=False)
