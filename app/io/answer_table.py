@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
+from app.io.codebook import Codebook
 from app.io.input import CONTROL, MAX_ID_LENGTH
-from app.io.sha256 import hex_digests
+from app.io.sha256 import answer_digests
 from app.io.triples import check_utf8, parquet_file, string_buffers
 
 NO_LINE = -1
@@ -270,6 +271,36 @@ def _weights(raw: pa.Array | None) -> tuple[bool, npt.NDArray[np.float64] | None
     return True, None if (values == 1.0).all() else values
 
 
+KEY_LIMIT = 2**62
+"""Answers whose codes' product is below this are sorted by one int64 key, others by three."""
+
+
+def _occurrences(
+    columns: tuple[pa.Array, pa.Array, pa.Array], rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """For each of ``rows``, how many of ``rows`` up to it hold the same item, worker and label:
+    1 for an answer's first time. The three columns are coded (``Codebook``: no string is made
+    of the three), then sorted stably by their codes."""
+    take = pa.array(rows)
+    codes = [Codebook().codes(pc.take(c, take) if rows.size < len(c) else c) for c in columns]
+    sizes = [int(c.max()) + 1 if c.size else 1 for c in codes]
+    if sizes[0] * sizes[1] * sizes[2] < KEY_LIMIT:  # one int64 key a row
+        key = (codes[0].astype(np.int64) * sizes[1] + codes[1]) * sizes[2] + codes[2]
+        order = np.argsort(key, kind="stable")
+        ranked = key[order]
+        del key
+    else:
+        order = np.lexsort((codes[2], codes[1], codes[0]))
+        ranked = np.stack(codes)[:, order].T
+    first = np.r_[True, np.any(np.atleast_2d((ranked[1:] != ranked[:-1]).T), axis=0)]
+    starts = np.flatnonzero(first)
+    occurrence = np.empty(rows.size, dtype=np.int64)
+    occurrence[order] = (
+        np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size])) + 1
+    )
+    return occurrence
+
+
 def _ids(
     given: pa.Array | None, items: pa.Array, workers: pa.Array, labels: pa.Array
 ) -> pa.Array | None:
@@ -283,20 +314,9 @@ def _ids(
         if not missing.any():
             return given
     rows = np.flatnonzero(missing)
-    take = pa.array(rows)
-    answer = pc.binary_join_element_wise(
-        pc.take(items, take), pc.take(workers, take), pc.take(labels, take), "\x1f"
-    )
-    codes = pc.dictionary_encode(answer).indices.to_numpy()
-    order = np.argsort(codes, kind="stable")
-    ranked = codes[order]
-    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-    occurrence = np.empty(codes.size, dtype=np.int64)
-    occurrence[order] = (
-        np.arange(codes.size) - np.repeat(starts, np.diff(np.r_[starts, codes.size])) + 1
-    )
-    keys = pc.binary_join_element_wise(answer, pc.cast(pa.array(occurrence), pa.string()), "\x1f")
-    hashed = hex_digests(keys, "row:", 32)  # = input.hash_id("row", item, worker, label, n)
+    columns = (items, workers, labels)
+    # = input.hash_id("row", item, worker, label, n), n the answer's occurrence
+    hashed = answer_digests(columns, rows, _occurrences(columns, rows), "row:", 32)
     if given is None:
         return hashed
     return pc.replace_with_mask(given, pa.array(missing), hashed)

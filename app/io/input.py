@@ -101,6 +101,11 @@ def quoting_error(err: csv.Error) -> str:
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
+def first_line(text: str) -> str:
+    """``text_lines(text)[0]`` (or "" for no text), without splitting the rest."""
+    return _LINE_END.split(text, maxsplit=1)[0]
+
+
 def text_lines(text: str) -> list[str]:
     """``text``'s lines, split where a line ends in a file (LF, CRLF or CR) and nowhere else:
     str.splitlines also splits on U+2028 and others, which an id may hold (the columnar

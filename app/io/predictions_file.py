@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from app.io.codes import arrow_ints
+from app.io.codebook import arrow_ints
 from app.io.csv_fields import csv_field
 from app.io.triples import string_buffers
 from core._numba import jit

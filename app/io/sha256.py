@@ -6,7 +6,10 @@ bits and every rotation is written on values below 2**32."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from app.io.triples import string_buffers
@@ -38,21 +41,56 @@ def hex_digests(strings: pa.Array, prefix: str, digits: int, threads: int = 2) -
     string's UTF-8 bytes (``hashlib.sha256(s.encode()).hexdigest()``), as a string array;
     long arrays are split among ``threads``."""
     offsets, data = string_buffers(strings)
+
+    def part(lo: int, hi: int, head: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
+        _string_digests(offsets[lo : hi + 1], data, head, np.int64(digits), out)
+
+    return _in_parts(len(strings), prefix, digits, threads, part)
+
+
+def answer_digests(
+    columns: tuple[pa.Array, pa.Array, pa.Array],
+    rows: npt.NDArray[np.int64],
+    occurrence: npt.NDArray[np.int64],
+    prefix: str,
+    digits: int,
+    threads: int = 2,
+) -> pa.Array:
+    """``hex_digests`` of ``item + "\x1f" + worker + "\x1f" + label + "\x1f" + str(n)`` for
+    each row of ``rows`` (``columns``: items, workers, labels; ``n``: its ``occurrence``),
+    each message put together in the kernel: no string of them is made."""
+    (io, idata), (wo, wdata), (lo_, ldata) = (string_buffers(c) for c in columns)
+
+    def part(lo: int, hi: int, head: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
+        _answer_digests(
+            io, idata, wo, wdata, lo_, ldata, rows[lo:hi], occurrence[lo:hi], head,
+            np.int64(digits), out,
+        )  # fmt: skip
+
+    return _in_parts(rows.size, prefix, digits, threads, part)
+
+
+def _in_parts(
+    n: int,
+    prefix: str,
+    digits: int,
+    threads: int,
+    part: Callable[[int, int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None],
+) -> pa.Array:
+    """The string array of ``n`` digests that ``part(lo, hi, head, out)`` writes, rows lo to
+    hi into ``out`` (each ``head`` then its digits), split among ``threads`` (the kernels
+    release the GIL)."""
     head = np.frombuffer(prefix.encode(), dtype=np.uint8)
     width = head.size + digits
-    out = np.empty(len(strings) * width, dtype=np.uint8)
-
-    def part(rows: tuple[int, int]) -> None:  # (the kernel releases the GIL)
-        lo, hi = rows
-        _hex_digests(
-            offsets[lo : hi + 1], data, head, np.int64(digits), out[lo * width : hi * width]
-        )
-
-    in_threads(part, block_ranges(len(strings), threads))
+    out = np.empty(n * width, dtype=np.uint8)
+    in_threads(
+        lambda rows: part(rows[0], rows[1], head, out[rows[0] * width : rows[1] * width]),
+        block_ranges(n, threads),
+    )
     ends = np.arange(0, out.size + 1, width, dtype=np.int64)
     kind, ends_type = (pa.string(), np.int32) if out.size < 2**31 else (pa.large_string(), np.int64)
     buffers = [None, pa.py_buffer(ends.astype(ends_type)), pa.py_buffer(out)]
-    return pa.Array.from_buffers(kind, len(strings), buffers)
+    return pa.Array.from_buffers(kind, n, buffers)
 
 
 @jit
@@ -61,56 +99,102 @@ def _rotr(x, n):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _hex_digests(offsets, data, head, digits, out):  # type: ignore[no-untyped-def]
-    width = head.size + digits
+def _digest(msg, n, h, w):  # type: ignore[no-untyped-def]
+    """The SHA-256 of ``msg[:n]`` into ``h`` (8 words; ``w``: 64 words of scratch)."""
+    mask = np.uint64(0xFFFFFFFF)
+    total = (n + 8) // 64 * 64 + 64  # the message, 0x80, zeros, its bit length (eq. 5.1.1)
+    bits = np.uint64(n) * np.uint64(8)
+    h[:] = _H0
+    for block in range(0, total, 64):
+        for t in range(16):
+            word = np.uint64(0)
+            for k in range(4):
+                at = block + 4 * t + k
+                if at < n:
+                    byte = np.uint64(msg[at])
+                elif at == n:
+                    byte = np.uint64(0x80)
+                elif at >= total - 8:
+                    byte = (bits >> np.uint64(8 * (total - 1 - at))) & np.uint64(0xFF)
+                else:
+                    byte = np.uint64(0)
+                word = (word << np.uint64(8)) | byte
+            w[t] = word
+        for t in range(16, 64):
+            s0 = _rotr(w[t - 15], 7) ^ _rotr(w[t - 15], 18) ^ (w[t - 15] >> np.uint64(3))
+            s1 = _rotr(w[t - 2], 17) ^ _rotr(w[t - 2], 19) ^ (w[t - 2] >> np.uint64(10))
+            w[t] = (w[t - 16] + s0 + w[t - 7] + s1) & mask
+        a, b, c, d, e, f, g, hh = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
+        for t in range(64):
+            big1 = _rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25)
+            choose = (e & f) ^ (~e & mask & g)
+            t1 = (hh + big1 + choose + _K[t] + w[t]) & mask
+            big0 = _rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22)
+            majority = (a & b) ^ (a & c) ^ (b & c)
+            t2 = (big0 + majority) & mask
+            hh, g, f, e, d, c, b, a = g, f, e, (d + t1) & mask, c, b, a, (t1 + t2) & mask
+        h[0] = (h[0] + a) & mask
+        h[1] = (h[1] + b) & mask
+        h[2] = (h[2] + c) & mask
+        h[3] = (h[3] + d) & mask
+        h[4] = (h[4] + e) & mask
+        h[5] = (h[5] + f) & mask
+        h[6] = (h[6] + g) & mask
+        h[7] = (h[7] + hh) & mask
+
+
+@jit
+def _put_hex(h, head, digits, out, at):  # type: ignore[no-untyped-def]
+    """``head``, then the first ``digits`` hex digits of the digest ``h``, at ``out[at]``."""
+    for k in range(head.size):
+        out[at + k] = head[k]
+    at += head.size
+    for k in range(digits):  # nibble k of the big-endian words
+        word = h[k // 8]
+        out[at + k] = _HEX[(word >> np.uint64(4 * (7 - k % 8))) & np.uint64(0xF)]
+
+
+@jit
+def _string_digests(offsets, data, head, digits, out):  # type: ignore[no-untyped-def]
     w = np.empty(64, dtype=np.uint64)
     h = np.empty(8, dtype=np.uint64)
-    mask = np.uint64(0xFFFFFFFF)
     for v in range(offsets.size - 1):
-        lo, n = offsets[v], offsets[v + 1] - offsets[v]
-        total = (n + 8) // 64 * 64 + 64  # the message, 0x80, zeros, its bit length (eq. 5.1.1)
-        bits = np.uint64(n) * np.uint64(8)
-        h[:] = _H0
-        for block in range(0, total, 64):
-            for t in range(16):
-                word = np.uint64(0)
-                for k in range(4):
-                    at = block + 4 * t + k
-                    if at < n:
-                        byte = np.uint64(data[lo + at])
-                    elif at == n:
-                        byte = np.uint64(0x80)
-                    elif at >= total - 8:
-                        byte = (bits >> np.uint64(8 * (total - 1 - at))) & np.uint64(0xFF)
-                    else:
-                        byte = np.uint64(0)
-                    word = (word << np.uint64(8)) | byte
-                w[t] = word
-            for t in range(16, 64):
-                s0 = _rotr(w[t - 15], 7) ^ _rotr(w[t - 15], 18) ^ (w[t - 15] >> np.uint64(3))
-                s1 = _rotr(w[t - 2], 17) ^ _rotr(w[t - 2], 19) ^ (w[t - 2] >> np.uint64(10))
-                w[t] = (w[t - 16] + s0 + w[t - 7] + s1) & mask
-            a, b, c, d, e, f, g, hh = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
-            for t in range(64):
-                big1 = _rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25)
-                choose = (e & f) ^ (~e & mask & g)
-                t1 = (hh + big1 + choose + _K[t] + w[t]) & mask
-                big0 = _rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22)
-                majority = (a & b) ^ (a & c) ^ (b & c)
-                t2 = (big0 + majority) & mask
-                hh, g, f, e, d, c, b, a = g, f, e, (d + t1) & mask, c, b, a, (t1 + t2) & mask
-            h[0] = (h[0] + a) & mask
-            h[1] = (h[1] + b) & mask
-            h[2] = (h[2] + c) & mask
-            h[3] = (h[3] + d) & mask
-            h[4] = (h[4] + e) & mask
-            h[5] = (h[5] + f) & mask
-            h[6] = (h[6] + g) & mask
-            h[7] = (h[7] + hh) & mask
-        at = v * width
-        for k in range(head.size):
-            out[at + k] = head[k]
-        at += head.size
-        for k in range(digits):  # nibble k of the big-endian words
-            word = h[k // 8]
-            out[at + k] = _HEX[(word >> np.uint64(4 * (7 - k % 8))) & np.uint64(0xF)]
+        lo, hi = offsets[v], offsets[v + 1]
+        _digest(data[lo:hi], hi - lo, h, w)
+        _put_hex(h, head, digits, out, v * (head.size + digits))
+
+
+@jit
+def _answer_digests(io, idata, wo, wdata, lo, ldata, rows, occurrence, head, digits, out):  # type: ignore[no-untyped-def]
+    w = np.empty(64, dtype=np.uint64)
+    h = np.empty(8, dtype=np.uint64)
+    longest = 0
+    for r in rows:
+        size = io[r + 1] - io[r] + wo[r + 1] - wo[r] + lo[r + 1] - lo[r]
+        longest = max(longest, size)
+    msg = np.empty(longest + 3 + 20, dtype=np.uint8)  # three separators, a count's digits
+    for k in range(rows.size):
+        r = rows[k]
+        n = _put_bytes(idata, io[r], io[r + 1], msg, 0)
+        msg[n] = 0x1F
+        n = _put_bytes(wdata, wo[r], wo[r + 1], msg, n + 1)
+        msg[n] = 0x1F
+        n = _put_bytes(ldata, lo[r], lo[r + 1], msg, n + 1)
+        msg[n] = 0x1F
+        n += 1
+        count = occurrence[k]
+        width = 1
+        while count >= 10**width:
+            width += 1
+        for j in range(width - 1, -1, -1):
+            msg[n + j] = 48 + count % 10
+            count //= 10
+        _digest(msg, n + width, h, w)
+        _put_hex(h, head, digits, out, k * (head.size + digits))
+
+
+@jit
+def _put_bytes(src, a, b, dst, at):  # type: ignore[no-untyped-def]
+    for k in range(b - a):
+        dst[at + k] = src[a + k]
+    return at + b - a

@@ -10,9 +10,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.io import answer_table, importers
 from app.io.answer_table import AnswerTable
+from app.io.input import hash_id
 
 PLAIN = {
     "repeats, no ids": (
@@ -166,3 +169,39 @@ def test_an_id_given_to_two_different_answers_is_found() -> None:
     assert table(["i", "i", "j", "i", "k", "j2", "x"], ids).id_given_twice() == (5, 2)
     assert table(["i", "i", "j", "i", "k", "j", "x"], ids).id_given_twice() is None  # repeats
     assert table(["i", "j"], [None, None]).id_given_twice() is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["1", "2", "i3", "é"]), st.sampled_from(["7", "w", "00"]),
+                  st.sampled_from(["x", "y"]), st.sampled_from(["", "", "id1", "id2"])),
+        min_size=1, max_size=30,
+    ),
+    st.booleans(),
+)  # fmt: skip
+def test_the_ids_made_for_answers_without_one_are_those_of_the_rows_reading(
+    rows: list[tuple[str, str, str, str]], one_key: bool
+) -> None:
+    """Each answer's id, where the file gives none: ``row:`` and the SHA-256 of its item, worker,
+    label and occurrence (its repeats without an id counted in the file's order), made in
+    columns as the rows' reading makes it one by one; with the codes' product as one sort key
+    or three."""
+    given = [i for *_, i in rows]
+    if len(set(filter(None, given))) < len(list(filter(None, given))):
+        return  # (an id given twice is refused before: another test)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(answer_table, "KEY_LIMIT", 2**62 if one_key else 0)
+        ids = answer_table._ids(
+            pa.array(given), *(pa.array([r[k] for r in rows]) for k in range(3))
+        )
+    assert ids is not None
+    seen: dict[tuple[str, str, str], int] = {}
+    expected = []
+    for item, worker, label, rid in rows:  # (answers with an id of their own not counted)
+        if rid:
+            expected.append(rid)
+            continue
+        n = seen[(item, worker, label)] = seen.get((item, worker, label), 0) + 1
+        expected.append(hash_id("row", item, worker, label, str(n)))
+    assert ids.to_pylist() == expected

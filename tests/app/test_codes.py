@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.io import codes
-from app.io.codes import Codebook
+from app.io import codebook
+from app.io.codebook import Codebook
 
 
 def first_appearance(ids: list[str]) -> list[int]:
@@ -66,7 +66,7 @@ def test_large_or_sparse_numbers_go_to_the_hash_table(monkeypatch: pytest.Monkey
     ids = ["3", "999999999", "3", "5", "999999999"]  # a number far past 8 slots an id
     assert book.codes(pa.array(ids)).tolist() == [0, 1, 0, 2, 1]
     assert book._by_number is None  # (the hash table took over)
-    monkeypatch.setattr(codes, "NUMBER_LIMIT", 100)
+    monkeypatch.setattr(codebook, "NUMBER_LIMIT", 100)
     small = Codebook()
     assert small.codes(pa.array(["99", "100", "99", "7"])).tolist() == [0, 1, 0, 2]
     assert small._by_number is None
