@@ -70,6 +70,9 @@ class AnswerTable:
     lines: npt.NDArray[np.int64]
     skipped: int = 0
     """Source rows left out (rejected or cancelled assignments, say)."""
+    ids_made: bool = False
+    """Every id was made here (the file gave none): each names one answer by construction
+    (its item, worker, label and occurrence), so ``id_given_twice`` has nothing to check."""
 
     @classmethod
     def of(cls, format: str, answers: Sequence[Answer], skipped: int = 0) -> AnswerTable:
@@ -100,6 +103,8 @@ class AnswerTable:
         """The first answer whose id an earlier, different answer (another item, worker,
         label or weight) has, and that answer's row; None when every id names one answer
         (the same answer twice under one id is a repeat, counted once)."""
+        if self.ids_made:
+            return None  # (10M made ids: 2.5 s of pc.unique spared)
         if len(pc.unique(self.ids)) - (self.ids.null_count > 0) == len(self) - self.ids.null_count:
             return None  # (every id once: the common case, 0.13 s for 1M ids)
         codes = self.ids.dictionary_encode().indices
@@ -209,7 +214,9 @@ def read_plain(
     if ids is None:
         return None
     lines = np.arange(first_line, first_line + n, dtype=np.int64)
-    return AnswerTable(format, items, workers, labels, ids, weights, lines)
+    given = cells.get("id")
+    made = given is None or not pc.any(pc.not_equal(given, "")).as_py()
+    return AnswerTable(format, items, workers, labels, ids, weights, lines, ids_made=made)
 
 
 def _cells(
