@@ -172,15 +172,17 @@ def check_redis(url: str, cluster: bool = False) -> None:
         client = redis.Redis.from_url(node, socket_connect_timeout=2, socket_timeout=2)
     except ValueError as err:
         raise InputError("REDIS_URL", None, str(err)) from None
-    try:
-        client.ping()
-        in_cluster = bool(client.info("cluster").get("cluster_enabled"))
-    except (ConnectionError, TimeoutError):
-        return  # (down: the store is waited for)
-    except ResponseError as err:
-        raise InputError("REDIS_URL", None, f"{node}: {err}") from None
-    finally:
-        client.close()
+    with contextlib.closing(client):
+        try:
+            client.ping()
+        except (ConnectionError, TimeoutError):
+            return  # (down: the store is waited for)
+        except ResponseError as err:
+            raise InputError("REDIS_URL", None, f"{node}: {err}") from None
+        try:
+            in_cluster = bool(client.info("cluster").get("cluster_enabled"))
+        except (ConnectionError, TimeoutError, ResponseError):
+            return  # (a Redis that keeps INFO to itself: its mode is left for the client to find)
     if cluster and not in_cluster:
         raise InputError("CROWDTALLY_REDIS_CLUSTER", None, f"true, but {node} is a single Redis "
                          "(not in cluster mode): leave it unset for one Redis")  # fmt: skip

@@ -887,6 +887,22 @@ def test_a_data_folder_or_database_that_cannot_be_used_is_one_error_line(
         assert run.stderr.startswith(f"error: {name}: ") and message in run.stderr, run.stderr
 
 
+def test_a_redis_that_keeps_info_to_itself_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster-mode check reads INFO; a Redis that answers it with an error (a managed one
+    may rename the command) starts as before, its mode left for the client to find."""
+    import redis
+
+    from app.cli.service import check_redis
+    from tests.app.conftest import REDIS_URL
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise redis.exceptions.ResponseError("unknown command 'INFO'")
+
+    monkeypatch.setattr(redis.Redis, "info", refused)
+    check_redis(REDIS_URL, cluster=True)
+    check_redis(REDIS_URL, cluster=False)
+
+
 def test_a_redis_that_refuses_the_url_is_one_error_line(tmp_path: Path) -> None:
     """A database index the server lacks was a traceback of 190 lines (the engine) or a failed
     start-up (the API); a Redis that is down is still waited for."""
