@@ -78,6 +78,8 @@ def serve(
         f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
         file=sys.stderr,
     )
+    if workers > 1:  # (the processes serving are started anew: this one only watches them)
+        gc.enable()
     uvicorn.run(
         "app.api:create_app",
         factory=True,

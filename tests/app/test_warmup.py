@@ -244,3 +244,29 @@ def test_a_start_pauses_the_cycle_collector_until_the_freeze_and_not_while_it_wa
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["after the freeze True", "after a wait True"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_pauses_the_collector_only_for_a_process_that_warms_up(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One API process pauses the collector until its warm-up's freeze enables it; with
+    several, this process only watches the ones serving (started anew), so it keeps it on."""
+    import gc
+
+    import uvicorn
+
+    from app.testing import free_port
+    from tests.app.conftest import REDIS_URL
+    from tests.cli_in_process import run_cli
+
+    seen: list[tuple[bool, int]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: seen.append((gc.isenabled(), k["workers"])))
+    env = {"CROWDTALLY_DATA_DIR": str(tmp_path), "REDIS_URL": REDIS_URL}
+    try:
+        done = run_cli("serve", "--store", "redis", "--no-engine", "--workers", str(workers),
+                       "--port", str(free_port()), env=env)  # fmt: skip
+    finally:
+        gc.enable()  # (no warm-up ran here to enable it)
+    assert done.returncode == 0, done.stderr
+    assert seen == [(workers > 1, workers)]
