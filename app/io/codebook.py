@@ -70,7 +70,8 @@ class Codebook:
         return out
 
     def _bound(self, chunk: int) -> int:
-        """Numbers below this keep the array (at most 8 slots an id, 32 bytes)."""
+        """Numbers below this keep the array: 8 slots an id of the ids so far and the chunk's
+        (the array, grown by doubling, at most twice that: 64 bytes an id)."""
         return min(NUMBER_LIMIT, max(1 << 20, 8 * (self._n + chunk)))
 
     def _start_table(self) -> None:
