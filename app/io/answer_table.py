@@ -210,12 +210,11 @@ def read_plain(
     plain_weights, weights = _weights(cells.get("weight"))
     if not plain_weights:
         return None
-    ids = _ids(cells.get("id"), items, workers, labels)
-    if ids is None:
+    found = _ids(cells.get("id"), items, workers, labels)
+    if found is None:
         return None
+    ids, made = found
     lines = np.arange(first_line, first_line + n, dtype=np.int64)
-    given = cells.get("id")
-    made = given is None or not pc.any(pc.not_equal(given, "")).as_py()
     return AnswerTable(format, items, workers, labels, ids, weights, lines, ids_made=made)
 
 
@@ -288,19 +287,23 @@ def _occurrences(
     """For each of ``rows``, how many of ``rows`` up to it hold the same item, worker and label:
     1 for an answer's first time. The three columns are coded (``Codebook``: no string is made
     of the three), then sorted stably by their codes."""
-    take = pa.array(rows)
-    codes = [Codebook().codes(pc.take(c, take) if rows.size < len(c) else c) for c in columns]
-    sizes = [int(c.max()) + 1 if c.size else 1 for c in codes]
+    every = rows.size == len(columns[0])
+    books = [Codebook() for _ in columns]
+    codes = [
+        book.codes(column if every else pc.take(column, pa.array(rows)))
+        for book, column in zip(books, columns, strict=True)
+    ]
+    sizes = [max(len(book), 1) for book in books]
     if sizes[0] * sizes[1] * sizes[2] < KEY_LIMIT:  # one int64 key a row
         key = (codes[0].astype(np.int64) * sizes[1] + codes[1]) * sizes[2] + codes[2]
         order = np.argsort(key, kind="stable")
         ranked = key[order]
-        del key
+        changed = ranked[1:] != ranked[:-1]
     else:
         order = np.lexsort((codes[2], codes[1], codes[0]))
-        ranked = np.stack(codes)[:, order].T
-    first = np.r_[True, np.any(np.atleast_2d((ranked[1:] != ranked[:-1]).T), axis=0)]
-    starts = np.flatnonzero(first)
+        ranked = np.stack(codes)[:, order]
+        changed = np.any(ranked[:, 1:] != ranked[:, :-1], axis=0)
+    starts = np.flatnonzero(np.r_[True, changed])
     occurrence = np.empty(rows.size, dtype=np.int64)
     occurrence[order] = (
         np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size])) + 1
@@ -310,20 +313,21 @@ def _occurrences(
 
 def _ids(
     given: pa.Array | None, items: pa.Array, workers: pa.Array, labels: pa.Array
-) -> pa.Array | None:
+) -> tuple[pa.Array, bool] | None:
     """Each answer's id: the file's, else the rows' reading's: ``row:`` and a hash of its item,
-    worker, label and how many times that answer came before in the file, plus one."""
+    worker, label and how many times that answer came before in the file, plus one; and
+    whether every id was made so (None: a given id fails the checks)."""
     missing = np.ones(len(items), dtype=bool)
     if given is not None:
         missing = pc.equal(given, "").to_numpy(zero_copy_only=False)
         if not _plain(pc.filter(given, pa.array(~missing))):
             return None
         if not missing.any():
-            return given
+            return given, False
     rows = np.flatnonzero(missing)
     columns = (items, workers, labels)
     # = input.hash_id("row", item, worker, label, n), n the answer's occurrence
     hashed = answer_digests(columns, rows, _occurrences(columns, rows), "row:", 32)
-    if given is None:
-        return hashed
-    return pc.replace_with_mask(given, pa.array(missing), hashed)
+    if given is None or missing.all():
+        return hashed, True
+    return pc.replace_with_mask(given, pa.array(missing), hashed), False

@@ -192,10 +192,12 @@ def test_the_ids_made_for_answers_without_one_are_those_of_the_rows_reading(
         return  # (an id given twice is refused before: another test)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(answer_table, "KEY_LIMIT", 2**62 if one_key else 0)
-        ids = answer_table._ids(
+        found = answer_table._ids(
             pa.array(given), *(pa.array([r[k] for r in rows]) for k in range(3))
         )
-    assert ids is not None
+    assert found is not None
+    ids, made = found
+    assert made == (not any(given))
     seen: dict[tuple[str, str, str], int] = {}
     expected = []
     for item, worker, label, rid in rows:  # (answers with an id of their own not counted)
