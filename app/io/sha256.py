@@ -6,8 +6,6 @@ bits and every rotation is written on values below 2**32."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -36,18 +34,6 @@ the first 8 primes."""
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
-def hex_digests(strings: pa.Array, prefix: str, digits: int, threads: int = 2) -> pa.Array:
-    """``prefix`` and the first ``digits`` (at most 64) hex digits of the SHA-256 of each
-    string's UTF-8 bytes (``hashlib.sha256(s.encode()).hexdigest()``), as a string array;
-    long arrays are split among ``threads``."""
-    offsets, data = string_buffers(strings)
-
-    def part(lo: int, hi: int, head: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
-        _string_digests(offsets[lo : hi + 1], data, head, np.int64(digits), out)
-
-    return _in_parts(len(strings), prefix, digits, threads, part)
-
-
 def answer_digests(
     columns: tuple[pa.Array, pa.Array, pa.Array],
     rows: npt.NDArray[np.int64],
@@ -56,41 +42,28 @@ def answer_digests(
     digits: int,
     threads: int = 2,
 ) -> pa.Array:
-    """``hex_digests`` of ``item + "\x1f" + worker + "\x1f" + label + "\x1f" + str(n)`` for
-    each row of ``rows`` (``columns``: items, workers, labels; ``n``: its ``occurrence``),
-    each message put together in the kernel: no string of them is made."""
+    """For each row of ``rows``, ``prefix`` and the first ``digits`` (at most 64) hex digits of
+    the SHA-256 of ``item + "\x1f" + worker + "\x1f" + label + "\x1f" + str(n)`` (UTF-8;
+    ``columns``: items, workers, labels; ``n``: its ``occurrence``), as a string array: each
+    message is put together in the kernel (no string of them is made), long arrays split
+    among ``threads`` (the kernel releases the GIL)."""
     (io, idata), (wo, wdata), (lo_, ldata) = (string_buffers(c) for c in columns)
-
-    def part(lo: int, hi: int, head: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
-        _answer_digests(
-            io, idata, wo, wdata, lo_, ldata, rows[lo:hi], occurrence[lo:hi], head,
-            np.int64(digits), out,
-        )  # fmt: skip
-
-    return _in_parts(rows.size, prefix, digits, threads, part)
-
-
-def _in_parts(
-    n: int,
-    prefix: str,
-    digits: int,
-    threads: int,
-    part: Callable[[int, int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None],
-) -> pa.Array:
-    """The string array of ``n`` digests that ``part(lo, hi, head, out)`` writes, rows lo to
-    hi into ``out`` (each ``head`` then its digits), split among ``threads`` (the kernels
-    release the GIL)."""
     head = np.frombuffer(prefix.encode(), dtype=np.uint8)
     width = head.size + digits
-    out = np.empty(n * width, dtype=np.uint8)
-    in_threads(
-        lambda rows: part(rows[0], rows[1], head, out[rows[0] * width : rows[1] * width]),
-        block_ranges(n, threads),
-    )
+    out = np.empty(rows.size * width, dtype=np.uint8)
+
+    def part(bounds: tuple[int, int]) -> None:
+        lo, hi = bounds
+        _answer_digests(
+            io, idata, wo, wdata, lo_, ldata, rows[lo:hi], occurrence[lo:hi], head,
+            np.int64(digits), out[lo * width : hi * width],
+        )  # fmt: skip
+
+    in_threads(part, block_ranges(rows.size, threads))
     ends = np.arange(0, out.size + 1, width, dtype=np.int64)
     kind, ends_type = (pa.string(), np.int32) if out.size < 2**31 else (pa.large_string(), np.int64)
     buffers = [None, pa.py_buffer(ends.astype(ends_type)), pa.py_buffer(out)]
-    return pa.Array.from_buffers(kind, n, buffers)
+    return pa.Array.from_buffers(kind, rows.size, buffers)
 
 
 @jit
@@ -152,16 +125,6 @@ def _put_hex(h, head, digits, out, at):  # type: ignore[no-untyped-def]
     for k in range(digits):  # nibble k of the big-endian words
         word = h[k // 8]
         out[at + k] = _HEX[(word >> np.uint64(4 * (7 - k % 8))) & np.uint64(0xF)]
-
-
-@jit
-def _string_digests(offsets, data, head, digits, out):  # type: ignore[no-untyped-def]
-    w = np.empty(64, dtype=np.uint64)
-    h = np.empty(8, dtype=np.uint64)
-    for v in range(offsets.size - 1):
-        lo, hi = offsets[v], offsets[v + 1]
-        _digest(data[lo:hi], hi - lo, h, w)
-        _put_hex(h, head, digits, out, v * (head.size + digits))
 
 
 @jit
