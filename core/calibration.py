@@ -113,8 +113,8 @@ class Calibration:
                     q[lo : lo + SLICE_ROWS], n[lo : lo + SLICE_ROWS]
                 )
 
-        every = range(0, q.shape[0], SLICE_ROWS)
-        in_threads(slices, [every[k::threads] for k in range(max(1, threads))])
+        every, parts = range(0, q.shape[0], SLICE_ROWS), max(1, threads)
+        in_threads(slices, [every[k::parts] for k in range(parts)])
         return out
 
     def _from_posteriors(self, q: FloatArray, n_labels: FloatArray) -> FloatArray:

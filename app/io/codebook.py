@@ -180,8 +180,8 @@ _BATCH = 64
 def _intern(offsets, data, done, table, ids, text, hashes, n, out):  # type: ignore[no-untyped-def]
     """Codes of the strings ``data[offsets[v]:offsets[v+1]]``, from v = ``done`` on, into
     ``out``; a string not in the table is appended (its bytes to ``text``, its end to
-    ``ids``). Stops before a new string that would not fit (``hashes`` full, the table half
-    full or ``text`` too short). Returns the count of ids and where it stopped."""
+    ``ids``). Stops before a new string that would not fit (``hashes`` or ``ids`` full, the
+    table half full or ``text`` too short). Returns the count of ids and where it stopped."""
     mask = np.uint64(table.size - 1)
     end = offsets.size - 1
     batch = np.empty(_BATCH, dtype=np.uint64)
@@ -198,6 +198,7 @@ def _intern(offsets, data, done, table, ids, text, hashes, n, out):  # type: ign
                 if entry == -1:  # not seen: a new code
                     if (
                         n + 1 >= hashes.size
+                        or n + 2 > ids.size
                         or 2 * (n + 1) > table.size
                         or ids[n] + hi - lo > text.size
                     ):
