@@ -17,11 +17,19 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.auth import allows, key_hash
 from app.api.errors import ApiError
+from app.api.store_watch import StoreWatch
 from app.engine.dyadic import DyadicSettings
 from app.engine.loop import EngineLoop
 from app.settings import Settings
 from app.store.archive import SnapshotDB
-from app.store.base import KeyRecord, ProjectRecord, Scope, Store, nominal_config
+from app.store.base import (
+    KeyRecord,
+    ProjectRecord,
+    Scope,
+    Store,
+    StoreWipedError,
+    nominal_config,
+)
 from core.nominal import NominalConfig
 
 CACHE_S = 1.0
@@ -31,12 +39,19 @@ class Service:
     """What the routes share: settings, the store, the in-process engine (if any)."""
 
     def __init__(
-        self, settings: Settings, store: Store, engine: EngineLoop | None, db: SnapshotDB
+        self,
+        settings: Settings,
+        store: Store,
+        engine: EngineLoop | None,
+        db: SnapshotDB,
+        watch: StoreWatch | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.engine = engine
         self.db = db
+        self.watch = watch
+        """What rebuilds a wiped Redis while the API runs (None: the embedded store)."""
         self._configs: dict[tuple[str, float], NominalConfig] = {}
         self._dyadic: dict[tuple[str, float], DyadicSettings | None] = {}
         self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
@@ -115,8 +130,11 @@ def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
     key = key_of(request)
     if not key:
         raise ApiError(401, "missing_key", "send an API key: 'Authorization: Bearer <key>'")
-    record = service_of(request).key(key_hash(key))
+    svc = service_of(request)
+    record = svc.key(key_hash(key))
     if record is None:
+        if svc.watch is not None and svc.store.admin_key_hash() is None:
+            raise StoreWipedError("the API keys")  # (back from SQL in seconds: 503, not 401)
         raise ApiError(401, "invalid_key", "the API key is not known")
     if not allows(record, scope, project):
         if project is not None and record.scope != "admin" and record.project != project:

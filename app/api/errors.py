@@ -1,7 +1,7 @@
 """Errors in one shape: ``{"error": {code, message, entry, field}}``, and the handlers that
 give it to every error the app answers: request validation and unparsable bodies, unknown
-routes and methods, a store that cannot be reached (503, ``Retry-After``) and anything
-unexpected (500). ``ERRORS`` is every route's ``responses=``.
+routes and methods, a store that cannot be reached or is being rebuilt (503,
+``Retry-After``) and anything unexpected (500). ``ERRORS`` is every route's ``responses=``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
-from app.store.base import UnknownProjectError
+from app.store.base import StoreWipedError, UnknownProjectError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -240,6 +240,16 @@ async def _deleted(_: Request, exc: Exception) -> JSONResponse:
     return ApiError(404, "unknown_project", str(exc)).response()
 
 
+async def _wiped(_: Request, exc: Exception) -> JSONResponse:
+    # a Redis restarted empty: the API puts its projects back from SQL within seconds
+    return ApiError(
+        503,
+        "store_rebuilding",
+        f"{exc} from SQL; nothing was changed: send the request again in {RETRY_AFTER_S} s",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    ).response()
+
+
 async def _internal(_: Request, exc: Exception) -> JSONResponse:
     # ServerErrorMiddleware re-raises the exception after this answer: the server logs it
     return ApiError(500, "internal_error", "an unexpected error; see the service's log").response()
@@ -253,4 +263,5 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
     app.add_exception_handler(UnknownProjectError, _deleted)
+    app.add_exception_handler(StoreWipedError, _wiped)
     app.add_exception_handler(Exception, _internal)

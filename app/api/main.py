@@ -35,6 +35,7 @@ from app.api.routes import (
     snapshots,
     workers,
 )
+from app.api.store_watch import StoreWatch
 from app.engine.runtime import make_engine_loop
 from app.serving.warmup import dyadic_ready, freeze_what_is_loaded
 from app.serving.warmup import warm_up as warm_up_kernels
@@ -56,8 +57,8 @@ def _announce_admin_key(st: Store, settings: Settings) -> None:
 
 def lifespan(settings: Settings, store: Store | None) -> Lifespan:
     """Open the store (unless given; waiting while Redis cannot be reached) and the snapshot
-    database, rebuild a wiped store, start the engine in process (if so set); close them on
-    shutdown."""
+    database, rebuild a wiped store (at start, and on Redis whenever it is wiped while the API
+    runs: ``StoreWatch``), start the engine in process (if so set); close them on shutdown."""
 
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +76,11 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
         if rebuilt:
             print(f"crowdtally: rebuilt {rebuilt} from the SQL snapshots", file=sys.stderr)
         _announce_admin_key(st, settings)
+        db.put_keys(st.list_keys(None))  # (archived now: a wipe before any snapshot keeps it)
+        watch = None
+        if not st.log_in_sql:  # a Redis that restarts empty is rebuilt without a restart
+            watch = StoreWatch(st, db, lambda s: _announce_admin_key(s, settings))
+            watch.start()
         took = warm_up_kernels()  # before the engine's first step and the first request
         if took > 5:
             print(f"crowdtally: compiled the kernels in {took:.0f} s (once)", file=sys.stderr)
@@ -82,12 +88,14 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
         if settings.engine_in_process:
             engine = make_engine_loop(settings, st, db, dyadic_ready)
             engine.start()
-        app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db)
+        app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db, watch)
         freeze_what_is_loaded()
         metrics.bind(app.state.service)
         try:
             yield
         finally:
+            if watch is not None:
+                watch.stop()
             if engine is not None:
                 engine.stop()
                 if engine.snapshotter is not None:

@@ -9,6 +9,7 @@ restoring them is ``app.engine.snapshots``'s job.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
@@ -21,7 +22,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
-from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
+from app.store.base import (
+    EntryKind,
+    KeyRecord,
+    LogEntry,
+    ProjectRecord,
+    Scope,
+    Store,
+)
 from app.store.sql import (
     ApiKeyRow,
     LabelIdRow,
@@ -403,46 +411,85 @@ def open_snapshot_db(settings: Settings) -> SnapshotDB:
     return SnapshotDB(sql_engine(url), deployment)
 
 
-def rebuild_store(store: Store, db: SnapshotDB) -> list[str]:
+REBUILD_LEASE = "-rebuild"
+"""The lease a process holds while it rebuilds a wiped store, so that the API processes and
+engines that find it wiped at once rebuild it once (not a project's: their names start with a
+letter or a digit)."""
+REBUILD_TTL_S = 30.0
+"""The rebuild lease's time to live, renewed after every project rebuilt: a process that dies
+while it rebuilds leaves the rebuild to another after this long."""
+
+
+def rebuild_store(store: Store, db: SnapshotDB, poll_s: float = 0.05) -> list[str]:
     """Bring back into an emptied store (a wiped Redis) every project the SQL side knows:
-    catalogue, keys, seen label ids and the archived log after the latest snapshot. The engine
-    then restores the snapshot and replays. Returns the projects rebuilt."""
-    restore_log = getattr(store, "restore_log", None)
-    if restore_log is None:
+    each project's archived log after the latest snapshot with its seen label ids, then its
+    record (``restore_project``: no engine or append finds it without its log), then the keys,
+    then the admin key's pointer, whose absence is how a wiped store is seen. The engine then
+    restores the snapshot and replays. One process at a time rebuilds (``REBUILD_LEASE``); the
+    others wait for it, then find nothing left to do. Returns the projects rebuilt."""
+    restore = cast(Callable[..., bool] | None, getattr(store, "restore_project", None))
+    if restore is None:
         return []
-    have = set(store.project_names())
-    keys = db.keys()
+    holder = secrets.token_hex(8)
+    while not store.acquire_lease(REBUILD_LEASE, holder, REBUILD_TTL_S):
+        time.sleep(poll_s)
+    try:
+        return _rebuild(store, db, restore, lambda: store.acquire_lease(
+            REBUILD_LEASE, holder, REBUILD_TTL_S))  # fmt: skip
+    finally:
+        store.release_lease(REBUILD_LEASE, holder)
+
+
+def _rebuild(
+    store: Store, db: SnapshotDB, restore: Callable[..., bool], renew: Callable[[], int]
+) -> list[str]:
+    wiped = store.admin_key_hash() is None
+    have = store.project_names()
+    open_logs = getattr(store, "open_logs", None)
+    if open_logs is not None:
+        open_logs(have)  # (projects made before appends needed an open log)
     rebuilt = []
     for record in db.projects():
         if record.name in have:
             continue
-        latest = db.latest(record.name)
-        start = latest[0].position if latest else 0
-        ids: list[str] = []
-        entries: list[LogEntry] = []
-        after = 0
-        while True:
-            chunk = db.read_archive(record.name, after, 10_000)
-            if not chunk:
-                break
-            for e in chunk:
-                if e.kind == "labels":
-                    body_ids = orjson.loads(e.payload).get("ids") or []
-                    keep = e.keep or b"1" * len(body_ids)
-                    ids.extend(
-                        i for i, k in zip(body_ids, keep, strict=True) if i and k == ord("1")
-                    )
-                if e.position >= start:  # (the snapshot's own entry too: its anchor)
-                    entries.append(e)
-            after = chunk[-1].position
-        for h, k in keys.items():
-            if k.scope == "admin":
-                store.set_admin_key_hash(h)  # (the first becomes the store's admin key)
-                store.put_key(h, k)  # every archived admin key, as recorded
-            elif k.project == record.name:
-                store.put_key(h, k)
-        store.create_project(record)
-        restore_log(record.name, entries, ids, max(after, start))
+        start, after, entries, ids = _archived_log(db, record.name)
+        if not restore(record, entries, ids, max(after, start)):
+            continue  # (put back by another process whose lease lapsed)
         rebuilt.append(record.name)
         log.warning("%s: rebuilt from SQL (snapshot at %d, log end %d)", record.name, start, after)
+        renew()
+    keys = db.keys()
+    admins = {h: k for h, k in keys.items() if k.scope == "admin"}
+    for h, k in keys.items():
+        if k.scope != "admin" and (wiped or k.project in rebuilt):
+            store.put_key(h, k)
+    if wiped and admins:
+        for h, k in admins.items():
+            store.put_key(h, k)  # every archived admin key, as recorded
+        first = next(iter(admins))
+        store.set_admin_key_hash(first)  # (last: the store is no longer wiped)
+        store.put_key(first, admins[first])  # (its record as archived, not made anew)
     return rebuilt
+
+
+def _archived_log(db: SnapshotDB, project: str) -> tuple[int, int, list[LogEntry], list[str]]:
+    """The project's archive: the latest snapshot's position, the last entry's, the entries
+    from the snapshot's own on (its anchor), and every label id kept in the whole archive."""
+    latest = db.latest(project)
+    start = latest[0].position if latest else 0
+    ids: list[str] = []
+    entries: list[LogEntry] = []
+    after = 0
+    while True:
+        chunk = db.read_archive(project, after, 10_000)
+        if not chunk:
+            break
+        for e in chunk:
+            if e.kind == "labels":
+                body_ids = orjson.loads(e.payload).get("ids") or []
+                keep = e.keep or b"1" * len(body_ids)
+                ids.extend(i for i, k in zip(body_ids, keep, strict=True) if i and k == ord("1"))
+            if e.position >= start:  # (the snapshot's own entry too: its anchor)
+                entries.append(e)
+        after = chunk[-1].position
+    return start, after, entries, ids

@@ -38,6 +38,16 @@ class UnknownProjectError(LookupError):
         self.project = project
 
 
+class StoreWipedError(Exception):
+    """The store lost the project with everything else (a Redis restarted empty): nothing was
+    appended; the API puts it back from SQL within seconds, and the same block sent again then
+    is counted once."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the store lost {what} (a Redis restarted empty) and is being rebuilt")
+        self.what = what
+
+
 class EngineBehindError(Exception):
     """The project's engine lags more than the bound an append was given: nothing was
     appended (and no id marked seen). ``lag_s``: how long the oldest entry not yet applied has

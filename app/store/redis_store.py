@@ -35,6 +35,7 @@ from app.store.base import (
     ProjectRecord,
     QueueHead,
     StateUpdate,
+    StoreWipedError,
     UnknownProjectError,
 )
 from app.store.item_records import grow_lists, record_size, render_values
@@ -78,9 +79,13 @@ _LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], KEYS[3], now)\n"
 # else 0. The entry's stream id is
 # ``position-token``: the token (random) tells this entry from another one at the same
 # position after Redis went back in time.
+LOG_NOT_OPEN = -2
+"""The append script's answer for a project whose log is not open (no sequence key)."""
+
 _APPEND = (
     _LAG_FN
     + """
+if redis.call('EXISTS', KEYS[3]) == 0 then return {-2, 0} end
 if ARGV[5] ~= '' then
   local lag = lag_ms(KEYS[2], KEYS[4], KEYS[3], now)
   if lag > tonumber(ARGV[5]) then return {-1, lag} end
@@ -365,8 +370,44 @@ class RedisStore:
     def create_project(self, record: ProjectRecord) -> None:
         if not self.r.hsetnx(self._projects_key, record.name, record.to_json()):
             raise ProjectExistsError(record.name)
-        self._drop_state(record.name)  # (what a block appended as an earlier one went left)
+        # (what a block appended as an earlier one went left goes; the log opens at 0)
+        self._drop_state(record.name, open_log=True)
         self._catalogue_changed()
+
+    def restore_project(
+        self, record: ProjectRecord, entries: list[LogEntry], ids: list[str], end: int
+    ) -> bool:
+        """Put a project back from its archive (a wiped Redis): its log first (``restore_log``),
+        then its record, so that neither an engine nor an append finds it without its log.
+        False, and nothing changed, when the project's log is open already (another process
+        put it back, or the project was never gone)."""
+        seq = self._k(record.name, "seq")
+        with self.r.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(seq)
+                if pipe.exists(seq):
+                    return False
+                pipe.multi()
+                for what in _STATE_KEYS:
+                    pipe.delete(self._k(record.name, what))
+                self._queue_restore(pipe, record.name, entries, ids, end)
+                pipe.execute()
+            except redis.exceptions.WatchError:
+                return False
+        self._moved(self.r.pipeline(transaction=False), record.name).execute()
+        if not self.r.hsetnx(self._projects_key, record.name, record.to_json()):
+            return False
+        self._catalogue_changed()
+        return True
+
+    def open_logs(self, projects: Sequence[str]) -> None:
+        """Open the log of every project listed that has none (created by a version that
+        opened it with its first append: an append now refuses a project whose log is not
+        open, as a wiped store's are)."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in projects:
+            pipe.set(self._k(name, "seq"), 0, nx=True)
+        pipe.execute()
 
     def _catalogue_changed(self) -> None:
         """A new random token after the change (not a counter: a wiped Redis would count
@@ -402,11 +443,14 @@ class RedisStore:
         self._drop_state(name)
         return True
 
-    def _drop_state(self, name: str) -> None:
-        """Delete every key of project ``name``'s log and served state."""
+    def _drop_state(self, name: str, open_log: bool = False) -> None:
+        """Delete every key of project ``name``'s log and served state (then, if
+        ``open_log``, open an empty log: appends take a project only with an open log)."""
         pipe = self.r.pipeline()
         for what in _STATE_KEYS:
             pipe.delete(self._k(name, what))
+        if open_log:
+            pipe.set(self._k(name, "seq"), 0)
         pipe.execute()
 
     def put_key(self, key_hash: str, record: KeyRecord) -> None:
@@ -474,6 +518,8 @@ class RedisStore:
         names = ("ids", "log", "seq", "state", "sealed")[: 5 if self.join_entries else 4]
         keys = [self._k(project, what) for what in names]
         position, accepted = self._append_and_wake(project, keys, args)
+        if int(position) == LOG_NOT_OPEN:
+            self._refuse_unopened(project)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
         if not self.r.hexists(self._projects_key, project):  # deleted meanwhile: the block
@@ -485,6 +531,17 @@ class RedisStore:
             int(accepted) if ids is not None else 0,
             n - int(accepted) if ids is not None else 0,
         )
+
+    def _refuse_unopened(self, project: str) -> None:
+        """The append found no open log (nothing was written): the project was deleted, or
+        the store was wiped (a Redis restarted empty) and is not yet rebuilt from SQL."""
+        if self.admin_key_hash() is None:
+            raise StoreWipedError(f"project {project!r}")
+        if not self.r.hexists(self._projects_key, project):
+            raise UnknownProjectError(project)
+        # (its record made, its log not yet: a creation under way, or a project of an older
+        # version never appended to, whose log the API's next start opens)
+        raise StoreWipedError(f"project {project!r}")
 
     def _append_and_wake(self, project: str, keys: list[str], args: list[Any]) -> Any:
         """The append script, then the project's record in the moves stream and a token on
@@ -600,6 +657,13 @@ class RedisStore:
     def restore_log(self, project: str, entries: list[LogEntry], ids: list[str], end: int) -> None:
         """Put archived entries back (positions and tokens kept), the seen ids, the log end."""
         pipe = self.r.pipeline(transaction=True)
+        self._queue_restore(pipe, project, entries, ids, end)
+        pipe.execute()
+        self._moved(self.r.pipeline(transaction=False), project).execute()
+
+    def _queue_restore(
+        self, pipe: Any, project: str, entries: list[LogEntry], ids: list[str], end: int
+    ) -> None:
         for e in entries:
             pipe.xadd(
                 self._k(project, "log"),
@@ -612,8 +676,6 @@ class RedisStore:
         pipe.set(self._k(project, "sealed"), end)  # (an entry appended next starts its group)
         if end:  # served once the engine's state reaches the end (see ``restoring``)
             pipe.set(self._k(project, "restoring"), end)
-        pipe.execute()
-        self._moved(self.r.pipeline(transaction=False), project).execute()
 
     def log_start(self, project: str) -> int:
         pipe = self.r.pipeline(transaction=True)

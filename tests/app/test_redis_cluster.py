@@ -21,7 +21,7 @@ from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB
-from app.store.base import LogRewoundError
+from app.store.base import LogRewoundError, StoreWipedError
 from app.store.redis_store import NotReplicatedError, RedisStore
 from app.store.sql import sql_engine, upgrade
 from app.testing import free_port
@@ -259,3 +259,31 @@ def test_a_cluster_mode_other_than_the_settings_say_is_one_error_line() -> None:
         check_redis(cluster_url(), cluster=False)
     check_redis(f"{cluster_url()},redis://127.0.0.1:{free_port()}/0", cluster=True)
     check_redis(REDIS_URL, cluster=False)
+
+
+def test_a_project_is_put_back_on_a_wiped_cluster_once() -> None:
+    """``restore_project`` (a rebuild from SQL) on a cluster: the log and the seen ids under
+    a watch on the project's slot, then its record; a second restore changes nothing; an
+    append before it is refused, after it takes the next position."""
+    store = RedisStore(cluster_url(), f"restore-{uuid.uuid4().hex[:8]}", cluster=True)
+    rng = np.random.default_rng(0)
+    try:
+        store.create_project(RECORD)
+        body, ids = block(0, rng)
+        store.append(RECORD.name, "labels", body, ids)
+        entries = store.read_log(RECORD.name, 0, 100)
+        seen = [i for i in ids if i is not None]
+        store.flush_prefix()
+        with pytest.raises(StoreWipedError):  # (no admin key: a wiped store)
+            store.append(RECORD.name, "labels", body, ids)
+        assert store.restore_project(RECORD, entries, seen, 1)
+        assert not store.restore_project(RECORD, entries, seen, 1)
+        assert store.project_names() == [RECORD.name]
+        assert store.read_log(RECORD.name, 0, 100) == entries
+        again = store.append(RECORD.name, "labels", body, ids)
+        assert (again.position, again.accepted, again.duplicates) == (1, 0, len(seen))
+        fresh, fresh_ids = block(1, rng)
+        assert store.append(RECORD.name, "labels", fresh, fresh_ids).position == 2
+    finally:
+        store.flush_prefix()
+        store.close()

@@ -5,6 +5,7 @@ the deleted project's)."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from app.api import create_app
 from app.engine.loop import QUIET_RECHECK_S, EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB, rebuild_store
-from app.store.base import ProjectRecord, Store
+from app.store.base import ProjectRecord, Store, StoreWipedError
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from core.nominal import NominalConfig
@@ -48,6 +49,15 @@ def settle(c: TestClient, project: str, timeout_s: float = 60.0) -> dict[str, in
             return stats
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
+
+
+def redis_with_db(tmp_path: Path) -> tuple[RedisStore, SnapshotDB]:
+    """A store on the real Redis (its own prefix) and a snapshot database in ``tmp_path``."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    url = f"sqlite:///{tmp_path / 'snap.sqlite3'}"
+    upgrade(url)
+    return store, SnapshotDB(sql_engine(url))
 
 
 def test_recreated_project_survives_a_redis_wipe(tmp_path: Path) -> None:
@@ -89,11 +99,7 @@ def test_recreated_project_survives_a_redis_wipe(tmp_path: Path) -> None:
 def test_engine_forgets_a_project_recreated_between_two_steps(tmp_path: Path) -> None:
     """The engine (its own process) may see a project deleted and created again only as a
     new creation time: it drops what it held and the SQL side starts from scratch."""
-    store = make_store("redis", tmp_path)
-    assert isinstance(store, RedisStore)
-    url = f"sqlite:///{tmp_path / 'snap.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
+    store, db = redis_with_db(tmp_path)
     cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
 
     def post(prefix: str, n: int) -> None:
@@ -136,11 +142,7 @@ def test_engine_forgets_a_project_recreated_between_two_steps(tmp_path: Path) ->
 def test_engine_keeps_the_sql_side_of_a_project_the_store_lost(tmp_path: Path) -> None:
     """A project gone from the store may be deleted or wiped with Redis: the engine drops
     only what it holds, SQL keeps what rebuilds it (the API forgets a deleted project)."""
-    store = make_store("redis", tmp_path)
-    assert isinstance(store, RedisStore)
-    url = f"sqlite:///{tmp_path / 'snap.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
+    store, db = redis_with_db(tmp_path)
     cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
     try:
         snap = Snapshotter(db, store, interval_s=0.0, every_labels=10**9, keep=2)
@@ -419,18 +421,129 @@ def test_a_wiped_redis_gets_its_admin_key_back_and_no_other(
         store.close()
 
 
-def test_readyz_says_so_when_redis_was_wiped_under_the_api(tmp_path: Path) -> None:
-    """A Redis restarted empty under a running API: every key answered 401 and /readyz said
-    ready (the rebuild from SQL comes with the API's next start)."""
+def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path) -> None:
+    """A Redis restarted empty under a running API: /readyz says so, appends are refused with
+    503 (nothing written, not 202 into a log the rebuild would drop), and within seconds the
+    API itself puts every project back from SQL: its labels, its keys, its seen ids."""
     store = make_store("redis", tmp_path)
     assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, snapshot_interval_s=0.0, wait_timeout_s=20.0)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    new = {"name": "p", "labels": ["a", "b"], "worker_slots": 64}
     try:
-        with TestClient(create_app(service_settings(tmp_path), store=store)) as c:
-            assert c.get("/readyz").status_code == 200
-            store.flush_prefix()
+        with TestClient(create_app(settings, store=store), headers=head) as c:
+            assert c.post("/v1/projects", json=new).status_code == 201
+            made = c.post("/v1/projects/p/keys", json={"scope": "write"}).json()["api_key"]
+            r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10))
+            assert r.json()["applied"]
+            assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
+            c.app.state.service.watch.stop()  # (looked at by hand below, then started again)
+            assert c.get("/v1/projects/p").status_code == 200  # (the key and project cached)
+            store.flush_prefix()  # Redis loses everything
             ready = c.get("/readyz")
             assert ready.status_code == 503
-            assert ready.json()["store"] == "wiped: restart the API to rebuild it"
+            assert ready.json()["store"] == "wiped: being rebuilt from SQL"
+            # the API's cached key and project let the block through to the store: refused
+            r = c.post("/v1/projects/p/labels", content=block("lost", 3))
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "store_rebuilding"
+            assert r.headers["Retry-After"] == "2"
+            with pytest.raises(StoreWipedError):
+                store.append("p", "labels", block("lost", 3), ["lost-0"])
+            # a key not in the cache: the keys are coming back, so 503 as well, not 401
+            r = c.get("/v1/projects/p", headers={"Authorization": "Bearer not-cached"})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_rebuilding"
+            assert list(store.r.scan_iter(match=f"{{{store.prefix}:*")) == []  # nothing written
+            assert c.app.state.service.watch.check()  # what the watch does every second
+            stats = settle(c, "p")
+            assert stats["n_items"] == 10 and stats["n_labels"] == 10
+            assert c.get("/v1/projects/p/items/old-3").status_code == 200
+            # the ids came back, and so did the project's key and the admin key
+            r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10))
+            assert r.json()["duplicates"] == 10
+            own = {"Authorization": f"Bearer {made}"}
+            r = c.post("/v1/projects/p/labels?wait=true", content=block("lost", 3), headers=own)
+            assert r.json()["accepted"] == 3 and r.json()["applied"]
+            assert c.get("/readyz").status_code == 200
+            assert not c.app.state.service.watch.check()  # not wiped: nothing to do
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_the_watch_rebuilds_a_wiped_redis_on_its_own(tmp_path: Path) -> None:
+    """Nobody restarts anything: the API's watch thread notices the wipe and rebuilds."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, snapshot_interval_s=0.0, wait_timeout_s=20.0)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    try:
+        with TestClient(create_app(settings, store=store), headers=head) as c:
+            assert (
+                c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+            )
+            assert c.post("/v1/projects/p/labels?wait=true", content=block("x", 5)).json()[
+                "applied"
+            ]
+            assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
+            store.flush_prefix()
+            assert settle(c, "p", timeout_s=30.0)["n_labels"] == 5
+            assert c.app.state.service.watch.rebuilt == ["p"]
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_processes_that_find_redis_wiped_at_once_rebuild_it_once(tmp_path: Path) -> None:
+    """API processes and engines that start (or look) together each call rebuild_store: one
+    holds the rebuild lease and puts every project back, the others wait and find none."""
+    store, db = redis_with_db(tmp_path)
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    names = [f"p{k}" for k in range(6)]
+    try:
+        for name in names:
+            record = ProjectRecord(name, ("a", "b"), cfg, 1.0)
+            store.create_project(record)
+            db.save_project(record)
+            body = _entry([f"{name}-i"], ["w"], [1]) | {"ids": [f"{name}-0"]}
+            store.append(name, "labels", orjson.dumps(body), [f"{name}-0"])
+        snap = Snapshotter(db, store, interval_s=0.0, every_labels=1, keep=2)
+        loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
+        deadline = time.monotonic() + 30
+        while not all(db.latest(name) for name in names):  # every project snapshotted
+            assert time.monotonic() < deadline
+            loop.step()
+            snap.wait()
+        assert snap.last_error is None
+        store.flush_prefix()
+        found: list[list[str]] = []
+        workers = [threading.Thread(target=lambda: found.append(rebuild_store(store, db)))
+                   for _ in range(4)]  # fmt: skip
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        assert sorted(n for f in found for n in f) == names  # each project put back once
+        assert sorted(store.project_names()) == names
+        for name in names:
+            assert store.append(name, "labels", b"{}", [f"{name}-0"]).duplicates == 1
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_a_project_whose_log_was_never_opened_gets_it_at_start(tmp_path: Path) -> None:
+    """Projects made before appends needed an open log, never appended to, take labels after
+    the next start of the API (``rebuild_store`` opens their logs)."""
+    store, db = redis_with_db(tmp_path)
+    try:
+        store.create_project(ProjectRecord("p", ("a", "b"), NominalConfig(2).to_dict(), 1.0))
+        store.set_admin_key_hash("h")
+        store.r.delete(store._k("p", "seq"))  # as such a project is
+        with pytest.raises(StoreWipedError):
+            store.append("p", "labels", b"{}")
+        assert rebuild_store(store, db) == []
+        assert store.append("p", "labels", b"{}").position == 1
     finally:
         store.flush_prefix()
         store.close()

@@ -22,7 +22,7 @@ def healthz() -> dict[str, str]:
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
     # A store that lost its admin key while this process ran was wiped (a Redis restarted
-    # empty): every key answers 401 until a start of the API rebuilds it from SQL.
+    # empty): every key answers 401 until the API's store watch rebuilds it from SQL.
     wiped = ok and svc.store.admin_key_hash() is None
     names = svc.store.project_names() if ok else []
     lag = {name: end - applied for name, (end, applied) in svc.store.positions(names).items()}
@@ -42,7 +42,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     ready = ok and not wiped and engine_error is None and snapshot_error is None and not restoring
     body = {
         "ready": ready,
-        "store": "wiped: restart the API to rebuild it" if wiped else "ok" if ok else "unreachable",
+        "store": "wiped: being rebuilt from SQL" if wiped else "ok" if ok else "unreachable",
+        "store_rebuild_error": svc.watch.last_error if svc.watch else None,
         "engine_lag": lag,
         "engine_error": engine_error,
         # projects the engine could not apply (retried after a back-off); the others are served

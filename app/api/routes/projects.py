@@ -178,6 +178,7 @@ def delete_project(project: str, svc: ServiceDep) -> Response:
 def create_key(project: str, body: KeyCreate, svc: ServiceDep) -> KeyCreated:
     svc.project(project)
     key, rec = issue_key(svc.store, body.scope, project)
+    svc.db.put_keys({key_hash(key): rec})  # (archived now: a wiped Redis gives it back)
     return KeyCreated(api_key=key, key_id=rec.key_id, scope=rec.scope, project=project)
 
 
