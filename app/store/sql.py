@@ -105,7 +105,10 @@ class SnapshotRow(Base):
     """Token of the log entry at ``position``: the snapshot belongs to the log that still holds
     that entry (a Redis gone back in time may hold another one there, or none)."""
 
-    __table_args__ = (Index("ix_snapshots_project_position", "project", "position"),)
+    __table_args__ = (
+        Index("ix_snapshots_project_position", "project", "position"),
+        {"sqlite_autoincrement": True},  # (an id is never given again: migration 0007)
+    )
 
 
 def sql_engine(url: str) -> Engine:
@@ -126,7 +129,7 @@ def sql_engine(url: str) -> Engine:
     return engine
 
 
-HEAD = "0006"
+HEAD = "0007"
 """The newest migration (``migrations/versions``; a test checks it is Alembic's head)."""
 
 

@@ -317,22 +317,54 @@ def test_migrations_match_models_and_downgrade_cleanly(sql_url: str) -> None:
     assert "snapshots" in inspect(sql_engine(sql_url)).get_table_names()
 
 
+class Snapshots:
+    """Snapshots of one small project written at chosen log positions into a SQLite file."""
+
+    def __init__(self, tmp_path: Path, revision: str = "head") -> None:
+        self.url = f"sqlite:///{tmp_path / 's.sqlite3'}"
+        upgrade(self.url, revision)
+        self.db = SnapshotDB(sql_engine(self.url))
+        cfg = NominalConfig(n_classes=2, n_worker_slots=8).to_dict()
+        self.eng = ProjectEngine(ProjectRecord("p", ("a", "b"), cfg, 1.0))
+
+    def write(self, position: int, keep: int) -> int:
+        """A snapshot at ``position``; returns the newest snapshot's id."""
+        self.eng.position = position
+        self.db.write(capture(self.eng), encode(capture(self.eng)), [], keep=keep)
+        return self.db.infos("p")[-1].id
+
+
 def test_snapshot_retention_and_delete(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 's.sqlite3'}"
-    upgrade(url)
-    db = SnapshotDB(sql_engine(url))
-    eng = ProjectEngine(
-        ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2, n_worker_slots=8).to_dict(), 1.0)
-    )
+    snaps = Snapshots(tmp_path)
+    db = snaps.db
     for position in range(1, 6):
-        eng.position = position
-        db.write(capture(eng), encode(capture(eng)), [], keep=3)
+        snaps.write(position, keep=3)
     assert [i.position for i in db.infos("p")] == [3, 4, 5]
     first = db.infos("p")[0].id
     assert db.delete(first) and not db.delete(first)
     assert [i.position for i in db.infos("p")] == [4, 5]
     latest = db.latest("p")
     assert latest is not None and latest[0].position == 5
+    newest = db.infos("p")[-1].id
+    assert db.delete(newest)
+    assert snaps.write(6, keep=3) > newest  # a deleted snapshot's id is never given again
+
+
+def test_snapshot_ids_survive_the_migration_that_stops_their_reuse(tmp_path: Path) -> None:
+    """Migration 0007 makes SQLite's snapshot table again (AUTOINCREMENT): the rows keep their
+    ids, and the ids go on from the largest."""
+    snaps = Snapshots(tmp_path, "0006")
+    for position in range(1, 4):
+        snaps.write(position, keep=5)
+    before = [(i.id, i.position) for i in snaps.db.infos("p")]
+    assert snaps.db.delete(before[-1][0])
+    upgrade(snaps.url)
+    snaps.db = SnapshotDB(sql_engine(snaps.url))
+    assert [(i.id, i.position) for i in snaps.db.infos("p")] == before[:-1]
+    newest = snaps.write(4, keep=5)
+    assert newest > before[-2][0]
+    assert snaps.db.delete(newest)
+    assert snaps.write(5, keep=5) > newest
 
 
 @pytest.mark.parametrize("kind", ["embedded"])
