@@ -33,6 +33,9 @@ from app.store.base import (
 from core.nominal import NominalConfig
 
 CACHE_S = 1.0
+RESTORING_CACHE_S = 0.25
+"""How long an API process takes a project's restoring state as read (served reads of a
+project whose state was just restored may answer 503 that long)."""
 
 
 class Service:
@@ -55,6 +58,7 @@ class Service:
         self._configs: dict[tuple[str, float], NominalConfig] = {}
         self._dyadic: dict[tuple[str, float], DyadicSettings | None] = {}
         self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._restoring: dict[str, tuple[float, int]] = {}
 
     def project(self, name: str) -> ProjectRecord:
         record: ProjectRecord | None = self._cached(
@@ -70,6 +74,19 @@ class Service:
         )
         return record
 
+    def restoring(self, project: str) -> int:
+        """The log position the project's served state is being restored to (0: served),
+        looked up at most every ``RESTORING_CACHE_S``."""
+        now = time.monotonic()
+        hit = self._restoring.get(project)
+        if hit is not None and now - hit[0] < RESTORING_CACHE_S:
+            return hit[1]
+        target = self.store.restoring_target(project)
+        if len(self._restoring) > 10_000:
+            self._restoring.clear()
+        self._restoring[project] = (now, target)
+        return target
+
     def forget(self) -> None:
         """Drop the cache (a project deleted through this process is gone at once)."""
         self._cache.clear()
@@ -83,6 +100,8 @@ class Service:
         if hit is not None and now - hit[0] < CACHE_S:
             return hit[1]
         value = load()
+        if value is None:  # (a miss is not kept: a key or project made, or put back after
+            return None  # a wiped Redis, answers at once)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[what] = (now, value)
@@ -145,11 +164,24 @@ def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
     return record
 
 
-def require(scope: Scope, per_project: bool = True) -> Any:
+def require(scope: Scope, per_project: bool = True, served: bool = False) -> Any:
+    """The key's check; with ``served``, a route that answers from the project's served state
+    also answers 503 ``restoring`` (``Retry-After``) while that state is being restored (after
+    a restart or a rebuild from SQL), instead of an empty project or 404s."""
+
     async def dependency(request: Request) -> KeyRecord:
         # async: a key look-up is one fast store read, cheaper inline than a thread hop
         project = request.path_params.get("project") if per_project else None
-        return authorize(request, scope, project)
+        record = authorize(request, scope, project)
+        if served and project and (target := service_of(request).restoring(project)):
+            raise ApiError(
+                503,
+                "restoring",
+                f"project {project!r} is being restored (to log position {target}): its "
+                f"answers come back when the engine reaches it; try again in 1 s",
+                headers={"Retry-After": "1"},
+            )
+        return record
 
     return Depends(dependency)
 

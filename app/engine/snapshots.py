@@ -292,7 +292,8 @@ class Snapshotter:
         if not self.store.log_in_sql:
             saved = self.db.project(record.name)
             if saved is None or saved.created_at != record.created_at:
-                self.db.forget_project(record.name)  # (nothing, or an earlier project's)
+                # (nothing, or an earlier project's; not the one the API just archived)
+                self.db.forget_project(record.name, unless_created_at=record.created_at)
         stale: list[int] = []
         kept: tuple[int, int, int] | None = None
         for anchor in self.db.anchors(record.name):

@@ -377,8 +377,20 @@ class SnapshotDB:
                 )
             )
 
-    def forget_project(self, project: str) -> None:
+    def forget_project(self, project: str, unless_created_at: float | None = None) -> None:
+        """Drop everything SQL holds of ``project``; with ``unless_created_at``, nothing when
+        its record has that creation time (archived meanwhile by the API that made it)."""
         with Session(self.engine) as s, s.begin():
+            if unless_created_at is not None:
+                kept = s.scalar(
+                    select(ProjectRow.name).where(
+                        ProjectRow.deployment == self.deployment,
+                        ProjectRow.name == project,
+                        ProjectRow.created_at == unless_created_at,
+                    )
+                )
+                if kept is not None:
+                    return
             for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow):
                 s.execute(
                     delete(table).where(

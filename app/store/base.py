@@ -383,7 +383,11 @@ class Store(Protocol):
     def restoring(self) -> dict[str, int]:
         """Projects whose served state is being rebuilt (the store was restored from SQL, or
         the embedded service restarted), with the log position it must reach: until then
-        their items may answer 404, and the service is not ready."""
+        their served answers are refused (503 ``restoring``), and the service is not ready."""
+        ...
+
+    def restoring_target(self, project: str) -> int:
+        """``restoring()`` of one project: the position it must reach, 0 when it is served."""
         ...
 
     def set_project_failed(self, project: str, error: str | None) -> None:

@@ -451,6 +451,10 @@ class EmbeddedStore:
         with self._lock:
             return {n: st.restoring for n, st in self._state.items() if st.restoring}
 
+    def restoring_target(self, project: str) -> int:
+        st = self._state.get(project)
+        return st.restoring if st else 0
+
     def applied_position(self, project: str) -> int:
         st = self._state.get(project)
         return st.applied if st else 0

@@ -1000,6 +1000,9 @@ class RedisStore:
             pipe.get(self._k(name, "restoring"))
         return {n: int(v) for n, v in zip(names, pipe.execute(), strict=True) if v}
 
+    def restoring_target(self, project: str) -> int:
+        return int(self.r.get(self._k(project, "restoring")) or 0)
+
     def failed_projects(self) -> dict[str, str]:
         d: dict[bytes, bytes] = self.r.hgetall(self._failed_key)
         return {k.decode(): v.decode() for k, v in d.items()}

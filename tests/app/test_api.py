@@ -666,6 +666,9 @@ def test_operations_endpoints(client: TestClient) -> None:
     key = make_project(client)
     post(client, key, triples(10))
     assert client.get("/healthz", headers={"Authorization": ""}).json() == {"status": "ok"}
+    for path in ("/healthz", "/readyz"):  # (load balancers that check with HEAD)
+        head = client.head(path, headers={"Authorization": ""})
+        assert head.status_code == 200 and head.content == b"", path
     ready = client.get("/readyz").json()
     assert ready["ready"] and ready["engine_lag"] == {"census": 0}
     text = client.get("/metrics").text

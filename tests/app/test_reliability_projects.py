@@ -43,9 +43,10 @@ def block(prefix: str, n: int, start: int = 0) -> bytes:
 def settle(c: TestClient, project: str, timeout_s: float = 60.0) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        stats: dict[str, int] = c.get(f"/v1/projects/{project}").json()["stats"]
+        answer = c.get(f"/v1/projects/{project}")  # (503 while a wiped store is rebuilt)
+        stats: dict[str, int] = answer.json()["stats"] if answer.status_code == 200 else {}
         restored = c.get("/readyz").status_code == 200  # 503 while served state is restored
-        if restored and stats["lag"] == 0 and stats["applied"] == stats["log_end"] > 0:
+        if restored and stats and stats["lag"] == 0 and stats["applied"] == stats["log_end"] > 0:
             return stats
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
@@ -437,9 +438,13 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
             r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10))
             assert r.json()["applied"]
             assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
+            # a project made just before the wipe, never snapshotted: back with its keys
+            q = c.post("/v1/projects", json={"name": "q", "labels": ["a", "b"]}).json()
             c.app.state.service.watch.stop()  # (looked at by hand below, then started again)
             assert c.get("/v1/projects/p").status_code == 200  # (the key and project cached)
             store.flush_prefix()  # Redis loses everything
+            own = {"Authorization": f"Bearer {made}"}
+            assert c.get("/v1/projects/p", headers=own).status_code == 503  # (not cached)
             ready = c.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["store"] == "wiped: being rebuilt from SQL"
@@ -455,13 +460,16 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
             assert r.status_code == 503 and r.json()["error"]["code"] == "store_rebuilding"
             assert list(store.r.scan_iter(match=f"{{{store.prefix}:*")) == []  # nothing written
             assert c.app.state.service.watch.check()  # what the watch does every second
+            assert c.get("/v1/projects/p", headers=own).status_code == 200  # (no miss kept)
+            q_key = {"Authorization": f"Bearer {q['api_key']}"}
+            r = c.post("/v1/projects/q/labels?wait=true", content=block("q", 4), headers=q_key)
+            assert r.json()["accepted"] == 4 and r.json()["applied"]
             stats = settle(c, "p")
             assert stats["n_items"] == 10 and stats["n_labels"] == 10
             assert c.get("/v1/projects/p/items/old-3").status_code == 200
             # the ids came back, and so did the project's key and the admin key
             r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10))
             assert r.json()["duplicates"] == 10
-            own = {"Authorization": f"Bearer {made}"}
             r = c.post("/v1/projects/p/labels?wait=true", content=block("lost", 3), headers=own)
             assert r.json()["accepted"] == 3 and r.json()["applied"]
             assert c.get("/readyz").status_code == 200
@@ -469,6 +477,13 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
     finally:
         store.flush_prefix()
         store.close()
+
+
+def project_with_labels(c: TestClient, project: str, n: int) -> None:
+    """A project of two classes with ``n`` labels (ids x-0 ...) applied."""
+    assert c.post("/v1/projects", json={"name": project, "labels": ["a", "b"]}).status_code == 201
+    r = c.post(f"/v1/projects/{project}/labels?wait=true", content=block("x", n))
+    assert r.json()["applied"]
 
 
 def test_the_watch_rebuilds_a_wiped_redis_on_its_own(tmp_path: Path) -> None:
@@ -479,12 +494,7 @@ def test_the_watch_rebuilds_a_wiped_redis_on_its_own(tmp_path: Path) -> None:
     head = {"Authorization": f"Bearer {ADMIN}"}
     try:
         with TestClient(create_app(settings, store=store), headers=head) as c:
-            assert (
-                c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
-            )
-            assert c.post("/v1/projects/p/labels?wait=true", content=block("x", 5)).json()[
-                "applied"
-            ]
+            project_with_labels(c, "p", 5)
             assert c.post("/v1/projects/p/snapshots?wait=true").json()["applied"]
             store.flush_prefix()
             assert settle(c, "p", timeout_s=30.0)["n_labels"] == 5
@@ -546,4 +556,42 @@ def test_a_project_whose_log_was_never_opened_gets_it_at_start(tmp_path: Path) -
         assert store.append("p", "labels", b"{}").position == 1
     finally:
         store.flush_prefix()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+def test_served_answers_wait_while_a_project_is_restored(kind: str, tmp_path: Path) -> None:
+    """While a project's served state is being restored (after a restart, or a rebuild from
+    SQL), its items, lists, queue, workers and summary answer 503 ``restoring`` with
+    Retry-After, not an empty project or 404s; its status and its snapshots still answer."""
+    store = make_store(kind, tmp_path)
+    settings = service_settings(tmp_path)
+    head = {"Authorization": f"Bearer {ADMIN}"}
+    try:
+        with TestClient(create_app(settings, store=store), headers=head) as c:
+            project_with_labels(c, "p", 5)
+            served = ["/items/x-1", "/items?limit=5", "/queue", "/workers/w1", "/summary"]
+            for path in served:
+                assert c.get(f"/v1/projects/p{path}").status_code == 200, path
+            if isinstance(store, RedisStore):
+                store.r.set(store._k("p", "restoring"), 99)
+            else:
+                store._state["p"].restoring = 99  # type: ignore[attr-defined]
+            time.sleep(0.3)  # (each API process looks again after RESTORING_CACHE_S)
+            for path in served:
+                r = c.get(f"/v1/projects/p{path}")
+                assert r.status_code == 503 and r.json()["error"]["code"] == "restoring", path
+                assert r.headers["Retry-After"] == "1"
+            assert c.get("/v1/projects/p").status_code == 200
+            assert c.get("/v1/projects/p/snapshots").status_code == 200
+            if isinstance(store, RedisStore):
+                store.r.delete(store._k("p", "restoring"))
+            else:
+                store._state["p"].restoring = 0  # type: ignore[attr-defined]
+            time.sleep(0.3)
+            for path in served:
+                assert c.get(f"/v1/projects/p{path}").status_code == 200, path
+    finally:
+        if isinstance(store, RedisStore):
+            store.flush_prefix()
         store.close()

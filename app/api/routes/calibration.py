@@ -25,7 +25,7 @@ def _number(x: float) -> float | None:
     tags=["quality"],
     response_model=CalibrationReportBody,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 async def get_calibration(project: str, svc: ServiceDep) -> CalibrationReportBody:
     """Accuracy, expected calibration error, NLL, Brier score and reliability bins of the

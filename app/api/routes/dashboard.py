@@ -22,7 +22,7 @@ router = APIRouter()
     tags=["dashboard"],
     response_model=Summary,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def project_summary(
     project: str, svc: ServiceDep, workers: Annotated[int, Query(ge=0, le=1000)] = 25

@@ -24,7 +24,7 @@ router = APIRouter()
     tags=["items"],
     response_model=Item,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 async def get_item(project: str, item: str, svc: ServiceDep) -> Item:
     """The item's posterior, recomputed under the current parameters. An item registered
@@ -47,7 +47,7 @@ async def get_item(project: str, item: str, svc: ServiceDep) -> Item:
     tags=["items"],
     response_model=ItemPage,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def list_items(
     project: str,
@@ -137,7 +137,7 @@ EXPORT_PAGE = 2000
             "content": EXPORT_CONTENT,
         },
     },
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def export_items(
     project: str, svc: ServiceDep, format: Literal["jsonl", "csv"] = "jsonl"

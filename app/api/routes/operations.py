@@ -18,6 +18,18 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.head("/healthz", include_in_schema=False)
+def healthz_head() -> Response:
+    """What load balancers that check with HEAD ask: 200, no body."""
+    return Response(status_code=200)
+
+
+@router.head("/readyz", include_in_schema=False)
+def readyz_head(svc: ServiceDep) -> Response:
+    """``/readyz``'s status (200 or 503) without its body, for checks made with HEAD."""
+    return Response(status_code=readyz(svc).status_code)
+
+
 @router.get("/readyz", operation_id="readyz", tags=["operations"])
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()

@@ -27,7 +27,7 @@ router = APIRouter()
     tags=["predictions"],
     response_model=Predictions,
     responses={**ERRORS, 413: {"model": ErrorResponse}},
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
     openapi_extra=array_body("PairIn"),
 )
 async def predict(project: str, request: Request, svc: ServiceDep) -> dict[str, Any]:
@@ -47,7 +47,7 @@ async def predict(project: str, request: Request, svc: ServiceDep) -> dict[str, 
     tags=["predictions"],
     response_model=BoundaryPage,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def nearest_boundary(
     project: str,

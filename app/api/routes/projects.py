@@ -120,7 +120,11 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
     except ProjectExistsError:
         raise ApiError(409, "project_exists", f"a project named {body.name!r} exists") from None
     svc.forget()  # a cached "no such project" must not outlive its creation
-    key, _ = issue_key(svc.store, "write", body.name)
+    key, key_record = issue_key(svc.store, "write", body.name)
+    if not svc.store.log_in_sql:  # archived now: a Redis wiped before its first snapshot
+        svc.db.forget_project(body.name)  # gives it back, with its key (and nothing of an
+        svc.db.save_project(record)  # earlier project of its name whose deletion SQL missed)
+        svc.db.put_keys({key_hash(key): key_record})
     return {**project_view(svc, record), "api_key": key}
 
 

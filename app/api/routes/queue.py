@@ -51,7 +51,7 @@ async def register_items(
     tags=["queue"],
     response_model=QueueSettingsBody,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def get_queue_settings(project: str, svc: ServiceDep) -> dict[str, Any]:
     svc.project(project)
@@ -93,7 +93,7 @@ def set_queue_settings(
     tags=["queue"],
     response_model=QueuePage,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def get_queue(
     project: str,

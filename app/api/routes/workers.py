@@ -20,7 +20,7 @@ router = APIRouter()
     tags=["workers"],
     response_model=Worker,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def get_worker(project: str, worker: str, svc: ServiceDep) -> Worker:
     record = svc.project(project)
@@ -38,7 +38,7 @@ def get_worker(project: str, worker: str, svc: ServiceDep) -> Worker:
     tags=["workers"],
     response_model=WorkerPage,
     responses=ERRORS,
-    dependencies=[require("read")],
+    dependencies=[require("read", served=True)],
 )
 def list_workers(
     project: str,
