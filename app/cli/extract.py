@@ -224,9 +224,10 @@ def extract(
             raise InputError(flag, None, f"{given} is a folder, not a file")
     to_stdout = predictions == STDOUT
     if predictions is not None and not to_stdout:
-        check_output("--predictions", predictions, [p for _, p in read])
+        predictions = check_output("--predictions", predictions, [p for _, p in read])
     if model is not None:
-        check_output("--model", model, [p for _, p in read], " (a model is a binary .npz file)")
+        why = " (a model is a binary .npz file)"
+        model = check_output("--model", model, [p for _, p in read], why)
     if predictions is not None and model is not None and predictions.resolve() == model.resolve():
         raise InputError("--model", None, f"{model} is the --predictions file too: give two files")
     out = sys.stderr if to_stdout else sys.stdout  # (the report: standard output holds the CSV)

@@ -122,14 +122,41 @@ STDOUT = Path("-")
 written as a file named ``-``)."""
 
 
-def check_output(flag: str, path: Path, inputs: list[Path], why: str = "") -> None:
+def _through_special(link: Path, hops: int = 40) -> bool:
+    """A link whose chain passes through /proc or /dev (``/dev/stdout`` -> /proc/self/fd/1 ->
+    whatever the process's standard output is: a pipe, a terminal, a deleted file)."""
+    current = link
+    for _ in range(hops):
+        if any(Path(os.path.abspath(current)).is_relative_to(r) for r in ("/proc", "/dev")):
+            return True
+        if not current.is_symlink():
+            return False
+        current = current.parent / os.readlink(current)
+    return True  # (a loop, or a chain too long to follow)
+
+
+def check_output(flag: str, path: Path, inputs: list[Path], why: str = "") -> Path:
     """An output file that can be written, checked before any work: it names a file (not a
     folder, a device or a pipe, nor ``-``: ``why`` says why it cannot go to standard
-    output), in a folder that exists, and is none of the inputs."""
+    output), in a folder that exists, and is none of the inputs. Returns the file to write:
+    a symbolic link's target (the output is written beside it and renamed over it, which
+    would otherwise replace the link; a link to standard output, as ``/dev/stdout``, is
+    refused: give ``-``)."""
     if path == STDOUT:
         raise InputError(flag, None, f"cannot write to standard output{why}: give a file name")
     if not path.name:
         raise InputError(flag, None, "give a file name")
+    if path.is_symlink():
+        target = Path(os.path.realpath(path))
+        if _through_special(path) or (target.exists() and not target.is_file()):
+            dash = "" if why else ", or - for standard output"
+            raise InputError(
+                flag,
+                None,
+                f"{path} leads to a device or a stream ({target}), not to a regular file: "
+                f"give a file name{dash}",
+            )
+        path = target
     if path.is_dir():
         raise InputError(flag, None, f"{path} is a folder: give a file name")
     if not path.parent.is_dir():
@@ -138,3 +165,4 @@ def check_output(flag: str, path: Path, inputs: list[Path], why: str = "") -> No
         raise InputError(flag, None, f"{path} is not a regular file (a device or a pipe)")
     if any(path.exists() and p.exists() and path.samefile(p) for p in inputs):
         raise InputError(flag, None, f"{path} is an input of this command: it would be overwritten")
+    return path

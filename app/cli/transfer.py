@@ -147,7 +147,7 @@ def export_command(
     if to_stdout:
         transfer.refuse_parquet_to_stdout(format)
     else:
-        check_output("--output", output, [])
+        output = check_output("--output", output, [])
     transfer.RETRIES.set(retries)
     with transfer.make_http(url, _key(key)) as http:
         if to_stdout:

@@ -370,6 +370,32 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+def test_outputs_go_through_links_and_never_replace_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A predictions or model path that is a symbolic link is written through (the link
+    stays, its target gets the file); a link to standard output (``/dev/stdout``, which the
+    write beside and rename over it once replaced, as root, with a regular file) is refused
+    with a pointer to ``-``."""
+    monkeypatch.chdir(tmp_path)
+    Path("a.csv").write_text("item,worker,label\na,w,0\nb,w,1\n")
+    for name in ("p-target.csv", "m-target.npz"):
+        Path(name).write_text("old")
+    Path("p.csv").symlink_to("p-target.csv")
+    Path("m.npz").symlink_to("m-target.npz")
+    run = extract("a.csv", "--predictions", "p.csv", "--model", "m.npz")
+    assert run.returncode == 0, run.stderr
+    assert Path("p.csv").is_symlink() and Path("m.npz").is_symlink()
+    assert Path("p-target.csv").read_text().startswith("item,label,probability")
+    assert Path("m-target.npz").read_bytes()[:2] == b"PK"  # (a .npz archive)
+    Path("out").symlink_to("/proc/self/fd/1")
+    refused = extract("a.csv", "--predictions", "out")
+    assert refused.returncode == 2 and "not to a regular file: give a file name, or - for" in (
+        refused.stderr
+    )
+    assert Path("out").is_symlink()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
