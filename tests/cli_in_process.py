@@ -1,5 +1,5 @@
-"""``crowdtally ARGS`` run in the test process: ``app.cli.main`` (what the installed script
-calls) with that command line, its output and exit status captured. The same parsing,
+"""``crowdtally ARGS`` run in the test process: ``app.cli.run`` (what the installed script
+runs, without its hard exit on an error status) with that command line, its output and exit status captured. The same parsing,
 messages and exit codes as the script, without the interpreter start and imports (about
 1-2 s of CPU each)."""
 
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli import run
 
 
 def run_cli(
     *args: str | Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``crowdtally ARGS`` with ``env`` added to the environment; an exception that escapes
-    ``main`` prints its traceback and exits 1, as the interpreter does."""
+    ``run`` prints its traceback and exits 1, as the interpreter does."""
     argv = ["crowdtally", *map(str, args)]
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
@@ -36,7 +36,7 @@ def run_cli(
             mp.setenv(name, value)
         saved = dict(os.environ)
         try:
-            main()
+            run()
         except SystemExit as exc:
             code = exc.code
         except Exception:

@@ -17,12 +17,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.engine.dyadic import DEFAULT_PASSES, ORDINAL_DEFAULTS, SERVICE_DEFAULTS
-from app.io.input import MAX_CLASSES, MAX_ID_LENGTH
+from app.io.input import MAX_CLASSES, MAX_ID_LENGTH, PROJECT_NAME
 from core.dyadic import LOSSES, REDUCTIONS
 from core.hashing import DEFAULT_WORKER_SLOTS
 from core.nominal import NominalConfig
 
-ProjectName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")]
+ProjectName = Annotated[str, StringConstraints(pattern=PROJECT_NAME)]
 NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 NO_CONTROL_MESSAGE = (
     "ids and labels hold no control characters (U+0000 to U+001F, U+007F to U+009F)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,15 +12,31 @@ import typer
 
 from app.cli.layout import STDOUT, check_output
 from app.io import importers, transfer
+from app.io.input import PROJECT_NAME, InputError
 
 
 def _key(key: str | None) -> str | None:
     return key or os.environ.get("CROWDTALLY_KEY") or None
 
 
+def _project(name: str) -> str:
+    """A project name the service accepts (else one line here, not the answer to a request
+    for another path: an empty name asked for /v1/projects/)."""
+    if not re.fullmatch(PROJECT_NAME, name):
+        raise InputError(
+            "--project",
+            None,
+            f"{name!r} is not a project name: a letter or a digit, then up to 63 letters, "
+            "digits, '_', '.' or '-'",
+        )
+    return name
+
+
 def import_command(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="The file to import.")],
-    project: Annotated[str, typer.Option("--project", "-p", help="Project to post to.")],
+    project: Annotated[
+        str, typer.Option("--project", "-p", callback=_project, help="Project to post to.")
+    ],
     format: Annotated[
         str, typer.Option("--format", "-f", help=f"One of {', '.join(importers.FORMATS)}.")
     ] = "auto",
@@ -73,10 +90,14 @@ def import_command(
     """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
     auto = create_with_labels is not None and create_with_labels.strip() == "auto"
     create = (
-        [s.strip() for s in create_with_labels.split(",") if s.strip()]
+        [s.strip() for s in create_with_labels.split(",")]
         if create_with_labels is not None and not auto
         else None
     )
+    if create is not None and not all(create):
+        raise InputError(
+            "--create-with-labels", None, f"class names cannot be empty, got {create_with_labels!r}"
+        )
     transfer.RETRIES.set(retries)
     from app.io.codes import use_system_allocator  # (the reader's own modules: loaded anyway)
 
@@ -102,7 +123,9 @@ def import_command(
 
 
 def export_command(
-    project: Annotated[str, typer.Option("--project", "-p", help="Project to export.")],
+    project: Annotated[
+        str, typer.Option("--project", "-p", callback=_project, help="Project to export.")
+    ],
     output: Annotated[
         Path,
         typer.Option(
@@ -164,7 +187,9 @@ def export_command(
 
 
 def calibration_command(
-    project: Annotated[str, typer.Option("--project", "-p", help="The project.")],
+    project: Annotated[
+        str, typer.Option("--project", "-p", callback=_project, help="The project.")
+    ],
     url: Annotated[
         str, typer.Option("--url", envvar="CROWDTALLY_URL", help="The service (or CROWDTALLY_URL).")
     ] = transfer.DEFAULT_URL,

@@ -88,6 +88,10 @@ def parse_map(text: str | None) -> dict[str, str]:
                 None,
                 f"expected key=column with key one of {', '.join(MAP_KEYS)}; got {part!r}",
             )
+        if key in out:
+            raise InputError("--map", None, f"{key} is mapped twice ({out[key]!r}, {column!r})")
+        if column in out.values():
+            raise InputError("--map", None, f"column {column!r} is mapped twice")
         out[key] = column
     return out
 
@@ -197,19 +201,18 @@ def _plain_table(source: _Source) -> AnswerTable | None:
         delimiter = _delimiter(source.kind, text)
         names = first.split(delimiter)
     hline = None if delimiter is None else 1
-    index: dict[str, int] = {}
-    for n, name in enumerate(names):
-        index.setdefault(name.strip(), n)
-    columns = _columns(path, hline, index, source.mapping)
+    columns = _columns(path, hline, names, source.mapping)
     if columns["gold"] is not None:
         return None
     return answer_table.read_plain(path, source.kind, delimiter, columns, len(names))
 
 
 def _columns(
-    path: Path, hline: int | None, index: dict[str, int], mapping: dict[str, str]
+    path: Path, hline: int | None, names: list[str], mapping: dict[str, str]
 ) -> dict[str, int | None]:
-    """The column of each of ``MAP_KEYS`` (item, worker and label required)."""
+    """The column of each of ``MAP_KEYS`` (item, worker and label required); a column used
+    whose name the header gives twice is an error (which one was meant?)."""
+    index = _first_of_each(names)
     defaults = {"item": ("item", "task"), "worker": ("worker",), "label": ("label",),
                 "id": ("id",), "weight": ("weight",), "gold": ()}  # fmt: skip
     out: dict[str, int | None] = {}
@@ -217,6 +220,12 @@ def _columns(
         out[key] = _column(path, hline, index, mapping, key, *defaults[key])
         if key in ("item", "worker", "label"):
             _need(path, hline, out[key], key, index)
+    stripped = [name.strip() for name in names]
+    for column in out.values():
+        if column is not None and stripped.count(stripped[column]) > 1:
+            raise InputError(
+                path, hline, f"the header names column {stripped[column]!r} twice: rename one"
+            )
     return out
 
 
@@ -309,19 +318,23 @@ def _rows(path: Path, text: str, delimiter: str) -> Iterator[tuple[int, list[str
         start = reader.line_num + 1
 
 
+def _first_of_each(names: list[str]) -> dict[str, int]:
+    """The column of each name of a header (its first, for a name given twice)."""
+    index: dict[str, int] = {}
+    for n, name in enumerate(names):
+        index.setdefault(name.strip(), n)
+    return index
+
+
 def _header(
     path: Path, rows: Iterator[tuple[int | None, list[str]]]
-) -> tuple[int | None, dict[str, int], int]:
-    """The header's line, the column of each name (the first, for a name given twice) and
-    how many fields it has."""
+) -> tuple[int | None, list[str]]:
+    """The header's line and its names."""
     try:
         line, names = next(rows)
     except StopIteration:
         raise InputError(path, None, "no header row") from None
-    index: dict[str, int] = {}
-    for n, name in enumerate(names):
-        index.setdefault(name.strip(), n)
-    return line, index, len(names)
+    return line, names
 
 
 def _column(
@@ -383,8 +396,9 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
 def _tabular(
     path: Path, rows: Iterator[tuple[int | None, list[str]]], mapping: dict[str, str], kind: str
 ) -> Parsed:
-    hline, index, n_fields = _header(path, rows)
-    columns = _columns(path, hline, index, mapping)
+    hline, names = _header(path, rows)
+    n_fields = len(names)
+    columns = _columns(path, hline, names, mapping)
     item_c, worker_c, label_c = columns["item"], columns["worker"], columns["label"]
     id_c, weight_c, gold_c = columns["id"], columns["weight"], columns["gold"]
     parsed = Parsed(kind)
@@ -463,7 +477,8 @@ def _only(path: Path, line: int | None, index: dict[str, int], prefix: str, key:
 
 def _toloka(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
     rows = _rows(path, text, "\t")
-    hline, index, _ = _header(path, rows)
+    hline, names = _header(path, rows)
+    index = _first_of_each(names)
     m = dict(mapping)
     m.setdefault("item", _only(path, hline, index, "INPUT:", "item"))
     m.setdefault("label", _only(path, hline, index, "OUTPUT:", "label"))

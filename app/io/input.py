@@ -25,6 +25,8 @@ a weight as that many answers). Far heavier ones (1e17) drowned the priors of ba
 steps in rounding, and its posteriors were NaN; from about 1e12 it no longer converged."""
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
+PROJECT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+"""What a project may be named: a letter or digit, then up to 63 of them or ``_.-``."""
 
 
 def hash_id(kind: str, *parts: str) -> str:

@@ -238,6 +238,10 @@ def _post_answers(
             if resp.status_code == 413 and batch_size > 1 and _code(resp) in TOO_LARGE:
                 batch_size //= 2  # (the blocks from this one on)
                 break
+            if resp.status_code in (401, 403):  # the key, not the file
+                text, _ = _error_text(resp)
+                raise InputError("--key", None, f"{text} (give a write key of project "
+                                 f"{project!r} with --key or CROWDTALLY_KEY)")  # fmt: skip
             if resp.status_code >= 400:
                 text, entry = _error_text(resp)
                 line = answers.line(lo + entry) if entry is not None and entry < hi - lo else None

@@ -1,5 +1,5 @@
 """``crowdtally extract`` end to end: through the installed script (the seed's examples, a
-missing file, help), and through the function the script calls (``app.cli.main``, the same
+missing file, help), and through the function the script runs (``app.cli.run``, the same
 argument parsing, output, errors and exit codes) in this process for the many other cases:
 each interpreter start costs about 0.8 s of CPU, most of this file's time."""
 

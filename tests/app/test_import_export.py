@@ -151,6 +151,12 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
          '[{"from_name": "c", "value": {"choices": ["A", "B"]}}]}]}\n]\n', None, 2, "2 choices"),
         ("m.json", f"[{TASK}]\n[{TASK}]\n", None, 2, "more after the JSON array"),
         ("n.json", f"[{TASK}\n{TASK}]\n", None, 2, "expected ',' or ']' after a task"),
+        ("d.csv", "item,worker,label,item\nx1,w1,a,x2\n", None, 1,
+         "the header names column 'item' twice"),
+        ("dq.csv", 'item,worker,label,label\nx1,w1,"a",b\n', None, 1,
+         "the header names column 'label' twice"),
+        ("dm.csv", "q,who,what,q\nx1,w1,a,x2\n", "item=q,worker=who,label=what", 1,
+         "the header names column 'q' twice"),
     ]  # fmt: skip
     for name, text, mapping, line, reason in cases:
         with pytest.raises(InputError) as err:
@@ -159,6 +165,8 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         assert reason in str(err.value) and str(err.value).startswith(str(tmp_path / name))
     with pytest.raises(InputError, match=r"f.csv:3: expected 3 fields, got 4"):  # (columns)
         importers.read_answers(tmp_path / "f.csv")
+    with pytest.raises(InputError, match=r"d.csv:1: the header names column 'item' twice"):
+        importers.read_answers(tmp_path / "d.csv")  # (the plain tables' reader too)
     with pytest.raises(InputError, match=r"c.csv:3: item 'b\\x01c': ids hold no control"):
         importers.read_answers(tmp_path / "c.csv")  # (before anything is sent)
     listed = tmp_path / "listed.parquet"
@@ -168,6 +176,10 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         importers.read_answers(listed)
     with pytest.raises(InputError, match="--map"):
         importers.parse_map("colour=c")
+    with pytest.raises(InputError, match="--map: item is mapped twice \\('q', 'aid'\\)"):
+        importers.parse_map("item=q,worker=w,label=l,item=aid")
+    with pytest.raises(InputError, match="--map: column 'q' is mapped twice"):
+        importers.parse_map("item=q,worker=q,label=l")
     with pytest.raises(InputError, match="no such file"):
         importers.read(tmp_path / "missing.csv")
 
@@ -474,11 +486,17 @@ def test_import_a_shared_dataset_and_export_posteriors(
 
 
 def test_live_formats_and_errors(live: str, tmp_path: Path) -> None:
-    """The commands in this process (``app.cli.main``, as the script runs it): the test above
+    """The commands in this process (``app.cli.run``, as the script runs it): the test above
     runs the installed script."""
     pa.set_memory_pool(pa.mimalloc_memory_pool())  # (as a process starts; extract may have run)
     done = _main("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
                  "--create-with-labels", "cat,dog", "--no-progress")  # fmt: skip
+    reader = httpx.post(f"{live}/v1/projects/toloka/keys", json={"scope": "read"},
+                        headers={"Authorization": f"Bearer {ADMIN}"}).json()["api_key"]  # fmt: skip
+    refused = run_cli("import", str(DATA / "toloka.tsv"), "-p", "toloka", "--url", live,
+                      "--key", reader, "--no-progress")  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --key: "), refused.stderr
+    assert "mend the file" not in refused.stderr and "CROWDTALLY_KEY" in refused.stderr
     assert done.returncode == 0, done.stderr
     # the reader's memory given back as freed (mimalloc kept 62 MiB more over 1M answers)
     assert pa.default_memory_pool().backend_name == "system"
@@ -665,3 +683,27 @@ def test_every_jsonl_export_is_compact_utf8_and_counts_what_it_wrote(
         text = Path(f"{what}.jsonl").read_text(encoding="utf-8")
         assert "\\u00e9" not in text and ('"wé"' in text or '"imagé"' in text)
         assert ", " not in text.splitlines()[0] and '": ' not in text.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "-p", "", "-o", "-"], "--project: '' is not a project name"),
+        (["import", "a.csv", "-p", "a b"], "--project: 'a b' is not a project name"),
+        (["calibration", "-p", "/x"], "--project: '/x' is not a project name"),
+        (
+            ["import", "a.csv", "-p", "ok", "--create-with-labels", "a,,b"],
+            "--create-with-labels: class names cannot be empty, got 'a,,b'",
+        ),
+    ],
+)
+def test_bad_project_names_and_labels_are_refused_before_a_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """One line, status 2, no request sent (an empty name asked for /v1/projects/, whose
+    bodiless redirect was printed as "Expecting value: line 1 column 1 (char 0)")."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "a.csv", "item,worker,label\ni,w,a\n")
+    run = run_cli(*args, "--url", "http://127.0.0.1:9")  # (nothing listens there)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "cannot reach" not in run.stderr
