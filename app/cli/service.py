@@ -72,6 +72,7 @@ def serve(
         raise InputError("--no-engine", None, "the embedded store's engine runs in the API's "
                          "process: no other process can apply its labels (--store redis)")  # fmt: skip
     check_places(settings)
+    check_port(host, port)  # (before anything is made: a folder, a database, an admin key)
     hold_data_dir(settings)  # (embedded: no second process on the folder)
     open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
     print(
@@ -90,6 +91,26 @@ def serve(
         log_level="warning",
         access_log=False,
     )
+
+
+def check_port(host: str, port: int) -> None:
+    """The address can be listened on now (else one line, before the service makes its data
+    folder, database and admin key; the server binds it again, as uvicorn does)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InputError("--host", None, f"{host!r}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn binds)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise InputError(
+                "--port", None, f"cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
 
 
 def engine_command(

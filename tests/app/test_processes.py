@@ -165,3 +165,20 @@ def test_wait_healthy_gives_up_on_an_exited_process_and_after_its_timeout() -> N
         with pytest.raises(ServiceStartError, match=r"did not answer /healthz in 0.3 s"):
             wait_healthy(nothing_there, 0.3)
         assert time.monotonic() - started < 5
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_makes_nothing(tmp_path: Path) -> None:
+    """It printed its banner, made the data folder, the database and an admin key, then
+    failed with uvicorn's log line; now the port is tried first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / "data"
+        run = subprocess.run(
+            [*CLI, "serve", "--data-dir", str(data), "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert f"error: --port: cannot listen on 127.0.0.1:{port}: " in run.stderr
+    assert "http://" not in run.stderr and not data.exists()
