@@ -99,12 +99,18 @@ def hold_data_dir(settings: Settings) -> None:
     _HELD[folder.resolve()] = fd
 
 
+STORES = ("embedded", "redis")
+"""What ``--store`` takes (the settings' ``store``)."""
+
+
 def use_store(flag: str | None, default: str | None = None) -> None:
     """The store a command runs on: its ``--store`` flag, over CROWDTALLY_STORE; without the
     flag, the variable, else ``default`` (None: the settings' own, embedded)."""
     import os
 
     if flag is not None:
+        if flag not in STORES:
+            raise InputError("--store", None, f"{flag!r}: one of {', '.join(STORES)}")
         os.environ["CROWDTALLY_STORE"] = flag
     elif default is not None:
         os.environ.setdefault("CROWDTALLY_STORE", default)

@@ -40,6 +40,7 @@ def serve(
     import os
     import subprocess
 
+    use_store(store)  # (a bad flag refused before anything starts)
     gc.disable()  # while loading: the warm-up's freeze_what_is_loaded enables it again
 
     from app.serving.kernel_cache import looks_cached
@@ -57,7 +58,6 @@ def serve(
 
     warmup.adopt(second)
 
-    use_store(store)
     if data_dir is not None:
         os.environ["CROWDTALLY_DATA_DIR"] = str(data_dir)
     if engine is not None:
@@ -131,13 +131,13 @@ def engine_command(
     import os
     import signal
 
+    use_store(store, default="redis")  # (a bad flag refused before anything starts)
     gc.disable()  # while loading: freeze_what_is_loaded enables it again
 
     from app.engine.runtime import make_engine_loop
     from app.store import open_store_when_reachable
     from app.store.archive import rebuild_store
 
-    use_store(store, default="redis")
     if pool is not None:
         os.environ["CROWDTALLY_ENGINE_POOL"] = "true" if pool else "false"
     settings = load_settings()

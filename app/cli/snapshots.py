@@ -25,7 +25,7 @@ snapshots_app = typer.Typer(
 def snapshots_list(
     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
 ) -> None:
-    """Every snapshot: id, project, log position, age, size."""
+    """Every snapshot: id, project, log position, when it was made (UTC), size."""
     from rich.console import Console
     from rich.table import Table
 
@@ -46,9 +46,11 @@ def snapshots_inspect(
     if found is None:
         raise InputError("snapshot", None, f"no snapshot {snapshot_id}")
     from app.engine.snapshots import describe
+    from app.serving.nominal import iso
 
     info, blob = found
-    print(json.dumps({**info.as_dict(), "state": describe(blob)}, indent=2))
+    made = iso(info.created_at)  # (as the API gives it)
+    print(json.dumps({**info.as_dict(), "created_at": made, "state": describe(blob)}, indent=2))
 
 
 @snapshots_app.command("delete", cls=HelpCommand)

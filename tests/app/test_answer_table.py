@@ -31,9 +31,9 @@ PLAIN = {
         "c.tsv",
         "item\tworker\tlabel\r\ncaf\u00e9\tw\\1\t\u65e5\u672c\r\nit'em\tw2\tx\r\n",
     ),
-    "crowd-kit, extra and repeated columns": (
+    "crowd-kit, an extra column": (
         "d.csv",
-        "task,worker,label,worker\nt1,w1,x,zz\nt2,w2,y,zz\nt1,w1,x,zz\n",
+        "task,worker,label,note\nt1,w1,x,zz\nt2,w2,y,zz\nt1,w1,x,zz\n",
     ),
 }
 BY_ROWS = {

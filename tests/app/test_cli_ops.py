@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_snapshot_commands_and_restore_after_redis_wipe(tmp_path: Path) -> None:
         assert "p" in listing and "400" in listing
         inspected = orjson.loads(run(env, "snapshots", "inspect", "1"))
         assert inspected["position"] == 2 and inspected["state"]["arrays"]["q"] == [40, 2]
+        assert inspected["created_at"].endswith("Z")  # (ISO 8601, UTC, as the API gives it)
         store.flush_prefix()  # Redis loses everything
         out = run(env, "restore")
         assert "rebuilt from SQL: p" in out and "replayed to 2" in out
@@ -111,6 +113,15 @@ def test_a_command_s_store_flag_wins_over_the_environment(
         monkeypatch.setenv("CROWDTALLY_STORE", variable)
     use_store(flag, default)
     assert os.environ.get("CROWDTALLY_STORE") == chosen
+
+
+def test_an_unknown_store_names_the_flag() -> None:
+    """It named CROWDTALLY_STORE, a variable nobody set, with the settings' pattern."""
+    for command in (["restore"], ["serve"], ["engine"]):
+        run = run_cli(*command, "--store", "bogus")
+        assert run.returncode == 2, command
+        assert run.stderr == "error: --store: 'bogus': one of embedded, redis\n", command
+        assert gc.isenabled()  # (refused before serve and engine pause the collector)
 
 
 def test_listing_snapshots_where_there_are_none_makes_no_data_folder(tmp_path: Path) -> None:
