@@ -75,13 +75,15 @@ class Service:
         return record
 
     def restoring(self, project: str) -> int:
-        """The log position the project's served state is being restored to (0: served),
-        looked up at most every ``RESTORING_CACHE_S``."""
+        """The log position the project's served state is being restored to (0: served; -1:
+        the store was wiped, and is being rebuilt), looked up at most every
+        ``RESTORING_CACHE_S``."""
         now = time.monotonic()
         hit = self._restoring.get(project)
         if hit is not None and now - hit[0] < RESTORING_CACHE_S:
             return hit[1]
-        target = self.store.restoring_target(project)
+        wiped = self.watch is not None and self.store.admin_key_hash() is None
+        target = -1 if wiped else self.store.restoring_target(project)
         if len(self._restoring) > 10_000:
             self._restoring.clear()
         self._restoring[project] = (now, target)
@@ -174,6 +176,8 @@ def require(scope: Scope, per_project: bool = True, served: bool = False) -> Any
         project = request.path_params.get("project") if per_project else None
         record = authorize(request, scope, project)
         if served and project and (target := service_of(request).restoring(project)):
+            if target < 0:  # (its key and record still cached here: not an empty project)
+                raise StoreWipedError(f"project {project!r}")
             raise ApiError(
                 503,
                 "restoring",

@@ -448,6 +448,9 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
             ready = c.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["store"] == "wiped: being rebuilt from SQL"
+            time.sleep(0.3)  # (past RESTORING_CACHE_S: a read of served state looks again)
+            r = c.get("/v1/projects/p/items/old-3")  # (not 404: the item is coming back)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_rebuilding"
             # the API's cached key and project let the block through to the store: refused
             r = c.post("/v1/projects/p/labels", content=block("lost", 3))
             assert r.status_code == 503, r.text
@@ -466,6 +469,7 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
             assert r.json()["accepted"] == 4 and r.json()["applied"]
             stats = settle(c, "p")
             assert stats["n_items"] == 10 and stats["n_labels"] == 10
+            time.sleep(0.3)  # (each API process takes the served state as read for 0.25 s)
             assert c.get("/v1/projects/p/items/old-3").status_code == 200
             # the ids came back, and so did the project's key and the admin key
             r = c.post("/v1/projects/p/labels?wait=true", content=block("old", 10))
