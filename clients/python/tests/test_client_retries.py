@@ -46,6 +46,25 @@ def test_labels_with_ids_are_resent_on_5xx_and_connection_errors() -> None:
     assert seen[0].headers["authorization"] == "Bearer k"
 
 
+def test_each_block_with_ids_is_resent_whatever_the_other_blocks_hold() -> None:
+    """A call decided once for all its blocks: one label without an id anywhere made a 5xx on
+    a block whose labels all had ids final."""
+    seen: list[httpx.Request] = []
+    answers: list[object] = [
+        httpx.Response(503),
+        httpx.Response(202, json=ACCEPTED),
+        httpx.Response(202, json=ACCEPTED),
+    ]
+    labels = [{"item": "i", "worker": "w", "label": "a", "id": "x1"}, ("j", "w", "a")]
+    with fast(scripted(answers, seen), batch_size=1) as c:
+        assert c.post_labels("p", labels).accepted == 2
+    assert len(seen) == 3 and seen[0].content == seen[1].content  # (block 1, sent again)
+    answers = [httpx.Response(202, json=ACCEPTED), httpx.Response(503)]
+    with fast(scripted(answers, seen), batch_size=1) as c, pytest.raises(ApiError) as err:
+        c.post_labels("p", labels)  # (block 2 has no id: its 5xx is final)
+    assert err.value.status == 503
+
+
 def test_labels_without_ids_are_not_resent_after_a_5xx() -> None:
     seen: list[httpx.Request] = []
     with (
@@ -132,7 +151,10 @@ def test_push_back_is_waited_out_without_spending_the_retries(
     ):
         c.post_labels("p", [("i", "w", "a")])
     assert err.value.status == 429 and not answers  # 30 waits of 0.1 s: "0" is no spin
-    assert slept == [0.1] * 30  # (it resent at once: 601 requests in 0.6 s at max_pushback 60)
+    # (it resent at once: 601 requests in 0.6 s at max_pushback 60); the last wait is what is
+    # left of max_pushback, which the waits never pass (a whole wait more once went past it)
+    assert slept[:29] == [0.1] * 29 and slept[29] == pytest.approx(0.05)
+    assert sum(slept) == pytest.approx(2.95)
 
 
 @pytest.mark.parametrize("code", ["block_too_large", "body_too_large"])
@@ -203,9 +225,15 @@ def test_labels_go_in_blocks_of_5000_by_default() -> None:
 
 def test_bad_settings_and_weights_are_refused_before_any_request() -> None:
     """concurrency 0 made the async listings wait for ever; an infinite weight was sent as
-    'Infinity', which is not JSON (the service answered 400 invalid_json)."""
+    'Infinity', which is not JSON (the service answered 400 invalid_json); a negative back-off
+    or timeout failed at the first retry ("sleep length must be non-negative")."""
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         AsyncClient("http://127.0.0.1:1", "k", concurrency=0)
+    for name in ("timeout", "backoff", "max_backoff", "max_pushback"):
+        with pytest.raises(ValueError, match=f"{name} must be a number >= 0, got -1.0"):
+            Client("http://127.0.0.1:1", "k", **{name: -1.0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="retries must be >= 0"):
+        AsyncClient("http://127.0.0.1:1", "k", retries=-1)
     with Client("http://127.0.0.1:1", "k", retries=0) as c:
         for weight in (float("inf"), float("nan"), -1.0):
             with pytest.raises(ValueError, match=r"label 0: weight .* is not a finite number"):

@@ -340,6 +340,7 @@ class Attempts:
         """The wait, or None: ``response`` is the answer (``ApiError`` if it is an error)."""
         if response.status_code == 429 and self.pushed_back < self.policy.max_pushback:
             delay = max(self.policy.delay(min(self.attempt, 5), response), PUSHBACK_FLOOR)
+            delay = min(delay, self.policy.max_pushback - self.pushed_back)  # (never past it)
             self.pushed_back += delay
             return delay
         if self.policy.should_retry_status(response.status_code, self.attempt, self.idempotent):

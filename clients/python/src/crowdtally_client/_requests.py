@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
@@ -181,15 +181,17 @@ def _halve(err: ApiError, size: int) -> bool:
 
 
 def _post_blocks(
-    path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool
+    path: str, entries: list[dict[str, Any]], size: int, wait: bool, idempotent: bool | None
 ) -> Plan[models.PostResult]:
     """One POST a block, in order, summed; an error names the entry of the whole input. A
     block the service finds too large (413 ``block_too_large`` or ``body_too_large``: its
-    limits are lower) is sent again in halves, and the blocks after it as large."""
+    limits are lower) is sent again in halves, and the blocks after it as large.
+    ``idempotent`` None: a block is when each of its entries carries an id."""
     total, params, start = models.PostResult(), _wait(wait), 0
     while start < len(entries):
         block = entries[start : start + size]
-        req = Req("POST", path, models.Accepted.model_validate, params, block, idempotent)
+        again = all("id" in e for e in block) if idempotent is None else idempotent
+        req = Req("POST", path, models.Accepted.model_validate, params, block, again)
         try:
             got = yield req
         except ApiError as err:
@@ -215,8 +217,7 @@ def post_labels(
 ) -> Plan[models.PostResult]:
     entries = _core.prepare_labels(labels, ids, id_namespace)
     size = _core.check_batch(batch_size)
-    idempotent = all("id" in e for e in entries)
-    return (yield from _post_blocks(f"{_project(project)}/labels", entries, size, wait, idempotent))
+    return (yield from _post_blocks(f"{_project(project)}/labels", entries, size, wait, None))
 
 
 def post_gold(
@@ -321,7 +322,7 @@ def _predictions(answer: Any) -> list[models.Prediction]:
 
 
 def predict(
-    project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
+    project: str, pairs: Iterable[tuple[Any, Any] | Mapping[str, Any]] | Any
 ) -> Plan[list[models.Prediction]]:
     """Requests of at most ``MAX_PAIRS`` pairs (retried: they only read); answers in order. A
     request the service finds too large (413 ``body_too_large``: its byte limit is lower, or

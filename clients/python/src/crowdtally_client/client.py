@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
@@ -62,6 +62,12 @@ class _Base:
     ) -> None:
         if not url.startswith(("http://", "https://")):  # (it was retried for seconds)
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        for name, value in (("timeout", timeout), ("backoff", backoff),
+                            ("max_backoff", max_backoff), ("max_pushback", max_pushback)):  # fmt: skip
+            if value is not None and not value >= 0:  # (failed at the first retry)
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries!r}")
         self.url = url.rstrip("/")
         self.key = key
         self.timeout = timeout
@@ -318,7 +324,7 @@ class Client(_Base):
 
     # ---------------------------------------------------------------- predictions
     def predict(
-        self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
+        self, project: str, pairs: Iterable[tuple[Any, Any] | Mapping[str, Any]] | Any
     ) -> list[Prediction]:
         """What each worker would answer on each item: ``pairs`` of (worker, item), sent in
         requests of at most 10,000 pairs; the answers in the same order."""
@@ -661,7 +667,7 @@ class AsyncClient(_Base):
         return [w for w in got if isinstance(w, Worker)]
 
     async def predict(
-        self, project: str, pairs: Iterable[tuple[Any, Any] | dict[str, Any]]
+        self, project: str, pairs: Iterable[tuple[Any, Any] | Mapping[str, Any]] | Any
     ) -> list[Prediction]:
         return await self._run(_req.predict(project, pairs))
 
