@@ -348,7 +348,8 @@ class Client(_Base):
         self, project: str, items: Iterable[Any], *, wait: bool = False
     ) -> PostResult:
         """Items with no labels yet (ids: text, integers, numpy scalars): they enter the
-        queue. Sent in blocks of ``batch_size``; registering an item again changes nothing."""
+        queue. Sent in blocks of ``batch_size``; registering an item again changes nothing
+        (``accepted`` still counts it: ``duplicates`` counts an item named twice in a block)."""
         return self._run(_req.register_items(project, items, wait, self.batch_size))
 
     def queue(self, project: str, *, limit: int = 10, worker: Any = None) -> QueuePage:
