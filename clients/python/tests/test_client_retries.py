@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from crowdtally_client import ApiError, AsyncClient, Client, TransportError
+from crowdtally_client import ApiError, AsyncClient, Client, CrowdtallyError, TransportError
 
 ACCEPTED = {"accepted": 1, "duplicates": 0, "position": 1, "applied": False}
 
@@ -343,3 +343,24 @@ def test_stream_lines_split_at_newlines_only() -> None:
 
 def test_an_api_error_not_from_a_split_call_has_sent_none() -> None:
     assert ApiError(404, "unknown_item", "no item 'x'").sent is None
+
+
+def test_a_closed_client_says_so_in_its_own_error() -> None:
+    """It was httpx's bare RuntimeError ("Cannot send a request, as the client has been
+    closed"), outside the client's errors."""
+    seen: list[httpx.Request] = []
+    with fast(scripted([], seen)) as c:
+        pass
+    with pytest.raises(CrowdtallyError, match="this client is closed"):
+        c.get_project("p")
+    with pytest.raises(CrowdtallyError, match="this client is closed"):
+        list(c.export("p"))
+
+    async def closed_async() -> None:
+        a = AsyncClient("http://ct.test", "k")
+        await a.aclose()
+        with pytest.raises(CrowdtallyError, match="this client is closed"):
+            await a.get_project("p")
+
+    asyncio.run(closed_async())
+    assert seen == []

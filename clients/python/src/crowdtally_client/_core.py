@@ -64,6 +64,12 @@ class ApiError(CrowdtallyError):
         return f"{self.status} {self.code}: {self.message}"
 
 
+def check_open(closed: bool) -> None:
+    """A closed client is a ``CrowdtallyError`` (httpx's was a bare ``RuntimeError``)."""
+    if closed:
+        raise CrowdtallyError("this client is closed: make a new one (or use it in its with block)")
+
+
 class TransportError(CrowdtallyError):
     """The service could not be reached (after the retries). For a ``post_labels`` call split
     into blocks, ``sent`` holds what the blocks before the failing one did (already applied;

@@ -129,6 +129,7 @@ class Client(_Base):
         idempotent: bool | None = None,
     ) -> httpx.Response:
         """One call with retries; raises ``ApiError`` on an error answer."""
+        _core.check_open(self._http.is_closed)
         tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
         content = _core.dumps(body) if body is not None else None
         while True:
@@ -276,6 +277,7 @@ class Client(_Base):
     def export(self, project: str, format: ExportFormat = "jsonl") -> Iterator[str]:
         """The service's streamed export, line by line (no retries: restart it on failure)."""
         req = _req.export(project, format)
+        _core.check_open(self._http.is_closed)
         try:
             with self._http.stream(req.method, req.path, params=req.params) as resp:
                 if resp.status_code >= 400:
@@ -460,6 +462,7 @@ class AsyncClient(_Base):
         body: Any = None,
         idempotent: bool | None = None,
     ) -> httpx.Response:
+        _core.check_open(self._http.is_closed)
         tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
         content = _core.dumps(body) if body is not None else None
         while True:
@@ -601,6 +604,7 @@ class AsyncClient(_Base):
 
     async def export(self, project: str, format: ExportFormat = "jsonl") -> AsyncIterator[str]:
         req = _req.export(project, format)
+        _core.check_open(self._http.is_closed)
         try:
             async with self._http.stream(req.method, req.path, params=req.params) as resp:
                 if resp.status_code >= 400:
