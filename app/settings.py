@@ -7,6 +7,9 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+STORES = ("embedded", "redis")
+"""The stores the service runs on (``CROWDTALLY_STORE``, a command's ``--store``)."""
+
 
 class Settings(BaseSettings):
     """Each setting is bounded where a value past the bound would break the service quietly
@@ -15,7 +18,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CROWDTALLY_", env_file=".env", extra="ignore")
 
-    store: str = Field("embedded", pattern="^(embedded|redis)$")
+    store: str = Field("embedded", pattern=f"^({'|'.join(STORES)})$")
     """``embedded``: in-process state, labels in a SQLite file under ``data_dir``.
     ``redis``: log and state in Redis at ``redis_url`` (several API and engine processes)."""
     data_dir: Path = Path("crowdtally-data")

@@ -58,7 +58,6 @@ class Service:
         self._configs: dict[tuple[str, float], NominalConfig] = {}
         self._dyadic: dict[tuple[str, float], DyadicSettings | None] = {}
         self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
-        self._restoring: dict[str, tuple[float, int]] = {}
 
     def project(self, name: str) -> ProjectRecord:
         record: ProjectRecord | None = self._cached(
@@ -78,28 +77,31 @@ class Service:
         """The log position the project's served state is being restored to (0: served; -1:
         the store was wiped, and is being rebuilt), looked up at most every
         ``RESTORING_CACHE_S``."""
-        now = time.monotonic()
-        hit = self._restoring.get(project)
-        if hit is not None and now - hit[0] < RESTORING_CACHE_S:
-            return hit[1]
-        wiped = self.watch is not None and self.store.admin_key_hash() is None
-        target = -1 if wiped else self.store.restoring_target(project)
-        if len(self._restoring) > 10_000:
-            self._restoring.clear()
-        self._restoring[project] = (now, target)
+
+        def load() -> int:
+            return -1 if self.wiped() else self.store.restoring_target(project)
+
+        target: int = self._cached(("restoring", project), load, RESTORING_CACHE_S)
         return target
+
+    def wiped(self) -> bool:
+        """The store lost everything while this process ran (a Redis restarted empty: its
+        admin key pointer is gone) and is being rebuilt from SQL (``StoreWatch``)."""
+        return self.watch is not None and self.store.admin_key_hash() is None
 
     def forget(self) -> None:
         """Drop the cache (a project deleted through this process is gone at once)."""
         self._cache.clear()
 
-    def _cached(self, what: tuple[str, str], load: Callable[[], Any]) -> Any:
+    def _cached(
+        self, what: tuple[str, str], load: Callable[[], Any], keep_s: float = CACHE_S
+    ) -> Any:
         # Keys and project records change rarely and cost a store round trip each on every
         # request; each API process keeps them for CACHE_S (a deletion made through another
         # process takes effect there within that time).
         now = time.monotonic()
         hit = self._cache.get(what)
-        if hit is not None and now - hit[0] < CACHE_S:
+        if hit is not None and now - hit[0] < keep_s:
             return hit[1]
         value = load()
         if value is None:  # (a miss is not kept: a key or project made, or put back after
@@ -154,7 +156,7 @@ def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
     svc = service_of(request)
     record = svc.key(key_hash(key))
     if record is None:
-        if svc.watch is not None and svc.store.admin_key_hash() is None:
+        if svc.wiped():
             raise StoreWipedError("the API keys")  # (back from SQL in seconds: 503, not 401)
         raise ApiError(401, "invalid_key", "the API key is not known")
     if not allows(record, scope, project):

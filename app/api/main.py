@@ -41,18 +41,21 @@ from app.serving.warmup import dyadic_ready, freeze_what_is_loaded
 from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
 from app.store import open_store_when_reachable
-from app.store.archive import open_snapshot_db, rebuild_store
+from app.store.archive import SnapshotDB, open_snapshot_db, rebuild_store
 from app.store.base import Store
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def _announce_admin_key(st: Store, settings: Settings) -> None:
+def _admin_key(st: Store, db: SnapshotDB, settings: Settings) -> None:
+    """The store's admin key (the configured one, or one made and printed once), archived in
+    SQL at once: a Redis wiped before any snapshot gives it back."""
     key_file = settings.data_dir / "admin.key" if settings.store == "embedded" else None
     made = ensure_admin_key(st, settings.admin_key, key_file)
     if made:
         where = f" (saved in {key_file})" if key_file else ""
         print(f"crowdtally: created the admin API key{where}: {made}", file=sys.stderr, flush=True)
+    db.put_keys(st.list_keys(None))
 
 
 def lifespan(settings: Settings, store: Store | None) -> Lifespan:
@@ -66,7 +69,7 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
 
         def first_use(st: Store) -> list[str]:
             rebuilt = rebuild_store(st, db)  # (first: a wiped Redis gets its admin key back,
-            _announce_admin_key(st, settings)  # and no new one besides it)
+            _admin_key(st, db, settings)  # and no new one besides it)
             return rebuilt
 
         if store is None:
@@ -75,11 +78,9 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
             st, rebuilt = store, first_use(store)
         if rebuilt:
             print(f"crowdtally: rebuilt {rebuilt} from the SQL snapshots", file=sys.stderr)
-        _announce_admin_key(st, settings)
-        db.put_keys(st.list_keys(None))  # (archived now: a wipe before any snapshot keeps it)
         watch = None
         if not st.log_in_sql:  # a Redis that restarts empty is rebuilt without a restart
-            watch = StoreWatch(st, db, lambda s: _announce_admin_key(s, settings))
+            watch = StoreWatch(st, db, lambda s: _admin_key(s, db, settings))
             watch.start()
         took = warm_up_kernels()  # before the engine's first step and the first request
         if took > 5:

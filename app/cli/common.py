@@ -99,14 +99,12 @@ def hold_data_dir(settings: Settings) -> None:
     _HELD[folder.resolve()] = fd
 
 
-STORES = ("embedded", "redis")
-"""What ``--store`` takes (the settings' ``store``)."""
-
-
 def use_store(flag: str | None, default: str | None = None) -> None:
     """The store a command runs on: its ``--store`` flag, over CROWDTALLY_STORE; without the
     flag, the variable, else ``default`` (None: the settings' own, embedded)."""
     import os
+
+    from app.settings import STORES  # (pydantic-settings: not loaded by every command)
 
     if flag is not None:
         if flag not in STORES:

@@ -10,7 +10,7 @@ import numpy as np
 import typer
 
 from app.cli.collector import without_cycle_collection
-from app.cli.layout import STDOUT, as_typed, check_output
+from app.cli.layout import STDOUT, as_typed, check_output, class_names
 from app.io.input import InputError, refuse_duplicate_columns
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
 
@@ -37,16 +37,6 @@ def _priorz(text: str, flag: str, n_classes: int) -> tuple[float, ...]:
     if not np.isfinite(sum(weights)):  # (normalised by their sum)
         raise InputError(flag, None, f"the numbers' sum overflows, got {text!r}")
     return weights
-
-
-def _class_names(text: str | None) -> list[str] | None:
-    """``--labels``: the class names, none of them empty."""
-    if text is None:
-        return None
-    names = [s.strip() for s in text.split(",")]
-    if not all(names):
-        raise InputError("--labels", None, f"class names cannot be empty, got {text!r}")
-    return names
 
 
 def _check(value: float, flag: str, minimum: float, strict: bool = False) -> None:
@@ -216,7 +206,7 @@ def extract(
         )
     if shuffle is not None and shuffle < 0:
         raise InputError("--shuffle", None, f"the seed must be >= 0, got {shuffle}")
-    names = _class_names(labels)
+    names = class_names("--labels", labels) if labels is not None else None
     given_in = (("DATA", path), ("--truth", truth), ("--load", load))
     read = [(flag, p) for flag, p in given_in if p is not None]
     for flag, given in read:

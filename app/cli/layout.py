@@ -122,6 +122,15 @@ STDOUT = Path("-")
 written as a file named ``-``)."""
 
 
+def class_names(flag: str, text: str) -> list[str]:
+    """A comma-separated list of class names, none of them empty (``--labels``,
+    ``--create-with-labels``)."""
+    names = [s.strip() for s in text.split(",")]
+    if not all(names):
+        raise InputError(flag, None, f"class names cannot be empty, got {text!r}")
+    return names
+
+
 def _through_special(link: Path, hops: int = 40) -> bool:
     """A link whose chain passes through /proc or /dev (``/dev/stdout`` -> /proc/self/fd/1 ->
     whatever the process's standard output is: a pipe, a terminal, a deleted file)."""
@@ -146,9 +155,9 @@ def check_output(flag: str, path: Path, inputs: list[Path], why: str = "") -> Pa
         raise InputError(flag, None, f"cannot write to standard output{why}: give a file name")
     if not path.name:
         raise InputError(flag, None, "give a file name")
-    if path.is_symlink():
+    if path.is_symlink():  # (its target is checked below as a path given itself would be)
         target = Path(os.path.realpath(path))
-        if _through_special(path) or (target.exists() and not target.is_file()):
+        if _through_special(path):
             dash = "" if why else ", or - for standard output"
             raise InputError(
                 flag,

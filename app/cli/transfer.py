@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli.layout import STDOUT, check_output
+from app.cli.layout import STDOUT, check_output, class_names
 from app.io import importers, transfer
 from app.io.input import PROJECT_NAME, InputError
 
@@ -90,14 +90,10 @@ def import_command(
     """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
     auto = create_with_labels is not None and create_with_labels.strip() == "auto"
     create = (
-        [s.strip() for s in create_with_labels.split(",")]
+        class_names("--create-with-labels", create_with_labels)
         if create_with_labels is not None and not auto
         else None
     )
-    if create is not None and not all(create):
-        raise InputError(
-            "--create-with-labels", None, f"class names cannot be empty, got {create_with_labels!r}"
-        )
     transfer.RETRIES.set(retries)
     from app.io.codes import use_system_allocator  # (the reader's own modules: loaded anyway)
 

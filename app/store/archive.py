@@ -22,14 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
-from app.store.base import (
-    EntryKind,
-    KeyRecord,
-    LogEntry,
-    ProjectRecord,
-    Scope,
-    Store,
-)
+from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
 from app.store.sql import (
     ApiKeyRow,
     LabelIdRow,
@@ -446,15 +439,12 @@ def rebuild_store(store: Store, db: SnapshotDB, poll_s: float = 0.05) -> list[st
     while not store.acquire_lease(REBUILD_LEASE, holder, REBUILD_TTL_S):
         time.sleep(poll_s)
     try:
-        return _rebuild(store, db, restore, lambda: store.acquire_lease(
-            REBUILD_LEASE, holder, REBUILD_TTL_S))  # fmt: skip
+        return _rebuild(store, db, restore, holder)
     finally:
         store.release_lease(REBUILD_LEASE, holder)
 
 
-def _rebuild(
-    store: Store, db: SnapshotDB, restore: Callable[..., bool], renew: Callable[[], int]
-) -> list[str]:
+def _rebuild(store: Store, db: SnapshotDB, restore: Callable[..., bool], holder: str) -> list[str]:
     wiped = store.admin_key_hash() is None
     have = store.project_names()
     open_logs = getattr(store, "open_logs", None)
@@ -469,7 +459,7 @@ def _rebuild(
             continue  # (put back by another process whose lease lapsed)
         rebuilt.append(record.name)
         log.warning("%s: rebuilt from SQL (snapshot at %d, log end %d)", record.name, start, after)
-        renew()
+        store.acquire_lease(REBUILD_LEASE, holder, REBUILD_TTL_S)  # (renewed)
     keys = db.keys()
     admins = {h: k for h, k in keys.items() if k.scope == "admin"}
     for h, k in keys.items():

@@ -377,7 +377,7 @@ class RedisStore:
     def restore_project(
         self, record: ProjectRecord, entries: list[LogEntry], ids: list[str], end: int
     ) -> bool:
-        """Put a project back from its archive (a wiped Redis): its log first (``restore_log``),
+        """Put a project back from its archive (a wiped Redis): its log first,
         then its record, so that neither an engine nor an append finds it without its log.
         False, and nothing changed, when the project's log is open already (another process
         put it back, or the project was never gone)."""
@@ -654,16 +654,11 @@ class RedisStore:
         a state at that position, in memory or snapshotted, no longer matches a replay."""
         return position <= int(self.r.get(self._k(project, "sealed")) or 0)
 
-    def restore_log(self, project: str, entries: list[LogEntry], ids: list[str], end: int) -> None:
-        """Put archived entries back (positions and tokens kept), the seen ids, the log end."""
-        pipe = self.r.pipeline(transaction=True)
-        self._queue_restore(pipe, project, entries, ids, end)
-        pipe.execute()
-        self._moved(self.r.pipeline(transaction=False), project).execute()
-
     def _queue_restore(
         self, pipe: Any, project: str, entries: list[LogEntry], ids: list[str], end: int
     ) -> None:
+        """Queue on ``pipe``: archived entries put back (positions and tokens kept), the seen
+        ids, the log end."""
         for e in entries:
             pipe.xadd(
                 self._k(project, "log"),

@@ -4,6 +4,8 @@ replay of the log, however the engine's steps fell."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import orjson
 import pytest
@@ -147,5 +149,5 @@ def test_the_archive_keeps_which_entries_joined(store: Store, db: SnapshotDB) ->
     replay.apply_all(log)
     same_state(replay, loop.engines["p"])
     if isinstance(store, RedisStore):
-        store.restore_log("q", log, [], len(log))
+        assert store.restore_project(replace(RECORD, name="q"), log, [], len(log))
         assert store.read_log("q", 0, 100) == log  # (positions, tokens and joins)

@@ -34,7 +34,7 @@ def readyz_head(svc: ServiceDep) -> Response:
 def readyz(svc: ServiceDep) -> JSONResponse:
     ok = svc.store.ping()
     # A store that lost its admin key while this process ran was wiped (a Redis restarted
-    # empty): every key answers 401 until the API's store watch rebuilds it from SQL.
+    # empty): requests answer 503 store_rebuilding until the store watch rebuilds it.
     wiped = ok and svc.store.admin_key_hash() is None
     names = svc.store.project_names() if ok else []
     lag = {name: end - applied for name, (end, applied) in svc.store.positions(names).items()}
