@@ -599,3 +599,25 @@ def test_served_answers_wait_while_a_project_is_restored(kind: str, tmp_path: Pa
         if isinstance(store, RedisStore):
             store.flush_prefix()
         store.close()
+
+
+def test_an_admin_key_made_at_start_survives_a_wipe_before_any_project(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The admin key the API made was archived only with a project's snapshot: a Redis wiped
+    before any project lost it, and the rebuild made another."""
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, admin_key=None)
+    try:
+        with TestClient(create_app(settings, store=store)) as c:
+            made = re.findall(r"created the admin API key[^:]*: (\S+)", capsys.readouterr().err)[0]
+            c.app.state.service.watch.stop()
+            store.flush_prefix()
+            assert c.app.state.service.watch.check()
+            assert "created the admin API key" not in capsys.readouterr().err
+            head = {"Authorization": f"Bearer {made}"}
+            assert c.get("/v1/projects", headers=head).status_code == 200
+    finally:
+        store.flush_prefix()
+        store.close()
