@@ -155,7 +155,9 @@ def test_engine_pool_processes_survive_kills_and_pauses(tmp_path: Path) -> None:
                 pool.http.post(f"/v1/projects/{p}/labels", content=orjson.dumps(probe),
                                headers=keys[p])  # fmt: skip
             took = wait_caught_up(pool, keys, 30)
-            assert took < 2 * LEASE_S + 5, took
+            # Taken over within two leases when the machine is free (1.1 s seen alone); with the
+            # whole suite on two cores, 9.9 and 13.0 s were seen, so the bound leaves room.
+            assert took < 2 * LEASE_S + 15, took
             acked |= {"probe"}
             db = SnapshotDB(sql_engine(database_url), pool.prefix)
             try:
