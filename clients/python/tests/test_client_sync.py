@@ -109,7 +109,8 @@ def test_errors_name_the_entry_of_the_whole_input(
             c.post_labels(name, bad, ids="auto", wait=True)
         assert err.value.status == 422 and err.value.code == "unknown_label"
         assert err.value.entry == 5 and err.value.field == "label"
-        assert "(entry 5 of the input; block at 4)" in str(err.value)  # (printed: entry 1)
+        assert str(err.value).startswith("422 unknown_label: entry 5 of the input, field 'label'")
+        assert str(err.value).endswith("(sent in the block from entry 4)")
         assert err.value.sent.accepted == 4  # the two blocks before the bad one went in
         with pytest.raises(ApiError) as missing:
             c.get_item(name, "nope")

@@ -162,9 +162,13 @@ def _add(total: models.PostResult, got: models.Accepted) -> None:
 
 
 def _shift(err: ApiError, start: int, sent: models.PostResult) -> ApiError:
+    """The error of the block that starts at entry ``start`` of the caller's input, its entry
+    renumbered in that input (the service's message leads with the block's own index)."""
     if err.entry is not None:
-        err.entry += start
-        err.message = f"{err.message} (entry {err.entry} of the input; block at {start})"
+        local, err.entry = err.entry, err.entry + start
+        lead = f"entry {local}"
+        rest = err.message[len(lead) :] if err.message.startswith(lead) else f": {err.message}"
+        err.message = f"entry {err.entry} of the input{rest} (sent in the block from entry {start})"
     err.sent = sent
     return err
 
