@@ -16,6 +16,7 @@ import numpy as np
 from core import _kernels
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.nominal import NominalConfig, NominalParams, log_softmax
+from core.orientation import best_relabelling, relabel
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,15 @@ class BatchEM:
         E-step is taken at those parameters (a warm start, e.g. from the online model).
         """
         result, params, _ = self._run(blocks, n_workers, progress, known, start)
+        perm = best_relabelling(params, self.config)
+        if perm is not None:  # the fixed point of another labelling (core/orientation.py)
+            flipped = NominalParams(
+                params.class_logits.copy(), params.population.copy(), params.worker.copy()
+            )
+            relabel(flipped, perm)
+            again, there, _ = self._run(blocks, n_workers, progress, known, flipped)
+            if again.objective[-1] > result.objective[-1]:
+                return again, there
         return result, params
 
     def improve(

@@ -22,6 +22,7 @@ from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.evidence import RHO_GRID, evidence_size
 from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
+from core.orientation import best_relabelling, relabel
 from core.threads import block_ranges, in_threads
 
 
@@ -47,6 +48,9 @@ class OnlineEM:
         self._class_mean = config.class_prior_logits()
         self._population_mean = config.population_mean()
         self._check_params()
+        self.relabelled: IntArray | None = None
+        """The last learning call's relabelling of the parameters' latent classes (new class
+        z = old class ``relabelled[z]``; core/orientation.py), or None."""
 
     def _check_params(self) -> None:
         K, S = self.config.n_classes, self.config.n_worker_slots
@@ -237,7 +241,19 @@ class OnlineEM:
             p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
             out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
         )  # fmt: skip
+        self.relabelled = self._orient(known_a[order_a])
         return out
+
+    def _orient(self, known: IntArray) -> IntArray | None:
+        """Relabel the latent classes when the priors prefer another labelling (the answers'
+        likelihood does not change: core/orientation.py); not after gold, which anchors them
+        and whose likelihood would change."""
+        if np.any(known >= 0):
+            return None
+        perm = best_relabelling(self.params, self.config)
+        if perm is not None:
+            relabel(self.params, perm)
+        return perm
 
     def _check_codes(self, blocks: LabelBlocks) -> None:
         if blocks.n_labels == 0:

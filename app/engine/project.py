@@ -18,6 +18,7 @@ fed the same stream.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +48,8 @@ from core.itemlabels import ItemLabels, grow
 from core.nominal import NominalParams, sums_size
 from core.online import BlockResult, OnlineEM, statistics_from
 from core.served import calibration, held_out_corrections, held_out_posteriors
+
+log = logging.getLogger("crowdtally.engine")
 
 # A refit whose labels agree with the served ones on fewer items than this is declined: where
 # answers are too few for batch EM's optimum (docs/model.md, "A limit"), the two part ways.
@@ -253,12 +256,20 @@ class ProjectEngine:
         result = self.online.learn_many(
             blocks, previous=previous, n_previous=counted, known=self.gold[items]
         )
+        if self.online.relabelled is not None:
+            self._relabel(self.online.relabelled)
         self.q[items] = result.posteriors
         self.b[items] = result.clarity
         self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
         if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
             self._all_rows = True
         return blocks
+
+    def _relabel(self, perm: IntArray) -> None:
+        """The model's latent classes were relabelled (core/orientation.py): every slot row
+        moved, and is written again (the items' posteriors stay: core.orientation.relabel)."""
+        log.warning("%s: latent classes relabelled %s", self.record.name, perm.tolist())
+        self._all_rows = True
 
     def _apply_gold(self, body: dict[str, list[object]]) -> None:
         items = [str(x) for x in body["items"]]
