@@ -379,6 +379,18 @@ def synth_many_classes(seed: int = 0) -> Crowd:
     )
 
 
+def synth_weak(seed: int = 0) -> Crowd:
+    """Weak workers and much redundancy: 2,000 binary items x 15 answers from 300 symmetric
+    workers right 55-65% of the time (each answer says little; majority vote does well)."""
+    rng = np.random.default_rng([seed, 11])
+    K, W = 2, 300
+    conf = _one_coin_rows(rng.uniform(0.55, 0.65, size=W), K)
+    prior = np.full(K, 1.0 / K)
+    return _confusion_crowd(
+        rng, "syn_weak", "weak workers (55-65% right), 15 answers an item", prior, conf, 2000, 15
+    )
+
+
 def _one_coin_rows(acc: F64, K: int) -> F64:
     """Symmetric confusions (n_workers, K, K): the true class with p = acc_w, else uniform."""
     conf = np.repeat(((1.0 - acc) / (K - 1))[:, None, None], K, axis=1).repeat(K, axis=2)
@@ -443,6 +455,7 @@ SYNTHETIC: dict[str, Callable[[int], Crowd]] = {
     "difficulty": synth_difficulty,
     "imbalance": synth_imbalance,
     "many_classes": synth_many_classes,
+    "weak": synth_weak,
     **SPARSE_SYMMETRIC,
 }
 """Synthetic regimes by short name; each generator takes a seed."""
