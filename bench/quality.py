@@ -44,11 +44,11 @@ import numpy.typing as npt
 from app.settings import Settings
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
 from bench.datasets import DEFAULT_ROOT, dataset_names
-from core.batch import BatchEM
 from core.blocks import LabelBlocks
 from core.hashing import worker_slots
 from core.nominal import NominalConfig
 from core.online import OnlineEM
+from core.pooling import fit_pooled
 from core.served import (
     batch_calibration,
     held_out_corrections,
@@ -219,17 +219,17 @@ def run_online(
 def run_batch(
     crowd: Crowd, gold: I64, config: NominalConfig | None = None, served: bool = True
 ) -> F64:
-    """Batch EM to its fixed point with exact worker ids; ``gold`` passed as ``known``;
-    calibrated as served unless ``served=False``."""
+    """Batch EM to its fixed point with exact worker ids, at the worker prior the answers
+    choose (docs/model.md eq. 28); ``gold`` passed as ``known``; calibrated as served unless
+    ``served=False``."""
     config = config or nominal_config(crowd)
     blocks = exact_blocks(crowd)
-    result, params = BatchEM(config).fit(blocks, crowd.n_workers, known=gold)
-    if served:
-        lam = config.worker_prior  # at EM's fixed point: eq. 26, and eq. 27's Laplace rows
-        held_out = held_out_corrections(params, blocks, result.probas, lam, laplace=True)
-        cal = batch_calibration(config, params, blocks, crowd.n_workers, gold, held_out)
+    fit = fit_pooled(config, blocks, crowd.n_workers, known=gold)  # lambda_A by eq. 28
+    if served:  # at EM's fixed point: eq. 26, and eq. 27's Laplace rows
+        params, held_out = fit.params, fit.held_out  # (the evidence at the prior chosen)
+        cal = batch_calibration(fit.config, params, blocks, crowd.n_workers, gold, held_out)
         return served_posteriors(params, blocks, cal, gold, held_out)
-    out: F64 = result.probas
+    out: F64 = fit.result.probas
     return out
 
 

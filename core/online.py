@@ -50,7 +50,8 @@ class OnlineEM:
         self._check_params()
         self.relabelled: IntArray | None = None
         """The last learning call's relabelling of the parameters' latent classes (new class
-        z = old class ``relabelled[z]``; core/orientation.py), or None."""
+        z = old class ``relabelled[z]``; core/orientation.py), or None. The call's posteriors
+        are then those of its items under the relabelled parameters; earlier calls' stay."""
 
     def _check_params(self) -> None:
         K, S = self.config.n_classes, self.config.n_worker_slots
@@ -242,6 +243,9 @@ class OnlineEM:
             out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
         )  # fmt: skip
         self.relabelled = self._orient(known_a[order_a])
+        if self.relabelled is not None:  # the call's items, learned across the crossing,
+            again = self._run(blocks, order_a, None, None, None, update=False, known=known_a)
+            out.posteriors[order_a] = again.posteriors[order_a]  # served as now labelled
         return out
 
     def _orient(self, known: IntArray) -> IntArray | None:

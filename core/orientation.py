@@ -60,7 +60,8 @@ def relabel(params: NominalParams, perm: IntArray) -> None:
     """Relabel the parameters' latent classes in place: new class z is old class ``perm[z]``
     (the answer labels, the columns, stay). The items' statistics (``counts``, the class
     totals) and posteriors stay as they are: the check runs after every learning call, so
-    they were made, but for that call's, under the labelling the parameters come back to."""
+    they were made, but for that call's (``OnlineEM`` predicts those again), under the
+    labelling the parameters come back to."""
     params.class_logits[:] = params.class_logits[perm]
     params.population[:] = params.population[perm]
     params.worker[:] = params.worker[:, perm]

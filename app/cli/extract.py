@@ -278,9 +278,7 @@ def extract(
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence, one_pass = fit.one_pass(config)
-            posteriors, calibrated = job.served(
-                fit.held_out(config), fit.blocks, slot_params.evidence
-            )
+            posteriors, calibrated = job.served(fit.held_out(), fit.blocks, slot_params.evidence)
             speed += f"; {fit.agreement_line(one_pass, posteriors)}"
     else:
         used, blocks = job.online_blocks(

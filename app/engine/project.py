@@ -39,7 +39,7 @@ from app.engine.sweeps import Slice, next_slice
 from app.engine.untracked import UntrackedList
 from app.store.base import LogEntry, ProjectRecord, StateUpdate, nominal_config
 from app.store.item_records import ItemWrites, pack, render
-from core.batch import BatchEM, into_slots
+from core.batch import into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.calibration import Calibration
 from core.dyadic import DyadicModel
@@ -47,7 +47,13 @@ from core.hashing import worker_slot
 from core.itemlabels import ItemLabels, grow
 from core.nominal import NominalParams, sums_size
 from core.online import BlockResult, OnlineEM, statistics_from
-from core.served import calibration, held_out_corrections, held_out_posteriors
+from core.pooling import fit_pooled
+from core.served import (
+    batch_evidence,
+    calibration,
+    held_out_corrections,
+    held_out_posteriors,
+)
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -135,6 +141,7 @@ class ProjectEngine:
         self.progress = Progress()
         self.em_iterations = 0  # batch EM iterations run by refits (a metric)
         self.last_refit: dict[str, object] | None = None  # the last refit's report (RefitReport)
+        self.refit_worker_prior: float | None = None  # lambda_A of the adopted refit (eq. 28)
         self.refine_due = False  # labels or gold applied since the last refinement sweep began
         self.sweep: Slice | None = None  # the sweep in progress: its next unit is ``stop``
         self._queue_all = True
@@ -330,16 +337,18 @@ class ProjectEngine:
         result = self.online.predict_many(blocks, known=self.gold[items])
         self.q[items] = result.posteriors
         self.b[items] = result.clarity
-        self._hold_out(blocks, laplace=False)
+        self._hold_out(blocks)
 
-    def _hold_out(self, blocks: LabelBlocks, laplace: bool) -> None:
+    def _hold_out(self, blocks: LabelBlocks, refit_prior: float | None = None) -> None:
         """After a sweep or a refit the parameters are fitted to every item (``blocks``, the
         items 0..n-1): each item is served as scored by slot rows fitted without it
-        (docs/model.md eq. 26; after a refit, batch EM's optimum, under the rows' Laplace
-        predictives too, eq. 27), until its next labels."""
+        (docs/model.md eq. 26; after a refit, batch EM's optimum at its worker prior
+        ``refit_prior``, under the rows' Laplace predictives too, eq. 27), until its next
+        labels."""
         n = blocks.n_blocks
         if n:
-            params, lam = self.online.params, self.config.worker_prior
+            params, laplace = self.online.params, refit_prior is not None
+            lam = self.config.worker_prior if refit_prior is None else refit_prior
             self.held_out[:n] = held_out_corrections(
                 params, blocks, self.q[:n], lam, laplace=laplace
             )
@@ -373,7 +382,8 @@ class ProjectEngine:
             return
         blocks, pos = self.labels.gather(np.arange(n, dtype=np.int64))
         exact = LabelBlocks(blocks.ptr, self.labels.worker[pos], blocks.labels, blocks.weights)
-        fitted, params = BatchEM(self.config).fit(exact, nw, known=self.gold[:n])
+        fit = fit_pooled(self.config, exact, nw, known=self.gold[:n])  # lambda_A by eq. 28
+        fitted, params = fit.result, fit.params
         self.em_iterations += fitted.n_iter
         self.last_refit = self.refit_verdict(fitted.probas, position)
         if not self.last_refit["adopted"]:
@@ -387,11 +397,15 @@ class ProjectEngine:
         by_slot = np.argsort(self.slot_of_row[: self.n_rows], kind="stable")
         assert mapped.sums is not None
         mapped.sums[: self.K * self.K] = mapped.worker[by_slot].sum(axis=0).ravel()
-        mapped.evidence = self.online.params.evidence  # the stream's evidence (eq. 22) stays
+        if fit.config.worker_prior == self.config.worker_prior:  # the stream's (eq. 22) stays
+            mapped.evidence = self.online.params.evidence
+        else:  # one pass's at the prior chosen (eq. 28), as for batch EM in extract
+            mapped.evidence = batch_evidence(fit.config, exact, nw, self.gold[:n])[0]
         self.online.params = mapped
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
-        self._hold_out(blocks, laplace=True)
+        self.refit_worker_prior = fit.config.worker_prior
+        self._hold_out(blocks, refit_prior=self.refit_worker_prior)
         self._all_rows = True
         self._dirty_items.update(range(n))
 

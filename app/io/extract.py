@@ -18,13 +18,14 @@ import pyarrow.compute as pc
 from app.io.codes import AnswerCodes, read_codes
 from app.io.input import MAX_CLASSES, InputError
 from app.io.triples import answer_line, read_truth
-from core.batch import AggregationResult, BatchEM, into_slots
+from core.batch import AggregationResult, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import LaterPasses, NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM
-from core.served import batch_evidence, held_out_fit
+from core.pooling import PooledFit, fit_pooled
+from core.served import batch_evidence, held_out_fit, held_out_posteriors
 
 
 @dataclass(frozen=True)
@@ -444,23 +445,25 @@ class BatchRun:
     params: NominalParams
     blocks: LabelBlocks
     seconds: float
+    corrections: FloatArray
+    """Each item's held-out correction under the fit (docs/model.md eq. 26-27)."""
+    config: NominalConfig
+    """The configuration fitted, its worker prior the one the held-out answers chose."""
     beside: tuple[FloatArray, FloatArray] | None = None
-    """``one_pass``, when it ran beside the fit."""
+    """``one_pass`` at the configured worker prior, when it ran beside the fit."""
 
     def one_pass(self, config: NominalConfig) -> tuple[FloatArray, FloatArray]:
-        """One online pass over the same answers: the tempering's evidence for this fit, and
-        each item's posterior as the pass learned it."""
-        if self.beside is not None:
+        """One online pass over the same answers at the fit's worker prior: the tempering's
+        evidence for this fit, and each item's posterior as the pass learned it (the pass run
+        beside the fit serves when the configured prior was kept)."""
+        if self.beside is not None and self.config.worker_prior == config.worker_prior:
             return self.beside
-        return batch_evidence(config, self.blocks, self.params.worker.shape[0])
+        return batch_evidence(self.config, self.blocks, self.params.worker.shape[0])
 
-    def held_out(self, config: NominalConfig) -> FloatArray:
+    def held_out(self) -> FloatArray:
         """The fit's posteriors, each item scored without its own pull on its workers' rows
         and under the rows' Laplace predictives (docs/model.md eq. 26 and 27)."""
-        lam = config.worker_prior
-        return held_out_fit(
-            self.params, self.blocks, self.result.probas, lam, laplace=True, threads=2
-        )
+        return held_out_posteriors(self.result.probas, self.corrections)
 
     def agreement_line(self, one_pass: FloatArray, posteriors: FloatArray) -> str:
         """How often the labels of this fit's ``posteriors`` (as written) agree with those of
@@ -508,11 +511,18 @@ def run_batch(
             second.submit(batch_evidence, config, blocks, data.n_workers) if one_pass else None
         )
         t0 = time.perf_counter()
-        result, params = BatchEM(config).fit(blocks, data.n_workers, progress=progress)
+        fit = fit_pooled(config, blocks, data.n_workers, progress=progress, threads=2)
         seconds = time.perf_counter() - t0
-        print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   (converged)", file=out)
+        print(f"{fit.result.n_iter:>9d}   {fit.result.objective[-1]:.6f}   (converged)", file=out)
+        print(pooling_line(fit), file=out)
         beside = pending.result() if pending is not None else None
-    return BatchRun(result, params, blocks, seconds, beside)
+    return BatchRun(fit.result, fit.params, blocks, seconds, fit.held_out, fit.config, beside)
+
+
+def pooling_line(fit: PooledFit) -> str:
+    """The worker prior the held-out answers chose (docs/model.md eq. 28), and those tried."""
+    tried = ", ".join(f"{lam:g}" for lam, _ in fit.tried)
+    return f"worker prior lambda_A = {fit.config.worker_prior:g}, chosen by the held-out answers (tried {tried})"
 
 
 def slot_params_from_batch(

@@ -213,6 +213,7 @@ def test_batch_mode(dog: Path, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "(converged)" in run.stdout
+    assert "worker prior lambda_A = 1, chosen by the held-out answers (tried 1, 2)" in run.stdout
     assert (
         float(next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1])
         > 0.83

@@ -259,7 +259,8 @@ def test_a_refit_serves_items_under_the_rows_laplace_predictives_and_a_sweep_doe
         eng = run([*entries, LogEntry(len(entries) + 1, kind, b"{}")])
         n = eng.items_count
         blocks, _ = eng.labels.gather(np.arange(n, dtype=np.int64))
-        lam = eng.config.worker_prior
+        lam = eng.refit_worker_prior if laplace else eng.config.worker_prior  # (eq. 28)
+        assert lam is not None
         want = held_out_corrections(eng.online.params, blocks, eng.q[:n], lam, laplace=laplace)
         np.testing.assert_array_equal(eng.held_out[:n], want)
 
