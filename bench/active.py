@@ -49,10 +49,10 @@ from app.store.base import EntryKind, LogEntry, ProjectRecord
 from bench.crowds import SYNTHETIC, Crowd, load_shared, synthetic
 from bench.datasets import dataset_names
 from core import acquisition as acq
-from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.dyadic import DyadicConfig, DyadicModel
 from core.nominal import NominalConfig
+from core.pooling import fit_pooled
 
 OUT = Path(__file__).resolve().parent / "out"
 TOLERANCE = 0.005  # "within 0.5 point" of full-data batch EM
@@ -212,7 +212,8 @@ class Campaign:
         idx, _ = self.revealed_answers()
         blocks = LabelBlocks.group(cw.item[idx], cw.worker[idx], cw.label[idx],
                                    np.ones(idx.size), n_blocks=cw.n_items)  # fmt: skip
-        probas = BatchEM(NominalConfig(n_classes=cw.n_classes)).fit(blocks, cw.n_workers)[0].probas
+        config = NominalConfig(n_classes=cw.n_classes)  # (the worker prior as the refit's, eq. 28)
+        probas = fit_pooled(config, blocks, cw.n_workers).result.probas
         labels = probas.argmax(axis=1)
         e = self.engine
         by_code = np.empty_like(probas)
@@ -489,11 +490,11 @@ def replay(
 
 
 def full_data_target(crowd: Crowd) -> float:
-    """Batch EM on all the answers: accuracy on gold."""
+    """Batch EM on all the answers (its worker prior chosen as a refit's): accuracy on gold."""
     config = NominalConfig(n_classes=crowd.n_classes)
     exact = LabelBlocks.group(crowd.item, crowd.worker, crowd.label, np.ones(crowd.n_answers),
                               n_blocks=crowd.n_items)  # fmt: skip
-    full = BatchEM(config).fit(exact, crowd.n_workers)[0]
+    full = fit_pooled(config, exact, crowd.n_workers).result
     has = crowd.gold >= 0
     return float(np.mean(full.labels[has] == crowd.gold[has]))
 
