@@ -253,15 +253,27 @@ def synth_ds(seed: int = 0) -> Crowd:
     )
 
 
+def _one_coin_crowd(
+    rng: np.random.Generator,
+    name: str,
+    description: str,
+    K: int,
+    W: int,
+    accuracy: tuple[float, float],
+    n_items: int,
+    per_item: int,
+) -> Crowd:
+    """W symmetric workers right with p uniform in ``accuracy``, a uniform class prior."""
+    conf = _one_coin_rows(rng.uniform(*accuracy, size=W), K)
+    prior = np.full(K, 1.0 / K)
+    return _confusion_crowd(rng, name, description, prior, conf, n_items, per_item)
+
+
 def synth_one_coin(seed: int = 0) -> Crowd:
     """Symmetric workers: 3,000 items x 5 answers, 80 workers, 3 classes, a_w in 0.4..0.95."""
     rng = np.random.default_rng([seed, 2])
-    K, W = 3, 80
-    conf = _one_coin_rows(rng.uniform(0.4, 0.95, size=W), K)
-    prior = np.full(K, 1.0 / K)
-    return _confusion_crowd(
-        rng, "syn_one_coin", "one-coin workers (symmetric errors)", prior, conf, 3000, 5
-    )
+    description = "one-coin workers (symmetric errors)"
+    return _one_coin_crowd(rng, "syn_one_coin", description, 3, 80, (0.4, 0.95), 3000, 5)
 
 
 def synth_spammers(seed: int = 0) -> Crowd:
@@ -383,12 +395,8 @@ def synth_weak(seed: int = 0) -> Crowd:
     """Weak workers and much redundancy: 2,000 binary items x 15 answers from 300 symmetric
     workers right 55-65% of the time (each answer says little; majority vote does well)."""
     rng = np.random.default_rng([seed, 11])
-    K, W = 2, 300
-    conf = _one_coin_rows(rng.uniform(0.55, 0.65, size=W), K)
-    prior = np.full(K, 1.0 / K)
-    return _confusion_crowd(
-        rng, "syn_weak", "weak workers (55-65% right), 15 answers an item", prior, conf, 2000, 15
-    )
+    description = "weak workers (55-65% right), 15 answers an item"
+    return _one_coin_crowd(rng, "syn_weak", description, 2, 300, (0.55, 0.65), 2000, 15)
 
 
 def _one_coin_rows(acc: F64, K: int) -> F64:

@@ -87,9 +87,7 @@ class BatchEM:
         result, params, _ = self._run(blocks, n_workers, progress, known, start)
         perm = best_relabelling(params, self.config)
         if perm is not None:  # the fixed point of another labelling (core/orientation.py)
-            flipped = NominalParams(
-                params.class_logits.copy(), params.population.copy(), params.worker.copy()
-            )
+            flipped = params.copy()
             relabel(flipped, perm)
             again, there, _ = self._run(blocks, n_workers, progress, known, flipped)
             if again.objective[-1] > result.objective[-1]:

@@ -82,21 +82,17 @@ def fit_pooled(
     while 2.0 * lam <= MAX_POOLING * config.worker_prior:
         lam *= 2.0
         wider = replace(config, worker_prior=lam)
-        probe_em = BatchEM(wider, max_iter=PROBE_ITERATIONS)
-        result, params = probe_em.fit(blocks, n_workers, known=known, start=_copy(best.params))
-        probe = _scored(wider, blocks, result, params, best.tried, threads)
-        if probe.score <= best.score:
-            return replace(best, tried=probe.tried)
-        result, params = BatchEM(wider).fit(blocks, n_workers, known=known, start=_copy(params))
-        fitted = _scored(wider, blocks, result, params, best.tried, threads)
-        if fitted.score <= best.score:
-            return replace(best, tried=fitted.tried)
-        best = fitted
+        fit = BatchEM(wider, max_iter=PROBE_ITERATIONS).fit  # (each fit copies its start)
+        tried = _scored(wider, blocks, *fit(blocks, n_workers, known=known, start=best.params),
+                        best.tried, threads)  # fmt: skip
+        if tried.score > best.score:  # a probe that does better is fitted to convergence
+            fit = BatchEM(wider).fit
+            tried = _scored(wider, blocks, *fit(blocks, n_workers, known=known, start=tried.params),
+                            best.tried, threads)  # fmt: skip
+        if tried.score <= best.score:
+            return replace(best, tried=tried.tried)
+        best = tried
     return best
-
-
-def _copy(params: NominalParams) -> NominalParams:
-    return NominalParams(params.class_logits.copy(), params.population.copy(), params.worker.copy())
 
 
 def _scored(
