@@ -205,6 +205,8 @@ def run_online(
     em = model(config)
     order = np.random.default_rng(seed).permutation(blocks.n_blocks)
     result = em.learn_many(blocks, order=order, known=gold)
+    if (perm := em.orient(anchored=bool(np.any(gold >= 0)))) is not None:  # as extract does
+        result.posteriors[:] = result.posteriors[:, perm]
     for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
         result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors

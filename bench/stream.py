@@ -99,6 +99,9 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
         _learn(model, items, labels, n_prev, last, K)
     everything = list(labels)
     sizes = [len(labels[item][0]) for item in everything]
+    if passes and (perm := model.orient()) is not None:  # as the engine's sweep starts
+        for item, (q, b) in last.items():
+            last[item] = q[perm], b
     for _ in range(passes):
         _learn(model, everything, labels, sizes, last, K)
     out = np.full((d.n_items, K), 1.0 / K)
@@ -138,6 +141,9 @@ def _learn(
         ),
         n_previous=n_prev,
     )
+    if (perm := model.relabelled) is not None:  # the kept posteriors follow, as the engine's
+        for item, (q, b) in last.items():
+            last[item] = q[perm], b
     for n, item in enumerate(items):
         last[item] = res.posteriors[n], float(res.clarity[n])
 

@@ -22,7 +22,7 @@ from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.evidence import RHO_GRID, evidence_size
 from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
-from core.orientation import best_relabelling, relabel
+from core.orientation import best_relabelling, check_points, relabel
 from core.threads import block_ranges, in_threads
 
 
@@ -49,9 +49,9 @@ class OnlineEM:
         self._population_mean = config.population_mean()
         self._check_params()
         self.relabelled: IntArray | None = None
-        """The last learning call's relabelling of the parameters' latent classes (new class
-        z = old class ``relabelled[z]``; core/orientation.py), or None. The call's posteriors
-        are then those of its items under the relabelled parameters; earlier calls' stay."""
+        """The last learning call's relabelling of the latent classes (new class z = old class
+        ``relabelled[z]``; core/orientation.py), all of its check points' together, or None.
+        The call's own posteriors follow it; a caller that keeps earlier ones permutes those."""
 
     def _check_params(self) -> None:
         K, S = self.config.n_classes, self.config.n_worker_slots
@@ -235,18 +235,41 @@ class OnlineEM:
             n_old = np.zeros(1, dtype=np.int64)
         else:
             q_old, b_old = previous.posteriors, previous.clarity
-        _kernels.learn_blocks(
-            blocks.ptr, order_a, blocks.slots, blocks.labels, blocks.weights,
-            n_old, q_old, b_old, update,
-            p.class_logits, self._class_mean, p.population, self._population_mean,
-            p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
-            out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
-        )  # fmt: skip
-        self.relabelled = self._orient(known_a[order_a])
-        if self.relabelled is not None:  # the call's items, learned across the crossing,
-            again = self._run(blocks, order_a, None, None, None, update=False, known=known_a)
-            out.posteriors[order_a] = again.posteriors[order_a]  # served as now labelled
+        self.relabelled = None
+        checks = check_points(int(p.scalars[STEP]), order_a.size) if update else []
+        ends = checks if checks and checks[-1] == order_a.size else [*checks, order_a.size]
+        checked = set(checks)
+        done = 0
+        for end in ends:
+            part = order_a[done:end]
+            _kernels.learn_blocks(
+                blocks.ptr, part, blocks.slots, blocks.labels, blocks.weights,
+                n_old, q_old, b_old, update,
+                p.class_logits, self._class_mean, p.population, self._population_mean,
+                p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
+                out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
+            )  # fmt: skip
+            done = end
+            perm = self._orient(known_a[part]) if end in checked else None
+            if perm is None:
+                continue
+            # the whole state is relabelled: what this call learned, and the earlier
+            # posteriors of the items it has still to learn (a copy: the caller's stay)
+            out.posteriors[order_a[:end]] = out.posteriors[order_a[:end]][:, perm]
+            if q_old.shape[0] > 1:
+                q_old = q_old.copy()
+                q_old[order_a[end:]] = q_old[order_a[end:]][:, perm]
+            self.relabelled = perm if self.relabelled is None else self.relabelled[perm]
+        if self.relabelled is not None and np.array_equal(self.relabelled, np.arange(K)):
+            self.relabelled = None  # (relabelled and back)
         return out
+
+    def orient(self, anchored: bool = False) -> IntArray | None:
+        """Check the labelling now, as at the check points of a learning call (a pass's end:
+        ``crowdtally extract``, a refinement sweep's start), and relabel when the priors prefer
+        another (core/orientation.py). Returns the relabelling, which the caller's kept
+        posteriors must follow; nothing where the model learned gold (``anchored``)."""
+        return None if anchored else self._orient(np.zeros(0, dtype=np.int64))
 
     def _orient(self, known: IntArray) -> IntArray | None:
         """Relabel the latent classes when the priors prefer another labelling (the answers'

@@ -23,6 +23,24 @@ _MIN_GAIN = 0.01
 answers with no signal, are left alone rather than relabelled back and forth."""
 
 
+DENSE_UNTIL = 10_000
+"""Items learned (the step count t) up to which the labelling is checked every ``DENSE_EVERY``
+items: early, where the steps are large and the rows immature, is where a pass drifts across."""
+DENSE_EVERY = 64
+SPARSE_EVERY = 4096
+"""The check's period after ``DENSE_UNTIL``."""
+
+
+def check_points(t0: int, n: int) -> list[int]:
+    """The positions k in 1..n after which a run of n item steps from step count t0 checks the
+    labelling: where t0 + k is a multiple of the period. They depend on t alone, so a stream
+    learned in one call or in many checks at the same items (replays and the service's
+    batching agree)."""
+    t = t0 + np.arange(1, n + 1)
+    due = np.where(t <= DENSE_UNTIL, t % DENSE_EVERY == 0, t % SPARSE_EVERY == 0)
+    return (np.flatnonzero(due) + 1).tolist()
+
+
 def relabelling_costs(params: NominalParams, config: NominalConfig) -> FloatArray:
     """cost[r, z]: minus the log prior of Γ's row r and the class logit r when they stand for
     class z (Γ_z ~ N(M_z, 1/λ_Γ), γ_π,z ~ N(m_z, 1/λ_π); the worker prior does not move)."""
@@ -57,16 +75,21 @@ def best_relabelling(params: NominalParams, config: NominalConfig) -> IntArray |
 
 
 def relabel(params: NominalParams, perm: IntArray) -> None:
-    """Relabel the parameters' latent classes in place: new class z is old class ``perm[z]``
-    (the answer labels, the columns, stay). The items' statistics (``counts``, the class
-    totals) and posteriors stay as they are: the check runs after every learning call, so
-    they were made, but for that call's (``OnlineEM`` predicts those again), under the
-    labelling the parameters come back to."""
+    """Relabel the latent classes in place, new class z being old class ``perm[z]`` (the
+    answer labels, the columns, stay): the rows of γ_π, Γ and every A_s, and of the items'
+    statistics (``counts``, the worker table's sum, the class totals). With the items'
+    posteriors' columns permuted alike (``OnlineEM`` does it for a call's own; callers that
+    keep others, the engine, for theirs), the whole state is the same model labelled the other
+    way round: nothing falls out of step."""
     params.class_logits[:] = params.class_logits[perm]
     params.population[:] = params.population[perm]
     params.worker[:] = params.worker[:, perm]
-    if params.sums is not None:  # (its first K*K: the worker table summed over slots)
+    if params.counts is not None:
+        params.counts[:] = params.counts[:, perm]
+    if params.sums is not None:
         K = perm.size
         assert params.sums.shape == (sums_size(K),)
         worker_sum = params.sums[: K * K].reshape(K, K)
         worker_sum[:] = worker_sum[perm]
+        totals = params.sums[K * K : K * K + K]
+        totals[:] = totals[perm]

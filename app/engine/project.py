@@ -273,10 +273,14 @@ class ProjectEngine:
         return blocks
 
     def _relabel(self, perm: IntArray) -> None:
-        """The model's latent classes were relabelled (core/orientation.py): every slot row
-        moved, and is written again (the items' posteriors stay: core.orientation.relabel)."""
+        """The model's latent classes were relabelled (core/orientation.py): every kept
+        posterior and held-out correction follows, and every slot row is written again."""
         log.warning("%s: latent classes relabelled %s", self.record.name, perm.tolist())
+        n = self.items_count
+        self.q[:n] = self.q[:n, perm]
+        self.held_out[:n] = self.held_out[:n, perm]
         self._all_rows = True
+        self._dirty_items.update(range(n))
 
     def _apply_gold(self, body: dict[str, list[object]]) -> None:
         items = [str(x) for x in body["items"]]
@@ -307,6 +311,9 @@ class ProjectEngine:
         over items, then the round that serves them."""
         if cut.start == 0:
             self.refine_due = False  # labels from here on make another sweep due
+            anchored = bool(np.any(self.gold[: self.items_count] >= 0))
+            if (perm := self.online.orient(anchored)) is not None:  # (core/orientation.py)
+                self._relabel(perm)
         for round_, lo, hi in cut.rounds():
             if round_ < cut.passes:
                 self._revisit(np.arange(lo, hi, dtype=np.int64))

@@ -390,6 +390,8 @@ def run_online(
             model.predict_many(blocks, order=order, out=result)
         elif n_pass == 0:
             model.learn_many(blocks, order=order, out=result)
+            if (perm := model.orient()) is not None:  # the pass's end (core/orientation.py)
+                result.posteriors[:] = result.posteriors[:, perm]
         else:  # later passes revisit items whose labels are all counted (eq. 14-16)
             model.revisit_many(blocks, result, order=order, out=result)
         seconds += time.perf_counter() - t0
