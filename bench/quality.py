@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,12 +187,16 @@ def exact_blocks(crowd: Crowd) -> LabelBlocks:
     return LabelBlocks.group(crowd.item, crowd.worker, crowd.label, n_blocks=crowd.n_items)
 
 
+POOLED_ONLINE = partial(OnlineEM, pooled_twin=True)
+"""The online model as ``crowdtally extract`` starts it: with its pooled twin (eq. 29)."""
+
+
 def run_online(
     crowd: Crowd,
     gold: I64,
     seed: int,
     config: NominalConfig | None = None,
-    model: Callable[[NominalConfig], OnlineEM] = OnlineEM,
+    model: Callable[[NominalConfig], OnlineEM] = POOLED_ONLINE,
     served: bool = True,
     idle_passes: int = 0,
 ) -> F64:
@@ -205,13 +210,16 @@ def run_online(
     em = model(config)
     order = np.random.default_rng(seed).permutation(blocks.n_blocks)
     result = em.learn_many(blocks, order=order, known=gold)
-    if (perm := em.orient(anchored=bool(np.any(gold >= 0)))) is not None:  # as extract does
+    anchored = bool(np.any(gold >= 0))
+    if (perm := em.orient(anchored)) is not None:  # as extract does
         result.posteriors[:] = result.posteriors[:, perm]
+    if (kept := em.settle(anchored)) is not None:  # the pooled twin's (eq. 29)
+        result = kept
     for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
         result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
-        lam = config.worker_prior
+        lam = em.config.worker_prior
         held_out = held_out_corrections(em.params, blocks, out, lam) if idle_passes else None
         cal = online_calibration(em, blocks, gold, held_out)
         return served_posteriors(em.params, blocks, cal, gold, held_out)
@@ -354,9 +362,10 @@ def _crowdkit_fit(method: str) -> Fit:
 
 register("online", lambda c, g, s: run_online(c, g, s), seeded=True)
 # what the service serves once a project has been idle a second: its refinement sweeps done
+# (the service's engine learns without the pooled twin)
 register(
     "online-idle",
-    lambda c, g, s: run_online(c, g, s, idle_passes=IDLE_REFINE_PASSES),
+    lambda c, g, s: run_online(c, g, s, model=OnlineEM, idle_passes=IDLE_REFINE_PASSES),
     seeded=True,
 )
 register("batch", lambda c, g, s: run_batch(c, g))

@@ -24,6 +24,7 @@ from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
 from core.orientation import best_relabelling, check_points, relabel
 from core.threads import block_ranges, in_threads
+from core.twin import TWIN_UNTIL, evidence_per_answer, pooled, twin_predicts_better
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,23 @@ class BlockResult:
 class OnlineEM:
     """The online nominal model: ``learn_many`` updates it, ``predict_many`` only reads it."""
 
-    def __init__(self, config: NominalConfig, params: NominalParams | None = None) -> None:
+    def __init__(
+        self, config: NominalConfig, params: NominalParams | None = None, pooled_twin: bool = False
+    ) -> None:
         self.config = config
         self.params = params if params is not None else NominalParams.initial(config)
         self._hyper = config.hyper_vector()
         self._class_mean = config.class_prior_logits()
         self._population_mean = config.population_mean()
         self._check_params()
+        self.twin = OnlineEM(pooled(config), self.params.copy()) if pooled_twin else None
+        """The pooled twin (docs/model.md eq. 29): the same model at POOLED_TWIN times the
+        worker prior, learning the same first arrivals until ``settle`` keeps the one whose
+        answers were predicted better."""
+        self._twin_out: BlockResult | None = None
+        self.settled: tuple[tuple[float, float | None], ...] = ()
+        """(worker prior, evidence per answer) of the model, then of the twin, once settled
+        (the kept one is ``config.worker_prior``'s)."""
         self.relabelled: IntArray | None = None
         """The last learning call's relabelling of the latent classes (new class z = old class
         ``relabelled[z]``; core/orientation.py), all of its check points' together, or None.
@@ -214,10 +225,6 @@ class OnlineEM:
             raise ValueError("out does not have one row per block")
         known_a = _known_codes(known, nb, K)
         p = self.params
-        if p.counts is None or p.sums is None:
-            p.counts, p.sums = statistics_for(p)
-        if p.evidence is None:
-            p.evidence = np.zeros(evidence_size())
         if not update and not self.config.difficulty:  # each slot row's softmax once
 
             def predict(part: IntArray) -> None:
@@ -236,21 +243,38 @@ class OnlineEM:
         else:
             q_old, b_old = previous.posteriors, previous.clarity
         self.relabelled = None
+        if update and previous is not None:  # the twin learns first arrivals only
+            self.settle()
+            p = self.params
+        twin = self.twin if update else None
+        twin_out = None
+        if twin is not None:  # (its posteriors, kept until it is settled)
+            twin_out = self._twin_out = BlockResult(
+                out.posteriors.copy(), out.clarity.copy(), out.objective.copy()
+            )
         checks = check_points(int(p.scalars[STEP]), order_a.size) if update else []
         ends = checks if checks and checks[-1] == order_a.size else [*checks, order_a.size]
         checked = set(checks)
         done = 0
         for end in ends:
             part = order_a[done:end]
-            _kernels.learn_blocks(
-                blocks.ptr, part, blocks.slots, blocks.labels, blocks.weights,
-                n_old, q_old, b_old, update,
-                p.class_logits, self._class_mean, p.population, self._population_mean,
-                p.worker, p.counts, p.sums, p.scalars, self._hyper, known_a,
-                out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
-            )  # fmt: skip
+            self._learn(blocks, part, n_old, q_old, b_old, update, known_a, out)
+            if twin is not None and twin_out is not None:
+                twin._learn(blocks, part, n_old, q_old, b_old, update, known_a, twin_out)
+                twin_perm = twin._orient(known_a[part]) if end in checked else None
+                if twin_perm is not None:
+                    twin_out.posteriors[order_a[:end]] = twin_out.posteriors[order_a[:end]][
+                        :, twin_perm
+                    ]
             done = end
             perm = self._orient(known_a[part]) if end in checked else None
+            if twin_out is not None and end in checked and p.scalars[STEP] >= TWIN_UNTIL:
+                if self._settle(twin_out):  # the twin's posteriors so far replace the call's
+                    out.posteriors[order_a[:end]] = twin_out.posteriors[order_a[:end]]
+                    out.clarity[order_a[:end]] = twin_out.clarity[order_a[:end]]
+                    out.objective[order_a[:end]] = twin_out.objective[order_a[:end]]
+                    p, perm, self.relabelled = self.params, None, None
+                twin = twin_out = None
             if perm is None:
                 continue
             # the whole state is relabelled: what this call learned, and the earlier
@@ -263,6 +287,57 @@ class OnlineEM:
         if self.relabelled is not None and np.array_equal(self.relabelled, np.arange(K)):
             self.relabelled = None  # (relabelled and back)
         return out
+
+    def _learn(
+        self,
+        blocks: LabelBlocks,
+        part: IntArray,
+        n_old: IntArray,
+        q_old: FloatArray,
+        b_old: FloatArray,
+        update: bool,
+        known: IntArray,
+        out: BlockResult,
+    ) -> None:
+        p = self.params
+        if p.counts is None or p.sums is None:
+            p.counts, p.sums = statistics_for(p)
+        if p.evidence is None:
+            p.evidence = np.zeros(evidence_size())
+        _kernels.learn_blocks(
+            blocks.ptr, part, blocks.slots, blocks.labels, blocks.weights,
+            n_old, q_old, b_old, update,
+            p.class_logits, self._class_mean, p.population, self._population_mean,
+            p.worker, p.counts, p.sums, p.scalars, self._hyper, known,
+            out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
+        )  # fmt: skip
+
+    def settle(self, anchored: bool = False) -> BlockResult | None:
+        """Keep the model or its pooled twin, whichever predicted the answers better before it
+        learned them (eq. 29), and drop the other; at a pass's end (``crowdtally extract``)
+        after ``orient``. Returns the twin's results of the last learning call when the twin
+        is kept (its ``out``, with the rows of the blocks the call learned replaced: the
+        caller's must be replaced by them), else None."""
+        twin_out = self._twin_out
+        if self.twin is None or twin_out is None:
+            self.twin = self._twin_out = None
+            return None
+        if (perm := self.twin.orient(anchored)) is not None:
+            twin_out.posteriors[:] = twin_out.posteriors[:, perm]
+        return twin_out if self._settle(twin_out) else None
+
+    def _settle(self, twin_out: BlockResult) -> bool:
+        twin, self.twin, self._twin_out = self.twin, None, None
+        assert twin is not None
+        self.settled = tuple(
+            (m.config.worker_prior, evidence_per_answer(m.params)) for m in (self, twin)
+        )
+        if not twin_predicts_better(self.params, twin.params):
+            return False
+        self.config, self.params = twin.config, twin.params
+        self._hyper, self._class_mean = twin._hyper, twin._class_mean
+        self._population_mean = twin._population_mean
+        return True
 
     def orient(self, anchored: bool = False) -> IntArray | None:
         """Check the labelling now, as at the check points of a learning call (a pass's end:

@@ -22,9 +22,8 @@ from core.batch import AggregationResult, BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.nominal import NominalConfig, NominalParams
 from core.served import held_out_corrections
+from core.twin import MAX_POOLING
 
-MAX_POOLING = 32.0
-"""λ_A goes up to this many times the configured worker prior."""
 PROBE_ITERATIONS = 5
 """E-steps of a try at twice the worker prior, from the last fit: fitted to convergence only
 when it already predicts the held-out answers better (a fit short of its optimum scores

@@ -300,6 +300,7 @@ def extract(
             saved.slots if saved else None,
         )
         refined = passes > 1 and not test_only
+        config = config.with_(worker_prior=run.model.config.worker_prior)  # (eq. 29's choice)
         posteriors, calibrated = (run.final.posteriors, None) if raw else run.served(refined)
         slot_params, used = run.model.params, run.used  # (the rows of the slots in use)
         rate = n_answers * passes / run.seconds if run.seconds > 0 else float("inf")

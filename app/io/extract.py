@@ -367,7 +367,8 @@ def run_online(
         if params is not None:
             assert params_slots is not None, "a model file's rows come with their slots"
             rows = rows_of(params, params_slots, used)
-        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows)
+        fresh = rows is None and not test_only  # a new model chooses its pooling (eq. 29)
+        model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows, pooled_twin=fresh)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)
     ratings = blocks.sizes()
@@ -392,6 +393,8 @@ def run_online(
             model.learn_many(blocks, order=order, out=result)
             if (perm := model.orient()) is not None:  # the pass's end (core/orientation.py)
                 result.posteriors[:] = result.posteriors[:, perm]
+            if (kept := model.settle()) is not None:  # the pooled twin's (core/twin.py)
+                result = kept
         else:  # later passes revisit items whose labels are all counted (eq. 14-16)
             model.revisit_many(blocks, result, order=order, out=result)
         seconds += time.perf_counter() - t0
@@ -405,6 +408,8 @@ def run_online(
         if order.size:
             last = int(order[-1])
             table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
+        if n_pass == 0 and model.settled:
+            print(twin_line(model), file=out)
     if newton and passes > 1:  # refine answers the posteriors under its final parameters
         print("Newton sweep   F (log posterior)", file=out)
         t0 = time.perf_counter()
@@ -525,6 +530,15 @@ def pooling_line(fit: PooledFit) -> str:
     """The worker prior the held-out answers chose (docs/model.md eq. 28), and those tried."""
     tried = ", ".join(f"{lam:g}" for lam, _ in fit.tried)
     return f"worker prior lambda_A = {fit.config.worker_prior:g}, chosen by the held-out answers (tried {tried})"
+
+
+def twin_line(model: OnlineEM) -> str:
+    """The worker prior the pass kept (docs/model.md eq. 29), with each model's score."""
+    scores = ", ".join(f"{lam:g}: {'-' if e is None else f'{e:.4f}'}" for lam, e in model.settled)
+    return (
+        f"worker prior lambda_A = {model.config.worker_prior:g}, chosen by how well each "
+        f"predicted the answers before learning them (nats an answer at {scores})"
+    )
 
 
 def slot_params_from_batch(

@@ -221,6 +221,26 @@ def test_batch_mode(dog: Path, tmp_path: Path) -> None:
     assert extract(dog / "answers.csv", "--load", tmp_path / "b.npz", "--test-only").returncode == 0
 
 
+def test_one_pass_over_weak_workers_keeps_the_pooled_twin(tmp_path: Path) -> None:
+    """Workers right 55-65% of the time, 15 answers an item: the pass keeps its pooled twin
+    (docs/model.md eq. 29), says so, saves its worker prior and votes about as well as the
+    majority (one pass alone: 6 points below it on this crowd)."""
+    from tests.core.test_orientation import weak_binary
+
+    blocks, truth, votes = weak_binary(0)
+    items = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
+    answers, gold = tmp_path / "answers.csv", tmp_path / "truth.csv"
+    rows = (f"i{i},w{w},{'ab'[a]}" for i, w, a in zip(items, blocks.slots, blocks.labels))
+    answers.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
+    gold.write_text("item,label\n" + "".join(f"i{i},{'ab'[t]}\n" for i, t in enumerate(truth)))
+    run = extract(answers, "--truth", gold, "--shuffle", "0", "--save", tmp_path / "m.npz")
+    assert run.returncode == 0, run.stderr
+    assert "worker prior lambda_A = 32, chosen by how well each predicted" in run.stdout
+    accuracy = float(next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1])
+    assert accuracy > np.mean(votes == truth) - 0.02
+    assert load_model(tmp_path / "m.npz").config.worker_prior == 32.0
+
+
 def test_newton_later_passes_reach_batch_em(dog: Path, tmp_path: Path) -> None:
     run = extract(
         dog / "answers.csv", "--truth", dog / "truth.csv", "--shuffle", "0", "--passes", "10",

@@ -1,0 +1,49 @@
+"""The pooled twin of the online model: how strongly one pass pools, chosen by the answers.
+
+On crowds whose answers carry little signal each (workers right 55-65% of the time, many
+answers an item) the slot rows that one pass learns at the worker prior λ_A are mostly noise,
+and the pass ends several points below majority vote; pooled toward the population
+(λ_A x MAX_POOLING) it ends near the exact posterior. Elsewhere (spammers, experts, full
+confusions) the pooled model loses. Batch EM chooses by the held-out answers (eq. 28,
+``core.pooling``); a pass has its own held-out score: the prequential evidence of eq. 22,
+each answer predicted before its item moves the model. The twin learns the same first
+arrivals at the pooled prior, and ``settle`` keeps whichever of the two predicted the answers
+better (docs/model.md eq. 29), at a pass's end or once TWIN_UNTIL items have been learned,
+after which the work per label is that of one model again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.evidence import RHO_GRID
+from core.nominal import NominalConfig, NominalParams
+from core.orientation import SPARSE_EVERY
+
+MAX_POOLING = 32.0
+"""The pooled worker prior is this many times the configured one (the most that batch EM's
+search, ``core.pooling``, tries)."""
+TWIN_UNTIL = 3 * SPARSE_EVERY
+"""The twin is settled at the first orientation check point once this many items are learned
+(a check point itself: one call or many settle at the same item)."""
+
+
+def pooled(config: NominalConfig) -> NominalConfig:
+    """``config`` with the worker prior MAX_POOLING times stronger."""
+    return config.with_(worker_prior=MAX_POOLING * config.worker_prior)
+
+
+def evidence_per_answer(params: NominalParams) -> float | None:
+    """The best mean log score per scored answer over the tempering grid (eq. 22), or None
+    before any answer was scored."""
+    ev, G = params.evidence, RHO_GRID.size
+    if ev is None or not ev[G] > 0:
+        return None
+    return float(np.max(ev[:G] / ev[G]))
+
+
+def twin_predicts_better(model: NominalParams, twin: NominalParams) -> bool:
+    """Whether the twin's answers were predicted better (eq. 29): ties and a model that
+    scored nothing keep the model."""
+    mine, theirs = evidence_per_answer(model), evidence_per_answer(twin)
+    return mine is not None and theirs is not None and theirs > mine
