@@ -188,7 +188,8 @@ def exact_blocks(crowd: Crowd) -> LabelBlocks:
 
 
 POOLED_ONLINE = partial(OnlineEM, pooled_twin=True)
-"""The online model as ``crowdtally extract`` starts it: with its pooled twin (eq. 29)."""
+"""The online model as ``crowdtally extract`` and the service start it: with its pooled twin
+(eq. 29)."""
 
 
 def run_online(
@@ -213,10 +214,16 @@ def run_online(
     anchored = bool(np.any(gold >= 0))
     if (perm := em.orient(anchored)) is not None:  # as extract does
         result.posteriors[:] = result.posteriors[:, perm]
-    if (kept := em.settle(anchored)) is not None:  # the pooled twin's (eq. 29)
+    twin = em.twin_out
+    if not idle_passes and (kept := em.settle()) is not None:  # the pooled twin's (eq. 29)
         result = kept
+    elif idle_passes and em.lead():  # a sweep's start: the model in the lead is served
+        result, twin = twin, result
     for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
-        result = em.revisit_many(blocks, result, order=order, out=result, known=gold)
+        result = em.revisit_many(
+            blocks, result, order=order, out=result, known=gold, twin_previous=twin
+        )
+        twin = em.twin_out
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
         lam = em.config.worker_prior
@@ -362,10 +369,9 @@ def _crowdkit_fit(method: str) -> Fit:
 
 register("online", lambda c, g, s: run_online(c, g, s), seeded=True)
 # what the service serves once a project has been idle a second: its refinement sweeps done
-# (the service's engine learns without the pooled twin)
 register(
     "online-idle",
-    lambda c, g, s: run_online(c, g, s, model=OnlineEM, idle_passes=IDLE_REFINE_PASSES),
+    lambda c, g, s: run_online(c, g, s, idle_passes=IDLE_REFINE_PASSES),
     seeded=True,
 )
 register("batch", lambda c, g, s: run_batch(c, g))

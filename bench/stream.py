@@ -22,7 +22,7 @@ import orjson
 
 from app.io.extract import Encoded, accuracy, load_labelled
 from bench.datasets import DEFAULT_ROOT, dataset_names
-from core.blocks import FloatArray, LabelBlocks, canonical_order
+from core.blocks import FloatArray, IntArray, LabelBlocks, canonical_order
 from core.calibration import choose
 from core.hashing import worker_slot
 from core.nominal import NominalConfig
@@ -74,10 +74,11 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     each item held out (eq. 26) after the passes, calibrated as served (eq. 21). One ``learn_many`` call takes a block's items
     one after the other, as that many calls of one item each would."""
     d, K = stream.data, config.n_classes
-    model = OnlineEM(config)
+    model = OnlineEM(config, pooled_twin=True)  # with its pooled twin, as the engine's (eq. 29)
     slot_of = np.array([worker_slot(w, config.n_worker_slots) for w in d.worker_ids.tolist()])
     labels: dict[int, tuple[list[int], list[int]]] = {}
     last: dict[int, tuple[FloatArray, float]] = {}
+    twin: dict[int, tuple[FloatArray, float]] = {}  # the twin's, while it learns
     for lo, hi in stream.cuts:
         rows = stream.order[lo:hi]
         # the block's items in first-appearance order, each item's labels in canonical order
@@ -96,20 +97,22 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
             n_prev.append(len(old_s))
             old_s.extend(s_sorted[bounds[k] : bounds[k + 1]])
             old_z.extend(z_sorted[bounds[k] : bounds[k + 1]])
-        _learn(model, items, labels, n_prev, last, K)
+        _learn(model, items, labels, n_prev, last, twin, K)
     everything = list(labels)
     sizes = [len(labels[item][0]) for item in everything]
-    if passes and (perm := model.orient()) is not None:  # as the engine's sweep starts
-        for item, (q, b) in last.items():
-            last[item] = q[perm], b
+    if passes:  # as the engine's sweep starts: the labelling, then the model in the lead
+        _follow(last, model.orient())
+        _follow(twin, model.twin_relabelled)
+        if model.lead():
+            last, twin = twin, last
     for _ in range(passes):
-        _learn(model, everything, labels, sizes, last, K)
+        _learn(model, everything, labels, sizes, last, twin, K)
     out = np.full((d.n_items, K), 1.0 / K)
     served = choose(model.params.evidence)
     blocks = _blocks(everything, labels)
     raw = model.predict_many(blocks).posteriors
     if passes:  # the sweeps fit the rows to every item: each served held out (eq. 26)
-        raw = held_out_fit(model.params, blocks, raw, config.worker_prior)
+        raw = held_out_fit(model.params, blocks, raw, model.config.worker_prior)
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out
 
@@ -128,24 +131,44 @@ def _learn(
     labels: dict[int, tuple[list[int], list[int]]],
     n_prev: list[int],
     last: dict[int, tuple[FloatArray, float]],
+    twin: dict[int, tuple[FloatArray, float]],
     K: int,
 ) -> None:
-    """Learn the items' labels (each after its ``n_prev`` earlier ones), in this order."""
+    """Learn the items' labels (each after its ``n_prev`` earlier ones), in this order; the
+    twin's kept posteriors ``twin`` too, while it learns."""
     start = (np.full(K, 1.0 / K), 0.0)
-    res = model.learn_many(
-        _blocks(items, labels),
-        previous=BlockResult(
-            np.array([last.get(item, start)[0] for item in items]),
-            np.array([last.get(item, start)[1] for item in items]),
+
+    def kept(posteriors: dict[int, tuple[FloatArray, float]]) -> BlockResult:
+        return BlockResult(
+            np.array([posteriors.get(item, start)[0] for item in items]),
+            np.array([posteriors.get(item, start)[1] for item in items]),
             np.zeros(len(items)),
-        ),
-        n_previous=n_prev,
-    )
-    if (perm := model.relabelled) is not None:  # the kept posteriors follow, as the engine's
-        for item, (q, b) in last.items():
-            last[item] = q[perm], b
+        )
+
+    learning = model.twin is not None
+    res = model.learn_many(
+        _blocks(items, labels), previous=kept(last), n_previous=n_prev,
+        twin_previous=kept(twin) if learning else None,
+    )  # fmt: skip
+    _follow(twin, model.twin_relabelled)  # the kept posteriors follow, as the engine's
+    if model.took_twin:
+        last.clear()
+        last.update(twin)
+    _follow(last, model.relabelled)
     for n, item in enumerate(items):
         last[item] = res.posteriors[n], float(res.clarity[n])
+    if model.twin_out is not None:
+        for n, item in enumerate(items):
+            twin[item] = model.twin_out.posteriors[n], float(model.twin_out.clarity[n])
+    elif learning:  # settled
+        twin.clear()
+
+
+def _follow(kept: dict[int, tuple[FloatArray, float]], perm: IntArray | None) -> None:
+    """Kept posteriors follow a relabelling of the classes."""
+    if perm is not None:
+        for item, (q, b) in kept.items():
+            kept[item] = q[perm], b
 
 
 SETTLE_S = 0.5
@@ -172,7 +195,11 @@ def serve_stream(
     r.raise_for_status()
     key = {"Authorization": f"Bearer {r.json()['api_key']}"}
     for block in stream.blocks():
-        r = client.post(f"/v1/projects/{project}/labels", content=orjson.dumps(block), headers=key)
+        url, body = f"/v1/projects/{project}/labels", orjson.dumps(block)
+        r = client.post(url, content=body, headers=key)
+        while r.status_code == 429:  # the engine lags: push-back, as the Python client honours it
+            time.sleep(float(r.headers.get("Retry-After", "1")))
+            r = client.post(url, content=body, headers=key)
         r.raise_for_status()
     if posted is not None:
         posted()

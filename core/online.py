@@ -24,7 +24,13 @@ from core.newton import newton_passes
 from core.nominal import SCALE, STEP, NominalConfig, NominalParams, sums_size
 from core.orientation import best_relabelling, check_points, relabel
 from core.threads import block_ranges, in_threads
-from core.twin import TWIN_UNTIL, evidence_per_answer, pooled, twin_predicts_better
+from core.twin import (
+    evidence_per_answer,
+    has_twin,
+    pooled,
+    twin_due,
+    twin_predicts_better,
+)
 
 
 @dataclass(frozen=True)
@@ -51,18 +57,23 @@ class OnlineEM:
         self._class_mean = config.class_prior_logits()
         self._population_mean = config.population_mean()
         self._check_params()
-        self.twin = OnlineEM(pooled(config), self.params.copy()) if pooled_twin else None
-        """The pooled twin (docs/model.md eq. 29): the same model at POOLED_TWIN times the
-        worker prior, learning the same first arrivals until ``settle`` keeps the one whose
-        answers were predicted better."""
-        self._twin_out: BlockResult | None = None
+        twin = pooled_twin and has_twin(config.n_classes)
+        self.twin = OnlineEM(pooled(config), self.params.copy()) if twin else None
+        """The pooled twin (docs/model.md eq. 29; with ``pooled_twin``, at most
+        MAX_TWIN_CLASSES classes): the same model at MAX_POOLING times the worker prior,
+        learning the same labels until ``settle`` keeps the one whose answers were predicted
+        better."""
+        self.twin_out: BlockResult | None = None
+        """The twin's results of the last learning call (rows as ``out``'s), while it lives."""
+        self.twin_relabelled: IntArray | None = None
+        """The twin's relabelling in the last learning call or ``orient``: a caller that keeps
+        the twin's posteriors (``twin_previous``) permutes them."""
+        self.took_twin = False
+        """The last learning call settled on the twin: the caller's kept twin posteriors are
+        now the model's (``twin_relabelled`` applied first, then ``relabelled``)."""
         self.settled: tuple[tuple[float, float | None], ...] = ()
         """(worker prior, evidence per answer) of the model, then of the twin, once settled
         (the kept one is ``config.worker_prior``'s)."""
-        self.relabelled: IntArray | None = None
-        """The last learning call's relabelling of the latent classes (new class z = old class
-        ``relabelled[z]``; core/orientation.py), all of its check points' together, or None.
-        The call's own posteriors follow it; a caller that keeps earlier ones permutes those."""
 
     def _check_params(self) -> None:
         K, S = self.config.n_classes, self.config.n_worker_slots
@@ -87,6 +98,7 @@ class OnlineEM:
         n_previous: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
         known: npt.ArrayLike | None = None,
+        twin_previous: BlockResult | None = None,
     ) -> BlockResult:
         """Learn from the blocks listed in ``order`` (default: all, as given), in that order.
 
@@ -102,8 +114,15 @@ class OnlineEM:
 
         ``known[b]`` >= 0 is the true class of block b's item (gold): its posterior is fixed
         to that class, so its labels teach the workers' confusions without doubt.
+
+        While the model has its pooled twin, the twin learns the same blocks from its own
+        earlier results ``twin_previous`` (its posteriors of the items, as ``previous`` is the
+        model's); ``previous`` without them drops the twin, the model kept (eq. 29).
         """
-        return self._run(blocks, order, previous, n_previous, out, update=True, known=known)
+        return self._run(
+            blocks, order, previous, n_previous, out, update=True, known=known,
+            twin_previous=twin_previous,
+        )  # fmt: skip
 
     def revisit_many(
         self,
@@ -112,10 +131,14 @@ class OnlineEM:
         order: npt.ArrayLike | None = None,
         out: BlockResult | None = None,
         known: npt.ArrayLike | None = None,
+        twin_previous: BlockResult | None = None,
     ) -> BlockResult:
         """Another pass over items already learned: every label counted, ``previous`` their
         latest results (``learn_many`` with ``n_previous`` = the block sizes)."""
-        return self._run(blocks, order, previous, blocks.sizes(), out, update=True, known=known)
+        return self._run(
+            blocks, order, previous, blocks.sizes(), out, update=True, known=known,
+            twin_previous=twin_previous,
+        )  # fmt: skip
 
     def refine(
         self,
@@ -203,6 +226,7 @@ class OnlineEM:
         update: bool,
         known: npt.ArrayLike | None = None,
         threads: int = 1,
+        twin_previous: BlockResult | None = None,
     ) -> BlockResult:
         nb, K = blocks.n_blocks, self.config.n_classes
         self._check_codes(blocks)
@@ -242,16 +266,18 @@ class OnlineEM:
             n_old = np.zeros(1, dtype=np.int64)
         else:
             q_old, b_old = previous.posteriors, previous.clarity
-        self.relabelled = None
-        if update and previous is not None:  # the twin learns first arrivals only
-            self.settle()
-            p = self.params
+        self.relabelled = self.twin_relabelled = None
+        self.took_twin = False
+        if update and self.twin is not None and previous is not None and twin_previous is None:
+            self.drop_twin()  # (its own earlier posteriors are not known)
         twin = self.twin if update else None
-        twin_out = None
-        if twin is not None:  # (its posteriors, kept until it is settled)
-            twin_out = self._twin_out = BlockResult(
+        tq_old, tb_old = q_old, b_old
+        if twin is not None:
+            self.twin_out = BlockResult(
                 out.posteriors.copy(), out.clarity.copy(), out.objective.copy()
             )
+            if previous is not None and twin_previous is not None:
+                tq_old, tb_old = twin_previous.posteriors, twin_previous.clarity
         checks = check_points(int(p.scalars[STEP]), order_a.size) if update else []
         ends = checks if checks and checks[-1] == order_a.size else [*checks, order_a.size]
         checked = set(checks)
@@ -259,31 +285,29 @@ class OnlineEM:
         for end in ends:
             part = order_a[done:end]
             self._learn(blocks, part, n_old, q_old, b_old, update, known_a, out)
-            if twin is not None and twin_out is not None:
-                twin._learn(blocks, part, n_old, q_old, b_old, update, known_a, twin_out)
-                twin_perm = twin._orient(known_a[part]) if end in checked else None
-                if twin_perm is not None:
-                    twin_out.posteriors[order_a[:end]] = twin_out.posteriors[order_a[:end]][
-                        :, twin_perm
-                    ]
+            if twin is not None and self.twin_out is not None:
+                twin._learn(blocks, part, n_old, tq_old, tb_old, update, known_a, self.twin_out)
             done = end
             perm = self._orient(known_a[part]) if end in checked else None
-            if twin_out is not None and end in checked and p.scalars[STEP] >= TWIN_UNTIL:
-                if self._settle(twin_out):  # the twin's posteriors so far replace the call's
-                    out.posteriors[order_a[:end]] = twin_out.posteriors[order_a[:end]]
-                    out.clarity[order_a[:end]] = twin_out.clarity[order_a[:end]]
-                    out.objective[order_a[:end]] = twin_out.objective[order_a[:end]]
-                    p, perm, self.relabelled = self.params, None, None
-                twin = twin_out = None
+            if twin is not None and self.twin_out is not None and end in checked:
+                if (twin_perm := twin._orient(known_a[part])) is not None:
+                    tq_old = _follow(twin_perm, order_a, end, self.twin_out, tq_old)
+                    self.twin_relabelled = _compose(self.twin_relabelled, twin_perm)
+                if twin_due(p):
+                    twin_out, twin = self.twin_out, None
+                    if self._settle():  # the twin's results so far are the call's
+                        done_rows = order_a[:end]
+                        out.posteriors[done_rows] = twin_out.posteriors[done_rows]
+                        out.clarity[done_rows] = twin_out.clarity[done_rows]
+                        out.objective[done_rows] = twin_out.objective[done_rows]
+                        q_old, b_old, p = tq_old, tb_old, self.params
+                        perm, self.relabelled, self.took_twin = None, None, True
             if perm is None:
                 continue
             # the whole state is relabelled: what this call learned, and the earlier
             # posteriors of the items it has still to learn (a copy: the caller's stay)
-            out.posteriors[order_a[:end]] = out.posteriors[order_a[:end]][:, perm]
-            if q_old.shape[0] > 1:
-                q_old = q_old.copy()
-                q_old[order_a[end:]] = q_old[order_a[end:]][:, perm]
-            self.relabelled = perm if self.relabelled is None else self.relabelled[perm]
+            q_old = _follow(perm, order_a, end, out, q_old)
+            self.relabelled = _compose(self.relabelled, perm)
         if self.relabelled is not None and np.array_equal(self.relabelled, np.arange(K)):
             self.relabelled = None  # (relabelled and back)
         return out
@@ -312,39 +336,65 @@ class OnlineEM:
             out.posteriors, out.clarity, out.objective, RHO_GRID, p.evidence,
         )  # fmt: skip
 
-    def settle(self, anchored: bool = False) -> BlockResult | None:
+    def settle(self) -> BlockResult | None:
         """Keep the model or its pooled twin, whichever predicted the answers better before it
-        learned them (eq. 29), and drop the other; at a pass's end (``crowdtally extract``)
+        learned them (eq. 29), and drop the other: at a pass's end (``crowdtally extract``),
         after ``orient``. Returns the twin's results of the last learning call when the twin
         is kept (its ``out``, with the rows of the blocks the call learned replaced: the
         caller's must be replaced by them), else None."""
-        twin_out = self._twin_out
-        if self.twin is None or twin_out is None:
-            self.twin = self._twin_out = None
-            return None
-        if (perm := self.twin.orient(anchored)) is not None:
-            twin_out.posteriors[:] = twin_out.posteriors[:, perm]
-        return twin_out if self._settle(twin_out) else None
+        twin_out = self.twin_out
+        return twin_out if self._settle() else None
 
-    def _settle(self, twin_out: BlockResult) -> bool:
-        twin, self.twin, self._twin_out = self.twin, None, None
-        assert twin is not None
+    def _settle(self) -> bool:
+        twin, self.twin, self.twin_out = self.twin, None, None
+        if twin is None:
+            return False
         self.settled = tuple(
             (m.config.worker_prior, evidence_per_answer(m.params)) for m in (self, twin)
         )
         if not twin_predicts_better(self.params, twin.params):
             return False
-        self.config, self.params = twin.config, twin.params
-        self._hyper, self._class_mean = twin._hyper, twin._class_mean
-        self._population_mean = twin._population_mean
+        self._take(twin)
         return True
+
+    def lead(self) -> bool:
+        """Exchange the model and its twin, both kept, when the twin predicted the answers
+        better (eq. 29: the service's refinement sweeps, which serve the model in the lead;
+        the caller exchanges the posteriors it keeps of each)."""
+        twin = self.twin
+        if twin is None or not twin_predicts_better(self.params, twin.params):
+            return False
+        mine = OnlineEM(self.config, self.params)
+        self._take(twin)
+        twin._take(mine)
+        self.twin_out = None  # (the caller's copies of both are exchanged)
+        return True
+
+    def drop_twin(self) -> None:
+        """Learn on without the twin, the model kept (e.g. its pooling chosen otherwise)."""
+        self.twin = self.twin_out = None
+
+    def _take(self, other: OnlineEM) -> None:
+        """Become ``other``'s model (configuration and parameters)."""
+        self.config, self.params = other.config, other.params
+        self._hyper, self._class_mean = other._hyper, other._class_mean
+        self._population_mean = other._population_mean
 
     def orient(self, anchored: bool = False) -> IntArray | None:
         """Check the labelling now, as at the check points of a learning call (a pass's end:
         ``crowdtally extract``, a refinement sweep's start), and relabel when the priors prefer
         another (core/orientation.py). Returns the relabelling, which the caller's kept
-        posteriors must follow; nothing where the model learned gold (``anchored``)."""
-        return None if anchored else self._orient(np.zeros(0, dtype=np.int64))
+        posteriors must follow; nothing where the model learned gold (``anchored``). The twin
+        is checked too: its last call's results follow, and ``twin_relabelled`` says how."""
+        self.twin_relabelled = None
+        if anchored:
+            return None
+        if self.twin is not None:
+            self.twin_relabelled = self.twin._orient(np.zeros(0, dtype=np.int64))
+            if self.twin_relabelled is not None and self.twin_out is not None:
+                rows = self.twin_out.posteriors
+                rows[:] = rows[:, self.twin_relabelled]
+        return self._orient(np.zeros(0, dtype=np.int64))
 
     def _orient(self, known: IntArray) -> IntArray | None:
         """Relabel the latent classes when the priors prefer another labelling (the answers'
@@ -366,6 +416,23 @@ class OnlineEM:
             raise ValueError(f"slots must be in 0..{self.config.n_worker_slots - 1}")
         if not np.all(np.isfinite(blocks.weights)) or blocks.weights.min() < 0:
             raise ValueError("weights must be finite and >= 0")
+
+
+def _follow(
+    perm: IntArray, order: IntArray, end: int, out: BlockResult, q_old: FloatArray
+) -> FloatArray:
+    """A relabelling at ``end`` of a call's ``order``: the results so far follow it, and so do
+    the earlier posteriors of the items still to come (returned: a copy, the caller's stay)."""
+    out.posteriors[order[:end]] = out.posteriors[order[:end]][:, perm]
+    if q_old.shape[0] > 1:
+        q_old = q_old.copy()
+        q_old[order[end:]] = q_old[order[end:]][:, perm]
+    return q_old
+
+
+def _compose(before: IntArray | None, perm: IntArray) -> IntArray:
+    """``before`` then ``perm`` (new class z = old class ``result[z]``)."""
+    return perm if before is None else before[perm]
 
 
 def _known_codes(known: npt.ArrayLike | None, n_blocks: int, n_classes: int) -> IntArray:

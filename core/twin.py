@@ -8,8 +8,8 @@ confusions) the pooled model loses. Batch EM chooses by the held-out answers (eq
 ``core.pooling``); a pass has its own held-out score: the prequential evidence of eq. 22,
 each answer predicted before its item moves the model. The twin learns the same first
 arrivals at the pooled prior, and ``settle`` keeps whichever of the two predicted the answers
-better (docs/model.md eq. 29), at a pass's end or once TWIN_UNTIL items have been learned,
-after which the work per label is that of one model again.
+better (docs/model.md eq. 29), at a pass's end or once answers of weight TWIN_ANSWERS have
+been scored, after which the work per label is that of one model again.
 """
 
 from __future__ import annotations
@@ -18,14 +18,23 @@ import numpy as np
 
 from core.evidence import RHO_GRID
 from core.nominal import NominalConfig, NominalParams
-from core.orientation import SPARSE_EVERY
 
 MAX_POOLING = 32.0
 """The pooled worker prior is this many times the configured one (the most that batch EM's
 search, ``core.pooling``, tries)."""
-TWIN_UNTIL = 3 * SPARSE_EVERY
-"""The twin is settled at the first orientation check point once this many items are learned
-(a check point itself: one call or many settle at the same item)."""
+MAX_TWIN_CLASSES = 16
+"""Models of more classes learn without a twin: its tables (S K^2 floats twice) double the
+model's while it learns, and with many classes each answer carries more signal (a wrong one
+is spread over K - 1 classes), so the weak crowds the twin is for are binary or few-class."""
+TWIN_ANSWERS = 100_000.0
+"""The twin is settled at the first orientation check point of the step count (one call or
+many settle at the same item) once the model has scored answers of this much weight (eq. 22:
+from there on it scores one item arrival in 8)."""
+
+
+def has_twin(n_classes: int) -> bool:
+    """Whether a new model of ``n_classes`` classes learns beside a pooled twin."""
+    return n_classes <= MAX_TWIN_CLASSES
 
 
 def pooled(config: NominalConfig) -> NominalConfig:
@@ -40,6 +49,12 @@ def evidence_per_answer(params: NominalParams) -> float | None:
     if ev is None or not ev[G] > 0:
         return None
     return float(np.max(ev[:G] / ev[G]))
+
+
+def twin_due(model: NominalParams) -> bool:
+    """Whether the twin is to be settled now (at a check point): TWIN_ANSWERS scored."""
+    ev = model.evidence
+    return ev is not None and float(ev[RHO_GRID.size]) >= TWIN_ANSWERS
 
 
 def twin_predicts_better(model: NominalParams, twin: NominalParams) -> bool:

@@ -54,6 +54,7 @@ from core.served import (
     held_out_corrections,
     held_out_posteriors,
 )
+from core.twin import has_twin
 
 log = logging.getLogger("crowdtally.engine")
 
@@ -112,7 +113,7 @@ class ProjectEngine:
         self.config = nominal_config(record)
         self.K = self.config.n_classes
         # the hashed model over the rows of the slots in use (see the module's docstring)
-        self.online = OnlineEM(self.config.with_(n_worker_slots=1))
+        self.online = OnlineEM(self.config.with_(n_worker_slots=1), pooled_twin=True)
         self.slot_of_row = np.full(1, -1, dtype=np.int64)  # hashed slot of each row
         self.n_rows = 0
         self._row_of_slot: dict[int, int] = {}
@@ -125,6 +126,9 @@ class ProjectEngine:
         self.q = np.empty((0, self.K))  # EM's posteriors (what the statistics count, eq. 14)
         self.held_out = np.empty((0, self.K))  # c_i of eq. 26 since the last sweep or refit
         self.b = np.empty(0)
+        # the pooled twin's posteriors (docs/model.md eq. 29), while it learns beside the model
+        self.twin_q = np.empty((0, self.K))
+        self.twin_b = np.empty(0)
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
         self.weight = np.empty(0)  # label weight per item (n_i of the calibration, eq. 21)
         self.calibration = Calibration()
@@ -258,19 +262,51 @@ class ProjectEngine:
         the slot rows it moved; returns the items' blocks."""
         blocks, _ = self.labels.gather(items)
         previous = BlockResult(self.q[items], self.b[items], np.zeros(items.size))
+        twin = (
+            BlockResult(self.twin_q[items], self.twin_b[items], np.zeros(items.size))
+            if self.online.twin is not None
+            else None
+        )
         counted = blocks.sizes() if n_previous is None else n_previous
         scale_before = self.online.params.scalars[0]
         result = self.online.learn_many(
-            blocks, previous=previous, n_previous=counted, known=self.gold[items]
-        )
+            blocks, previous=previous, n_previous=counted, known=self.gold[items],
+            twin_previous=twin,
+        )  # fmt: skip
+        self._follow_twin()
         if self.online.relabelled is not None:
             self._relabel(self.online.relabelled)
         self.q[items] = result.posteriors
         self.b[items] = result.clarity
+        if self.online.twin_out is not None:
+            self.twin_q[items] = self.online.twin_out.posteriors
+            self.twin_b[items] = self.online.twin_out.clarity
         self._dirty_rows.update(np.flatnonzero(np.bincount(blocks.slots)).tolist())  # (no sort)
         if self.online.params.scalars[0] > scale_before:  # rescaled: every row changed
             self._all_rows = True
         return blocks
+
+    def _follow_twin(self) -> None:
+        """The twin's kept posteriors follow its relabelling; where the model settled on the
+        twin (eq. 29), they become the model's, and every item and slot row is served anew."""
+        n = self.items_count
+        if (perm := self.online.twin_relabelled) is not None:
+            self.twin_q[:n] = self.twin_q[:n, perm]
+        if self.online.took_twin:
+            self._exchange_twin()
+        if self.online.twin is None:  # (settled: the twin's arrays are not needed)
+            self.twin_q, self.twin_b = np.empty((0, self.K)), np.empty(0)
+
+    def _exchange_twin(self) -> None:
+        """The model's and the twin's posteriors change places (the twin leads, or is kept)."""
+        n = self.items_count
+        log.debug("%s: the pooled twin leads (worker prior %g)", self.record.name,
+                 self.online.config.worker_prior)  # fmt: skip
+        self.q[:n], self.twin_q[:n] = self.twin_q[:n].copy(), self.q[:n].copy()
+        self.b[:n], self.twin_b[:n] = self.twin_b[:n].copy(), self.b[:n].copy()
+        self.held_out[:n] = 0.0  # (the corrections were the other model's)
+        self._all_rows = True
+        self._dirty_items.update(range(n))
 
     def _relabel(self, perm: IntArray) -> None:
         """The model's latent classes were relabelled (core/orientation.py): every kept
@@ -314,6 +350,9 @@ class ProjectEngine:
             anchored = bool(np.any(self.gold[: self.items_count] >= 0))
             if (perm := self.online.orient(anchored)) is not None:  # (core/orientation.py)
                 self._relabel(perm)
+            self._follow_twin()
+            if self.online.lead():  # the model that predicted the answers better (eq. 29)
+                self._exchange_twin()
         for round_, lo, hi in cut.rounds():
             if round_ < cut.passes:
                 self._revisit(np.arange(lo, hi, dtype=np.int64))
@@ -355,7 +394,7 @@ class ProjectEngine:
         n = blocks.n_blocks
         if n:
             params, laplace = self.online.params, refit_prior is not None
-            lam = self.config.worker_prior if refit_prior is None else refit_prior
+            lam = self.online.config.worker_prior if refit_prior is None else refit_prior
             self.held_out[:n] = held_out_corrections(
                 params, blocks, self.q[:n], lam, laplace=laplace
             )
@@ -404,11 +443,13 @@ class ProjectEngine:
         by_slot = np.argsort(self.slot_of_row[: self.n_rows], kind="stable")
         assert mapped.sums is not None
         mapped.sums[: self.K * self.K] = mapped.worker[by_slot].sum(axis=0).ravel()
-        if fit.config.worker_prior == self.config.worker_prior:  # the stream's (eq. 22) stays
+        if fit.config.worker_prior == self.online.config.worker_prior:  # the stream's (eq. 22)
             mapped.evidence = self.online.params.evidence
         else:  # one pass's at the prior chosen (eq. 28), as for batch EM in extract
             mapped.evidence = batch_evidence(fit.config, exact, nw, self.gold[:n])[0]
         self.online.params = mapped
+        self.online.drop_twin()  # (the refit chose the pooling, eq. 28)
+        self._follow_twin()
         self.q[:n] = fitted.probas
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
         self.refit_worker_prior = fit.config.worker_prior
@@ -436,6 +477,9 @@ class ProjectEngine:
             self.q = grow(self.q, cap, 1.0 / self.K)
             self.held_out = grow(self.held_out, cap, 0.0)
             self.b = grow(self.b, cap, 0.0)
+            if self.online.twin is not None:
+                self.twin_q = grow(self.twin_q, cap, 1.0 / self.K)
+                self.twin_b = grow(self.twin_b, cap, 0.0)
             self.learned = grow(self.learned, cap, 0)
             self.weight = grow(self.weight, cap, 0.0)
             self.gold = grow(self.gold, cap, -1)
@@ -479,11 +523,16 @@ class ProjectEngine:
         if self.n_rows <= capacity:
             return
         capacity = min(max(self.n_rows, 2 * capacity), self.config.n_worker_slots)
-        p = self.online.params
-        assert p.counts is not None
-        p.worker, p.counts = _grow_rows(p.worker, capacity), _grow_rows(p.counts, capacity)
+        for model in self._models():
+            p = model.params
+            assert p.counts is not None
+            p.worker, p.counts = _grow_rows(p.worker, capacity), _grow_rows(p.counts, capacity)
+            model.config = model.config.with_(n_worker_slots=capacity)
         self.slot_of_row = grow(self.slot_of_row, capacity, -1)
-        self.online.config = self.config.with_(n_worker_slots=capacity)
+
+    def _models(self) -> list[OnlineEM]:
+        """The model and, while it learns, its pooled twin."""
+        return [self.online] if self.online.twin is None else [self.online, self.online.twin]
 
     def rows_of(self, slots: IntArray) -> IntArray:
         """The rows of slots already held (vectorised; e.g. a snapshot's labels)."""
@@ -492,20 +541,29 @@ class ProjectEngine:
         found: IntArray = by_slot[np.searchsorted(held[by_slot], slots)]
         return found
 
-    def load_rows(self, slots: IntArray, params: NominalParams) -> None:
-        """Take ``params`` whose worker and count tables hold the rows of ``slots`` (in that
-        order; a snapshot's), before any worker is known."""
+    def load_rows(
+        self,
+        slots: IntArray,
+        params: NominalParams,
+        worker_prior: float,
+        twin: tuple[NominalParams, float] | None = None,
+    ) -> None:
+        """Take ``params`` (at ``worker_prior``) whose worker and count tables hold the rows of
+        ``slots`` (in that order; a snapshot's), and the pooled twin's, or none (settled),
+        before any worker is known."""
         assert self.n_rows == 0, "rows are loaded into a fresh engine"
         self._row_of_slot = {int(s): r for r, s in enumerate(slots.tolist())}
         self.n_rows = len(self._row_of_slot)
         capacity = max(self.n_rows, 1)
-        assert params.counts is not None
-        params.worker = _grow_rows(params.worker, capacity)
-        params.counts = _grow_rows(params.counts, capacity)
         self.slot_of_row = np.full(capacity, -1, dtype=np.int64)
         self.slot_of_row[: self.n_rows] = slots
-        self.online.config = self.config.with_(n_worker_slots=capacity)
-        self.online.params = params
+        config = self.config.with_(n_worker_slots=capacity)
+        self.online = OnlineEM(config.with_(worker_prior=worker_prior), _rows(params, capacity))
+        if twin is not None:
+            twin_params, twin_prior = twin
+            self.online.twin = OnlineEM(
+                config.with_(worker_prior=twin_prior), _rows(twin_params, capacity)
+            )
 
     @property
     def model(self) -> OnlineEM:
@@ -522,7 +580,7 @@ class ProjectEngine:
             None if p.sums is None else p.sums.copy(),
             None if p.evidence is None else p.evidence.copy(),
         )  # fmt: skip
-        return OnlineEM(self.config, full)
+        return OnlineEM(self.online.config.with_(n_worker_slots=S), full)
 
     # ---------------------------------------------------------------- serving
     @property
@@ -770,6 +828,14 @@ _WORKER_JSON = b'{"slot":%d,"n_labels":%d,"gold_seen":%d,"gold_right":%d}'
 gold_right)`` gives orjson's bytes for the dict, without orjson's 4 KiB buffer per value."""
 
 
+def _rows(params: NominalParams, capacity: int) -> NominalParams:
+    """``params`` with their worker and count tables grown to ``capacity`` rows."""
+    assert params.counts is not None
+    params.worker = _grow_rows(params.worker, capacity)
+    params.counts = _grow_rows(params.counts, capacity)
+    return params
+
+
 def _grow_rows(table: FloatArray, rows: int) -> FloatArray:
     """``table`` (rows, K, K) with zero rows added up to ``rows``."""
     if table.shape[0] >= rows:
@@ -779,13 +845,20 @@ def _grow_rows(table: FloatArray, rows: int) -> FloatArray:
     return out
 
 
+def nominal_slot_bytes(n_classes: int) -> int:
+    """A worker slot's share of the nominal model's tables (and its twin's): 16 K^2 bytes, or
+    32 K^2 with the twin."""
+    return (2 if has_twin(n_classes) else 1) * 16 * n_classes * n_classes
+
+
 def model_bytes(record: ProjectRecord) -> int:
     """The most memory a project's models may hold: the nominal model's worker and count
-    tables once every slot is in use (2 S K^2 floats), and the dyadic model's hashed tables
+    tables once every slot is in use (2 S K^2 floats, twice while a pooled twin learns beside
+    the model: at most 16 classes, core/twin.py), and the dyadic model's hashed tables
     once every slot is in use. Labels, items and workers come on top, as they arrive."""
     nominal = nominal_config(record)
     K = nominal.n_classes
-    total = (2 * nominal.n_worker_slots * K * K + sums_size(K)) * 8
+    total = nominal_slot_bytes(K) * nominal.n_worker_slots + sums_size(K) * 8
     dyadic = DyadicSettings.of(record.config)
     if dyadic is not None:
         c = dyadic.config

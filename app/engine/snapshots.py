@@ -35,6 +35,7 @@ from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
 from core.evidence import evidence_size
 from core.nominal import NominalParams, current_sums
+from core.online import OnlineEM
 
 FORMAT = 2  # the .npz's layout (its compression is told by its first bytes)
 READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every capture)
@@ -80,10 +81,43 @@ class Capture:
         return int(self.arrays["label_item"].size)
 
 
+def _model_arrays(model: OnlineEM, rows: int, prefix: str = "") -> dict[str, Any]:
+    """One model's parameters and statistics over the engine's ``rows``, at its worker prior."""
+    p = model.params
+    assert p.counts is not None and p.sums is not None
+    return {
+        f"{prefix}class_logits": p.class_logits.copy(),
+        f"{prefix}population": p.population.copy(),
+        f"{prefix}scalars": p.scalars.copy(),
+        f"{prefix}sums": p.sums.copy(),
+        f"{prefix}evidence": (
+            p.evidence if p.evidence is not None else np.zeros(evidence_size())
+        ).copy(),
+        f"{prefix}worker_rows": p.worker[:rows].copy(),
+        f"{prefix}count_rows": p.counts[:rows].copy(),
+        f"{prefix}worker_prior": np.array([model.config.worker_prior]),
+    }
+
+
+def _model_params(z: Any, n_classes: int, prefix: str = "") -> NominalParams:
+    evidence = (
+        z[f"{prefix}evidence"].copy()
+        if f"{prefix}evidence" in z.files
+        else np.zeros(evidence_size())
+    )
+    return NominalParams(
+        z[f"{prefix}class_logits"],
+        z[f"{prefix}population"],
+        z[f"{prefix}worker_rows"],
+        z[f"{prefix}scalars"].copy(),
+        z[f"{prefix}count_rows"],
+        current_sums(z[f"{prefix}sums"].copy(), n_classes),
+        evidence,
+    )
+
+
 def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
     n, nw, nl = eng.items_count, len(eng.workers.names), eng.labels.n_labels
-    p = eng.online.params
-    assert p.counts is not None and p.sums is not None
     # The rows the engine holds, in its row order, under their slots (labels name their slot
     # too: the format is the S-slot model's).
     rows = eng.n_rows
@@ -103,16 +137,13 @@ def capture(eng: ProjectEngine, token: int | None = None) -> Capture:
         "label_label": L.label[:nl],
         "label_weight": L.weight[:nl],
         "label_worker": L.worker[:nl],
-        "class_logits": p.class_logits.copy(),
-        "population": p.population.copy(),
-        "scalars": p.scalars.copy(),
-        "sums": p.sums.copy(),
-        "evidence": (p.evidence if p.evidence is not None else np.zeros(evidence_size())).copy(),
+        **_model_arrays(eng.online, rows),
         "used_slots": eng.slot_of_row[:rows].copy(),
-        "worker_rows": p.worker[:rows].copy(),
-        "count_rows": p.counts[:rows].copy(),
         "meta": np.array([FORMAT, eng.position, eng.computed_at]),
     }
+    if eng.online.twin is not None:  # the pooled twin learning beside the model (eq. 29)
+        arrays.update(_model_arrays(eng.online.twin, rows, "twin_"))
+        arrays["twin_q"], arrays["twin_b"] = eng.twin_q[:n].copy(), eng.twin_b[:n].copy()
     return Capture(
         eng.record.name, eng.position, arrays, eng.items.names.head(n), eng.workers.names.head(nw),
         L.slot[:nl], eng.slot_of_row[:rows].copy(), eng.queue_settings.to_dict(),
@@ -198,23 +229,23 @@ def restore(record: ProjectRecord, blob: bytes) -> ProjectEngine:
             f"{created}, this one at {record.created_at})"
         )
     eng = ProjectEngine(record)
-    evidence = z["evidence"].copy() if "evidence" in z.files else np.zeros(evidence_size())
-    params = NominalParams(
-        z["class_logits"],
-        z["population"],
-        z["worker_rows"],
-        z["scalars"].copy(),
-        z["count_rows"],
-        current_sums(z["sums"].copy(), len(record.labels)),
-        evidence,
-    )
-    eng.load_rows(z["used_slots"].astype(np.int64), params)  # only the rows in use
+    K = len(record.labels)
+    # (older snapshots: no twin, and the configured worker prior)
+    prior = float(z["worker_prior"][0]) if "worker_prior" in z.files else eng.config.worker_prior
+    twin = (
+        (_model_params(z, K, "twin_"), float(z["twin_worker_prior"][0]))
+        if "twin_worker_prior" in z.files
+        else None
+    )  # only the rows in use:
+    eng.load_rows(z["used_slots"].astype(np.int64), _model_params(z, K), prior, twin)
     eng.items.encode(names["items"])
     eng._grow_items(len(names["items"]))
     n = eng.items_count
     eng.q[:n], eng.b[:n], eng.learned[:n], eng.gold[:n] = z["q"], z["b"], z["learned"], z["gold"]
     if "held_out" in z.files:  # (older snapshots: none)
         eng.held_out[:n] = z["held_out"]
+    if twin is not None:
+        eng.twin_q[:n], eng.twin_b[:n] = z["twin_q"], z["twin_b"]
     eng.workers.encode(names["workers"])
     nw = len(names["workers"])
     eng._grow_workers(names["workers"])

@@ -230,13 +230,17 @@ def test_one_pass_over_weak_workers_keeps_the_pooled_twin(tmp_path: Path) -> Non
     blocks, truth, votes = weak_binary(0)
     items = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
     answers, gold = tmp_path / "answers.csv", tmp_path / "truth.csv"
-    rows = (f"i{i},w{w},{'ab'[a]}" for i, w, a in zip(items, blocks.slots, blocks.labels))
+    rows = (
+        f"i{i},w{w},{'ab'[a]}" for i, w, a in zip(items, blocks.slots, blocks.labels, strict=True)
+    )
     answers.write_text("item,worker,label\n" + "\n".join(rows) + "\n")
     gold.write_text("item,label\n" + "".join(f"i{i},{'ab'[t]}\n" for i, t in enumerate(truth)))
     run = extract(answers, "--truth", gold, "--shuffle", "0", "--save", tmp_path / "m.npz")
     assert run.returncode == 0, run.stderr
     assert "worker prior lambda_A = 32, chosen by how well each predicted" in run.stdout
-    accuracy = float(next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1])
+    accuracy = float(
+        next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1]
+    )
     assert accuracy > np.mean(votes == truth) - 0.02
     assert load_model(tmp_path / "m.npz").config.worker_prior == 32.0
 

@@ -4,12 +4,15 @@ spammers), and the same state whichever way the calls cut the stream."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from core.blocks import LabelBlocks
 from core.nominal import NominalConfig
 from core.online import OnlineEM
-from core.twin import MAX_POOLING, TWIN_UNTIL, evidence_per_answer
+from core.orientation import SPARSE_EVERY
+from core.twin import MAX_POOLING, TWIN_ANSWERS, evidence_per_answer, pooled
 from tests.core.test_orientation import weak_binary
 
 
@@ -59,7 +62,7 @@ def test_experts_and_spammers_keep_the_free_rows() -> None:
     config = NominalConfig(n_classes=3, n_items=float(truth.size), n_worker_slots=128)
     em = one_pass(config, blocks, 0, True)
     assert em.config.worker_prior == config.worker_prior
-    (mine, score), (_, twin_score) = em.settled
+    (_, score), (_, twin_score) = em.settled
     assert score is not None and twin_score is not None and score > twin_score
     alone = one_pass(config, blocks, 0, False)
     assert em.params.equals(alone.params)  # the twin changed nothing in the model kept
@@ -67,9 +70,10 @@ def test_experts_and_spammers_keep_the_free_rows() -> None:
 
 
 def test_the_twin_settles_at_the_same_item_however_the_calls_cut_the_stream() -> None:
-    """Past TWIN_UNTIL items the twin is settled inside a learning call, at a check point of
-    the step count: one call or many end in the same state, bit for bit."""
-    n_items = TWIN_UNTIL + 700
+    """Once answers of weight TWIN_ANSWERS are scored the twin is settled inside a learning
+    call, at a check point of the step count: one call or many end in the same state, bit for
+    bit."""
+    n_items = 17_000  # 9 answers an item, 8 scored: 100,000 by the check point at 16,384
     rng = np.random.default_rng(3)
     truth = rng.integers(0, 2, n_items)
     accuracy = rng.uniform(0.55, 0.65, 200)
@@ -81,23 +85,27 @@ def test_the_twin_settles_at_the_same_item_however_the_calls_cut_the_stream() ->
     whole = OnlineEM(config, pooled_twin=True)
     once = whole.learn_many(blocks)
     assert whole.twin is None and whole.settled  # settled inside the call
+    assert whole.config.worker_prior == MAX_POOLING  # (weak workers: the twin kept)
+    at = 4 * SPARSE_EVERY  # the first check point after TWIN_ANSWERS / 8 items
+    assert (at - SPARSE_EVERY) * 8 < TWIN_ANSWERS <= at * 8
     pieces = OnlineEM(config, pooled_twin=True)
-    cuts = [0, 5, 4000, TWIN_UNTIL - 1, TWIN_UNTIL + 3, n_items]
-    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+    for lo, hi in itertools.pairwise([0, 5, 4000, at - 3, at + 1, at + 70, n_items]):
         pieces.learn_many(blocks, order=np.arange(lo, hi))
     assert pieces.params.equals(whole.params)
     assert pieces.config == whole.config and pieces.settled == whole.settled
     q = pieces.predict_many(blocks).posteriors
     assert np.array_equal(q, whole.predict_many(blocks).posteriors)
     assert evidence_per_answer(whole.params) is not None
-    # the call's posteriors are those of the model kept, before and after the settling
-    assert np.allclose(once.posteriors.sum(axis=1), 1.0)
+    # the call's posteriors are the twin's, before and after it was kept: those of the pooled
+    # model learning alone (the twin never reads the model)
+    alone = OnlineEM(pooled(config)).learn_many(blocks)
+    assert np.array_equal(once.posteriors, alone.posteriors)
 
 
-def test_a_revisit_settles_first() -> None:
+def test_a_revisit_without_the_twins_posteriors_drops_the_twin() -> None:
     blocks, truth, _ = weak_binary(2)
     config = NominalConfig(n_classes=2, n_items=float(truth.size), n_worker_slots=512)
     em = OnlineEM(config, pooled_twin=True)
     first = em.learn_many(blocks)
     em.revisit_many(blocks, first)
-    assert em.twin is None and em.settled
+    assert em.twin is None and not em.settled and em.config == config

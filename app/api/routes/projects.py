@@ -23,7 +23,7 @@ from app.api.schemas import (
 )
 from app.api.views import project_view
 from app.engine.dyadic import settings_for
-from app.engine.project import model_bytes
+from app.engine.project import model_bytes, nominal_slot_bytes
 from app.serving.nominal import iso
 from app.store.base import ProjectExistsError, ProjectRecord
 from core.nominal import MAX_FIRST_STEP, NominalConfig
@@ -65,7 +65,7 @@ def check_memory(record: ProjectRecord, limit_mb: int) -> None:
     dyadic = need - model_bytes(
         ProjectRecord(record.name, record.labels, {**record.config, "dyadic": None}, 0.0)
     )
-    per_slot = 16 * K * K
+    per_slot = nominal_slot_bytes(K)
     fit = (limit - (need - slots * per_slot)) // per_slot  # what is not per slot stays
     plus = f", plus {dyadic / 2**20:,.0f} MiB for the dyadic model" if dyadic else ""
     if fit >= 1:
@@ -77,8 +77,8 @@ def check_memory(record: ProjectRecord, limit_mb: int) -> None:
     raise ApiError(
         422,
         "project_too_large",
-        f"this project could need {need / 2**20:,.0f} MiB ({slots:,} worker slots x {K}^2 x 16 "
-        f"bytes{plus}), over the per-project limit of {limit_mb:,} MiB "
+        f"this project could need {need / 2**20:,.0f} MiB ({slots:,} worker slots x {K}^2 x "
+        f"{per_slot // (K * K)} bytes{plus}), over the per-project limit of {limit_mb:,} MiB "
         f"(CROWDTALLY_PROJECT_MEMORY_LIMIT_MB): {advice}",
         None,
         field,
