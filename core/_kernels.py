@@ -691,30 +691,13 @@ def learn_blocks(
         if update:
             n_prev = n_old[old]
             again = hi > lo and n_prev == hi - lo  # a revisit: every label counted before
-            revisit = again and hyper[H_DIFF] == 0.0
+            # a later arrival (labels of an item already learned, eq. 8') is an incremental-EM
+            # step on the counts, as a revisit is (eq. 14-16)
+            revisit = n_prev > 0 and hyper[H_DIFF] == 0.0
             # with difficulty a revisit is a plain step (eq. 10) along the whole item gradient
-            plain = again and not revisit
+            plain = again and hyper[H_DIFF] != 0.0
             _add_counts(lo, hi, n_prev, slots, labels, weights, counts, sums, q, q_prev)
             d_new = math.exp(b_new)
-            _label_gradients(
-                lo,
-                hi,
-                0 if again else n_prev,
-                slots,
-                labels,
-                weights,
-                population,
-                worker,
-                scale,
-                q,
-                d_new,
-                q_prev,
-                d_prev,
-                theta,
-                p,
-                probs,
-                grad,
-            )
             if revisit:
                 w = 0.0
                 for j in range(lo, hi):
@@ -722,11 +705,17 @@ def learn_blocks(
                 _revisit_step(
                     class_logits, class_mean, population, population_mean, scalars, sums, hyper, w
                 )
+                # a later arrival steps the slots of its new labels (a partial M-step: the
+                # others' counts moved a little, and they step at their own next arrival)
                 _slot_newton_steps(
-                    lo, hi, slots, population, worker, scalars, counts, sums, hyper[H_LAM_A],
-                    theta, p, rhs, step,
+                    lo if again else lo + n_prev, hi, slots, population, worker, scalars,
+                    counts, sums, hyper[H_LAM_A], theta, p, rhs, step,
                 )  # fmt: skip
-            else:
+            else:  # (a revisit's steps read the counts, not the labels' gradients)
+                _label_gradients(
+                    lo, hi, 0 if again else n_prev, slots, labels, weights, population, worker,
+                    scale, q, d_new, q_prev, d_prev, theta, p, probs, grad,
+                )  # fmt: skip
                 _global_step(
                     lo,
                     hi,
