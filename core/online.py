@@ -272,8 +272,9 @@ class OnlineEM:
             self.drop_twin()  # (its own earlier posteriors are not known)
         twin = self.twin if update else None
         tq_old, tb_old = q_old, b_old
+        twin_out = None
         if twin is not None:
-            self.twin_out = BlockResult(
+            twin_out = self.twin_out = BlockResult(
                 out.posteriors.copy(), out.clarity.copy(), out.objective.copy()
             )
             if previous is not None and twin_previous is not None:
@@ -285,16 +286,16 @@ class OnlineEM:
         for end in ends:
             part = order_a[done:end]
             self._learn(blocks, part, n_old, q_old, b_old, update, known_a, out)
-            if twin is not None and self.twin_out is not None:
-                twin._learn(blocks, part, n_old, tq_old, tb_old, update, known_a, self.twin_out)
+            if twin is not None and twin_out is not None:
+                twin._learn(blocks, part, n_old, tq_old, tb_old, update, known_a, twin_out)
             done = end
             perm = self._orient(known_a[part]) if end in checked else None
-            if twin is not None and self.twin_out is not None and end in checked:
+            if twin is not None and twin_out is not None and end in checked:
                 if (twin_perm := twin._orient(known_a[part])) is not None:
-                    tq_old = _follow(twin_perm, order_a, end, self.twin_out, tq_old)
+                    tq_old = _follow(twin_perm, order_a, end, twin_out, tq_old)
                     self.twin_relabelled = _compose(self.twin_relabelled, twin_perm)
                 if twin_due(p):
-                    twin_out, twin = self.twin_out, None
+                    twin = None
                     if self._settle():  # the twin's results so far are the call's
                         done_rows = order_a[:end]
                         out.posteriors[done_rows] = twin_out.posteriors[done_rows]
@@ -354,7 +355,7 @@ class OnlineEM:
         )
         if not twin_predicts_better(self.params, twin.params):
             return False
-        self._take(twin)
+        self._exchange(twin)  # (the model's state goes to the twin, which is dropped)
         return True
 
     def lead(self) -> bool:
@@ -364,9 +365,7 @@ class OnlineEM:
         twin = self.twin
         if twin is None or not twin_predicts_better(self.params, twin.params):
             return False
-        mine = OnlineEM(self.config, self.params)
-        self._take(twin)
-        twin._take(mine)
+        self._exchange(twin)
         self.twin_out = None  # (the caller's copies of both are exchanged)
         return True
 
@@ -374,11 +373,12 @@ class OnlineEM:
         """Learn on without the twin, the model kept (e.g. its pooling chosen otherwise)."""
         self.twin = self.twin_out = None
 
-    def _take(self, other: OnlineEM) -> None:
-        """Become ``other``'s model (configuration and parameters)."""
-        self.config, self.params = other.config, other.params
-        self._hyper, self._class_mean = other._hyper, other._class_mean
-        self._population_mean = other._population_mean
+    def _exchange(self, other: OnlineEM) -> None:
+        """Change models (configuration and parameters) with ``other``."""
+        for name in ("config", "params", "_hyper", "_class_mean", "_population_mean"):
+            mine = getattr(self, name)
+            setattr(self, name, getattr(other, name))
+            setattr(other, name, mine)
 
     def orient(self, anchored: bool = False) -> IntArray | None:
         """Check the labelling now, as at the check points of a learning call (a pass's end:

@@ -6,10 +6,11 @@ and the pass ends several points below majority vote; pooled toward the populati
 (λ_A x MAX_POOLING) it ends near the exact posterior. Elsewhere (spammers, experts, full
 confusions) the pooled model loses. Batch EM chooses by the held-out answers (eq. 28,
 ``core.pooling``); a pass has its own held-out score: the prequential evidence of eq. 22,
-each answer predicted before its item moves the model. The twin learns the same first
-arrivals at the pooled prior, and ``settle`` keeps whichever of the two predicted the answers
-better (docs/model.md eq. 29), at a pass's end or once answers of weight TWIN_ANSWERS have
-been scored, after which the work per label is that of one model again.
+each answer predicted before its item moves the model. The twin learns the same labels at
+the pooled prior; ``OnlineEM.settle`` keeps whichever of the two predicted the answers better
+(docs/model.md eq. 29) at a pass's end, ``OnlineEM.lead`` serves it (both kept) at a
+refinement sweep's start, and once answers of weight TWIN_ANSWERS have been scored the twin
+is settled for good, after which the work per label is that of one model again.
 """
 
 from __future__ import annotations

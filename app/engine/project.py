@@ -302,8 +302,8 @@ class ProjectEngine:
         n = self.items_count
         log.debug("%s: the pooled twin leads (worker prior %g)", self.record.name,
                  self.online.config.worker_prior)  # fmt: skip
-        self.q[:n], self.twin_q[:n] = self.twin_q[:n].copy(), self.q[:n].copy()
-        self.b[:n], self.twin_b[:n] = self.twin_b[:n].copy(), self.b[:n].copy()
+        self.q, self.twin_q = self.twin_q, self.q  # (grown together: the same capacity)
+        self.b, self.twin_b = self.twin_b, self.b
         self.held_out[:n] = 0.0  # (the corrections were the other model's)
         self._all_rows = True
         self._dirty_items.update(range(n))
