@@ -22,6 +22,11 @@ def entries(blocks: LabelBlocks, seed: int, size: int = 1000) -> list[LogEntry]:
     about ``size`` labels may end inside one: its other labels come in the next)."""
     order = np.random.default_rng(seed).permutation(blocks.n_blocks)
     rows = np.concatenate([np.arange(blocks.ptr[i], blocks.ptr[i + 1]) for i in order])
+    return cut(blocks, rows, size)
+
+
+def cut(blocks: LabelBlocks, rows: np.ndarray, size: int) -> list[LogEntry]:
+    """The labels ``rows`` (in that order) as log entries of ``size`` labels."""
     items = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
     out = []
     for position, lo in enumerate(range(0, rows.size, size), start=1):
@@ -105,16 +110,7 @@ def test_snapshots_and_replays_carry_the_twin_bit_for_bit() -> None:
 def shuffled_entries(blocks: LabelBlocks, seed: int, size: int = 1000) -> list[LogEntry]:
     """Every label once in a random order: an item's answers come one at a time, spread over
     the whole stream."""
-    items = np.repeat(np.arange(blocks.n_blocks), blocks.sizes())
-    rows = np.random.default_rng(seed).permutation(items.size)
-    out = []
-    for position, lo in enumerate(range(0, rows.size, size), start=1):
-        part = rows[lo : lo + size]
-        body = {"items": [f"i{i}" for i in items[part]],
-                "workers": [f"w{w}" for w in blocks.slots[part]],
-                "labels": blocks.labels[part].tolist(), "weights": None}  # fmt: skip
-        out.append(LogEntry(position, "labels", orjson.dumps(body), b""))
-    return out
+    return cut(blocks, np.random.default_rng(seed).permutation(blocks.n_labels), size)
 
 
 def test_weak_answers_one_at_a_time_do_not_walk_the_model_into_one_class() -> None:
