@@ -10,12 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, NotRequired
 
+import msgspec
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from app.api.errors import NOT_AN_OBJECT, ApiError, json_type, not_utf8
-from app.api.schemas import NO_CONTROL_MESSAGE, GoldIn, ItemIn, LabelIn, PairIn
+from app.api.schemas import (
+    MAX_LABEL_LENGTH,
+    NO_CONTROL_MESSAGE,
+    GoldIn,
+    ItemIn,
+    LabelIn,
+    PairIn,
+)
+from app.io.input import MAX_ID_LENGTH
 from app.store.base import ProjectRecord
 
 
@@ -37,6 +46,8 @@ WEIGHT = LabelIn.model_fields["weight"].default
 GOLD = TypeAdapter(list[GoldIn])
 ITEMS = TypeAdapter(list[ItemIn])
 PAIRS = TypeAdapter(list[PairIn])
+MAX_ENTRY_BYTES = 2048
+"""A body may hold this many bytes an entry it is allowed (413 above)."""
 BODIES: dict[str, type[BaseModel]] = {m.__name__: m for m in (LabelIn, GoldIn, ItemIn, PairIn)}
 """The entries of the bodies read by hand, by their schema's name."""
 
@@ -53,11 +64,54 @@ class LabelColumns:
     ids: list[str | None]
 
 
+_FastId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LENGTH)]
+
+
+class _FastLabel(msgspec.Struct, forbid_unknown_fields=True):
+    """``LabelIn`` for msgspec: its fields, types and bounds but the control-character pattern,
+    which ``fast_labels`` checks on the body's bytes instead (a property test holds the two to
+    the same verdicts)."""
+
+    item: _FastId
+    worker: _FastId
+    label: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_LENGTH)]
+    id: _FastId | None = None
+    weight: Annotated[float, msgspec.Meta(ge=0)] = WEIGHT
+
+
+_FAST_LABELS = msgspec.json.Decoder(list[_FastLabel])
+_ESCAPES_AND_C1 = (b"\\", b"\x7f", b"\xc2")
+"""What JSON text needs for a string to hold a control character (``schemas.NO_CONTROL``):
+an escape (C0 characters may not appear raw), DEL, or UTF-8's lead byte of U+0080-U+009F."""
+
+
+def fast_labels(raw: bytes, limit: int) -> list[_FastLabel] | None:
+    """A valid block of at most ``limit`` labels whose text holds none of ``_ESCAPES_AND_C1``
+    (what clients send), decoded and validated in one pass by msgspec, 3.5x faster than
+    pydantic (docs/benchmarks.md); None for anything else, which ``parse_block`` reads and
+    explains."""
+    if len(raw) > limit * MAX_ENTRY_BYTES or any(mark in raw for mark in _ESCAPES_AND_C1):
+        return None
+    try:
+        out = _FAST_LABELS.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    return out if 0 < len(out) <= limit else None
+
+
 def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
     """A block of labels (``LabelIn``), validated; a ``weight`` above ``max_weight`` is
     refused too (422 naming the entry and field ``weight``)."""
-    out = parse_block(raw, LABELS, limit)
-    weights = [x.get("weight", WEIGHT) for x in out]
+    fast = fast_labels(raw, limit)
+    if fast is not None:
+        items, workers = [x.item for x in fast], [x.worker for x in fast]
+        labels, ids = [x.label for x in fast], [x.id for x in fast]
+        weights = [x.weight for x in fast]
+    else:
+        out = parse_block(raw, LABELS, limit)
+        items, workers = [x["item"] for x in out], [x["worker"] for x in out]
+        labels, ids = [x["label"] for x in out], [x.get("id") for x in out]
+        weights = [x.get("weight", WEIGHT) for x in out]
     heaviest = max(weights)
     if heaviest > max_weight:
         entry = next(n for n, w in enumerate(weights) if w > max_weight)
@@ -69,13 +123,8 @@ def label_block(raw: bytes, limit: int, max_weight: float) -> LabelColumns:
             entry,
             "weight",
         )
-    block = LabelColumns(
-        [x["item"] for x in out],
-        [x["worker"] for x in out],
-        [x["label"] for x in out],
-        None if heaviest == min(weights) == 1.0 else weights,
-        [x.get("id") for x in out],
-    )
+    same = heaviest == min(weights) == 1.0
+    block = LabelColumns(items, workers, labels, None if same else weights, ids)
     refuse_ids_given_twice(block, weights)
     return block
 
@@ -109,7 +158,7 @@ def parse_block(
 ) -> list[Any]:
     """The block's entries, validated (422 naming the first bad entry and field); ``what``
     names an entry in the messages, ``code`` a bad entry's error (``invalid_<what>``)."""
-    if len(raw) > limit * 2048:
+    if len(raw) > limit * MAX_ENTRY_BYTES:
         raise ApiError(
             413, "block_too_large", f"a {len(raw):,}-byte body; blocks hold at most {limit} {what}s"
         )

@@ -32,7 +32,10 @@ some stores and paths, or an id that cannot be routed."""
 ExternalId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)
 ]
-LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_CONTROL)]
+MAX_LABEL_LENGTH = 128
+LabelName = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_LABEL_LENGTH, pattern=NO_CONTROL)
+]
 """A class's name: no control characters either (a newline in one broke exports' rows)."""
 IdQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
 """A worker's or an item's id given in the query (None: not given)."""
