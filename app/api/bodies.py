@@ -47,7 +47,7 @@ GOLD = TypeAdapter(list[GoldIn])
 ITEMS = TypeAdapter(list[ItemIn])
 PAIRS = TypeAdapter(list[PairIn])
 MAX_ENTRY_BYTES = 2048
-"""A body may hold this many bytes an entry it is allowed (413 above)."""
+"""A body may hold this many bytes for each entry it may hold (413 above)."""
 BODIES: dict[str, type[BaseModel]] = {m.__name__: m for m in (LabelIn, GoldIn, ItemIn, PairIn)}
 """The entries of the bodies read by hand, by their schema's name."""
 
