@@ -372,29 +372,23 @@ class SnapshotDB:
 
     def forget_project(self, project: str, unless_created_at: float | None = None) -> None:
         """Drop everything SQL holds of ``project``; with ``unless_created_at``, nothing when
-        its record has that creation time (archived meanwhile by the API that made it)."""
-        with Session(self.engine) as s, s.begin():
-            if unless_created_at is not None:
-                kept = s.scalar(
-                    select(ProjectRow.name).where(
-                        ProjectRow.deployment == self.deployment,
-                        ProjectRow.name == project,
-                        ProjectRow.created_at == unless_created_at,
-                    )
-                )
-                if kept is not None:
-                    return
-            for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow):
-                s.execute(
-                    delete(table).where(
-                        table.deployment == self.deployment, table.project == project
-                    )
-                )
-            s.execute(
-                delete(ProjectRow).where(
-                    ProjectRow.deployment == self.deployment, ProjectRow.name == project
-                )
+        its record has that creation time (archived meanwhile by the API that made it). That
+        condition is part of every delete, not read before them: an API that archives the
+        project between a read and the deletes (the engine loads a project as it is made)
+        would else lose its record and key to them."""
+        of_project = (ProjectRow.deployment == self.deployment, ProjectRow.name == project)
+        deletes = [
+            delete(table).where(table.deployment == self.deployment, table.project == project)
+            for table in (SnapshotRow, LogRow, LabelIdRow, ApiKeyRow)
+        ] + [delete(ProjectRow).where(*of_project)]
+        if unless_created_at is not None:
+            archived = select(ProjectRow.name).where(
+                *of_project, ProjectRow.created_at == unless_created_at
             )
+            deletes = [rows.where(~archived.exists()) for rows in deletes]
+        with Session(self.engine) as s, s.begin():
+            for rows in deletes:
+                s.execute(rows)
 
 
 def _key_row(deployment: str, key_hash: str, k: KeyRecord) -> ApiKeyRow:

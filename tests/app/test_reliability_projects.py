@@ -466,6 +466,7 @@ def test_a_redis_wiped_under_the_api_is_rebuilt_without_a_restart(tmp_path: Path
             assert c.get("/v1/projects/p", headers=own).status_code == 200  # (no miss kept)
             q_key = {"Authorization": f"Bearer {q['api_key']}"}
             r = c.post("/v1/projects/q/labels?wait=true", content=block("q", 4), headers=q_key)
+            assert "accepted" in r.json(), r.text
             assert r.json()["accepted"] == 4 and r.json()["applied"]
             stats = settle(c, "p")
             assert stats["n_items"] == 10 and stats["n_labels"] == 10

@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
@@ -136,3 +137,37 @@ def test_engines_saving_their_projects_keys_at_once_all_succeed() -> None:
             for db in dbs:
                 db.close()
         assert failures == []
+
+
+def test_a_project_archived_while_the_engine_clears_its_name_keeps_its_record_and_key(
+    sql_url: str,
+) -> None:
+    """An engine loading a project whose record SQL does not hold yet clears what SQL holds of
+    the name (``forget_project`` with ``unless_created_at``) while the API that made the
+    project archives it. Archived just before the engine's deletes run, the record and the key
+    stay: a Redis wiped before the project's first snapshot gives it back."""
+    prefix = f"test-forget-{uuid.uuid4().hex[:8]}"
+    settings = Settings(store="redis", redis_prefix=prefix, database_url=sql_url)
+    engine_side, api_side = open_snapshot_db(settings), open_snapshot_db(settings)
+    record = ProjectRecord("q", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 2.0)
+    fired: list[str] = []
+
+    def archive_first(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not fired and statement.lstrip().upper().startswith("DELETE"):
+            fired.append(statement)  # what the API does as it makes a project (Redis store)
+            api_side.forget_project("q")
+            api_side.save_project(record)
+            api_side.put_keys({"q-key": KeyRecord("k", "write", "q", 2.0)})
+
+    event.listen(engine_side.engine, "before_cursor_execute", archive_first)
+    try:
+        engine_side.forget_project("q", unless_created_at=record.created_at)
+        assert fired
+        assert engine_side.project("q") == record
+        assert set(engine_side.keys()) == {"q-key"}
+        engine_side.forget_project("q", unless_created_at=1.0)  # an earlier project's time
+        assert engine_side.project("q") is None and engine_side.keys() == {}
+    finally:
+        event.remove(engine_side.engine, "before_cursor_execute", archive_first)
+        engine_side.close()
+        api_side.close()
