@@ -49,7 +49,8 @@ class Settings(BaseSettings):
     snapshot_labels: int = Field(100_000, ge=1)
     """... and after this many new labels, whichever comes first. With the log in SQLite
     (embedded), after a tenth of the labels the project held at its last snapshot when that
-    is more: the snapshot only saves replay there, and costs in proportion to the project."""
+    is more, and no sooner than ten times the last snapshot's own time after it began: the
+    snapshot only saves replay there, and costs in proportion to the project."""
     snapshot_keep: int = Field(3, ge=1)
     """Snapshots kept per project (older ones are deleted after a new one is written)."""
     admin_key: str | None = None

@@ -42,6 +42,11 @@ READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every 
 REPLAY_SHARE = 0.1
 """With the log in SQL, a snapshot is due once the labels since the last one reach this share
 of the project's labels at that snapshot (and ``every_labels``): ``Snapshotter.labels_between``."""
+TIME_SHARE = 0.1
+"""With the log in SQL, a project's snapshots take at most this share of the time: one that
+took w seconds (capture and write) is followed by the next no sooner than w / TIME_SHARE
+seconds after it began (``Snapshotter.resting``). Under a heavy load they would else take half
+a core (docs/benchmarks.md, "Snapshots within a share of the time")."""
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -295,10 +300,14 @@ class Snapshotter:
         interval_s: float = 60.0,
         every_labels: int = 100_000,
         keep: int = 3,
+        time_share: float | None = TIME_SHARE,
     ) -> None:
         self.db, self.store = db, store
         self.interval_s, self.every_labels, self.keep = interval_s, every_labels, keep
+        self.time_share = time_share
+        """``TIME_SHARE``, or None: snapshots whenever due."""
         self._last: dict[str, tuple[float, int, int]] = {}  # time, labels, position
+        self._took: dict[str, float] = {}  # the last snapshot's capture and write, seconds
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crowdtally-snapshot")
         self._pending: Future[SnapshotInfo | None] | None = None
         self.last_error: str | None = None
@@ -438,7 +447,7 @@ class Snapshotter:
         due = eng.position > position and (
             force or now - t >= self.interval_s or new_labels >= self.labels_between(labels)
         )
-        if not due:
+        if not due or (not force and self.resting(name, now - t)):
             return None
         if self._pending is not None and not self._pending.done():
             if not force:
@@ -448,10 +457,19 @@ class Snapshotter:
         cap = capture(eng, token)
         self.stall_s = time.perf_counter() - t0
         self._last[name] = (now, eng.labels.n_labels, eng.position)
-        self._pending = self._pool.submit(self._write, eng.record, cap)
+        self._pending = self._pool.submit(self._write, eng.record, cap, self.stall_s)
         return self._pending
 
-    def _write(self, record: ProjectRecord, cap: Capture) -> SnapshotInfo | None:
+    def resting(self, project: str, since: float) -> bool:
+        """Whether ``project``'s next snapshot waits, ``since`` seconds after its last began,
+        to keep snapshots within ``time_share`` of the time (log in SQL: a snapshot there only
+        saves replay; with Redis its count bounds what a lost volume costs, and is kept)."""
+        took, share = self._took.get(project), self.time_share
+        if took is None or share is None or not self.store.log_in_sql:
+            return False
+        return since < took / share
+
+    def _write(self, record: ProjectRecord, cap: Capture, stall_s: float) -> SnapshotInfo | None:
         t0 = time.perf_counter()
         try:
             current = self.store.get_project(record.name)
@@ -478,6 +496,7 @@ class Snapshotter:
             # only once SQL holds the entries, and while the log holds the snapshot's entry
             self.store.trim(cap.project, cap.position, anchor=(cap.position, cap.token))
             self.write_s = time.perf_counter() - t0
+            self._took[record.name] = stall_s + self.write_s
             self.last_error = None
             log.info(
                 "%s: snapshot at position %d written in %.2f s (%d KiB, %d entries archived)",
@@ -504,6 +523,7 @@ class Snapshotter:
         rebuilds it, and stays): drop its schedule once the snapshot being written is."""
         self.wait()
         self._last.pop(project, None)
+        self._took.pop(project, None)
 
     def forget(self, project: str) -> None:
         """Another project now has this name: drop the schedule and what SQL holds of the

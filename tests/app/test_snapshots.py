@@ -22,7 +22,7 @@ from app.engine.loop import EngineLoop
 from app.engine.project import ProjectEngine
 from app.engine.snapshots import Snapshotter, capture, decompress, describe, encode, restore
 from app.store.archive import SnapshotDB, rebuild_store
-from app.store.base import ProjectRecord, Store
+from app.store.base import LogEntry, ProjectRecord, Store
 from app.store.redis_store import RedisStore
 from app.store.sql import (
     HEAD,
@@ -56,8 +56,6 @@ def same_state(a: ProjectEngine, b: ProjectEngine) -> None:
 def test_snapshot_round_trip_then_replay_is_bit_identical(synthetic: Synthetic) -> None:
     entries = label_entries(synthetic, [700, 3000, 5200, 9000, 12000])
     gold = orjson.dumps({"items": ["item-1", "item-2"], "labels": [0, 2]})
-    from app.store.base import LogEntry
-
     entries = [
         *entries[:3],
         LogEntry(4, "gold", gold),
@@ -244,24 +242,50 @@ def test_an_engine_restored_at_the_log_end_still_sweeps(
     assert eng.dyadic is not None and eng.dyadic.examples == 3 * eng.labels.n_labels
 
 
+def snapshots_after(loop: EngineLoop, db: SnapshotDB, entries: list[LogEntry]) -> list[int]:
+    """Project p made, then ``entries`` appended and applied one at a time: the position of
+    the latest snapshot after each."""
+    loop.store.create_project(RECORD)
+    out = []
+    for e in entries:
+        loop.store.append("p", "labels", e.payload, None)
+        drain(loop, snapshot=False)
+        out.append(db.infos("p")[-1].position)
+    return out
+
+
 def test_with_the_log_in_sql_snapshots_come_after_a_share_of_the_labels_not_a_fixed_count(
     store: Store, db: SnapshotDB, synthetic: Synthetic
 ) -> None:
     """Embedded (the log in SQLite): after a snapshot of 4,000 labels the next is due after
     400 more (``REPLAY_SHARE``), not after ``every_labels`` = 100: a snapshot costs in
     proportion to the project. Redis (the archive goes with the snapshot): after 100."""
-    store.create_project(RECORD)
-    entries = label_entries(synthetic, [4000, 4200, 4450])
-    snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5)
+    snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5, time_share=None)
     loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
-    snapshotted = []
-    for e in entries[:3]:
-        store.append("p", "labels", e.payload, None)
-        drain(loop, snapshot=False)
-        snapshotted.append(db.infos("p")[-1].position)
+    snapshotted = snapshots_after(loop, db, label_entries(synthetic, [4000, 4200, 4450])[:3])
     assert snap.labels_between(4000) == (400 if store.log_in_sql else 100)
     # 4,000 labels, then 200 (200 < 400: none with the log in SQL), then 250 (450 >= 400)
     assert snapshotted == ([1, 1, 3] if store.log_in_sql else [1, 2, 3])
+
+
+def test_with_the_log_in_sql_a_snapshot_due_waits_out_its_share_of_the_time(
+    store: Store, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    """Embedded: a snapshot that took w seconds is followed by the next no sooner than
+    w / time_share seconds after it began, however many labels came since; one asked for is
+    taken at once. Redis: the count alone decides (it bounds what a lost volume costs)."""
+    snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5, time_share=1e-6)
+    loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
+    snapshotted = snapshots_after(loop, db, label_entries(synthetic, [2000, 2500, 3000])[:3])
+    assert snap.resting("p", 3600.0) == store.log_in_sql  # (an hour < w / 1e-6)
+    assert snapshotted == ([1, 1, 1] if store.log_in_sql else [1, 2, 3])
+    if store.log_in_sql:
+        assert db.infos("p")[-1].position == 1
+        future = snap.maybe_snapshot(loop.engines["p"], force=True)
+        assert future is not None and future.result() is not None
+    assert db.infos("p")[-1].position == 3
+    snap.unload("p")
+    assert not snap.resting("p", 0.0)  # (a project loaded again starts afresh)
 
 
 def test_wiped_redis_is_rebuilt_from_sql(
