@@ -95,6 +95,13 @@ WRITE_WAIT_S = 0.001
 holds it."""
 BUSY_TIMEOUT_MS = 5_000
 """How long the store's other statements wait for that lock (sqlite3's default)."""
+READ_LOG = (
+    "SELECT position, kind, payload, keep, joins FROM label_log "
+    "WHERE deployment = '' AND project = ? AND position > ? ORDER BY position LIMIT ?"
+)
+"""The engine's read of the log: a range of the primary key (deployment, project, position),
+so it costs the same however long the log is (without the deployment it scanned the whole
+table: 2.2 ms a read at 5,000 entries of 1,000 labels, growing with the log)."""
 
 
 class EmbeddedStore:
@@ -358,11 +365,7 @@ class EmbeddedStore:
         if anchor is not None and after > self.log_end(project):
             raise LogRewoundError(f"{project}: the log ends before entry {after}")
         with self._lock:
-            rows = self._db.execute(
-                "SELECT position, kind, payload, keep, joins FROM label_log "
-                "WHERE project = ? AND position > ? ORDER BY position LIMIT ?",
-                (project, after, limit),
-            ).fetchall()
+            rows = self._db.execute(READ_LOG, (project, after, limit)).fetchall()
             if seal and rows and (st := self._state.get(project)) is not None:
                 st.sealed = max(st.sealed, rows[-1][0])
         return [LogEntry(p, k, bytes(b), bytes(m), 1, bool(j)) for p, k, b, m, j in rows]
