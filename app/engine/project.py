@@ -305,8 +305,7 @@ class ProjectEngine:
         self.q, self.twin_q = self.twin_q, self.q  # (grown together: the same capacity)
         self.b, self.twin_b = self.twin_b, self.b
         self.held_out[:n] = 0.0  # (the corrections were the other model's)
-        self._all_rows = True
-        self._dirty_items.update(range(n))
+        self._serve_model_anew()
 
     def _relabel(self, perm: IntArray) -> None:
         """The model's latent classes were relabelled (core/orientation.py): every kept
@@ -315,8 +314,13 @@ class ProjectEngine:
         n = self.items_count
         self.q[:n] = self.q[:n, perm]
         self.held_out[:n] = self.held_out[:n, perm]
+        self._serve_model_anew()
+
+    def _serve_model_anew(self) -> None:
+        """The model moved as a whole (relabelled, exchanged with its twin, refitted): the
+        next ``state_update`` carries every item and every used slot row."""
+        self._dirty_items.update(range(self.items_count))
         self._all_rows = True
-        self._dirty_items.update(range(n))
 
     def _apply_gold(self, body: dict[str, list[object]]) -> None:
         items = [str(x) for x in body["items"]]
@@ -454,8 +458,7 @@ class ProjectEngine:
         self.b[:n] = np.log(fitted.clarity) if fitted.clarity is not None else 0.0
         self.refit_worker_prior = fit.config.worker_prior
         self._hold_out(blocks, refit_prior=self.refit_worker_prior)
-        self._all_rows = True
-        self._dirty_items.update(range(n))
+        self._serve_model_anew()
 
     # ---------------------------------------------------------------- growing arrays
     def wants_dyadic_sweep(self) -> bool:
@@ -591,9 +594,8 @@ class ProjectEngine:
 
     def mark_all_dirty(self) -> None:
         """Make the next ``state_update`` carry every item, worker and used slot."""
-        self._dirty_items.update(range(self.items_count))
+        self._serve_model_anew()
         self._dirty_workers.update(range(len(self.workers.names)))
-        self._all_rows = True
         if self.dyadic is not None:
             self.dyadic.mark_all_dirty()
 
