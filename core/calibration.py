@@ -57,8 +57,15 @@ SLICE_ROWS = 1 << 16
 """Items calibrated at a time by ``Calibration.from_posteriors`` (its temporaries are a few
 arrays of this many rows)."""
 GOLD_WEIGHT_LABELS = 50.0
-"""Eq. 24 weighs the prequential evidence (a mean per scored answer) like this many gold
-items: with fewer gold items rho follows the answers; with more, the gold decides."""
+"""Eq. 24 weighs the prequential evidence like at most this many gold items (a mean per scored
+answer times this, once more answers than this are scored): with fewer gold items rho follows
+the answers; with more, the gold decides."""
+RHO_PRIOR_AT_ZERO = 0.5
+"""The prior mass of rho = 0 (answers independent given the class, the model's own
+assumption); the rest is spread evenly over the grid's other values (eq. 22). A tempering must
+then beat none by log(2 (G - 1)) nats of the answers' evidence (2.08 nats on the 9-value
+grid), which a handful of scored answers cannot: one contradicting answer on a fresh project's
+first item weighs 0.2-0.9 nats."""
 
 
 @dataclass(frozen=True)
@@ -180,21 +187,30 @@ def gold_evidence(
 def choose(
     evidence: FloatArray | None, gold: FloatArray | None = None, n_gold: int = 0
 ) -> Calibration:
-    """Eq. 24-25 over the grids: the score of every (rho, eps) is the prequential evidence
-    (per scored answer, weighed like GOLD_WEIGHT_LABELS gold items), the gold items'
-    likelihood and eps's Beta prior. Without gold, the (rho, eps) of the highest score: rho
-    from the answers (0 without evidence), eps the prior's mode. With gold, the posterior mean
-    of the served posterior over the grid (eq. 25)."""
+    """Eq. 22-25 over the grids. rho's score is its prior (``log_rho_prior``) plus the
+    prequential evidence E(rho) in nats; without gold the rho of highest score is served, with
+    eps at its prior's mode. With gold that score is weighed like at most GOLD_WEIGHT_LABELS
+    gold items (times min(1, GOLD_WEIGHT_LABELS / weight scored)), the gold items' likelihood
+    and eps's Beta prior are added, and the posterior mean over the grid is served (eq. 25)."""
     G = RHO_GRID.size
-    score = np.zeros((G, EPS_GRID.size))
+    answers = log_rho_prior()
+    scored = 0.0
     if evidence is not None and evidence[G] > 0:
-        score += GOLD_WEIGHT_LABELS * (evidence[:G] / evidence[G])[:, None]
+        answers = answers + evidence[:G]
+        scored = float(evidence[G])
     a, b = EPS_PRIOR
-    score += _log_beta(EPS_GRID, a, b)[None, :]
+    log_eps = _log_beta(EPS_GRID, a, b)
     if gold is None or n_gold <= 0:
-        r, e = np.unravel_index(int(np.argmax(score)), score.shape)
-        return Calibration(float(RHO_GRID[r]), float(EPS_GRID[e]))
-    return posterior_mean(score + gold)
+        return Calibration(float(RHO_GRID[int(np.argmax(answers))]), prior_eps())
+    weight = min(1.0, GOLD_WEIGHT_LABELS / scored) if scored > 0 else 1.0
+    return posterior_mean(weight * answers[:, None] + log_eps[None, :] + gold)
+
+
+def log_rho_prior() -> FloatArray:
+    """log of rho's prior over RHO_GRID: RHO_PRIOR_AT_ZERO at 0, the rest shared evenly."""
+    rest = (1.0 - RHO_PRIOR_AT_ZERO) / (RHO_GRID.size - 1)
+    out: FloatArray = np.log(np.where(RHO_GRID == 0.0, RHO_PRIOR_AT_ZERO, rest))
+    return out
 
 
 def posterior_mean(score: FloatArray) -> Calibration:

@@ -158,3 +158,17 @@ def test_a_report_is_kept_while_nothing_is_applied_or_while_it_is_recent(
     monkeypatch.setattr(report_module, "REUSE", 1e9)  # recent enough: kept, even after labels
     assert api.post("/v1/projects/kept/labels", params={"wait": True}, json=label).json()["applied"]
     assert report() is second
+
+
+def test_a_fresh_projects_first_answers_do_not_temper_it(api: TestClient) -> None:
+    """Three new workers' answers on a project's first item, one arrival each: the third is
+    one scored answer of evidence about rho, well under the log(2 (G - 1)) nats its prior asks
+    of a tempering (eq. 22), so which worker disagrees does not decide how the item is served."""
+    for name, answers in (("first", "aab"), ("second", "aba"), ("third", "abc")):
+        assert api.post("/v1/projects", json={"name": name, "labels": CLASSES}).status_code == 201
+        for worker, label in zip(("w1", "w2", "w3"), answers, strict=True):
+            block = [{"item": "x", "worker": worker, "label": label}]
+            r = api.post(f"/v1/projects/{name}/labels", params={"wait": True}, json=block)
+            assert r.status_code == 202, r.text
+        assert api.get(f"/v1/projects/{name}/items/x").json()["n_labels"] == 3
+        assert api.get(f"/v1/projects/{name}/calibration").json()["rho"] == 0.0, answers

@@ -208,7 +208,9 @@ def test_with_gold_the_served_posterior_is_the_posterior_mean_over_the_grid() ->
     evidence = np.concatenate([rng.normal(-1.0, 0.01, RHO_GRID.size), [100.0]])
     gold = rng.normal(0.0, 2.0, (RHO_GRID.size, EPS_GRID.size))
     cal = choose(evidence, gold, 20)
-    score = 50.0 * (evidence[:-1] / evidence[-1])[:, None] + gold
+    rho_prior = np.where(RHO_GRID == 0.0, 0.5, 0.5 / (RHO_GRID.size - 1))
+    answers = evidence[:-1] + np.log(rho_prior)  # 100 answers scored: weighed like 50
+    score = 0.5 * answers[:, None] + gold
     score = score + 24.0 * np.log1p(-EPS_GRID)[None, :]  # Beta(1, 25) prior
     w = np.exp(score - score.max())
     w /= w.sum()
@@ -231,6 +233,20 @@ def test_with_gold_the_served_posterior_is_the_posterior_mean_over_the_grid() ->
 def test_choose_without_evidence_is_no_tempering() -> None:
     assert choose(None) == Calibration(0.0, prior_eps())
     assert choose(np.zeros(evidence_size())).rho == 0.0
+
+
+@pytest.mark.parametrize("scored", [1.0, 40.0, 1e6])
+def test_a_tempering_must_beat_none_by_its_priors_odds_in_nats(scored: float) -> None:
+    """Without gold rho is the mode of its posterior (eq. 22): half the prior on 0, the rest
+    even over the grid's 8 other values, so a tempering needs log 16 - log 2 = 2.08 nats more
+    evidence than none, however many answers were scored (the evidence is a sum, not a mean)."""
+    at = int(np.flatnonzero(RHO_GRID == 0.3)[0])
+    for margin, rho in ((2.0, 0.0), (2.2, 0.3)):
+        evidence = np.zeros(evidence_size())
+        evidence[: RHO_GRID.size] = -5.0 * scored
+        evidence[0], evidence[at] = -scored, -scored + margin
+        evidence[-1] = scored
+        assert choose(evidence) == Calibration(rho, prior_eps())
 
 
 @pytest.mark.parametrize("K", [2, 5])
