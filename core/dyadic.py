@@ -288,6 +288,23 @@ class DyadicModel:
         model.set_shared(shared)
         return model
 
+    def with_room(self, rater_slots: int, task_slots: int) -> DyadicModel:
+        """This model in tables of ``rater_slots`` and ``task_slots`` rows (no fewer than it
+        has): its rows copied, the rows added zero, not initial rows (``initial_rows``): set
+        them before they are read. Zeros cost nothing until written; the initial rows of every
+        slot of a table twice as large held the engine's step 40 ms at 260,000 items."""
+        config = replace(self.config, rater_slots=rater_slots, task_slots=task_slots)
+        model = DyadicModel.__new__(DyadicModel)
+        model.config, model._hyper = config, config.hyper_vector()
+        for name, shape in _shapes(config).items():
+            held = getattr(self, name)
+            if held.shape[0] > shape[0]:
+                raise ValueError(f"{name}: {held.shape[0]} rows held, room for {shape[0]}")
+            table = np.zeros(shape)
+            table[: held.shape[0]] = held
+            setattr(model, name, table)
+        return model
+
     def arrays(self) -> dict[str, F64]:
         """The whole learned state (copies); ``from_arrays`` restores it bit for bit."""
         return {name: getattr(self, name).copy() for name in _ARRAY_NAMES}

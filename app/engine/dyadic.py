@@ -128,15 +128,7 @@ class DyadicTrainer:
             return
         r = m.rater_slots if n_raters <= m.rater_slots else max(n_raters, 2 * m.rater_slots)
         t = m.task_slots if n_tasks <= m.task_slots else max(n_tasks, 2 * m.task_slots)
-        bigger = _compact(self.config, r, t)
-        for table, index, room in (
-            (RATER, self._raters, m.rater_slots),
-            (TASK, self._tasks, m.task_slots),
-        ):
-            held = np.arange(min(index.n, room), dtype=np.int64)  # rows set so far
-            bigger.set_rows(table, held, self.model.rows(table, held))
-        bigger.set_shared(self.model.shared())
-        self.model = bigger
+        self.model = self.model.with_room(r, t)  # (``_rows_for`` sets the rows it gives out)
 
     def learn(
         self,

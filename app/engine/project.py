@@ -475,17 +475,19 @@ class ProjectEngine:
         n = self.items_count
         if self.dyadic is not None:
             self.dyadic.add_items(self.items.names[n - n_new :])
-        if n > self.q.shape[0]:
+        twin = self.online.twin is not None
+        if n > self.q.shape[0]:  # (grown with zeros: the new items' rows are set below)
             cap = max(n, 2 * self.q.shape[0], 1024)
-            self.q = grow(self.q, cap, 1.0 / self.K)
-            self.held_out = grow(self.held_out, cap, 0.0)
-            self.b = grow(self.b, cap, 0.0)
-            if self.online.twin is not None:
-                self.twin_q = grow(self.twin_q, cap, 1.0 / self.K)
-                self.twin_b = grow(self.twin_b, cap, 0.0)
-            self.learned = grow(self.learned, cap, 0)
-            self.weight = grow(self.weight, cap, 0.0)
-            self.gold = grow(self.gold, cap, -1)
+            self.q, self.held_out = grow(self.q, cap, 0), grow(self.held_out, cap, 0)
+            self.b, self.learned = grow(self.b, cap, 0), grow(self.learned, cap, 0)
+            self.weight, self.gold = grow(self.weight, cap, 0), grow(self.gold, cap, 0)
+            if twin:
+                self.twin_q, self.twin_b = grow(self.twin_q, cap, 0), grow(self.twin_b, cap, 0)
+        new = slice(n - n_new, n)
+        self.q[new], self.held_out[new], self.b[new] = 1.0 / self.K, 0.0, 0.0
+        self.learned[new], self.weight[new], self.gold[new] = 0, 0.0, -1
+        if twin:
+            self.twin_q[new], self.twin_b[new] = 1.0 / self.K, 0.0
 
     def _grow_workers(self, new: list[str]) -> None:
         if not new:

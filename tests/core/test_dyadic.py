@@ -336,6 +336,24 @@ def test_snapshot_round_trip_is_bit_identical_and_deterministic() -> None:
         DyadicModel.from_arrays(DyadicConfig(n_classes=4, k=2), m1.arrays())
 
 
+def test_a_model_given_room_learns_on_as_before() -> None:
+    """``with_room``: larger tables holding the rows learned so far (the rest zero) learn the
+    next labels to the same rows, bit for bit, as the model left as it was."""
+    r, t, y = _synthetic(seed=6)
+    cfg = DyadicConfig(n_classes=4, k=3, adaptive=True, l2=0.01, rater_slots=40, task_slots=300)
+    kept, grown = DyadicModel(cfg), DyadicModel(cfg)
+    half = r.size // 2
+    kept.learn_many(r, t, y)
+    grown.learn_many(r[:half], t[:half], y[:half])
+    grown = grown.with_room(80, 600)
+    assert grown.B.shape[0] == 600 and not grown.B[300:].any()
+    grown.learn_many(r[half:], t[half:], y[half:])
+    for name, arr in kept.arrays().items():
+        assert np.array_equal(arr, grown.arrays()[name][: arr.shape[0]]), name
+    with pytest.raises(ValueError):
+        grown.with_room(40, 299)
+
+
 def test_config_validation_and_ids() -> None:
     cfg = DyadicConfig(n_classes=3, k=1, reduction="tree")
     assert DyadicConfig.from_dict(cfg.to_dict()) == cfg

@@ -43,3 +43,32 @@ def test_gather_gives_each_items_labels_in_arrival_order(
     assert np.array_equal(blocks.labels, blocks.slots % 3)
     ptr, at = table.positions(codes)  # (the chains alone: what gather read its columns at)
     assert np.array_equal(ptr, blocks.ptr) and np.array_equal(at, positions)
+
+
+def test_the_table_moves_to_the_larger_table_a_thread_filled() -> None:
+    """Past three quarters of its rows the table's columns are copied by a thread into a table
+    of twice the rows, kept whole by the appends after it; the append that needs the room
+    moves to those very columns, and every item's labels still come back in arrival order."""
+    rng = np.random.default_rng(0)
+    table = ItemLabels(capacity=40_000, item_capacity=500)
+    table.add_items(500)
+    seen: list[list[int]] = [[] for _ in range(500)]
+    larger_columns, moves = None, 0
+    for serial in range(0, 100_000, 1_000):
+        items = rng.integers(0, 500, 1_000)
+        ids = np.arange(serial, serial + 1_000, dtype=np.int64)
+        if larger_columns is None and table._larger is not None:
+            table._larger._thread.join()  # (its copy done: the appends keep it whole)
+            larger_columns = table._larger.columns
+        before = table.item
+        table.append(items, ids, ids % 3, ids + 0.5, ids)
+        if table.item is not before and larger_columns is not None:
+            assert table.item is larger_columns["item"]  # moved to the thread's columns
+            larger_columns, moves = None, moves + 1
+        for i, x in zip(items.tolist(), ids.tolist(), strict=True):
+            seen[i].append(x)
+    assert moves == 2 and table.item.size == 160_000  # 40,000 -> 80,000 -> 160,000 rows
+    blocks, positions = table.gather(np.arange(500))
+    for i in range(500):
+        assert blocks.slots[blocks.ptr[i] : blocks.ptr[i + 1]].tolist() == seen[i]
+    assert np.array_equal(table.worker[positions], blocks.slots)
