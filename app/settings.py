@@ -47,10 +47,11 @@ class Settings(BaseSettings):
     snapshot_interval_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     """Snapshot each project at least this often while it receives labels."""
     snapshot_labels: int = Field(100_000, ge=1)
-    """... and after this many new labels, whichever comes first. With the log in SQLite
-    (embedded), after a tenth of the labels the project held at its last snapshot when that
-    is more, and no sooner than ten times the last snapshot's own time after it began: the
-    snapshot only saves replay there, and costs in proportion to the project."""
+    """... and after this many new labels, or a tenth of the labels the project held at its
+    last snapshot when that is more, whichever comes first; and no sooner than ten times the
+    last snapshot's own time after it began: a snapshot only saves replay, and costs in
+    proportion to the project. With Redis, the log is archived to SQL every this many labels
+    all the same (what a lost Redis volume can cost)."""
     snapshot_keep: int = Field(3, ge=1)
     """Snapshots kept per project (older ones are deleted after a new one is written)."""
     admin_key: str | None = None

@@ -40,13 +40,15 @@ from core.online import OnlineEM
 FORMAT = 2  # the .npz's layout (its compression is told by its first bytes)
 READS = (1, 2)  # 2: the dyadic model's queued labels kept (1: learned at every capture)
 REPLAY_SHARE = 0.1
-"""With the log in SQL, a snapshot is due once the labels since the last one reach this share
-of the project's labels at that snapshot (and ``every_labels``): ``Snapshotter.labels_between``."""
+"""A snapshot is due once the labels since the last one reach this share of the project's
+labels at that snapshot (and ``every_labels``): ``Snapshotter.labels_between``."""
 TIME_SHARE = 0.1
-"""With the log in SQL, a project's snapshots take at most this share of the time: one that
-took w seconds (capture and write) is followed by the next no sooner than w / TIME_SHARE
-seconds after it began (``Snapshotter.resting``). Under a heavy load they would else take half
-a core (docs/benchmarks.md, "Snapshots within a share of the time")."""
+"""A project's snapshots take at most this share of the time: one that took w seconds
+(capture and write) is followed by the next no sooner than w / TIME_SHARE seconds after it
+began (``Snapshotter.resting``). Under a heavy load they would else take half a core
+(docs/benchmarks.md, "Snapshots within a share of the time"). With Redis, the log entries are
+archived to SQL every ``every_labels`` labels all the same (``Snapshotter.maybe_archive``):
+that count bounds what a lost Redis volume costs."""
 log = logging.getLogger("crowdtally.snapshots")
 
 
@@ -307,6 +309,7 @@ class Snapshotter:
         self.time_share = time_share
         """``TIME_SHARE``, or None: snapshots whenever due."""
         self._last: dict[str, tuple[float, int, int]] = {}  # time, labels, position
+        self._archived: dict[str, int] = {}  # labels at the last archive (Redis), if since
         self._took: dict[str, float] = {}  # the last snapshot's capture and write, seconds
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crowdtally-snapshot")
         self._pending: Future[SnapshotInfo | None] | None = None
@@ -329,6 +332,7 @@ class Snapshotter:
         last second) and the archived entries after the snapshot kept: the live log holds what
         is left of them."""
         self._last.pop(record.name, None)
+        self._archived.pop(record.name, None)
         if not self.store.log_in_sql:
             saved = self.db.project(record.name)
             if saved is None or saved.created_at != record.created_at:
@@ -426,14 +430,11 @@ class Snapshotter:
 
     def labels_between(self, labels: int) -> int:
         """New labels after a snapshot of a project with ``labels`` labels that make the next
-        one due. Where the log is the store's own (SQLite, embedded), a snapshot only saves
-        replay, and it costs in proportion to the whole project: after ``every_labels`` or a
-        ``REPLAY_SHARE`` of the labels it holds, whichever is more, so that its cost per label
-        stays constant as a project grows and a restart replays at most that share. Where the
-        archive is written with the snapshot (Redis), every ``every_labels``: what a lost Redis
-        volume costs is what came after the last one."""
-        if not self.store.log_in_sql:
-            return self.every_labels
+        one due. A snapshot only saves replay (with Redis the log entries are archived apart
+        from it, ``maybe_archive``), and it costs in proportion to the whole project: after
+        ``every_labels`` or a ``REPLAY_SHARE`` of the labels it holds, whichever is more, so
+        that its cost per label stays constant as a project grows and a restart replays at
+        most that share."""
         return max(self.every_labels, int(labels * REPLAY_SHARE))
 
     def maybe_snapshot(
@@ -448,7 +449,7 @@ class Snapshotter:
             force or now - t >= self.interval_s or new_labels >= self.labels_between(labels)
         )
         if not due or (not force and self.resting(name, now - t)):
-            return None
+            return self.maybe_archive(eng, token)
         if self._pending is not None and not self._pending.done():
             if not force:
                 return None
@@ -457,7 +458,27 @@ class Snapshotter:
         cap = capture(eng, token)
         self.stall_s = time.perf_counter() - t0
         self._last[name] = (now, eng.labels.n_labels, eng.position)
+        self._archived[name] = eng.labels.n_labels
         self._pending = self._pool.submit(self._write, eng.record, cap, self.stall_s)
+        return self._pending
+
+    def maybe_archive(
+        self, eng: ProjectEngine, token: int | None
+    ) -> Future[SnapshotInfo | None] | None:
+        """With Redis, the log entries up to the engine's position archived to SQL (and the
+        live log trimmed to them) once ``every_labels`` labels came since the last archive or
+        snapshot: what a lost Redis volume costs stays bounded while snapshots, which cost in
+        proportion to the project, keep to their share of the time."""
+        name = eng.record.name
+        if self.store.log_in_sql or token is None:
+            return None
+        since = self._archived.get(name, self._last.get(name, (0.0, 0, 0))[1])
+        if eng.labels.n_labels - since < self.every_labels:
+            return None
+        if self._pending is not None and not self._pending.done():
+            return None
+        self._archived[name] = eng.labels.n_labels
+        self._pending = self._pool.submit(self._archive, eng.record, eng.position, token)
         return self._pending
 
     def resting(self, project: str, since: float) -> bool:
@@ -465,7 +486,7 @@ class Snapshotter:
         to keep snapshots within ``time_share`` of the time (log in SQL: a snapshot there only
         saves replay; with Redis its count bounds what a lost volume costs, and is kept)."""
         took, share = self._took.get(project), self.time_share
-        if took is None or share is None or not self.store.log_in_sql:
+        if took is None or share is None:
             return False
         return since < took / share
 
@@ -478,16 +499,7 @@ class Snapshotter:
             blob = encode(cap)
             archive: list[LogEntry] = []
             if not self.store.log_in_sql:
-                after = self.db.archived_position(cap.project)
-                while after < cap.position:
-                    chunk = self.read_log(cap.project, after, 1000)
-                    chunk = [e for e in chunk if e.position <= cap.position]
-                    if not chunk:
-                        break
-                    archive.extend(chunk)
-                    after = chunk[-1].position
-                self.db.save_project(record)
-                self.db.save_keys(cap.project, self.store.keys_for(cap.project))
+                archive = self._unarchived(record, cap.position)
             info = self.db.write(cap, blob, archive, self.keep)
             now = self.store.get_project(record.name)
             if now is not None and now.created_at != record.created_at:
@@ -509,6 +521,40 @@ class Snapshotter:
             self._last.pop(cap.project, None)  # try again at the next step
             return None
 
+    def _archive(self, record: ProjectRecord, position: int, token: int) -> None:
+        """``maybe_archive``'s work, in the background thread."""
+        try:
+            current = self.store.get_project(record.name)
+            if current is None or current.created_at != record.created_at:
+                return  # deleted meanwhile: nothing of it may reach SQL again
+            self.db.archive(record.name, self._unarchived(record, position))
+            now = self.store.get_project(record.name)
+            if now is not None and now.created_at != record.created_at:
+                self._drop_sql(record.name)  # replaced while being written: not the new one's
+                return
+            # only once SQL holds the entries, and while the log holds the entry at position
+            self.store.trim(record.name, position, anchor=(position, token))
+            self.last_error = None
+        except Exception as exc:
+            log.exception("archiving the log of %s failed", record.name)
+            self.last_error = repr(exc)
+            self._archived.pop(record.name, None)  # try again at the next step
+
+    def _unarchived(self, record: ProjectRecord, position: int) -> list[LogEntry]:
+        """The log entries up to ``position`` that SQL does not hold yet, the project's record
+        and keys saved with them (what rebuilds a lost Redis from SQL)."""
+        archive: list[LogEntry] = []
+        after = self.db.archived_position(record.name)
+        while after < position:
+            chunk = [e for e in self.read_log(record.name, after, 1000) if e.position <= position]
+            if not chunk:
+                break
+            archive.extend(chunk)
+            after = chunk[-1].position
+        self.db.save_project(record)
+        self.db.save_keys(record.name, self.store.keys_for(record.name))
+        return archive
+
     def covered(self, project: str) -> int:
         """Log position of the latest snapshot this process has started writing."""
         return self._last.get(project, (0.0, 0, 0))[2]
@@ -524,6 +570,7 @@ class Snapshotter:
         self.wait()
         self._last.pop(project, None)
         self._took.pop(project, None)
+        self._archived.pop(project, None)
 
     def forget(self, project: str) -> None:
         """Another project now has this name: drop the schedule and what SQL holds of the

@@ -92,30 +92,7 @@ class SnapshotDB:
     ) -> SnapshotInfo:
         """Archive the log entries, write the snapshot, apply retention: one transaction."""
         with Session(self.engine) as s, s.begin():
-            if archive:
-                have = set(
-                    s.scalars(
-                        select(LogRow.position).where(
-                            LogRow.deployment == self.deployment,
-                            LogRow.project == cap.project,
-                            LogRow.position.between(archive[0].position, archive[-1].position),
-                        )
-                    )
-                )
-                s.add_all(
-                    LogRow(
-                        deployment=self.deployment,
-                        project=cap.project,
-                        position=e.position,
-                        kind=e.kind,
-                        payload=e.payload,
-                        keep=e.keep,
-                        token=e.token,
-                        joins=e.joins,
-                    )
-                    for e in archive
-                    if e.position not in have
-                )
+            self._archive(s, cap.project, archive)
             row = SnapshotRow(
                 deployment=self.deployment,
                 project=cap.project,
@@ -142,6 +119,39 @@ class SnapshotDB:
             if old:
                 s.execute(delete(SnapshotRow).where(SnapshotRow.id.in_(old)))
         return info
+
+    def archive(self, project: str, entries: list[LogEntry]) -> None:
+        """Archive log entries without a snapshot (those archived already are kept): one
+        transaction."""
+        with Session(self.engine) as s, s.begin():
+            self._archive(s, project, entries)
+
+    def _archive(self, s: Session, project: str, archive: list[LogEntry]) -> None:
+        if not archive:
+            return
+        have = set(
+            s.scalars(
+                select(LogRow.position).where(
+                    LogRow.deployment == self.deployment,
+                    LogRow.project == project,
+                    LogRow.position.between(archive[0].position, archive[-1].position),
+                )
+            )
+        )
+        s.add_all(
+            LogRow(
+                deployment=self.deployment,
+                project=project,
+                position=e.position,
+                kind=e.kind,
+                payload=e.payload,
+                keep=e.keep,
+                token=e.token,
+                joins=e.joins,
+            )
+            for e in archive
+            if e.position not in have
+        )
 
     def infos(self, project: str | None = None) -> list[SnapshotInfo]:
         cols = [

@@ -175,7 +175,7 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
         blocks = [block(n, rng) for n in range(40)]
 
         def new_loop() -> EngineLoop:
-            snap = Snapshotter(db, store, interval_s=0.0, keep=3)
+            snap = Snapshotter(db, store, interval_s=0.0, keep=3, time_share=None)
             return EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
 
         def drain(lp: EngineLoop) -> None:
@@ -295,7 +295,9 @@ def test_redis_rolled_back_past_the_engines_last_read(tmp_path: Path, held: str)
     with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
         rng = np.random.default_rng(4)
         blocks = [block(n, rng) for n in range(22)]
-        snap = Snapshotter(db, store, interval_s=0.0 if held == "snapshot" else 3600.0)
+        snap = Snapshotter(
+            db, store, interval_s=0.0 if held == "snapshot" else 3600.0, time_share=None
+        )
         loop = EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=64)
         try:
             store.create_project(RECORD)
@@ -385,7 +387,7 @@ def test_archived_entries_of_a_lost_history_are_dropped_without_a_stale_snapshot
         store.create_project(replace(RECORD, created_at=time.time()))  # (no snapshot due)
 
         def loop_with(interval_s: float) -> EngineLoop:
-            snap = Snapshotter(db, store, interval_s=interval_s, keep=1)
+            snap = Snapshotter(db, store, interval_s=interval_s, keep=1, time_share=None)
             return EngineLoop(store, refine_passes=0, snapshotter=snap)
 
         def post(numbers: range, lp: EngineLoop) -> None:
@@ -428,7 +430,7 @@ def test_a_load_keeps_archived_entries_the_log_still_holds(tmp_path: Path) -> No
         rng = np.random.default_rng(9)
         blocks = [block(n, rng) for n in range(8)]
         store.create_project(replace(RECORD, created_at=time.time()))
-        snap = Snapshotter(db, store, interval_s=0.0)
+        snap = Snapshotter(db, store, interval_s=0.0, time_share=None)
         loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
         for n in range(4):
             store.append("p", "labels", *blocks[n])
@@ -463,7 +465,7 @@ def test_a_read_that_starts_in_the_archive_goes_on_in_the_live_log(tmp_path: Pat
     with redis_and_sql(tmp_path, join_entries=True) as (_, db, store):
         rng = np.random.default_rng(10)
         store.create_project(replace(RECORD, created_at=time.time()))
-        snap = Snapshotter(db, store, interval_s=0.0)
+        snap = Snapshotter(db, store, interval_s=0.0, time_share=None)
         loop = EngineLoop(store, refine_passes=0, snapshotter=snap)
         store.append("p", "labels", *block(0, rng))
         loop.run_until_idle()

@@ -242,47 +242,65 @@ def test_an_engine_restored_at_the_log_end_still_sweeps(
     assert eng.dyadic is not None and eng.dyadic.examples == 3 * eng.labels.n_labels
 
 
-def snapshots_after(loop: EngineLoop, db: SnapshotDB, entries: list[LogEntry]) -> list[int]:
+def snapshots_after(
+    loop: EngineLoop, db: SnapshotDB, entries: list[LogEntry], archived: list[int] | None = None
+) -> list[int]:
     """Project p made, then ``entries`` appended and applied one at a time: the position of
-    the latest snapshot after each."""
+    the latest snapshot after each (and in ``archived``, the archive's last position)."""
     loop.store.create_project(RECORD)
     out = []
     for e in entries:
         loop.store.append("p", "labels", e.payload, None)
         drain(loop, snapshot=False)
         out.append(db.infos("p")[-1].position)
+        if archived is not None:
+            archived.append(db.archived_position("p"))
     return out
 
 
-def test_with_the_log_in_sql_snapshots_come_after_a_share_of_the_labels_not_a_fixed_count(
+def test_snapshots_come_after_a_share_of_the_labels_not_a_fixed_count(
     store: Store, db: SnapshotDB, synthetic: Synthetic
 ) -> None:
-    """Embedded (the log in SQLite): after a snapshot of 4,000 labels the next is due after
-    400 more (``REPLAY_SHARE``), not after ``every_labels`` = 100: a snapshot costs in
-    proportion to the project. Redis (the archive goes with the snapshot): after 100."""
+    """After a snapshot of 4,000 labels the next is due after 400 more (``REPLAY_SHARE``),
+    not after ``every_labels`` = 100: a snapshot costs in proportion to the project. With
+    Redis the log is archived to SQL (and trimmed) every 100 labels all the same: that count
+    bounds what a lost Redis volume costs."""
     snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5, time_share=None)
     loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
-    snapshotted = snapshots_after(loop, db, label_entries(synthetic, [4000, 4200, 4450])[:3])
-    assert snap.labels_between(4000) == (400 if store.log_in_sql else 100)
-    # 4,000 labels, then 200 (200 < 400: none with the log in SQL), then 250 (450 >= 400)
-    assert snapshotted == ([1, 1, 3] if store.log_in_sql else [1, 2, 3])
+    archived: list[int] = []
+    entries = label_entries(synthetic, [4000, 4200, 4450])[:3]
+    snapshotted = snapshots_after(loop, db, entries, archived)
+    assert snap.labels_between(4000) == 400
+    # 4,000 labels, then 200 (200 < 400: no snapshot), then 250 (450 >= 400)
+    assert snapshotted == [1, 1, 3]
+    if not store.log_in_sql:
+        assert archived == [1, 2, 3]  # (the second entry's 200 labels >= 100: archived)
 
 
-def test_with_the_log_in_sql_a_snapshot_due_waits_out_its_share_of_the_time(
+def test_a_snapshot_due_waits_out_its_share_of_the_time(
     store: Store, db: SnapshotDB, synthetic: Synthetic
 ) -> None:
-    """Embedded: a snapshot that took w seconds is followed by the next no sooner than
-    w / time_share seconds after it began, however many labels came since; one asked for is
-    taken at once. Redis: the count alone decides (it bounds what a lost volume costs)."""
+    """A snapshot that took w seconds is followed by the next no sooner than w / time_share
+    seconds after it began, however many labels came since; one asked for is taken at once.
+    With Redis, the entries are archived to SQL and trimmed from the live log meanwhile, and
+    an engine restarted then restores the snapshot and replays the archive."""
     snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=5, time_share=1e-6)
     loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
-    snapshotted = snapshots_after(loop, db, label_entries(synthetic, [2000, 2500, 3000])[:3])
-    assert snap.resting("p", 3600.0) == store.log_in_sql  # (an hour < w / 1e-6)
-    assert snapshotted == ([1, 1, 1] if store.log_in_sql else [1, 2, 3])
-    if store.log_in_sql:
-        assert db.infos("p")[-1].position == 1
-        future = snap.maybe_snapshot(loop.engines["p"], force=True)
-        assert future is not None and future.result() is not None
+    archived: list[int] = []
+    entries = label_entries(synthetic, [2000, 2500, 3000])[:3]
+    snapshotted = snapshots_after(loop, db, entries, archived)
+    assert snap.resting("p", 3600.0)  # (an hour < w / 1e-6)
+    assert snapshotted == [1, 1, 1]
+    if not store.log_in_sql:
+        assert archived == [1, 2, 3] and store.read_log("p", 0, 100) == []  # (all trimmed)
+        restarted = loop_for(store, db, interval_s=3600)
+        drain(restarted, snapshot=False)
+        reference = ProjectEngine(RECORD)
+        reference.apply_all(db.read_archive("p", 0, 100))
+        same_state(reference, restarted.engines["p"])
+        restarted.snapshotter.close()  # type: ignore[union-attr]
+    future = snap.maybe_snapshot(loop.engines["p"], force=True)
+    assert future is not None and future.result() is not None
     assert db.infos("p")[-1].position == 3
     snap.unload("p")
     assert not snap.resting("p", 0.0)  # (a project loaded again starts afresh)
@@ -317,6 +335,39 @@ def test_wiped_redis_is_rebuilt_from_sql(
         assert after.keys() == before.keys()
         for k, v in before.items():
             assert after[k]["posterior"] == v["posterior"]
+    finally:
+        store.flush_prefix()
+        store.close()
+
+
+def test_a_wiped_redis_comes_back_with_what_was_archived_after_its_snapshot(
+    tmp_path: Path, db: SnapshotDB, synthetic: Synthetic
+) -> None:
+    """Snapshots resting (their share of the time), the entries after the latest one were
+    archived apart from it: a Redis that loses everything is rebuilt with them, and the
+    engine serves what it served."""
+    from tests.app.conftest import make_store
+
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    try:
+        snap = Snapshotter(db, store, interval_s=3600, every_labels=100, keep=2, time_share=1e-6)
+        loop = EngineLoop(store, batch_entries=1, refine_passes=0, snapshotter=snap)
+        entries = label_entries(synthetic, [2000, 2500, 3000])[:3]
+        assert snapshots_after(loop, db, entries) == [1, 1, 1]
+        assert db.archived_position("p") == 3
+        before = {k: orjson.loads(v) for k, v in store.scan_items("p", 0, 10**6)[1]}
+        store.flush_prefix()  # Redis loses everything
+        assert rebuild_store(store, db) == ["p"]
+        assert store.log_end("p") == 3
+        fresh = loop_for(store, db, interval_s=3600)
+        drain(fresh, snapshot=False)
+        assert fresh.engines["p"].position == 3
+        after = {k: orjson.loads(v) for k, v in store.scan_items("p", 0, 10**6)[1]}
+        assert after.keys() == before.keys()
+        for k, v in before.items():
+            assert after[k]["posterior"] == v["posterior"]
+        snap.close()
     finally:
         store.flush_prefix()
         store.close()
