@@ -167,15 +167,24 @@ def check_against_replay(
     return replay
 
 
-@pytest.mark.parametrize("engine", ["running", "restarted"])
-def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(
+    "engine, schedule",
+    [("running", "snapshots"), ("restarted", "snapshots"), ("running", "archives"),
+     ("restarted", "archives")],
+)  # fmt: skip
+def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str, schedule: str) -> None:
+    """``schedule``: a snapshot at every step, or (snapshots resting: their share of the time)
+    the log archived to SQL and trimmed at every step without one, past the latest snapshot."""
     # (joined entries: the first 15 blocks queue, one run)
     with redis_and_sql(tmp_path, join_entries=True) as (redis_, db, store):
         rng = np.random.default_rng(3)
         blocks = [block(n, rng) for n in range(40)]
 
         def new_loop() -> EngineLoop:
-            snap = Snapshotter(db, store, interval_s=0.0, keep=3, time_share=None)
+            if schedule == "snapshots":
+                snap = Snapshotter(db, store, interval_s=0.0, keep=3, time_share=None)
+            else:  # (every block's 100 labels due for the archive, no snapshot after the first)
+                snap = Snapshotter(db, store, interval_s=3600, every_labels=100, time_share=1e-6)
             return EngineLoop(store, refine_passes=0, snapshotter=snap, batch_entries=4)
 
         def drain(lp: EngineLoop) -> None:
@@ -197,7 +206,9 @@ def test_redis_rolled_back_under_the_engine(tmp_path: Path, engine: str) -> None
             loop.step()  # the engine applies, writes state, snapshots (interval 0) as it goes
         drain(loop)
         assert loop.engines["p"].position == 30 and store.applied_position("p") == 30
-        assert max(p for _, p, _ in db.anchors("p")) == 30  # SQL holds what Redis will lose
+        assert db.archived_position("p") == 30  # SQL holds what Redis will lose
+        latest = max(p for _, p, _ in db.anchors("p"))
+        assert latest == 30 if schedule == "snapshots" else latest <= 15
 
         redis_.restart_truncated(cut)
         assert store.log_end("p") == 15  # blocks 15..29 were acknowledged, and are lost
