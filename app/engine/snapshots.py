@@ -18,9 +18,10 @@ import io
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +51,7 @@ began (``Snapshotter.resting``). Under a heavy load they would else take half a 
 archived to SQL every ``every_labels`` labels all the same (``Snapshotter.maybe_archive``):
 that count bounds what a lost Redis volume costs."""
 log = logging.getLogger("crowdtally.snapshots")
+T = TypeVar("T")
 
 
 @dataclass
@@ -483,8 +485,8 @@ class Snapshotter:
 
     def resting(self, project: str, since: float) -> bool:
         """Whether ``project``'s next snapshot waits, ``since`` seconds after its last began,
-        to keep snapshots within ``time_share`` of the time (log in SQL: a snapshot there only
-        saves replay; with Redis its count bounds what a lost volume costs, and is kept)."""
+        to keep snapshots within ``time_share`` of the time (a snapshot only saves replay;
+        with Redis the log's archive keeps its count: ``maybe_archive``)."""
         took, share = self._took.get(project), self.time_share
         if took is None or share is None:
             return False
@@ -492,27 +494,23 @@ class Snapshotter:
 
     def _write(self, record: ProjectRecord, cap: Capture, stall_s: float) -> SnapshotInfo | None:
         t0 = time.perf_counter()
-        try:
-            current = self.store.get_project(record.name)
-            if current is None or current.created_at != record.created_at:
-                return None  # deleted meanwhile: nothing of it may reach SQL again
+
+        def write() -> tuple[SnapshotInfo, int]:
             blob = encode(cap)
-            archive: list[LogEntry] = []
-            if not self.store.log_in_sql:
-                archive = self._unarchived(record, cap.position)
-            info = self.db.write(cap, blob, archive, self.keep)
-            now = self.store.get_project(record.name)
-            if now is not None and now.created_at != record.created_at:
-                self._drop_sql(record.name)  # replaced while being written: not the new one's
+            archive = [] if self.store.log_in_sql else self._unarchived(record, cap.position)
+            return self.db.write(cap, blob, archive, self.keep), len(archive)
+
+        try:
+            done = self._to_sql(record, cap.position, cap.token, write)
+            if done is None:
                 return None
-            # only once SQL holds the entries, and while the log holds the snapshot's entry
-            self.store.trim(cap.project, cap.position, anchor=(cap.position, cap.token))
+            info, archived = done
             self.write_s = time.perf_counter() - t0
             self._took[record.name] = stall_s + self.write_s
             self.last_error = None
             log.info(
                 "%s: snapshot at position %d written in %.2f s (%d KiB, %d entries archived)",
-                cap.project, cap.position, self.write_s, len(blob) // 1024, len(archive),
+                cap.project, cap.position, self.write_s, info.size_bytes // 1024, archived,
             )  # fmt: skip
             return info
         except Exception as exc:
@@ -524,21 +522,35 @@ class Snapshotter:
     def _archive(self, record: ProjectRecord, position: int, token: int) -> None:
         """``maybe_archive``'s work, in the background thread."""
         try:
-            current = self.store.get_project(record.name)
-            if current is None or current.created_at != record.created_at:
-                return  # deleted meanwhile: nothing of it may reach SQL again
-            self.db.archive(record.name, self._unarchived(record, position))
-            now = self.store.get_project(record.name)
-            if now is not None and now.created_at != record.created_at:
-                self._drop_sql(record.name)  # replaced while being written: not the new one's
-                return
-            # only once SQL holds the entries, and while the log holds the entry at position
-            self.store.trim(record.name, position, anchor=(position, token))
-            self.last_error = None
+
+            def write() -> bool:
+                self.db.archive(record.name, self._unarchived(record, position))
+                return True
+
+            if self._to_sql(record, position, token, write) is not None:
+                self.last_error = None
         except Exception as exc:
             log.exception("archiving the log of %s failed", record.name)
             self.last_error = repr(exc)
             self._archived.pop(record.name, None)  # try again at the next step
+
+    def _to_sql(
+        self, record: ProjectRecord, position: int, token: int, write: Callable[[], T]
+    ) -> T | None:
+        """``write()`` (what goes to SQL of the project up to ``position``), then the live log
+        trimmed to that position, only once SQL holds it and while the log holds that entry
+        (``token``). None, and nothing of it kept, when the project was deleted or replaced
+        meanwhile."""
+        current = self.store.get_project(record.name)
+        if current is None or current.created_at != record.created_at:
+            return None  # deleted meanwhile: nothing of it may reach SQL again
+        done = write()
+        now = self.store.get_project(record.name)
+        if now is not None and now.created_at != record.created_at:
+            self._drop_sql(record.name)  # replaced while being written: not the new one's
+            return None
+        self.store.trim(record.name, position, anchor=(position, token))
+        return done
 
     def _unarchived(self, record: ProjectRecord, position: int) -> list[LogEntry]:
         """The log entries up to ``position`` that SQL does not hold yet, the project's record
