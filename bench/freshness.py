@@ -338,11 +338,15 @@ def service(
         shutil.rmtree(cluster.logdir, ignore_errors=True)
 
 
+_STORES = {"both": ("embedded", "redis")}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python3 -m bench.freshness", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--stores", default="embedded,redis", help="embedded, redis or both")
+    p.add_argument("--stores", default="embedded,redis",
+                   help="embedded, redis, both, or a comma-separated list of them")  # fmt: skip
     p.add_argument("--rates", default="0,20000,50000,100000",
                    help="offered labels/s, one phase each (0: idle)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
@@ -369,10 +373,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.vs = settings_to_compare(args.vs)
     except ValueError as exc:
         p.error(str(exc))
-    args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    named = [s.strip() for s in args.stores.split(",") if s.strip()]
+    args.stores = list(dict.fromkeys(x for s in named for x in _STORES.get(s, (s,))))
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     if not set(args.stores) <= {"embedded", "redis"} or not args.stores:
-        p.error("--stores: embedded, redis or both")
+        p.error(f"--stores: embedded, redis or both, not {','.join(named) or 'nothing'}")
     if any(r < 0 for r in args.rates) or args.preload < 1000 or args.workers < 5:
         p.error("need rates >= 0, --preload >= 1000, --workers >= 5")
     return args

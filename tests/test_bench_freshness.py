@@ -115,3 +115,21 @@ def test_a_peer_tree_s_processes_run_its_code(tmp_path: Path) -> None:
 def test_a_probe_polls_every_ms_over_the_targets_range_then_every_5_ms() -> None:
     delays = [freshness.poll_delay(t / 1e3) for t in (0, 10, 49.9, 50, 2000)]
     assert delays == [0.001, 0.001, 0.001, 0.005, 0.005]
+
+
+@pytest.mark.parametrize(
+    ("given", "stores"),
+    [
+        ("both", ["embedded", "redis"]),
+        ("redis", ["redis"]),
+        ("redis,embedded,redis", ["redis", "embedded"]),
+    ],
+)
+def test_stores_are_named_one_by_one_or_both(given: str, stores: list[str]) -> None:
+    assert freshness.parse_args(["--stores", given]).stores == stores
+
+
+def test_an_unknown_store_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        freshness.parse_args(["--stores", "disk"])
+    assert "not disk" in capsys.readouterr().err
