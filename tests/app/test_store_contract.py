@@ -161,6 +161,35 @@ def test_append_positions_and_duplicate_ids(store: Store) -> None:
     assert store.read_log("p", 3, 10) == []
 
 
+def test_a_long_block_keeps_each_new_id_once_wherever_it_repeats(store: Store) -> None:
+    """Blocks past the 1,000 ids the Redis script asks and adds at a time: an id seen in an
+    earlier block, or earlier in this one (across that cut too), is a repeat; no id, never."""
+    store.create_project(project())
+    store.append("p", "labels", b"first", [f"old{k}" for k in range(1500)])
+    ids: list[str | None] = [f"new{k % 1200}" for k in range(2400)]  # each twice, 1,200 apart
+    ids[5] = ids[1999] = None
+    ids[10], ids[2300] = "old7", "old1499"  # from the first block
+    ids[700] = "ünï ćode ✓"
+    result = store.append("p", "labels", b"second", ids)
+    seen: set[str] = {f"old{k}" for k in range(1500)}
+    keep = []
+    for i in ids:
+        keep.append(i is None or i not in seen)
+        if i is not None:
+            seen.add(i)
+    assert (result.accepted, result.duplicates) == (sum(keep), len(ids) - sum(keep))
+    assert store.read_log("p", 1, 1)[0].keep == b"".join(b"1" if k else b"0" for k in keep)
+
+
+def test_redis_refuses_an_id_with_a_line_break_whole() -> None:
+    """The append script reads a block's ids from one text, a line break between them (the
+    API refuses control characters in ids): an id that holds one is refused, not split."""
+    with pytest.raises(ValueError, match="line break"):
+        redis_store._joined_ids(["a", "b\nc"])
+    assert redis_store._joined_ids(["a", None, "b"]) == "a\n\nb"
+    assert redis_store._joined_ids([None]) == "" and redis_store._joined_ids([]) == ""
+
+
 def test_ids_are_per_project(store: Store) -> None:
     store.create_project(project("p"))
     store.create_project(project("q"))
