@@ -785,11 +785,14 @@ class ProjectEngine:
 
     def item_json(self, i: int) -> bytes:
         """Item ``i``'s JSON as a store renders it (nothing counted as written)."""
-        code = np.array([i], dtype=np.int64)
+        return self.items_json(np.array([i], dtype=np.int64))[0]
+
+    def items_json(self, codes: IntArray) -> list[bytes]:
+        """The items' JSON as a store renders it, in the order of ``codes``."""
         whole = self.label_lists.encode(
-            code, np.zeros(1, np.int64), self.labels, self.workers.names
+            codes, np.zeros(codes.size, np.int64), self.labels, self.workers.names
         )
-        return render(self._records(code, None), whole)[0]
+        return render(self._records(codes, None), whole)
 
     def _records(self, codes: IntArray, shown: FloatArray | None) -> list[bytes]:
         gold = self.gold[codes]
