@@ -82,6 +82,14 @@ class ItemLabels:
         elif 4 * need > 3 * self.item.size:  # three quarters full
             self._larger = LargerTable(self, 2 * self.item.size)
 
+    def let_go(self) -> None:
+        """For a table no longer used: the larger one a thread may be filling is given up once
+        the thread ends (until then it holds those columns, which a heap trimmed meanwhile
+        would keep: a deleted project's memory would not all go back)."""
+        larger, self._larger = self._larger, None
+        if larger is not None:
+            larger.wait()
+
     def _move(self, need: int) -> None:
         """Move to a table with room for ``need`` labels: the one a thread has been filling
         when it is large enough (the rows written since it began are copied now), else one
@@ -152,6 +160,10 @@ class LargerTable:
                 self.columns = columns
                 return
 
+    def wait(self) -> None:
+        """Until the thread's copy has ended."""
+        self._thread.join()
+
     def keep_up(self, table: ItemLabels) -> None:
         """Copy the rows ``table`` appended since, once the thread is done."""
         if self.columns is not None and not self._thread.is_alive():
@@ -160,7 +172,7 @@ class LargerTable:
     def finish(self, table: ItemLabels, need: int) -> dict[str, npt.NDArray[Any]] | None:
         """The columns holding all of ``table``'s rows, grown further if ``need`` labels do
         not fit; None if the thread failed (memory ran out)."""
-        self._thread.join()
+        self.wait()
         if self.columns is None:
             return None
         self._copy(table)

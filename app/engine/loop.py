@@ -473,7 +473,7 @@ class EngineLoop:
         wait_s = RETRY_S if before is None else min(2 * before.wait_s, RETRY_MAX_S)
         error = f"{type(exc).__name__}: {exc}"[:500]
         self.failed[name] = Failure(error, time.monotonic() + wait_s, wait_s, record.created_at)
-        self.engines.pop(name, None)  # frees its memory; rebuilt from its snapshot and log
+        self._let_go_engine(name)  # frees its memory; rebuilt from its snapshot and log
         self._unwritten.discard(name)  # (the engine rebuilt writes what it restores)
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
@@ -486,7 +486,7 @@ class EngineLoop:
         latest snapshot the log still holds and replays)."""
         log.warning("%s: %s; restoring from a snapshot the log holds", name, exc)
         self.rewinds += 1
-        self.engines.pop(name, None)
+        self._let_go_engine(name)
         for held in (self._catch_up, self._anchor, self._served):
             held.pop(name, None)
         self._unwritten.discard(name)
@@ -496,10 +496,17 @@ class EngineLoop:
         if self.snapshotter is not None:
             self.snapshotter.unload(name)  # (waits for the snapshot being written)
 
+    def _let_go_engine(self, name: str) -> None:
+        """Forget the project's engine (its memory goes back once the heap is trimmed: a label
+        table being grown on a thread is waited for, which holds its columns until then)."""
+        eng = self.engines.pop(name, None)
+        if eng is not None:
+            eng.labels.let_go()
+
     def _drop(self, name: str, forget_sql: bool = True) -> None:
         """Forget a project this loop held: its engine and schedule; with ``forget_sql`` (it
         was deleted and created again) also what SQL holds of it, snapshots and archive."""
-        self.engines.pop(name, None)
+        self._let_go_engine(name)
         self._dormant.discard(name)
         for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
             held.pop(name, None)

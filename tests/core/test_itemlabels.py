@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.itemlabels import ItemLabels
+from core.itemlabels import ItemLabels, LargerTable
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,3 +76,31 @@ def test_the_table_moves_to_the_larger_table_a_thread_filled() -> None:
     for i in range(500):
         assert blocks.slots[blocks.ptr[i] : blocks.ptr[i + 1]].tolist() == seen[i]
     assert np.array_equal(table.worker[positions], blocks.slots)
+
+
+def test_a_table_let_go_waits_for_the_thread_filling_its_larger_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread holds the larger table's columns until it ends: letting go of the table
+    returns only then (a heap trimmed before would keep that memory)."""
+    release, started = threading.Event(), threading.Event()
+    fill = LargerTable._fill
+
+    def slow_fill(self: LargerTable, *args: Any) -> None:
+        started.set()
+        release.wait(5)
+        fill(self, *args)
+
+    monkeypatch.setattr(LargerTable, "_fill", slow_fill)
+    table = ItemLabels(capacity=8, item_capacity=8)
+    table.add_items(1)
+    table.append(*[np.zeros(7, dtype=np.int64)] * 3, np.ones(7), np.zeros(7, dtype=np.int64))
+    assert started.wait(5)  # three quarters full: the larger table is being filled
+    done = threading.Event()
+    letting_go = threading.Thread(target=lambda: (table.let_go(), done.set()))
+    letting_go.start()
+    assert not done.wait(0.2)  # still filling
+    release.set()
+    assert done.wait(5)
+    letting_go.join()
+    assert not any(t.name == "label-table" and t.is_alive() for t in threading.enumerate())
