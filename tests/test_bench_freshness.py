@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -30,9 +31,9 @@ def test_short_run_serves_every_probe(capsys: pytest.CaptureFixture[str]) -> Non
     rows = [line.split() for line in out.splitlines() if line.startswith("embedded ")]
     assert [float(r[1].replace(",", "")) for r in rows] == [2000.0]
     for r in rows:
-        probes, p99, unserved = int(r[6]), float(r[8]), int(r[10])
+        probes, p99, unserved = int(r[6]), float(r[8]), int(r[11])
         assert probes > 5 and unserved == 0 and p99 < freshness.UNSERVED_S * 1e3
-        assert r[11] == "yes"  # every acknowledged label applied once
+        assert r[12] == "yes"  # every acknowledged label applied once
     busy = rows[0]
     assert int(busy[2].replace(",", "")) > 1000  # labels acknowledged per second
 
@@ -133,3 +134,16 @@ def test_an_unknown_store_is_refused_by_name(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         freshness.parse_args(["--stores", "disk"])
     assert "not disk" in capsys.readouterr().err
+
+
+def test_the_p99_interval_holds_the_p99_and_widens_with_a_stall() -> None:
+    rng = np.random.default_rng(1)
+    steady = rng.gamma(4.0, 2.0, size=300)  # about 8 ms, a few near 25
+    low, high = freshness.p99_interval(steady)
+    assert low <= np.percentile(steady, 99) <= high
+    stalled = steady.copy()
+    stalled[150:154] = 120.0  # one stall of four probes in a row
+    s_low, s_high = freshness.p99_interval(stalled)
+    assert s_low <= np.percentile(stalled, 99) <= s_high
+    assert s_high - s_low > 3 * (high - low)  # the stall may or may not recur: much wider
+    assert np.isnan(freshness.p99_interval(steady[:39])).all()  # under two blocks: no interval
