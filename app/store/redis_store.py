@@ -213,10 +213,12 @@ def new_token() -> int:
     return secrets.randbits(62) | 2
 
 
-# KEYS: the project's log, seq, state, fence and seal. ARGV: the position and token a state
-# write ends at (position 0: not checked). What a state write checks, read in one round trip:
-# whether the log holds that entry (as _HOLDS), the applied position served, the fence, the
-# seal (the last position the engine read: a write past it is of a read Redis lost).
+# KEYS: the project's log, seq, state, fence and seal (and on a single Redis the projects'
+# hash). ARGV: the position and token a state write ends at (position 0: not checked), and the
+# project's name. What a state write checks, read in one round trip: whether the log holds that
+# entry (as _HOLDS), the applied position served, the fence, the seal (the last position the
+# engine read: a write past it is of a read Redis lost), whether the project exists (1 when
+# not asked: on a cluster that hash lives on another node, asked first).
 _CHECK = (
     "local function holds()\n"
     + _HOLDS
@@ -225,7 +227,9 @@ _CHECK = (
 local applied = tonumber(redis.call('HGET', KEYS[3], 'applied') or '0')
 local fence = tonumber(redis.call('GET', KEYS[4]) or '0')
 local sealed = tonumber(redis.call('GET', KEYS[5]) or '0')
-return {holds(), applied, fence, sealed}
+local known = 1
+if KEYS[6] then known = redis.call('HEXISTS', KEYS[6], ARGV[3]) end
+return {holds(), applied, fence, sealed, known}
 """
 )
 
@@ -842,11 +846,13 @@ class RedisStore:
 
     # served state ----------------------------------------------------------------------
     def write_state(self, project: str, update: StateUpdate) -> None:
-        if not self.r.hexists(self._projects_key, project):
+        checked = update.anchor is not None or update.fence is not None
+        asked_first = self.cluster or not checked  # (else the check asks: one round trip)
+        if asked_first and not self.r.hexists(self._projects_key, project):
             return
         state = self._k(project, "state")
         with self.r.pipeline(transaction=True) as pipe:
-            if update.anchor is not None or update.fence is not None:
+            if checked:
                 # The state covers the log up to update.position: written only while the log
                 # holds that very entry, the served state is where the writer left it, and (a
                 # pool's engine) its fencing token is still the project's; checked and written
@@ -856,7 +862,14 @@ class RedisStore:
                 sealed = self._k(project, "sealed")
                 keys = [self._k(project, "log"), self._k(project, "seq"), state, fence, sealed]
                 at = [update.position, update.anchor] if update.anchor is not None else [0, 0]
-                holds, was, token, read = self._evalsha(pipe, self._check, keys, at)
+                if not asked_first:
+                    keys.append(self._projects_key)
+                holds, was, token, read, known = self._evalsha(
+                    pipe, self._check, keys, [*at, project]
+                )
+                if not known:  # deleted: nothing to write
+                    pipe.reset()
+                    return
                 if update.fence is not None and int(token) != update.fence:
                     pipe.reset()
                     raise LeaseLostError(f"{project}: another engine holds it now")

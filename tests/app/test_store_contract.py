@@ -355,6 +355,20 @@ def test_state_of_a_deleted_project_is_not_written(store: Store) -> None:
     assert store.get_item("p", "item 1") is None
 
 
+def test_state_of_a_project_deleted_after_its_read_is_not_written(store: Store) -> None:
+    """An engine's write anchored on the entry it read, after the project was deleted: nothing
+    written, no error (the engine drops the project at its next step)."""
+    store.create_project(project())
+    store.append("p", "labels", b"{}", None)
+    token = store.read_log("p", 0, 1)[0].token
+    store.delete_project("p")
+    update = StateUpdate(1, b"g", {}, writes(["item 1"], [b"["]), {})
+    update.anchor, update.served = token, 0
+    store.write_state("p", update)
+    assert store.get_item("p", "item 1") is None
+    assert store.get_project("p") is None
+
+
 def test_lag_counts_the_wait_the_engine_s_pace_projects(store: Store) -> None:
     """The lag is the oldest waiting entry's age, or the time the entries waiting will take at
     the engine's recent pace (``entry_s``), whichever is longer: a backlog admitted in a
