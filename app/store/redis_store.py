@@ -551,12 +551,14 @@ class RedisStore:
             args.extend((_joined_ids(ids), len(ids)))
         names = ("ids", "log", "seq", "state", "sealed")[: 5 if self.join_entries else 4]
         keys = [self._k(project, what) for what in names]
-        position, accepted = self._append_and_wake(project, keys, args)
+        (position, accepted), known = self._append_and_wake(project, keys, args)
         if int(position) == LOG_NOT_OPEN:
             self._refuse_unopened(project)
         if int(position) < 0:
             raise EngineBehindError(project, int(accepted) / 1000)
-        if not self.r.hexists(self._projects_key, project):  # deleted meanwhile: the block
+        if known is None:
+            known = self.r.hexists(self._projects_key, project)
+        if not known:  # deleted meanwhile: the block
             self._drop_state(project)  # went to keys of no project (a project created later
             raise UnknownProjectError(project)  # under its name would have read them)
         n = len(ids) if ids is not None else 0
@@ -577,27 +579,32 @@ class RedisStore:
         # version never appended to, whose log the API's next start opens)
         raise StoreWipedError(f"project {project!r}")
 
-    def _append_and_wake(self, project: str, keys: list[str], args: list[Any]) -> Any:
+    def _append_and_wake(
+        self, project: str, keys: list[str], args: list[Any]
+    ) -> tuple[Any, bool | None]:
         """The append script, then the project's record in the moves stream and a token on
         the engines' wake list (kept to one: a waiting engine wakes at once, a busy one finds
         it at its next idle wait), in one round trip. EVALSHA rather than the script object:
         in a pipeline that one asks SCRIPT EXISTS first, a second round trip per append. On a
-        cluster, the record and the token follow the append's answer: they live on other
-        nodes, and a pipeline keeps the order of its commands on each node only."""
+        single Redis the same round trip asks whether the project still exists, after the
+        append (else None: asked by the caller). On a cluster, the record and the token follow
+        the append's answer: they live on other nodes, and a pipeline keeps the order of its
+        commands on each node only."""
 
-        def run() -> Any:
+        def run() -> tuple[Any, bool | None]:
             if self.wait_replicas:
-                return self._append_replicated(project, keys, args)
+                return self._append_replicated(project, keys, args), None
             pipe = self.r.pipeline(transaction=False)
             # (execute_command: redis-py's cluster pipeline refuses its evalsha method, yet
             # routes the command itself by the keys' slot)
             pipe.execute_command("EVALSHA", self._append.sha, len(keys), *keys, *args)
-            if not self.cluster:
-                self._moved(pipe, project)
-            answer = pipe.execute()[0]
             if self.cluster:
+                answer = pipe.execute()[0]
                 self._moved(self.r.pipeline(transaction=False), project).execute()
-            return answer
+                return answer, None
+            self._moved(pipe, project).hexists(self._projects_key, project)
+            replies = pipe.execute()
+            return replies[0], bool(replies[-1])
 
         try:
             return run()

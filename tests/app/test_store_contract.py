@@ -24,6 +24,7 @@ from app.store.base import (
     QueueHead,
     StateUpdate,
     Store,
+    UnknownProjectError,
 )
 from app.store.item_records import ItemWrites, pack, record_table
 from app.store.redis_store import RedisStore
@@ -188,6 +189,26 @@ def test_redis_refuses_an_id_with_a_line_break_whole() -> None:
         redis_store._joined_ids(["a", "b\nc"])
     assert redis_store._joined_ids(["a", None, "b"]) == "a\n\nb"
     assert redis_store._joined_ids([None]) == "" and redis_store._joined_ids([]) == ""
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_a_block_appended_as_its_project_is_deleted_is_refused_and_dropped(
+    kind: str, tmp_path: Path
+) -> None:
+    """A deletion under way (the record gone, the keys not yet) when a block is appended: the
+    append answers UnknownProjectError and drops what it wrote, which a project created later
+    under the name would else read."""
+    for store in opened_store(kind, tmp_path):
+        assert isinstance(store, RedisStore)
+        store.create_project(project())
+        store.append("p", "labels", b"before", ["a"])
+        store.r.hdel(store._projects_key, "p")
+        with pytest.raises(UnknownProjectError):
+            store.append("p", "labels", b"during", ["b"])
+        store.create_project(project())
+        store.open_logs(["p"])
+        assert store.read_log("p", 0, 10) == []
+        assert store.append("p", "labels", b"again", ["a", "b"]).accepted == 2
 
 
 def test_ids_are_per_project(store: Store) -> None:
