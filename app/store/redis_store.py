@@ -376,6 +376,10 @@ class RedisStore:
         self._release = self.r.register_script(_RELEASE)
         self._alive = self.r.register_script(_ALIVE)
         self._quiet = self.r.register_script(_QUIET)
+        self._scripts = (
+            self._append, self._lag, self._holds, self._read, self._trim, self._check,
+            self._acquire, self._release, self._alive, self._quiet,
+        )  # fmt: skip
 
     def _k(self, project: str, what: str) -> str:
         return f"{{{self.prefix}:p:{project}}}:{what}"
@@ -806,10 +810,9 @@ class RedisStore:
         }
 
     def _pipelined(self, calls: Callable[[Any], None]) -> list[Any]:
-        """The replies of the commands ``calls`` queues on a pipeline, in one round trip. A
-        pipeline checks that Redis holds its scripts before it sends them, but Redis may lose
-        them in between (a restart, a failover, SCRIPT FLUSH): then it is queued again and
-        sent once more, and the check loads them."""
+        """The replies of the commands (reads) ``calls`` queues on a pipeline, in one round
+        trip. Its scripts go by their hashes: when Redis lacks one (a restart, a failover,
+        SCRIPT FLUSH), every script is loaded and the pipeline sent once more."""
 
         def execute() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
@@ -820,16 +823,22 @@ class RedisStore:
         try:
             return execute()
         except redis.exceptions.NoScriptError:
+            self._load_scripts()
             return execute()
 
+    def _load_scripts(self) -> None:
+        for script in self._scripts:
+            self.r.script_load(script.script)
+
     def _queue_script(self, pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
-        """Queue a registered script on ``pipe``: by its hash (loaded first if Redis lacks
-        it), or on a cluster by its source (EVAL: redis-py's cluster pipelines refuse
-        EVALSHA)."""
+        """Queue a registered script on ``pipe``: by its hash (EVALSHA: redis-py's script
+        object would first ask SCRIPT EXISTS, a round trip more; a lost script is loaded by
+        ``_pipelined``), or on a cluster by its source (EVAL: redis-py's cluster pipelines
+        refuse EVALSHA)."""
         if self.cluster:
             pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
         else:
-            script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _read_each(
         self, projects: Sequence[str], reads: Callable[[Any, str], None], per: int
