@@ -72,12 +72,11 @@ local now = tonumber(stamp)
 _LAG = _LAG_FN + "return lag_ms(KEYS[1], KEYS[2], KEYS[3], now)\n"
 
 # KEYS: ids set, log stream, sequence, served state. ARGV: kind, payload, with ids, token, the
-# bound on the lag in ms ('' = none), then the label ids joined by line breaks ('' = no id; an id
-# holds no control character, app/api/schemas.py) and their count: one argument to pack, not one
-# per label, and the set asked and added to a command per 1,000 ids, not one each (SMISMEMBER,
-# Redis >= 6.2). Refuses ({-1, lag})
-# when the lag passes the bound; else marks each label 1 (new) or 0 (id seen before, in the set
-# or earlier in the block), appends
+# bound on the lag in ms ('' = none), then the label ids joined by line breaks ('' = no id; an
+# id holds no control character, app/api/schemas.py) and their count: one argument to pack,
+# not one per label, and the set asked and added to one command per 1,000 ids, not one per id
+# (SMISMEMBER: Redis 6.2 or later). Refuses ({-1, lag}) when the lag passes the bound; else
+# marks each label 1 (new) or 0 (id seen before, in the set or earlier in the block), appends
 # the entry (with its time, 't') unless nothing is new; with KEYS[5] (the engine's seal: the
 # last position it has read), 'j' = 1 when the entry before is still unread (LogEntry.joins),
 # else 0. The entry's stream id is
