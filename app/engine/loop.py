@@ -70,6 +70,10 @@ DYADIC_BACKLOG = 262_144
 """Labels the dyadic model may lag behind the posteriors (about 8 MB queued): past it, every
 step learns the excess, so a load the two cannot keep up with together shows as the engine's
 lag (and push-back), not as a queue growing without bound."""
+RESCORE_WAIT_S = 0.5
+"""A queue being scored again (the calibration moved) takes its slices in steps of their own
+while the log is drained; under a load that never lets it drain, a step's posteriors carry one
+this long after the last (``EngineLoop._rescore_overdue``)."""
 SWEEP_SLICE = 16_384
 """Labels' worth of a refinement sweep's work in one log entry (``app.engine.sweeps``):
 about 15 ms of revisits, the most a label arriving meanwhile waits for the sweep."""
@@ -192,6 +196,7 @@ class EngineLoop:
         self._sweep_pending: dict[str, bool] = {}
         self._sweeping: set[str] = set()
         self._slice_pending: set[str] = set()  # a sweep's slice logged and not applied yet
+        self._slice_at: dict[str, float] = {}  # a rescored queue's last slice (or its start)
         self.failed: dict[str, Failure] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -512,6 +517,7 @@ class EngineLoop:
             held.pop(name, None)
         self._anchor.pop(name, None)
         self._served.pop(name, None)
+        self._slice_at.pop(name, None)
         self._unwritten.discard(name)
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
@@ -584,10 +590,11 @@ class EngineLoop:
                 self._last_label[name] = now
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
         self._anchor[name] = anchor = entries[-1].token
-        # The posteriors first, with the applied position; then the dyadic model learns the
-        # labels (when its turn comes: _dyadic_limit) and its rows are written.
-        update = eng.state_update(dyadic=False)
+        # The posteriors first, with the applied position; then a slice of a queue being
+        # scored again and the dyadic model's learning, each in its turn (_rescore_now,
+        # _dyadic_limit), with their writes.
         maybe_drained = len(entries) < self.batch_entries
+        update = eng.state_update(dyadic=False, rescore=self._rescore_overdue(name, eng))
         if eng.position < self._catch_up.get(name, 0):  # replaying up to the state already
             eng.not_written(served=True)  # (another engine's write holds it)
             limit = self._dyadic_limit(name, eng, maybe_drained)
@@ -602,6 +609,8 @@ class EngineLoop:
         labels_only = all(e.kind == "labels" for e in entries)  # (the steps the paces follow)
         if labels_only:
             self._pace(name, started, len(entries), eng.labels.n_labels - labels_before)
+        if eng.queue_rescoring and maybe_drained and self.store.log_end(name) <= eng.position:
+            self._write_queue_slice(name, eng, anchor)
         limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
         if limit is not None:  # counts: the posteriors of the entries waiting go first)
             self._write_dyadic(name, eng, anchor, limit)
@@ -655,9 +664,24 @@ class EngineLoop:
 
     def _write_queue_slice(self, name: str, eng: ProjectEngine, anchor: int | None) -> None:
         """The queue's next slice scored again (``ProjectEngine.queue_rescoring``) while no
-        entry comes: a write at the position already served."""
+        entry waits: a write at the position already served."""
         self._write(name, eng.state_update(dyadic=False), anchor, self._served.get(name))
+        self._slice_at[name] = time.monotonic()
         self.queue_slices += 1
+
+    def _rescore_overdue(self, name: str, eng: ProjectEngine) -> bool:
+        """Whether a step's posteriors carry the next slice of a queue being scored again:
+        only once ``RESCORE_WAIT_S`` passed without one, the log never drained meanwhile (a
+        slice costs 10-25 ms, which every posterior of the step would else wait for)."""
+        if not eng.queue_rescoring:
+            self._slice_at.pop(name, None)
+            return False
+        now = time.monotonic()
+        last = self._slice_at.setdefault(name, now)
+        if now - last < RESCORE_WAIT_S:
+            return False
+        self._slice_at[name] = now
+        return True
 
     def _write_dyadic(self, name: str, eng: ProjectEngine, anchor: int | None, limit: int) -> None:
         """Learn up to ``limit`` queued labels and write the dyadic rows they changed (with

@@ -610,10 +610,12 @@ class ProjectEngine:
         if not served:
             self.mark_all_dirty()
 
-    def state_update(self, dyadic: bool = True) -> StateUpdate:
+    def state_update(self, dyadic: bool = True, rescore: bool = True) -> StateUpdate:
         """What changed since the last call, ready for ``Store.write_state``; with ``dyadic``
         False, without the dyadic model's rows (its queued labels stay queued:
-        ``dyadic_update`` learns them and gives its rows), else with every label learned."""
+        ``dyadic_update`` learns them and gives its rows), else with every label learned; with
+        ``rescore`` False, without the next slice of a queue being scored again (the items
+        whose labels changed are scored all the same)."""
         changed = self._changed_rows()
         dirty = np.array(sorted(self._dirty_items), dtype=np.int64)
         self._check_finite(dirty, changed)
@@ -624,7 +626,7 @@ class ProjectEngine:
             self._queue_calibration, self._rescore_from = self.calibration, 0
         shown = self.shown(dirty)  # (once: the items and the queue both serve it)
         items = self.item_writes(dirty, shown)
-        queue, queue_remove, replace = self._queue_update(dirty, shown)
+        queue, queue_remove, replace = self._queue_update(dirty, shown, rescore)
         workers = self.workers_json(np.array(sorted(self._dirty_workers), dtype=np.int64))
         self._dirty_items.clear()
         self._dirty_workers.clear()
@@ -694,7 +696,7 @@ class ProjectEngine:
         return StateUpdate(self.position, self.globals_json(), dyadic=dyadic, advance=False)
 
     def _queue_update(
-        self, dirty: IntArray, shown: FloatArray
+        self, dirty: IntArray, shown: FloatArray, rescore: bool = True
     ) -> tuple[dict[str, float], list[str], bool]:
         """Scores of the items whose posterior or label count changed, the finished ones among
         them, and whether that is every item (when the settings, the budget, the calibration or
@@ -708,7 +710,7 @@ class ProjectEngine:
         self._queue_all = False
         if replace:
             self._queue_calibration, self._rescore_from = self.calibration, None
-        elif self._rescore_from is not None:
+        elif self._rescore_from is not None and rescore:
             start = self._rescore_from
             stop = min(start + QUEUE_SLICE, self.items_count)
             codes = np.union1d(dirty, np.arange(start, stop, dtype=np.int64))

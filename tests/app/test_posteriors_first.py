@@ -279,13 +279,70 @@ def test_an_idle_engine_scores_its_queue_again_a_slice_a_step_until_whole(
     eng._queue_calibration = Calibration(rho=0.9)  # as if the calibration moved from there
     store.append("p", "labels", labels_body(rng, 10, 2000, 30), None)
     loop.step()
-    assert eng.queue_rescoring  # (a first slice written with the entry)
+    assert eng.queue_rescoring  # (a first slice written after the entry's posteriors)
     loop.run_until_idle(timeout_s=60)
     assert not eng.queue_rescoring
     served = dict(store.read_queue("p", 10_000))
     eng._queue_all = True
     whole = eng.state_update()
     assert served == whole.queue
+
+
+def _rescoring_engine(
+    store: Store, monkeypatch: pytest.MonkeyPatch, batch_entries: int
+) -> tuple[EngineLoop, list[StateUpdate]]:
+    """An idle engine whose calibration moved (its queue is to be scored again, 300 items a
+    slice), and the state writes it makes from then on."""
+    from app.engine import project as engine_project
+    from core.calibration import Calibration
+
+    monkeypatch.setattr(engine_project, "QUEUE_SLICE", 300)
+    record = ProjectRecord("p", ("a", "b", "c"), NominalConfig(n_classes=3).to_dict(), 1.0)
+    store.create_project(record)
+    store.append("p", "labels", labels_body(np.random.default_rng(3), 6000, 2000, 30), None)
+    loop = EngineLoop(store, refine_passes=0, batch_entries=batch_entries)
+    loop.run_until_idle(timeout_s=60)
+    loop.engines["p"]._queue_calibration = Calibration(rho=0.9)  # as if it moved from there
+    writes: list[StateUpdate] = []
+    write = store.write_state
+    monkeypatch.setattr(store, "write_state", lambda p, u: (writes.append(u), write(p, u))[1])
+    return loop, writes
+
+
+def _scored(update: StateUpdate) -> int:
+    return len(update.queue) + len(update.queue_remove)
+
+
+def test_a_queue_scored_again_takes_its_slices_after_the_posteriors(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's posteriors are written without the next slice of a queue being scored again:
+    the slice follows in a write of its own, over the state just served, the log drained."""
+    loop, writes = _rescoring_engine(store, monkeypatch, batch_entries=256)
+    store.append("p", "labels", labels_body(np.random.default_rng(4), 10, 2000, 30), None)
+    assert loop.step() == 1
+    posteriors, slice_ = writes
+    assert posteriors.served == 1 and posteriors.position == 2 and _scored(posteriors) <= 10
+    assert slice_.served == slice_.position == 2 and _scored(slice_) >= 300
+
+
+@pytest.mark.parametrize("overdue", [False, True])
+def test_a_log_that_never_drains_carries_a_slice_with_the_posteriors_when_overdue(
+    store: Store, monkeypatch: pytest.MonkeyPatch, overdue: bool
+) -> None:
+    """Entries always waiting (each step reads its limit of one): no slice of its own comes,
+    so once ``RESCORE_WAIT_S`` passed since the rescoring began, a step's posteriors carry
+    one; before that they do not."""
+    monkeypatch.setattr(engine_loop, "RESCORE_WAIT_S", 0.0 if overdue else 3600.0)
+    loop, writes = _rescoring_engine(store, monkeypatch, batch_entries=1)
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        store.append("p", "labels", labels_body(rng, 10, 2000, 30), None)
+    assert loop.step() == 1  # (the calibration's move found: the rescoring begins)
+    assert loop.step() == 1
+    first, second = writes
+    assert _scored(first) <= 10
+    assert (_scored(second) >= 300) if overdue else (_scored(second) <= 10)
 
 
 def test_a_label_posted_while_the_dyadic_model_learns_waits_for_one_part(
