@@ -153,9 +153,7 @@ class LargerTable:
         columns = {name: np.empty(capacity, dtype=c.dtype) for name, c in sources.items()}
         while True:
             rows = table.n_labels  # (rows below it are written)
-            for name, column in columns.items():
-                column[self.copied : rows] = sources[name][self.copied : rows]
-            self.copied = rows
+            self._copy_rows(columns, sources, rows)
             if table.n_labels - rows < self.CAUGHT_UP:
                 self.columns = columns
                 return
@@ -184,9 +182,15 @@ class LargerTable:
 
     def _copy(self, table: ItemLabels) -> None:
         assert self.columns is not None
-        lo, hi = self.copied, table.n_labels
-        for name, column in self.columns.items():
-            column[lo:hi] = getattr(table, name)[lo:hi]
+        self._copy_rows(self.columns, {n: getattr(table, n) for n in COLUMNS}, table.n_labels)
+
+    def _copy_rows(
+        self, columns: dict[str, npt.NDArray[Any]], sources: dict[str, npt.NDArray[Any]], hi: int
+    ) -> None:
+        """The rows from ``copied`` to ``hi`` of each source column into ``columns``."""
+        lo = self.copied
+        for name, column in columns.items():
+            column[lo:hi] = sources[name][lo:hi]
         self.copied = hi
 
 

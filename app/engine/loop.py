@@ -591,7 +591,7 @@ class EngineLoop:
         self._refine_due[name] = self.refine_passes > 0 and eng.refine_due
         self._anchor[name] = anchor = entries[-1].token
         # The posteriors first, with the applied position; then a slice of a queue being
-        # scored again and the dyadic model's learning, each in its turn (_rescore_now,
+        # scored again and the dyadic model's learning, each in its turn (_rescore_overdue,
         # _dyadic_limit), with their writes.
         maybe_drained = len(entries) < self.batch_entries
         update = eng.state_update(dyadic=False, rescore=self._rescore_overdue(name, eng))
@@ -609,7 +609,7 @@ class EngineLoop:
         labels_only = all(e.kind == "labels" for e in entries)  # (the steps the paces follow)
         if labels_only:
             self._pace(name, started, len(entries), eng.labels.n_labels - labels_before)
-        if eng.queue_rescoring and maybe_drained and self.store.log_end(name) <= eng.position:
+        if eng.queue_rescoring and maybe_drained and self._nothing_waits(name, eng):
             self._write_queue_slice(name, eng, anchor)
         limit = self._dyadic_limit(name, eng, maybe_drained)  # (what came during the write
         if limit is not None:  # counts: the posteriors of the entries waiting go first)
@@ -658,9 +658,13 @@ class EngineLoop:
         if not eng.dyadic_unpublished or not self.dyadic_ready():
             return None
         over = _dyadic_over(eng)
-        if maybe_drained and self.store.log_end(name) <= eng.position:
+        if maybe_drained and self._nothing_waits(name, eng):
             return max(over, DYADIC_SLICE)
         return over if over > 0 else None
+
+    def _nothing_waits(self, name: str, eng: ProjectEngine) -> bool:
+        """No log entry past the engine's position (asked anew: one may have come since)."""
+        return self.store.log_end(name) <= eng.position
 
     def _write_queue_slice(self, name: str, eng: ProjectEngine, anchor: int | None) -> None:
         """The queue's next slice scored again (``ProjectEngine.queue_rescoring``) while no
@@ -690,7 +694,7 @@ class EngineLoop:
         nothing new."""
         before, started = eng.dyadic_backlog, time.perf_counter()
         learned = eng.dyadic_learn(min(max(_dyadic_over(eng), 0), limit))
-        while learned < limit and eng.dyadic_backlog and self.store.log_end(name) <= eng.position:
+        while learned < limit and eng.dyadic_backlog and self._nothing_waits(name, eng):
             learned += eng.dyadic_learn(min(DYADIC_PART, limit - learned))
         update = eng.dyadic_update(0)  # (the rows of what it learned)
         learned = before - eng.dyadic_backlog

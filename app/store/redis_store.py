@@ -365,20 +365,22 @@ class RedisStore:
         self.cluster = cluster
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self.prefix = prefix
-        self._append = self.r.register_script(_APPEND)
-        self._lag = self.r.register_script(_LAG)
-        self._holds = self.r.register_script(_HOLDS)
-        self._read = self.r.register_script(_READ)
-        self._trim = self.r.register_script(_TRIM)
-        self._check = self.r.register_script(_CHECK)
-        self._acquire = self.r.register_script(_ACQUIRE)
-        self._release = self.r.register_script(_RELEASE)
-        self._alive = self.r.register_script(_ALIVE)
-        self._quiet = self.r.register_script(_QUIET)
-        self._scripts = (
-            self._append, self._lag, self._holds, self._read, self._trim, self._check,
-            self._acquire, self._release, self._alive, self._quiet,
-        )  # fmt: skip
+        self._scripts: list[Any] = []  # (every one registered: ``_load_scripts``)
+        self._append = self._register(_APPEND)
+        self._lag = self._register(_LAG)
+        self._holds = self._register(_HOLDS)
+        self._read = self._register(_READ)
+        self._trim = self._register(_TRIM)
+        self._check = self._register(_CHECK)
+        self._acquire = self._register(_ACQUIRE)
+        self._release = self._register(_RELEASE)
+        self._alive = self._register(_ALIVE)
+        self._quiet = self._register(_QUIET)
+
+    def _register(self, source: str) -> Any:
+        script = self.r.register_script(source)
+        self._scripts.append(script)
+        return script
 
     def _k(self, project: str, what: str) -> str:
         return f"{{{self.prefix}:p:{project}}}:{what}"

@@ -182,13 +182,17 @@ def test_a_long_block_keeps_each_new_id_once_wherever_it_repeats(store: Store) -
     assert store.read_log("p", 1, 1)[0].keep == b"".join(b"1" if k else b"0" for k in keep)
 
 
-def test_redis_refuses_an_id_with_a_line_break_whole() -> None:
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_redis_refuses_an_id_with_a_line_break_whole(kind: str, tmp_path: Path) -> None:
     """The append script reads a block's ids from one text, a line break between them (the
-    API refuses control characters in ids): an id that holds one is refused, not split."""
-    with pytest.raises(ValueError, match="line break"):
-        redis_store._joined_ids(["a", "b\nc"])
-    assert redis_store._joined_ids(["a", None, "b"]) == "a\n\nb"
-    assert redis_store._joined_ids([None]) == "" and redis_store._joined_ids([]) == ""
+    API refuses control characters in ids): an id that holds one is refused, not split, and
+    nothing is appended; labels without an id still count one each."""
+    for store in opened_store(kind, tmp_path):
+        store.create_project(project())
+        with pytest.raises(ValueError, match="line break"):
+            store.append("p", "labels", b"x", ["a", "b\nc"])
+        assert store.log_end("p") == 0
+        assert store.append("p", "labels", b"y", [None, "a", None]).accepted == 3
 
 
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
