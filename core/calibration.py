@@ -67,13 +67,14 @@ then beat none by log(2 (G - 1)) nats of the answers' evidence (2.08 nats on the
 grid), which a handful of scored answers cannot: on a fresh project's first item, one answer
 contradicting two before it weighs 0.17-0.40 nats (2 to 10 classes), three such 0.2-1.2."""
 MIN_GAIN_PER_ANSWER = 0.00075
-"""Without gold, a tempering is served only if it predicts the scored answers better than none
-by more than this many nats an answer (eq. 22'). One online pass scores its first answers with
+"""A tempering must predict the scored answers better than none by more than this many nats
+an answer (eq. 22'; with gold this term is weighed with the rest of the answers' evidence,
+like at most GOLD_WEIGHT_LABELS answers). One online pass scores its first answers with
 immature rows, whose plug-in predictions are overconfident whatever the crowd: on crowds of
 independent answers (one-coin and weak workers) that made a tempering win by 0.36-0.64
-thousandths of a nat an answer, 10-17 nats over 26,000 answers, and T_i = 1.7 at 15 answers an
-item then flattened calibrated posteriors to 8 points of ECE. Crowds whose answers are
-correlated within items gained 0.93-20 thousandths."""
+thousandths of a nat an answer, 10-17 nats over 26,000 answers, and T_i = 1.7-2.4 at 15
+answers an item then flattened calibrated posteriors to 8 points of ECE. Crowds whose answers
+are correlated within items gained 0.93-20 thousandths."""
 
 
 @dataclass(frozen=True)
