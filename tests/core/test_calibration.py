@@ -270,7 +270,9 @@ def test_a_tempering_must_beat_none_by_its_priors_odds_and_a_gain_per_answer(
     even over the grid's 8 other values, so a tempering needs log 16 - log 2 = 2.08 nats more
     evidence than none, and (eq. 22') MIN_GAIN_PER_ANSWER nats more for each answer scored."""
     at = int(np.flatnonzero(RHO_GRID == 0.3)[0])
-    needed = np.log(8.0) + calibration.MIN_GAIN_PER_ANSWER * scored
+    prior = calibration.log_rho_prior()
+    assert prior[0] - prior[at] == pytest.approx(np.log(8.0))
+    needed = prior[0] - prior[at] + calibration.MIN_GAIN_PER_ANSWER * scored
     for margin, rho in ((needed - 0.05, 0.0), (needed + 0.05, 0.3)):
         evidence = np.zeros(evidence_size())
         evidence[: RHO_GRID.size] = -5.0 * scored
