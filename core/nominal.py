@@ -40,9 +40,9 @@ class LaterPasses(StrEnum):
 
 
 MAX_FIRST_STEP = 1e6
-"""The largest first step eta0 tau0^-rho x max(1, population_rate, class_rate) a new project or
-run may take (0.95 by default): eta0 1e6 with rho 0 and a class_rate of 100 or a
-population_rate of 1000 made the parameters NaN; every product up to 1e6 tried stayed finite.
+"""The largest first step eta0 tau0^-rho x max(1, population_rate K/2, class_rate) a new project
+or run may take (0.95 by default): eta0 1e6 with rho 0 and a class_rate of 100 or a
+population step of 1000 made the parameters NaN; every product up to 1e6 tried stayed finite.
 (Checked where a model is made, not where a saved one is read.)"""
 
 
@@ -87,7 +87,9 @@ class NominalConfig:
     em_max_iter: int = 50
     """At most this many per-item EM rounds."""
     population_rate: float = 0.04
-    """Step of Gamma relative to eta_t (Gamma sees every label, a slot only its own)."""
+    """Step of Gamma relative to eta_t at two classes (Gamma sees every label, a slot only its
+    own); a row of Gamma learns from the items of its class, about 1/K of them, so its step
+    is this times K/2 (``population_step``, docs/model.md eq. 10)."""
     class_rate: float = 0.02
     """Step of gamma_pi relative to eta_t."""
 
@@ -119,10 +121,15 @@ class NominalConfig:
                     f"{self.class_prior}"
                 )
 
+    def population_step(self) -> float:
+        """r_Gamma of eq. 10: ``population_rate`` K/2, so that each row of Gamma, which learns
+        from the items of its class only, steps as far over a pass whatever K."""
+        return self.population_rate * self.n_classes / 2.0
+
     def first_step(self) -> float:
         """The first step of the shared parameters (``MAX_FIRST_STEP`` bounds it)."""
         return first_step(
-            self.eta0, self.tau0, self.rho, max(1.0, self.population_rate, self.class_rate)
+            self.eta0, self.tau0, self.rho, max(1.0, self.population_step(), self.class_rate)
         )
 
     def with_(self, **changes: Any) -> NominalConfig:
@@ -178,7 +185,7 @@ class NominalConfig:
                 self.difficulty_prior,
                 self.em_tol,
                 float(self.em_max_iter),
-                self.population_rate,
+                self.population_step(),
                 self.class_rate,
             ],
             dtype=np.float64,

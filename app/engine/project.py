@@ -662,7 +662,7 @@ class ProjectEngine:
             raise NonFiniteModelError(
                 f"after log entry {self.position} the model's {', '.join(bad)} are not finite "
                 "numbers (its hyperparameters' first step eta0 tau0^-rho x max(1, "
-                "population_rate, class_rate) is too large for these answers); the state "
+                "population_rate K/2, class_rate) is too large for these answers); the state "
                 "before it stays served"
             )
 

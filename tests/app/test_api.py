@@ -629,15 +629,16 @@ def test_bad_project(client: TestClient, body: dict[str, Any], field: str) -> No
     "hyper",
     [
         {"class_prior": [1.0, 2.0, 1e-300, 1.0, 1.0]},
-        {  # a first step at its bound (eta0 1e6 with these rates is refused: NaN with n_items 100)
+        {  # a first step at its bound (eta0 1e6 with these rates is refused: NaN with n_items 100;
+            # Gamma's step is population_rate x K/2, 1e3 over these 5 classes)
             "eta0": 1e3,
             "tau0": 1.0,
             "rho": 0.0,
-            "population_rate": 1e3,
+            "population_rate": 400.0,
             "class_rate": 1e3,
             "n_items": 1.0,
         },
-        {"eta0": 1e3, "tau0": 1.0, "rho": 0.0, "population_rate": 1e3, "n_items": 100.0},
+        {"eta0": 1e3, "tau0": 1.0, "rho": 0.0, "population_rate": 400.0, "n_items": 100.0},
         {
             "worker_prior": 1e6,
             "population_prior": 1e6,

@@ -75,7 +75,10 @@ def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Stor
     for _ in range(3):
         store.append("p", "labels", labels_body(rng, 40, 15, 6))
         loop.step()
-    steps = recorder.writes
+    # (a step whose calibration moved also writes the queue scored again in a slice: random
+    # answers from six workers tempt a tempering; those writes carry neither items nor rows)
+    kept = [k for k, w in enumerate(recorder.writes) if w[2] > 0 or w[3]]
+    steps = [recorder.writes[k] for k in kept]
     assert len(steps) == 6  # two writes a step
     for n, (posteriors, dyadic) in enumerate(zip(steps[::2], steps[1::2], strict=True)):
         was, advance, items, has_dyadic, queued, _ = posteriors
@@ -84,7 +87,9 @@ def test_a_step_serves_its_posteriors_before_the_dyadic_model_learns(store: Stor
         assert not dyadic[1] and dyadic[2] == 0 and dyadic[3] and dyadic[4] == 0
         assert dyadic[5] == n + 1  # learned up to the step's entry
     # the dyadic learning changes no global figure but its own position
-    for posteriors, dyadic in zip(recorder.globals[::2], recorder.globals[1::2], strict=True):
+    dyadic_writes = [k for k, w in enumerate(recorder.writes) if w[3]]
+    for before, dyadic in ((recorder.globals[k - 1], recorder.globals[k]) for k in dyadic_writes):
+        posteriors = dict(before)
         assert posteriors.pop("dyadic_position") == dyadic.pop("dyadic_position") - 1
         assert posteriors == dyadic
     assert store.applied_position("p") == store.log_end("p") == 3

@@ -106,7 +106,7 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
         raise ApiError(
             422,
             "invalid_hyperparameters",
-            f"eta0 x tau0^-rho x max(1, population_rate, class_rate) is {first:g}: "
+            f"eta0 x tau0^-rho x max(1, population_rate x K/2, class_rate) is {first:g}: "
             f"at most {MAX_FIRST_STEP:g} (the first step; past it the parameters overflowed)",
             None,
             "hyperparameters",
