@@ -174,3 +174,57 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
 
 
 invalidate_on_change(held_out_corrections, softmax_row_quadratic, exp_all, log_all, padded)
+
+
+@jit
+def laplace_predictive_rows(theta, totals, lam, out):
+    """Eq. 27 for confusion rows ``theta`` (rows, K) of weights ``totals`` (rows,): out[r] is
+    E[softmax(theta_r + e)], e ~ N(0, S), S = (C D + lambda I)^-1, D = diag p - p p^T, by the
+    unscented transform over the 2K points theta_r +- sqrt(K) L e_k, L a square root of S.
+
+    S^-1 = diag(a) - C p p^T with a = C p + lambda (diagonal minus rank one), so
+    S = A^-1/2 (I + beta u u^T) A^-1/2 with u = A^-1/2 p, beta = C / (1 - C u^T u)
+    (Sherman-Morrison; C u^T u < C sum p / C = 1), and L = A^-1/2 (I + gamma u u^T),
+    gamma = beta / (1 + sqrt(1 + beta u^T u)), is its symmetric square root: each direction
+    L e_k costs O(K), a row O(K^2), where an eigendecomposition of D cost O(K^3). The points
+    match the mean and covariance of e (the all-ones direction, along which softmax does not
+    move, included)."""
+    R, K = theta.shape
+    a_root = np.empty(K)
+    u = np.empty(K)
+    point = np.empty(K)
+    root_k = math.sqrt(K)
+    for r in range(R):
+        c = totals[r]
+        m = -np.inf
+        for k in range(K):
+            m = max(m, theta[r, k])
+        z = 0.0
+        for k in range(K):
+            point[k] = math.exp(theta[r, k] - m)
+            z += point[k]
+        uu = 0.0
+        for k in range(K):
+            p = point[k] / z
+            a_root[k] = math.sqrt(c * p + lam)
+            u[k] = p / a_root[k]
+            uu += u[k] * u[k]
+        beta = c / (1.0 - c * uu)
+        gamma = beta / (1.0 + math.sqrt(1.0 + beta * uu))
+        for k in range(K):
+            out[r, k] = 0.0
+        for k in range(K):
+            for sign in (1.0, -1.0):
+                m = -np.inf
+                for j in range(K):
+                    shift = gamma * u[j] * u[k] + (1.0 if j == k else 0.0)
+                    point[j] = theta[r, j] + sign * root_k * shift / a_root[j]
+                    m = max(m, point[j])
+                z = 0.0
+                for j in range(K):
+                    point[j] = math.exp(point[j] - m)
+                    z += point[j]
+                for j in range(K):
+                    out[r, j] += point[j] / z
+        for k in range(K):
+            out[r, k] /= 2.0 * K

@@ -24,9 +24,6 @@ def log_likelihoods(params: NominalParams, blocks: LabelBlocks) -> tuple[FloatAr
     )  # fmt: skip
 
 
-LAPLACE_FLOATS = 1 << 22
-"""Eq. 27 decomposes the rows of this many floats' worth of slots at a time (32 MiB of
-eigenvectors: every slot at once was K^4 floats a slot, 2.4 GB for 300 workers at 100 classes)."""
 HELD_OUT_DECIMALS = 4
 """c_i in nats to 1e-4: a posterior moves by at most about 1e-4 of itself (eq. 26)."""
 
@@ -60,16 +57,8 @@ def held_out_corrections(
     p = np.exp(log_p)
     totals = counts[used].sum(axis=2)
     excess = np.empty((0, K, K))
-    if laplace:  # a few slots at a time: each row's eigenvectors are K x K
-        predictive = np.empty_like(p)
-        step = max(1, LAPLACE_FLOATS // K**3)
-        for lo in range(0, used.size, step):
-            rows_of = slice(lo, lo + step)
-            curvature, vectors = _row_curvatures(p[rows_of])
-            predictive[rows_of] = laplace_predictive(
-                theta[rows_of], totals[rows_of], curvature, vectors, worker_prior
-            )
-        excess = log_p - np.log(predictive)
+    if laplace:
+        excess = log_p - np.log(laplace_predictive(theta, totals, worker_prior))
     out = np.empty((blocks.n_blocks, K))
 
     def correct(part: tuple[int, int]) -> None:
@@ -100,29 +89,17 @@ def held_out_fit(
     return held_out_posteriors(fitted, corrections)
 
 
-def laplace_predictive(
-    theta: FloatArray,
-    totals: FloatArray,
-    curvature: FloatArray,
-    vectors: FloatArray,
-    worker_prior: float,
-) -> FloatArray:
+def laplace_predictive(theta: FloatArray, totals: FloatArray, worker_prior: float) -> FloatArray:
     """Eq. 27: E[softmax(theta_sz + e)] for e ~ N(0, (C_sz D + lambda_A I)^-1), the row's
-    Laplace posterior (D = V diag(d) V^T, ``_row_curvatures``), by the unscented transform:
-    the mean of softmax at theta +- sqrt(K - 1) sigma_k v_k along the K - 1 directions of
-    positive curvature, sigma_k^2 = 1 / (C d_k + lambda_A) (the smallest, d = 0, is the
-    all-ones direction, along which softmax does not move). Shapes (rows, K, K)."""
+    Laplace posterior, by the unscented transform along a square root of its covariance
+    (``core._calibration_kernels.laplace_predictive_rows``: O(K^2) a row). ``theta`` (..., K),
+    ``totals`` C its leading shape."""
     K = theta.shape[-1]
-    if K < 2:
-        return np.ones_like(theta)
-    sigma = 1.0 / np.sqrt(totals[..., None] * curvature + worker_prior)
-    mean = np.zeros_like(theta)
-    for k in range(1, K):  # eigh's eigenvalues ascend: k = 0 is the all-ones direction
-        step = np.sqrt(K - 1) * sigma[..., k, None] * vectors[..., :, k]
-        for shifted in (theta + step, theta - step):
-            mean += np.exp(log_softmax(shifted))
-    out: FloatArray = mean / (2 * (K - 1))
-    return out
+    rows = np.ascontiguousarray(theta, dtype=np.float64).reshape(-1, K)
+    weights = np.ascontiguousarray(totals, dtype=np.float64).reshape(-1)
+    out = np.empty_like(rows)
+    _calibration_kernels.laplace_predictive_rows(rows, weights, float(worker_prior), out)
+    return out.reshape(theta.shape)
 
 
 def _row_logits(params: NominalParams, used: IntArray) -> FloatArray:
@@ -142,16 +119,6 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
         held = np.exp(logits - logits.max(axis=1, keepdims=True))
         out[rows] = held / held.sum(axis=1, keepdims=True)
     return out
-
-
-def _row_curvatures(p: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """The eigenvalues d (ascending) and eigenvectors V of D = diag p - p p^T for each row's
-    confusion p (rows, K, K): the directions of eq. 27's sigma points."""
-    K = p.shape[-1]
-    curvature, vectors = np.linalg.eigh(
-        p[..., :, None] * np.eye(K) - p[..., :, None] * p[..., None, :]
-    )
-    return curvature, vectors
 
 
 def log_prior(params: NominalParams) -> FloatArray:

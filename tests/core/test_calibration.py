@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import calibration, served, threads
+from core import calibration, threads
 from core._kernels import EVIDENCE_FULL
 from core.batch import BatchEM
 from core.blocks import LabelBlocks
@@ -477,7 +477,7 @@ def test_laplace_predictive_is_the_mean_over_the_rows_laplace_posterior(K: int) 
     rng = np.random.default_rng(K)
     lam = 1.0
     theta, totals, curvature, vectors = _random_rows(rng, 20, K)
-    got = laplace_predictive(theta, totals, curvature, vectors, lam)
+    got = laplace_predictive(theta, totals, lam)
     sigma = 1.0 / np.sqrt(totals[..., None] * curvature + lam)
     draws = theta[None] + np.einsum(
         "uzmk,suzk->suzm", vectors, rng.standard_normal((4000, *theta.shape)) * sigma
@@ -487,23 +487,29 @@ def test_laplace_predictive_is_the_mean_over_the_rows_laplace_posterior(K: int) 
     assert np.abs(got - mc).max() < 0.05
     point = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
     assert np.all(got.max(axis=2) < point.max(axis=2))
-    many = laplace_predictive(theta, totals * 1e8, curvature, vectors, lam)  # certain rows
+    many = laplace_predictive(theta, totals * 1e8, lam)  # certain rows
     np.testing.assert_allclose(many, point, atol=1e-3)
 
 
-def test_the_laplace_term_is_the_same_a_few_slots_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Eq. 27 decomposes the slot rows in chunks (bounded memory at many classes): chunks of
-    one slot give what all the slots at once give, to the bit."""
-    blocks, _, W = ambiguous_crowd(5, n_items=200, n_workers=40, per_item=3)
-    config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
-    result, params = BatchEM(config).fit(blocks, W)
-    lam, q = config.worker_prior, result.probas
-    whole = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
-    monkeypatch.setattr(served, "LAPLACE_FLOATS", 1)
-    chunked = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
-    assert np.array_equal(whole, chunked)
+@pytest.mark.parametrize("K", [2, 3, 10, 40])
+def test_the_laplace_directions_are_a_square_root_of_the_rows_covariance(K: int) -> None:
+    """Eq. 27's sigma points theta +- sqrt(K) L e_k: L, from the kernel's formula (a diagonal
+    minus rank one inverted by Sherman-Morrison), is a square root of the row's Laplace
+    covariance (C D + lambda I)^-1, with and without answers; without spread the predictive
+    is the point estimate."""
+    rng = np.random.default_rng(K)
+    theta = rng.normal(scale=2.0, size=K)
+    p = np.exp(theta - np.logaddexp.reduce(theta))
+    for c, lam in ((0.0, 1.0), (3.0, 1.0), (250.0, 0.5), (1e6, 1.0)):
+        a = c * p + lam
+        u = p / np.sqrt(a)
+        beta = c / (1.0 - c * (u @ u))
+        gamma = beta / (1.0 + np.sqrt(1.0 + beta * (u @ u)))
+        root = (np.eye(K) + gamma * np.outer(u, u)) / np.sqrt(a)[:, None]
+        want = np.linalg.inv(c * (np.diag(p) - np.outer(p, p)) + lam * np.eye(K))
+        np.testing.assert_allclose(root @ root.T, want, rtol=1e-9, atol=1e-12)
+    got = laplace_predictive(theta[None], np.array([0.0]), 1e12)[0]  # no spread: the point
+    np.testing.assert_allclose(got, p, atol=1e-9)
 
 
 def test_corrections_in_threads_are_bit_identical(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -538,10 +544,7 @@ def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictiv
             counts[blocks.slots[j], :, blocks.labels[j]] += blocks.weights[j] * q[b]
     theta = params.population[None] + params.scalars[SCALE] * params.worker
     p = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
-    curvature, vectors = np.linalg.eigh(
-        p[..., :, None] * np.eye(3) - p[..., :, None] * p[..., None, :]
-    )
-    predictive = laplace_predictive(theta, counts.sum(axis=2), curvature, vectors, lam)
+    predictive = laplace_predictive(theta, counts.sum(axis=2), lam)
     lost = np.log(p) - np.log(predictive)
     want = np.zeros_like(plain)
     for b in range(blocks.n_blocks):
