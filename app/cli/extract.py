@@ -12,6 +12,7 @@ import typer
 from app.cli.collector import without_cycle_collection
 from app.cli.layout import STDOUT, as_typed, check_output, class_names
 from app.io.input import InputError, refuse_duplicate_columns
+from core.blocks import IntArray
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
 
 DEFAULTS = NominalConfig(n_classes=2)
@@ -268,11 +269,12 @@ def extract(
         raise InputError("--later-passes", None, "newton needs a model without difficulty")
     print(_settings_line(config, path, passes, test_only, batch, classes), file=out)
     calibrated = None  # the calibration of the posteriors reported (none with --raw)
+    used: IntArray | None  # the slots whose rows the model holds (None: every slot)
     if batch:
         if (warning := job.one_answer_warning(encoded)) is not None:
             print(warning, file=sys.stderr)
         fit = job.run_batch(encoded, config, out, one_pass=not raw)
-        slot_params, used = job.slot_params_from_batch(fit.params, encoded, config), None
+        slot_params, used = job.slot_params_from_batch(fit.params, encoded, config)
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
         if raw:
             posteriors = fit.result.probas

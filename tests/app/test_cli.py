@@ -24,6 +24,7 @@ from app.io import extract as job
 from app.io.codes import read_codes
 from app.io.input import InputError
 from app.io.model_file import SavedModel, load_model, save_model
+from core.hashing import worker_slots
 from core.nominal import NominalConfig
 from core.online import OnlineEM
 from tests.app.conftest import not_utf8
@@ -219,6 +220,13 @@ def test_batch_mode(dog: Path, tmp_path: Path) -> None:
         > 0.83
     )
     assert extract(dog / "answers.csv", "--load", tmp_path / "b.npz", "--test-only").returncode == 0
+    # the fit mapped into the hashed slots its workers fall in, their rows only (a row for each
+    # of the 65,536 slots was 5.2 GB at 100 classes)
+    with dog.joinpath("answers.csv").open() as fh:
+        names = sorted({row["worker"] for row in csv.DictReader(fh)})
+    slots = np.unique(worker_slots(names, NominalConfig(n_classes=4).n_worker_slots))
+    saved = load_model(tmp_path / "b.npz")
+    assert np.array_equal(saved.slots, slots) and saved.params.worker.shape == (slots.size, 4, 4)
 
 
 def test_one_pass_over_weak_workers_keeps_the_pooled_twin(tmp_path: Path) -> None:
