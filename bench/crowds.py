@@ -19,7 +19,10 @@ Synthetic regimes (``SYNTHETIC``), each seeded and deterministic, 3,000-4,000 it
 * ``sparse_one_coin``: a long tail of sparse symmetric workers, 5 classes, 3 answers an item;
 * ``thin``: 2 answers an item from sparse symmetric workers, 4 classes (with fewer than
   three answers an item, the confusions are identified only through the workers);
-* ``sparse_many_classes``: sparse symmetric workers over 10 classes, 3 answers an item.
+* ``sparse_many_classes``: sparse symmetric workers over 10 classes, 3 answers an item;
+* ``sparse_30_classes``: sparse symmetric workers over 30 classes, 3 answers an item (two
+  agreeing answers are strong evidence there: the population must learn that workers beat
+  a chance of 1 in 30 by far).
 """
 
 from __future__ import annotations
@@ -449,6 +452,11 @@ SPARSE_SYMMETRIC = {
         "syn_sparse_many_classes", stream=10,
         description="sparse symmetric workers, 3 answers an item, 10 classes",
         n_classes=10, per_item=3, n_items=5000, n_workers=2500, sigma=1.8, accuracy=(0.3, 0.9),
+    ),
+    "sparse_30_classes": SparseSymmetric(
+        "syn_sparse_30_classes", stream=12,
+        description="sparse symmetric workers, 3 answers an item, 30 classes",
+        n_classes=30, per_item=3, n_items=4000, n_workers=1500, sigma=1.5, accuracy=(0.3, 0.9),
     ),
 }  # fmt: skip
 """Crowds of sparse symmetric workers by regime name (two thirds of the workers, or more,

@@ -91,7 +91,7 @@ def test_generators_are_seeded_and_oracle_beats_majority_vote(name: str) -> None
 
 
 def test_regimes() -> None:
-    sparse = ("sparse", "sparse_one_coin", "thin", "sparse_many_classes")
+    sparse = ("sparse", "sparse_one_coin", "thin", "sparse_many_classes", "sparse_30_classes")
     assert all(_crowd(n).mostly_sparse and not _crowd(n).dense for n in sparse)
     assert all(_crowd(n).dense for n in SYNTHETIC if n not in sparse)
     assert np.all(np.bincount(_crowd("thin").item) == 2)
