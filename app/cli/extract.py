@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
@@ -12,8 +12,10 @@ import typer
 from app.cli.collector import without_cycle_collection
 from app.cli.layout import STDOUT, as_typed, check_output, class_names
 from app.io.input import InputError, refuse_duplicate_columns
-from core.blocks import IntArray
 from core.nominal import MAX_FIRST_STEP, LaterPasses, NominalConfig, first_step
+
+if TYPE_CHECKING:  # (core.blocks loads numba: a command starts without it)
+    from core.blocks import IntArray
 
 DEFAULTS = NominalConfig(n_classes=2)
 
