@@ -184,7 +184,8 @@ def laplace_predictive_rows(theta, totals, lam, out):
 
     S^-1 = diag(a) - C p p^T with a = C p + lambda (diagonal minus rank one), so
     S = A^-1/2 (I + beta u u^T) A^-1/2 with u = A^-1/2 p, beta = C / (1 - C u^T u)
-    (Sherman-Morrison; C u^T u < C sum p / C = 1), and L = A^-1/2 (I + gamma u u^T),
+    (Sherman-Morrison; 1 - C u^T u = lambda sum_k p_k / a_k > 0, taken in that form: as a
+    difference it cancels for rows of many answers), and L = A^-1/2 (I + gamma u u^T),
     gamma = beta / (1 + sqrt(1 + beta u^T u)), is its symmetric square root: each direction
     L e_k costs O(K), a row O(K^2), where an eigendecomposition of D cost O(K^3). The points
     match the mean and covariance of e (the all-ones direction, along which softmax does not
@@ -204,12 +205,15 @@ def laplace_predictive_rows(theta, totals, lam, out):
             point[k] = math.exp(theta[r, k] - m)
             z += point[k]
         uu = 0.0
+        rest = 0.0  # 1 - C u^T u
         for k in range(K):
             p = point[k] / z
-            a_root[k] = math.sqrt(c * p + lam)
+            a = c * p + lam
+            a_root[k] = math.sqrt(a)
             u[k] = p / a_root[k]
             uu += u[k] * u[k]
-        beta = c / (1.0 - c * uu)
+            rest += lam * p / a
+        beta = c / rest
         gamma = beta / (1.0 + math.sqrt(1.0 + beta * uu))
         for k in range(K):
             out[r, k] = 0.0
