@@ -11,7 +11,7 @@ import numpy as np
 
 from core._numba import invalidate_on_change, jit
 from core._softmax_rows import softmax_row_quadratic
-from core._vecmath import exp_all, log_all, padded
+from core._vecmath import exp_all, log_all, normalise, padded
 
 
 @jit
@@ -177,58 +177,59 @@ invalidate_on_change(held_out_corrections, softmax_row_quadratic, exp_all, log_a
 
 
 @jit
+def laplace_root(p, c, lam, inv_root, v):
+    """A square root L of a confusion row's Laplace covariance S = (C D + lambda I)^-1, D =
+    diag p - p p^T (eq. 27), in O(K): fills inv_root = a^-1/2 and v = p / a, a = C p + lambda,
+    and returns gamma, so that L e_k = inv_root_k e_k + gamma u_k v with u = p inv_root.
+
+    S^-1 = diag(a) - C p p^T (diagonal minus rank one), so by Sherman-Morrison
+    S = A^-1/2 (I + beta u u^T) A^-1/2 with beta = C / (1 - C u^T u), where
+    1 - C u^T u = lambda sum_k p_k / a_k > 0 (taken in that form: as a difference it cancels
+    for rows of many answers), and L = A^-1/2 (I + gamma u u^T), gamma = beta / (1 +
+    sqrt(1 + beta u^T u)), is its symmetric square root."""
+    uu = 0.0
+    rest = 0.0  # 1 - C u^T u
+    for k in range(p.shape[0]):
+        a = c * p[k] + lam
+        inv_root[k] = 1.0 / math.sqrt(a)
+        v[k] = p[k] / a
+        uu += p[k] * v[k]
+        rest += lam * v[k]
+    beta = c / rest
+    return beta / (1.0 + math.sqrt(1.0 + beta * uu))
+
+
+@jit
 def laplace_predictive_rows(theta, totals, lam, out):
     """Eq. 27 for confusion rows ``theta`` (rows, K) of weights ``totals`` (rows,): out[r] is
-    E[softmax(theta_r + e)], e ~ N(0, S), S = (C D + lambda I)^-1, D = diag p - p p^T, by the
-    unscented transform over the 2K points theta_r +- sqrt(K) L e_k, L a square root of S.
-
-    S^-1 = diag(a) - C p p^T with a = C p + lambda (diagonal minus rank one), so
-    S = A^-1/2 (I + beta u u^T) A^-1/2 with u = A^-1/2 p, beta = C / (1 - C u^T u)
-    (Sherman-Morrison; 1 - C u^T u = lambda sum_k p_k / a_k > 0, taken in that form: as a
-    difference it cancels for rows of many answers), and L = A^-1/2 (I + gamma u u^T),
-    gamma = beta / (1 + sqrt(1 + beta u^T u)), is its symmetric square root: each direction
-    L e_k costs O(K), a row O(K^2), where an eigendecomposition of D cost O(K^3). The points
-    match the mean and covariance of e (the all-ones direction, along which softmax does not
-    move, included)."""
+    E[softmax(theta_r + e)], e ~ N(0, S), by the unscented transform over the 2K points
+    theta_r +- sqrt(K) L e_k, L the square root of ``laplace_root``: O(K) a direction, O(K^2) a
+    row, where an eigendecomposition of D cost O(K^3). The points match the mean and
+    covariance of e (the all-ones direction, along which softmax does not move, included)."""
     R, K = theta.shape
-    a_root = np.empty(K)
-    u = np.empty(K)
+    p = np.empty(K)
+    inv_root = np.empty(K)
+    v = np.empty(K)
+    step = np.empty(K)
     point = np.empty(K)
     root_k = math.sqrt(K)
     for r in range(R):
-        c = totals[r]
-        m = -np.inf
-        for k in range(K):
-            m = max(m, theta[r, k])
-        z = 0.0
-        for k in range(K):
-            point[k] = math.exp(theta[r, k] - m)
-            z += point[k]
-        uu = 0.0
-        rest = 0.0  # 1 - C u^T u
-        for k in range(K):
-            p = point[k] / z
-            a = c * p + lam
-            a_root[k] = math.sqrt(a)
-            u[k] = p / a_root[k]
-            uu += u[k] * u[k]
-            rest += lam * p / a
-        beta = c / rest
-        gamma = beta / (1.0 + math.sqrt(1.0 + beta * uu))
-        for k in range(K):
-            out[r, k] = 0.0
-        for k in range(K):
+        normalise(theta[r], p)
+        gamma = laplace_root(p, totals[r], lam, inv_root, v)
+        out[r] = 0.0
+        for k in range(K):  # step = sqrt(K) L e_k
+            g = root_k * gamma * p[k] * inv_root[k]
+            for j in range(K):
+                step[j] = g * v[j]
+            step[k] += root_k * inv_root[k]
             for sign in (1.0, -1.0):
-                m = -np.inf
                 for j in range(K):
-                    shift = gamma * u[j] * u[k] + (1.0 if j == k else 0.0)
-                    point[j] = theta[r, j] + sign * root_k * shift / a_root[j]
-                    m = max(m, point[j])
-                z = 0.0
+                    point[j] = theta[r, j] + sign * step[j]
+                normalise(point, point)
                 for j in range(K):
-                    point[j] = math.exp(point[j] - m)
-                    z += point[j]
-                for j in range(K):
-                    out[r, j] += point[j] / z
-        for k in range(K):
-            out[r, k] /= 2.0 * K
+                    out[r, j] += point[j]
+        for j in range(K):
+            out[r, j] /= 2.0 * K
+
+
+invalidate_on_change(laplace_predictive_rows, normalise)

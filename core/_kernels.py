@@ -14,7 +14,7 @@ import numpy as np
 from core._calibration_kernels import prequential_scores, prequential_scratch
 from core._numba import invalidate_on_change, jit, jit_inline
 from core._softmax_rows import solve_softmax_row
-from core._vecmath import exp_all, log, log_all, padded
+from core._vecmath import exp_all, log, log_all, normalise, padded
 
 # Layout of the hyperparameter vector built by NominalConfig.hyper_vector().
 (
@@ -149,26 +149,6 @@ def _log_joint(
             logq[z] += h * picked[r * K + z]
 
 
-@jit_inline
-def _normalise(logq, q):
-    """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood. One
-    exp per class (q = exp(logq - max), then divided by its sum; libm's: for K values alone a
-    call each costs less than ``exp_all``'s vector loop)."""
-    m = -np.inf
-    for v in logq:
-        m = max(m, v)
-    if m == -np.inf:  # no class possible: q is undefined
-        q[:] = np.nan
-        return m
-    acc = 0.0
-    for z in range(q.shape[0]):
-        q[z] = math.exp(logq[z] - m)
-        acc += q[z]
-    for z in range(q.shape[0]):
-        q[z] /= acc
-    return m + math.log(acc)
-
-
 @jit
 def _clarity_derivatives(lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p):
     """First and second derivative in b = log d of E_q[sum_j h_j log p(l_j|z,s_j,d)] (eq. 6)."""
@@ -240,7 +220,7 @@ def _item_em(
             probs,
             rows,
         )
-        return 0.0, _normalise(logq, q)
+        return 0.0, normalise(logq, q)
     lam_b = hyper[H_LAM_B]
     b = b0
     for _ in range(int(hyper[H_MAXIT])):
@@ -249,7 +229,7 @@ def _item_em(
             lo, hi, slots, labels, weights, class_logits, lse_pi, population, worker, scale, d,
             logq, x, e, probs, rows,
         )  # fmt: skip
-        _normalise(logq, q)
+        normalise(logq, q)
         g, hess = _clarity_derivatives(
             lo, hi, slots, labels, weights, population, worker, scale, d, q, theta, p
         )
@@ -266,7 +246,7 @@ def _item_em(
         lo, hi, slots, labels, weights, class_logits, lse_pi, population, worker, scale, d,
         logq, x, e, probs, rows,
     )  # fmt: skip
-    return b, _normalise(logq, q) - 0.5 * lam_b * b * b
+    return b, normalise(logq, q) - 0.5 * lam_b * b * b
 
 
 # The global step's parts below are inlined into learn_blocks: called once per item each, with
@@ -769,7 +749,7 @@ def predict_blocks(
             for z in range(K):
                 theta_l = population[z, l] + scale * worker[s, z, l]
                 logq[z] += h * (1.0 * theta_l - row_max[s, z] - row_log[s, z])
-        f = _normalise(logq, q)
+        f = normalise(logq, q)
         if known[b] >= 0:
             for z in range(K):
                 q[z] = 1.0 if z == known[b] else 0.0
@@ -1131,5 +1111,6 @@ invalidate_on_change(
     exp_all,
     log,
     log_all,
+    normalise,
     padded,
 )

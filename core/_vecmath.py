@@ -19,6 +19,9 @@ log m = 2 atanh(s) with s = (m - 1) / (m + 1), |s| <= 0.172, by its series to s^
 remainder is below 1e-17 relative), plus k ln 2; within 2 ulp of libm's for every positive
 double (subnormals scaled by 2^54 first); 0 gives -inf, a negative number or NaN gives NaN,
 inf gives inf.
+
+``normalise`` is a softmax in place with libm's exp (a row of K values: a call each costs
+less than a vector loop), shared by the nominal and the calibration kernels.
 """
 
 from __future__ import annotations
@@ -125,3 +128,23 @@ def log_all(x, out, n):
     """out[:n] = log(x[:n]) elementwise (n a ``padded`` length): one vectorised loop."""
     for i in range(n):
         out[i] = log(x[i])
+
+
+@jit_inline
+def normalise(logq, q):
+    """q = softmax(logq); returns log sum exp(logq), the item's log marginal likelihood. One
+    exp per class (q = exp(logq - max), then divided by its sum; libm's: for K values alone a
+    call each costs less than ``exp_all``'s vector loop)."""
+    m = -np.inf
+    for v in logq:
+        m = max(m, v)
+    if m == -np.inf:  # no class possible: q is undefined
+        q[:] = np.nan
+        return m
+    acc = 0.0
+    for z in range(q.shape[0]):
+        q[z] = math.exp(logq[z] - m)
+        acc += q[z]
+    for z in range(q.shape[0]):
+        q[z] /= acc
+    return m + math.log(acc)
