@@ -173,9 +173,6 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
                     out[b, z] += h * excess[r, z, l]
 
 
-invalidate_on_change(held_out_corrections, softmax_row_quadratic, exp_all, log_all, padded)
-
-
 @jit
 def laplace_root(p, c, lam, inv_root, v):
     """A square root L of a confusion row's Laplace covariance S = (C D + lambda I)^-1, D =
@@ -232,4 +229,7 @@ def laplace_predictive_rows(theta, totals, lam, out):
             out[r, j] /= 2.0 * K
 
 
-invalidate_on_change(laplace_predictive_rows, normalise)
+# (one call a module: each writes the record of the files its kernels call)
+invalidate_on_change(
+    held_out_corrections, softmax_row_quadratic, exp_all, log_all, normalise, padded
+)

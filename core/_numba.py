@@ -106,8 +106,10 @@ def compile_for(kernel: Any, spec: str) -> None:
 def invalidate_on_change(kernel: Any, *called: Any) -> None:
     """Drop the cached machine code of every kernel in ``kernel``'s source file when the source
     of a file holding one of the ``called`` kernels (kernels of other files that this file's
-    kernels call) is not what it was when that code was cached. Call it at the end of the
-    calling module, before any of its kernels runs (they load from the cache on first call).
+    kernels call) is not what it was when that code was cached. Call it once, at the end of
+    the calling module, before any of its kernels runs (they load from the cache on first
+    call): a second call would write another record of the files called, and each import
+    would then drop the module's caches.
 
     The record is a digest of the called files beside the caches (``<module>.called``);
     without it, or with another one, the module's caches are removed and compile again on
