@@ -227,7 +227,12 @@ def run_online(
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
         lam = em.config.worker_prior
-        held_out = held_out_corrections(em.params, blocks, out, lam) if idle_passes else None
+        prior = em.config.population_prior
+        held_out = (
+            held_out_corrections(em.params, blocks, out, lam, population_prior=prior)
+            if idle_passes
+            else None
+        )
         cal = online_calibration(em, blocks, gold, held_out)
         return served_posteriors(em.params, blocks, cal, gold, held_out)
     return out

@@ -112,7 +112,10 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     blocks = _blocks(everything, labels)
     raw = model.predict_many(blocks).posteriors
     if passes:  # the sweeps fit the rows to every item: each served held out (eq. 26)
-        raw = held_out_fit(model.params, blocks, raw, model.config.worker_prior)
+        config = model.config
+        raw = held_out_fit(
+            model.params, blocks, raw, config.worker_prior, population_prior=config.population_prior
+        )
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out
 

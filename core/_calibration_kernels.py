@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from core._numba import invalidate_on_change, jit
+from core._numba import invalidate_on_change, jit, jit_inline
 from core._softmax_rows import softmax_row_quadratic
 from core._vecmath import exp_all, log_all, normalise, padded
 
@@ -144,13 +144,59 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
 
 
 @jit
-def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, excess, out):
-    """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T ((C - h_j q_b(z)) D + lam I)^-1
-    (e_l - p) over block b's labels, for row z of the label's slot r_j: C = totals[r_j, z],
-    p = probs[r_j, z] and D = diag p - p p^T; plus sum_j h_j excess[r_j, z, l_j] when
-    ``excess`` has rows (eq. 27: log p - log p~ of each row's labels)."""
+def population_pull_terms(totals, probs, lam, population_cov, gu, ugu, up, beta):
+    """Per slot row (r, z), what eq. 26' needs of it to take any label's term in O(1): with
+    a = C p + lam, u = p / a and beta = C / den (S = diag(1/a) + beta u u^T, the row's
+    covariance), gu = G_z u, ugu = u^T G_z u and up = u^T p."""
+    R, K = totals.shape
+    for r in range(R):
+        for z in range(K):
+            c = totals[r, z]
+            p = probs[r, z]
+            g = population_cov[z]
+            spread = 0.0
+            dot = 0.0
+            for k in range(K):
+                spread += p[k] / (c * p[k] + lam)
+            for k in range(K):
+                t = 0.0
+                for m in range(K):
+                    t += g[k, m] * p[m] / (c * p[m] + lam)
+                gu[r, z, k] = t
+                dot += p[k] / (c * p[k] + lam) * t
+            ugu[r, z] = dot
+            total = 0.0
+            for k in range(K):
+                total += p[k] * p[k] / (c * p[k] + lam)
+            up[r, z] = total
+            beta[r, z] = c / (lam * spread)
+
+
+@jit_inline
+def _population_pull(l, c, p, lam, g_ll, gu, ugu, up, beta):
+    """lam^2 x^T G_z x for x = S (e_l - p), S the row's covariance (eq. 26'): x = e_l / a_l +
+    c_l u with c_l = beta (u_l - u^T p) - 1, so x^T G x = G_ll / a_l^2 + 2 c_l (G u)_l / a_l +
+    c_l^2 u^T G u."""
+    a_l = c * p[l] + lam
+    c_l = beta * (p[l] / a_l - up) - 1.0
+    return lam * lam * (g_ll / (a_l * a_l) + 2.0 * c_l * gu[l] / a_l + c_l * c_l * ugu)
+
+
+@jit
+def held_out_corrections(
+    ptr, rows, labels, weights, q, totals, probs, lam, population_cov, terms, excess, out
+):
+    """Eq. 26: out[b, z] = sum_j h_j^2 q_b(z) (e_l - p)^T V (e_l - p) over block b's labels,
+    for row z of the label's slot r_j: C = totals[r_j, z], p = probs[r_j, z], D = diag p -
+    p p^T, V = S + lam^2 S G_z S with S = ((C - h_j q_b(z)) D + lam I)^-1 (the row without the
+    label) in its first term and the whole row's in its second, G_z = ``population_cov[z]``
+    (eq. 26'; no second term when it has no rows; ``terms`` = (gu, ugu, up, beta) of
+    ``population_pull_terms``); plus sum_j h_j excess[r_j, z, l_j] when ``excess`` has rows
+    (eq. 27: log p - log p~ of each row's labels)."""
     K = q.shape[1]
     laplace = excess.shape[0] > 0
+    shared = population_cov.shape[0] > 0
+    gu, ugu, up, beta = terms
     v = np.empty(K)  # e_l - p
     for b in range(ptr.shape[0] - 1):
         for z in range(K):
@@ -168,6 +214,11 @@ def held_out_corrections(ptr, rows, labels, weights, q, totals, probs, lam, exce
                     v[k] = -p[k]
                 v[l] += 1.0
                 leverage = softmax_row_quadratic(without, p, lam, v)  # O(K): no K x K inverse
+                if shared:
+                    leverage += _population_pull(
+                        l, totals[r, z], p, lam, population_cov[z, l, l], gu[r, z], ugu[r, z],
+                        up[r, z], beta[r, z],
+                    )  # fmt: skip
                 out[b, z] += h * pull * leverage
                 if laplace:
                     out[b, z] += h * excess[r, z, l]

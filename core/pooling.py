@@ -104,7 +104,8 @@ def _scored(
 ) -> PooledFit:
     lam = config.worker_prior
     held_out = held_out_corrections(
-        params, blocks, result.probas, lam, laplace=True, threads=threads
-    )
+        params, blocks, result.probas, lam, laplace=True, threads=threads,
+        population_prior=config.population_prior,
+    )  # fmt: skip
     score = held_out_log_likelihood(config, result, params, held_out)
     return PooledFit(result, params, config, held_out, score, (*tried, (lam, score)))

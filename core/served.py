@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from core import _calibration_kernels, _kernels
+from core._softmax_rows import softmax_rows_den
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, gold_evidence, item_log_likelihoods
 from core.nominal import SCALE, NominalConfig, NominalParams, log_softmax
@@ -36,11 +37,13 @@ def held_out_corrections(
     decimals: int | None = HELD_OUT_DECIMALS,
     laplace: bool = False,
     threads: int = 1,
+    population_prior: float = NominalConfig.population_prior,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
-    labels under slot rows fitted without it. ``params`` are a fit to the blocks (batch EM's
-    fixed point or the refined online model), ``fitted`` their posteriors, ``worker_prior``
-    lambda_A. With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
+    labels under slot rows, and the population's rows they share, fitted without it (eq.
+    26'). ``params`` are a fit to the blocks (batch EM's fixed point or the refined online
+    model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_prior``
+    lambda_Gamma. With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
     probability under its row's predictive, averaged over the row's Laplace posterior (eq.
     27), instead of the row's point estimate. Rounded to ``decimals`` places: an item stores
     its c_i with its posterior, and finer differences would not show in any posterior served.
@@ -59,13 +62,16 @@ def held_out_corrections(
     excess = np.empty((0, K, K))
     if laplace:
         excess = log_p - np.log(laplace_predictive(theta, totals, worker_prior))
+    shared = population_covariance(totals, p, worker_prior, population_prior)
+    terms = (np.empty_like(p), np.empty_like(totals), np.empty_like(totals), np.empty_like(totals))
+    _calibration_kernels.population_pull_terms(totals, p, worker_prior, shared, *terms)
     out = np.empty((blocks.n_blocks, K))
 
     def correct(part: tuple[int, int]) -> None:
         lo, hi = part
         _calibration_kernels.held_out_corrections(
             blocks.ptr[lo : hi + 1], rows, blocks.labels, blocks.weights, fitted[lo:hi], totals,
-            p, worker_prior, excess, out[lo:hi],
+            p, worker_prior, shared, terms, excess, out[lo:hi],
         )  # fmt: skip
 
     in_threads(correct, block_ranges(blocks.n_blocks, threads))
@@ -79,14 +85,42 @@ def held_out_fit(
     worker_prior: float,
     laplace: bool = False,
     threads: int = 1,
+    population_prior: float = NominalConfig.population_prior,
 ) -> FloatArray:
     """The fit's own posteriors ``fitted``, each block scored without its own pull on its
     workers' rows (eq. 26; and with ``laplace`` under the rows' Laplace predictives, eq. 27):
     ``held_out_posteriors`` of ``held_out_corrections``."""
     corrections = held_out_corrections(
-        params, blocks, fitted, worker_prior, laplace=laplace, threads=threads
-    )
+        params, blocks, fitted, worker_prior, laplace=laplace, threads=threads,
+        population_prior=population_prior,
+    )  # fmt: skip
     return held_out_posteriors(fitted, corrections)
+
+
+def population_covariance(
+    totals: FloatArray, probs: FloatArray, worker_prior: float, population_prior: float
+) -> FloatArray:
+    """G_z, the population row Gamma_z's posterior covariance (eq. 26'), (K, K, K): the inverse
+    of lambda_Gamma I plus what each slot row's labels tell about it,
+    lambda_A (I - lambda_A S_{s,z}) with S = (C D + lambda_A I)^-1 = diag(1/a) + (C/den) u u^T,
+    a = C p + lambda_A, u = p / a (taken as diag(lambda_A C p / a) - lambda_A^2 (C/den) u u^T:
+    no cancellation for rows of few labels)."""
+    lam = float(worker_prior)
+    a = totals[..., None] * probs + lam
+    u = probs / a
+    den = np.empty(totals.size)
+    softmax_rows_den(
+        np.ascontiguousarray(totals, dtype=np.float64).ravel(),
+        np.ascontiguousarray(probs, dtype=np.float64).reshape(-1, probs.shape[-1]), lam, den,
+    )  # fmt: skip
+    along = lam * lam * totals / den.reshape(totals.shape)
+    K = probs.shape[-1]
+    precision = np.einsum("rz,rzk,rzm->zkm", along, u, u, optimize=True) * -1.0
+    diagonal = np.arange(K)
+    precision[:, diagonal, diagonal] += (lam * totals[..., None] * probs / a).sum(axis=0)
+    precision[:, diagonal, diagonal] += population_prior
+    cov: FloatArray = np.linalg.inv(precision)
+    return cov
 
 
 def laplace_predictive(theta: FloatArray, totals: FloatArray, worker_prior: float) -> FloatArray:

@@ -400,8 +400,9 @@ class ProjectEngine:
             params, laplace = self.online.params, refit_prior is not None
             lam = self.online.config.worker_prior if refit_prior is None else refit_prior
             self.held_out[:n] = held_out_corrections(
-                params, blocks, self.q[:n], lam, laplace=laplace
-            )
+                params, blocks, self.q[:n], lam, laplace=laplace,
+                population_prior=self.online.config.population_prior,
+            )  # fmt: skip
 
     def shown(self, codes: IntArray) -> FloatArray:
         """The posteriors served (before calibration) of the items ``codes``: EM's, each

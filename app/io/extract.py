@@ -323,7 +323,11 @@ class OnlineRun:
         service serves it after its refinement sweeps."""
         q, params = self.final.posteriors, self.model.params
         if refined:
-            q = held_out_fit(params, self.blocks, q, self.model.config.worker_prior, threads=2)
+            config = self.model.config
+            q = held_out_fit(
+                params, self.blocks, q, config.worker_prior, threads=2,
+                population_prior=config.population_prior,
+            )  # fmt: skip
         return served(q, self.blocks, params.evidence)
 
 

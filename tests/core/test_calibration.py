@@ -21,6 +21,7 @@ from core.served import (
     held_out_corrections,
     laplace_predictive,
     online_calibration,
+    population_covariance,
     served_posteriors,
 )
 
@@ -322,30 +323,52 @@ def _row_map(counts: np.ndarray, base: np.ndarray, lam: float) -> np.ndarray:
     return base + a
 
 
+def _joint_map(counts: np.ndarray, mean: np.ndarray, lam_a: float, lam_g: float) -> np.ndarray:
+    """theta = Gamma_z + a at the MAP of one population row and one slot's row together:
+    sum_l N_l log softmax(theta)_l - lam_a/2 |a|^2 - lam_g/2 |Gamma_z - mean|^2, by Newton."""
+    K = mean.size
+    x = np.concatenate([mean, np.zeros(K)])
+    for _ in range(100):
+        theta = x[:K] + x[K:]
+        p = np.exp(theta - np.logaddexp.reduce(theta))
+        data = counts - counts.sum() * p
+        info = counts.sum() * (np.diag(p) - np.outer(p, p))
+        grad = np.concatenate([data - lam_g * (x[:K] - mean), data - lam_a * x[K:]])
+        hess = np.block([[info + lam_g * np.eye(K), info], [info, info + lam_a * np.eye(K)]])
+        x = x + np.linalg.solve(hess, grad)
+    return x
+
+
 def test_held_out_correction_is_the_derivative_of_refitting_without_the_item() -> None:
-    """Eq. 26: c_i(z) = h^2 q_i(z) (e_l - p)^T (H + lambda I)^-1 (e_l - p) is what refitting
-    the slot row without item i's label of weight h takes from h log p(l | z), to first
-    order in h."""
+    """Eq. 26-26': c_i(z) = h^2 q_i(z) (e_l - p)^T V (e_l - p), V the covariance of the slot's
+    row with the population's, is what refitting both rows without item i's label of weight
+    h takes from h log p(l | z), to first order in h."""
     rng = np.random.default_rng(3)
-    K, n, lam, h = 3, 40, 1.0, 1e-3
+    K, n, lam, lam_g, h = 3, 40, 1.0, 0.1, 1e-3
     labels = rng.integers(0, K, n)
     weights = np.ones(n)
     weights[0] = h
     q = rng.dirichlet(np.ones(K), n)
     blocks = LabelBlocks(np.arange(n + 1), np.zeros(n, dtype=np.int64), labels, weights)
-    population = rng.normal(size=(K, K))
+    mean = rng.normal(size=(K, K))
     counts = np.zeros((K, K))
     np.add.at(counts, (slice(None), labels), (q * weights[:, None]).T)
-    theta = np.array([_row_map(counts[z], population[z], lam) for z in range(K)])
-    params = NominalParams(np.zeros(K), population, (theta - population)[None])
-    corrections = held_out_corrections(params, blocks, q, lam, decimals=None)
+    fits = np.array([_joint_map(counts[z], mean[z], lam, lam_g) for z in range(K)])
+    population, worker = fits[:, :K], fits[:, K:]
+    params = NominalParams(np.zeros(K), population, worker[None])
+    corrections = held_out_corrections(
+        params, blocks, q, lam, decimals=None, population_prior=lam_g
+    )
+    alone = held_out_corrections(params, blocks, q, lam, decimals=None, population_prior=1e12)
     for z in range(K):
         without = counts[z].copy()
         without[labels[0]] -= h * q[0, z]
-        refit = _row_map(without, population[z], lam)
-        log_p = theta[z, labels[0]] - np.logaddexp.reduce(theta[z])
-        log_p_refit = refit[labels[0]] - np.logaddexp.reduce(refit)
+        refit = _joint_map(without, mean[z], lam, lam_g)
+        theta, theta_refit = population[z] + worker[z], refit[:K] + refit[K:]
+        log_p = theta[labels[0]] - np.logaddexp.reduce(theta)
+        log_p_refit = theta_refit[labels[0]] - np.logaddexp.reduce(theta_refit)
         np.testing.assert_allclose(corrections[0, z], h * (log_p - log_p_refit), rtol=1e-2)
+        assert corrections[0, z] > 1.2 * alone[0, z]  # the population's share is not small here
     assert np.all(corrections > 0)
 
 
@@ -430,6 +453,39 @@ def test_gold_items_scored_held_out_look_like_the_items_served() -> None:
     assert 0.0 <= held_gap < 0.7 * gap
 
 
+def test_the_populations_share_of_a_pull_is_its_dense_quadratic_form() -> None:
+    """Eq. 26': the O(1) term of a label, from ``population_pull_terms``, is
+    lam_A^2 x^T G_z x with x = S (e_l - p), S and G_z built as dense matrices."""
+    rng = np.random.default_rng(11)
+    R, K, lam, lam_g = 6, 5, 1.5, 0.1
+    theta = rng.normal(scale=1.5, size=(R, K, K))
+    probs = np.exp(theta - np.logaddexp.reduce(theta, axis=2, keepdims=True))
+    totals = rng.uniform(0.0, 8.0, size=(R, K))
+    totals[0] = 0.0  # a slot row without labels adds nothing to G
+    eye = np.eye(K)
+    info = lambda r, z: totals[r, z] * (np.diag(probs[r, z]) - np.outer(probs[r, z], probs[r, z]))  # noqa: E731
+    S = np.array([[np.linalg.inv(info(r, z) + lam * eye) for z in range(K)] for r in range(R)])
+    G = np.array([np.linalg.inv(lam_g * eye + sum(lam * (eye - lam * S[r, z]) for r in range(R)))
+                  for z in range(K)])  # fmt: skip
+    np.testing.assert_allclose(
+        population_covariance(totals, probs, lam, lam_g), G, rtol=1e-9, atol=1e-12
+    )
+    terms = (np.empty_like(probs), np.empty_like(totals), np.empty_like(totals),
+             np.empty_like(totals))  # fmt: skip
+    _calibration_kernels.population_pull_terms(totals, probs, lam, G, *terms)
+    gu, ugu, up, beta = terms
+    for r in range(R):
+        for z in range(K):
+            for label in range(K):
+                x = S[r, z] @ (eye[label] - probs[r, z])
+                want = lam * lam * x @ G[z] @ x
+                got = _calibration_kernels._population_pull(
+                    label, totals[r, z], probs[r, z], lam, G[z, label, label], gu[r, z],
+                    ugu[r, z], up[r, z], beta[r, z],
+                )  # fmt: skip
+                np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
 def test_held_out_correction_follows_a_refit_of_a_worker_with_few_answers() -> None:
     """For a worker with a few answers, taking one answer out moves its rows a lot: the step
     with the row's curvature without that answer (the cavity, eq. 26) stays close to refitting
@@ -446,7 +502,10 @@ def test_held_out_correction_follows_a_refit_of_a_worker_with_few_answers() -> N
         np.add.at(counts, (slice(None), labels), q.T)
         theta = np.array([_row_map(counts[z], population[z], lam) for z in range(K)])
         params = NominalParams(np.zeros(K), population, (theta - population)[None])
-        corrections = held_out_corrections(params, blocks, q, lam, decimals=None)
+        # the population held, as a crowd's is while one worker's rows move (no eq. 26' term)
+        corrections = held_out_corrections(
+            params, blocks, q, lam, decimals=None, population_prior=1e12
+        )
         for i in range(n):
             exact = 0.0
             for z in range(K):
