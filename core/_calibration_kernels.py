@@ -143,35 +143,6 @@ def item_log_likelihoods(ptr, slots, labels, weights, population, worker, scale,
             n[b] += h
 
 
-@jit
-def population_pull_terms(totals, probs, lam, population_cov, gu, ugu, up, beta):
-    """Per slot row (r, z), what eq. 26' needs of it to take any label's term in O(1): with
-    a = C p + lam, u = p / a and beta = C / den (S = diag(1/a) + beta u u^T, the row's
-    covariance), gu = G_z u, ugu = u^T G_z u and up = u^T p."""
-    R, K = totals.shape
-    for r in range(R):
-        for z in range(K):
-            c = totals[r, z]
-            p = probs[r, z]
-            g = population_cov[z]
-            spread = 0.0
-            dot = 0.0
-            for k in range(K):
-                spread += p[k] / (c * p[k] + lam)
-            for k in range(K):
-                t = 0.0
-                for m in range(K):
-                    t += g[k, m] * p[m] / (c * p[m] + lam)
-                gu[r, z, k] = t
-                dot += p[k] / (c * p[k] + lam) * t
-            ugu[r, z] = dot
-            total = 0.0
-            for k in range(K):
-                total += p[k] * p[k] / (c * p[k] + lam)
-            up[r, z] = total
-            beta[r, z] = c / (lam * spread)
-
-
 @jit_inline
 def _population_pull(l, c, p, lam, g_ll, gu, ugu, up, beta):
     """lam^2 x^T G_z x for x = S (e_l - p), S the row's covariance (eq. 26'): x = e_l / a_l +
@@ -191,7 +162,7 @@ def held_out_corrections(
     p p^T, V = S + lam^2 S G_z S with S = ((C - h_j q_b(z)) D + lam I)^-1 (the row without the
     label) in its first term and the whole row's in its second, G_z = ``population_cov[z]``
     (eq. 26'; no second term when it has no rows; ``terms`` = (gu, ugu, up, beta) of
-    ``population_pull_terms``); plus sum_j h_j excess[r_j, z, l_j] when ``excess`` has rows
+    ``core.served.population_pull``); plus sum_j h_j excess[r_j, z, l_j] when ``excess`` has rows
     (eq. 27: log p - log p~ of each row's labels)."""
     K = q.shape[1]
     laplace = excess.shape[0] > 0

@@ -62,9 +62,7 @@ def held_out_corrections(
     excess = np.empty((0, K, K))
     if laplace:
         excess = log_p - np.log(laplace_predictive(theta, totals, worker_prior))
-    shared = population_covariance(totals, p, worker_prior, population_prior)
-    terms = (np.empty_like(p), np.empty_like(totals), np.empty_like(totals), np.empty_like(totals))
-    _calibration_kernels.population_pull_terms(totals, p, worker_prior, shared, *terms)
+    shared, terms = population_pull(totals, p, worker_prior, population_prior)
     out = np.empty((blocks.n_blocks, K))
 
     def correct(part: tuple[int, int]) -> None:
@@ -97,30 +95,36 @@ def held_out_fit(
     return held_out_posteriors(fitted, corrections)
 
 
-def population_covariance(
+def population_pull(
     totals: FloatArray, probs: FloatArray, worker_prior: float, population_prior: float
-) -> FloatArray:
-    """G_z, the population row Gamma_z's posterior covariance (eq. 26'), (K, K, K): the inverse
-    of lambda_Gamma I plus what each slot row's labels tell about it,
-    lambda_A (I - lambda_A S_{s,z}) with S = (C D + lambda_A I)^-1 = diag(1/a) + (C/den) u u^T,
-    a = C p + lambda_A, u = p / a (taken as diag(lambda_A C p / a) - lambda_A^2 (C/den) u u^T:
-    no cancellation for rows of few labels)."""
-    lam = float(worker_prior)
-    a = totals[..., None] * probs + lam
-    u = probs / a
+) -> tuple[FloatArray, tuple[FloatArray, FloatArray, FloatArray, FloatArray]]:
+    """G_z, the population row Gamma_z's posterior covariance (eq. 26'), (K, K, K), and per
+    slot row what a label's term needs of it: (G_z u, u^T G_z u, u^T p, beta), with S = (C D +
+    lambda_A I)^-1 = diag(1/a) + beta u u^T the row's covariance, a = C p + lambda_A,
+    u = p / a, beta = C / den. G_z^-1 is lambda_Gamma I plus each slot row's
+    lambda_A (I - lambda_A S), taken as diag(lambda_A C p / a) - lambda_A^2 beta u u^T (no
+    cancellation for rows of few labels); the sums over rows are matrix products (BLAS)."""
+    lam, K = float(worker_prior), probs.shape[-1]
     den = np.empty(totals.size)
     softmax_rows_den(
         np.ascontiguousarray(totals, dtype=np.float64).ravel(),
-        np.ascontiguousarray(probs, dtype=np.float64).reshape(-1, probs.shape[-1]), lam, den,
+        np.ascontiguousarray(probs, dtype=np.float64).reshape(-1, K), lam, den,
     )  # fmt: skip
-    along = lam * lam * totals / den.reshape(totals.shape)
-    K = probs.shape[-1]
-    precision = np.einsum("rz,rzk,rzm->zkm", along, u, u, optimize=True) * -1.0
+    beta = totals / den.reshape(totals.shape)
+    cov = np.empty((K, K, K))
+    gu, ugu, up = np.empty_like(probs), np.empty_like(totals), np.empty_like(totals)
     diagonal = np.arange(K)
-    precision[:, diagonal, diagonal] += (lam * totals[..., None] * probs / a).sum(axis=0)
-    precision[:, diagonal, diagonal] += population_prior
-    cov: FloatArray = np.linalg.inv(precision)
-    return cov
+    for z in range(K):  # one class at a time: no (rows, K, K) temporaries
+        c, p = totals[:, z, None], probs[:, z]
+        a = c * p + lam
+        u = p / a
+        precision = -np.matmul((u * (lam * lam * beta[:, z, None])).T, u)
+        precision[diagonal, diagonal] += (lam * c * p / a).sum(axis=0) + population_prior
+        cov[z] = np.linalg.inv(precision)
+        gu[:, z] = u @ cov[z]  # G symmetric
+        ugu[:, z] = (u * gu[:, z]).sum(axis=1)
+        up[:, z] = (u * p).sum(axis=1)
+    return cov, (gu, ugu, up, beta)
 
 
 def laplace_predictive(theta: FloatArray, totals: FloatArray, worker_prior: float) -> FloatArray:

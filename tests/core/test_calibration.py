@@ -21,7 +21,7 @@ from core.served import (
     held_out_corrections,
     laplace_predictive,
     online_calibration,
-    population_covariance,
+    population_pull,
     served_posteriors,
 )
 
@@ -454,7 +454,7 @@ def test_gold_items_scored_held_out_look_like_the_items_served() -> None:
 
 
 def test_the_populations_share_of_a_pull_is_its_dense_quadratic_form() -> None:
-    """Eq. 26': the O(1) term of a label, from ``population_pull_terms``, is
+    """Eq. 26': the O(1) term of a label, from ``population_pull``, is
     lam_A^2 x^T G_z x with x = S (e_l - p), S and G_z built as dense matrices."""
     rng = np.random.default_rng(11)
     R, K, lam, lam_g = 6, 5, 1.5, 0.1
@@ -467,13 +467,8 @@ def test_the_populations_share_of_a_pull_is_its_dense_quadratic_form() -> None:
     S = np.array([[np.linalg.inv(info(r, z) + lam * eye) for z in range(K)] for r in range(R)])
     G = np.array([np.linalg.inv(lam_g * eye + sum(lam * (eye - lam * S[r, z]) for r in range(R)))
                   for z in range(K)])  # fmt: skip
-    np.testing.assert_allclose(
-        population_covariance(totals, probs, lam, lam_g), G, rtol=1e-9, atol=1e-12
-    )
-    terms = (np.empty_like(probs), np.empty_like(totals), np.empty_like(totals),
-             np.empty_like(totals))  # fmt: skip
-    _calibration_kernels.population_pull_terms(totals, probs, lam, G, *terms)
-    gu, ugu, up, beta = terms
+    cov, (gu, ugu, up, beta) = population_pull(totals, probs, lam, lam_g)
+    np.testing.assert_allclose(cov, G, rtol=1e-9, atol=1e-12)
     for r in range(R):
         for z in range(K):
             for label in range(K):
