@@ -161,12 +161,11 @@ def held_out_corrections(
     for row z of the label's slot r_j: C = totals[r_j, z], p = probs[r_j, z], D = diag p -
     p p^T, V = S + lam^2 S G_z S with S = ((C - h_j q_b(z)) D + lam I)^-1 (the row without the
     label) in its first term and the whole row's in its second, G_z = ``population_cov[z]``
-    (eq. 26'; no second term when it has no rows; ``terms`` = (gu, ugu, up, beta) of
-    ``core.served.population_pull``); plus sum_j h_j excess[r_j, z, l_j] when ``excess`` has rows
+    (eq. 26'; ``terms`` = (gu, ugu, up, beta) of ``core.served.population_pull``; a huge
+    lambda_Gamma there holds Gamma); plus sum_j h_j excess[r_j, z, l_j] when ``excess`` has rows
     (eq. 27: log p - log p~ of each row's labels)."""
     K = q.shape[1]
     laplace = excess.shape[0] > 0
-    shared = population_cov.shape[0] > 0
     gu, ugu, up, beta = terms
     v = np.empty(K)  # e_l - p
     for b in range(ptr.shape[0] - 1):
@@ -185,11 +184,10 @@ def held_out_corrections(
                     v[k] = -p[k]
                 v[l] += 1.0
                 leverage = softmax_row_quadratic(without, p, lam, v)  # O(K): no K x K inverse
-                if shared:
-                    leverage += _population_pull(
-                        l, totals[r, z], p, lam, population_cov[z, l, l], gu[r, z], ugu[r, z],
-                        up[r, z], beta[r, z],
-                    )  # fmt: skip
+                leverage += _population_pull(
+                    l, totals[r, z], p, lam, population_cov[z, l, l], gu[r, z], ugu[r, z],
+                    up[r, z], beta[r, z],
+                )  # fmt: skip
                 out[b, z] += h * pull * leverage
                 if laplace:
                     out[b, z] += h * excess[r, z, l]
