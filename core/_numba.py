@@ -85,11 +85,13 @@ _TYPES = {
     "F": types.float64,
     "B": types.boolean,
     "i1": types.int64[::1],
+    "j1": types.int32[::1],
     "f1": types.float64[::1],
     "f2": types.float64[:, ::1],
     "f3": types.float64[:, :, ::1],
 }
-"""Scalars (upper case) and C-contiguous arrays of int64 (i) or float64 (f) by dimension."""
+"""Scalars (upper case) and C-contiguous arrays of int64 (i), int32 (j: blocks' slot and label
+codes) or float64 (f) by dimension."""
 
 
 def signature(spec: str) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +11,8 @@ import numpy.typing as npt
 from core._numba import jit
 
 IntArray = npt.NDArray[np.int64]
+CodeArray = npt.NDArray[np.integer[Any]]
+"""Slot and label codes: taken of any width, held by blocks as int32 (4 bytes an answer)."""
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -29,14 +32,14 @@ class LabelBlocks:
     """
 
     ptr: IntArray
-    slots: IntArray
-    labels: IntArray
+    slots: CodeArray
+    labels: CodeArray
     weights: FloatArray
 
     def __post_init__(self) -> None:
         # One dtype and layout for every caller (int32 codes from a file, views): the kernels
         # are compiled once per argument type, and a second type costs seconds of compiling.
-        for name, dtype in (("ptr", np.int64), ("slots", np.int64), ("labels", np.int64)):
+        for name, dtype in (("ptr", np.int64), ("slots", np.int32), ("labels", np.int32)):
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype))
         object.__setattr__(self, "weights", np.ascontiguousarray(self.weights, np.float64))
 
@@ -166,8 +169,8 @@ def _grouped(block, slots, labels, weights, equal, n_blocks, with_order):  # typ
     for b in range(n_blocks):
         ptr[b + 1] += ptr[b]
     fill = ptr[:-1].copy()
-    s_out = np.empty(n, dtype=np.int64)
-    l_out = np.empty(n, dtype=np.int64)
+    s_out = np.empty(n, dtype=np.int32)
+    l_out = np.empty(n, dtype=np.int32)
     w_out = np.empty(n, dtype=np.float64)
     w_out[:] = equal
     order = np.empty(n if with_order else 0, dtype=np.int64)
@@ -230,6 +233,15 @@ def _insertion_sort(lo, hi, slots, labels, weights, order):  # type: ignore[no-u
 
 
 @jit
+def _move(lo, n, position, scratch, field):  # type: ignore[no-untyped-def]
+    """field[lo + k] = field[position[k]] for k < n, through ``scratch``."""
+    for k in range(n):
+        scratch[k] = field[position[k]]
+    for k in range(n):
+        field[lo + k] = scratch[k]
+
+
+@jit
 def _merge_sort(lo, hi, position, scratch, slots, labels, weights, order):  # type: ignore[no-untyped-def]
     """Sorts the positions lo..hi-1 by their fields (stable), then moves the fields."""
     n = hi - lo
@@ -259,13 +271,10 @@ def _merge_sort(lo, hi, position, scratch, slots, labels, weights, order):  # ty
             for m in range(k):
                 position[a + m] = scratch[m]
         width *= 2
-    for field in (slots, labels, order):
-        if field.size == 0:  # (no order asked for)
-            continue
-        for k in range(n):
-            scratch[k] = field[position[k]]
-        for k in range(n):
-            field[lo + k] = scratch[k]
+    _move(lo, n, position, scratch, slots)
+    _move(lo, n, position, scratch, labels)
+    if order.size > 0:  # (an order asked for)
+        _move(lo, n, position, scratch, order)
     moved = np.empty(n)
     for k in range(n):
         moved[k] = weights[position[k]]

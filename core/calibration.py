@@ -42,6 +42,7 @@ from core.threads import in_threads
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+CodeArray = npt.NDArray[np.integer[Any]]
 
 EPS_GRID: FloatArray = np.array(
     [0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3]
@@ -110,18 +111,27 @@ class Calibration:
         return out
 
     def from_posteriors(
-        self, posteriors: FloatArray, n_labels: npt.ArrayLike, threads: int = 1
+        self,
+        posteriors: FloatArray,
+        n_labels: npt.ArrayLike,
+        threads: int = 1,
+        out: FloatArray | None = None,
     ) -> FloatArray:
         """Served posteriors from the model's untempered ones (log q_i = log pi + l_i up to a
         constant, which the softmax removes). Exact while no q_i(z) underflows to 0. Rows are
         taken SLICE_ROWS at a time, so the temporaries stay those of a slice a thread; the
         slices are the same whatever ``threads`` (numpy releases the GIL), and so are the
-        results, bit for bit."""
+        results, bit for bit. ``out``: where to write them (``posteriors`` itself, when the
+        caller needs them no more: a slice is read before it is written)."""
         q = np.asarray(posteriors, dtype=np.float64)
         n = np.broadcast_to(np.asarray(n_labels, dtype=np.float64), q.shape[:-1])
         if q.ndim < 2 or q.shape[0] <= SLICE_ROWS:
-            return self._from_posteriors(q, n)
-        out = np.empty_like(q)
+            served = self._from_posteriors(q, n)
+            if out is None:
+                return served
+            out[...] = served
+            return out
+        out = np.empty_like(q) if out is None else out
 
         def slices(starts: range) -> None:
             for lo in starts:
@@ -314,8 +324,8 @@ def cross_fitted(
 
 def item_log_likelihoods(
     ptr: IntArray,
-    slots: IntArray,
-    labels: IntArray,
+    slots: CodeArray,
+    labels: CodeArray,
     weights: FloatArray,
     population: FloatArray,
     worker: FloatArray,
@@ -334,8 +344,8 @@ def prequential_evidence(
     ptr: IntArray,
     order: IntArray,
     n_old: IntArray,
-    slots: IntArray,
-    labels: IntArray,
+    slots: CodeArray,
+    labels: CodeArray,
     weights: FloatArray,
     class_logits: FloatArray,
     population: FloatArray,
@@ -346,8 +356,9 @@ def prequential_evidence(
     the same sums as it learns, each block under the parameters before its update)."""
     evidence = np.zeros(evidence_size())
     log_prior = class_logits - _logsumexp(class_logits)
+    codes = (np.ascontiguousarray(a, dtype=np.int32) for a in (slots, labels))  # (as blocks')
     _calibration_kernels.prequential_blocks(
-        ptr, order, n_old, slots, labels, weights, log_prior, population, worker, scale,
+        ptr, order, n_old, *codes, weights, log_prior, population, worker, scale,
         RHO_GRID, evidence,
     )  # fmt: skip
     return evidence

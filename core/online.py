@@ -275,7 +275,9 @@ class OnlineEM:
         twin_out = None
         if twin is not None:
             twin_out = self.twin_out = BlockResult(
-                out.posteriors.copy(), out.clarity.copy(), out.objective.copy()
+                np.empty_like(out.posteriors),
+                np.empty_like(out.clarity),
+                np.empty_like(out.objective),
             )
             if previous is not None and twin_previous is not None:
                 tq_old, tb_old = twin_previous.posteriors, twin_previous.clarity

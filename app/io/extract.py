@@ -316,11 +316,12 @@ class OnlineRun:
     used: IntArray | None = None
     """The slots the model's rows stand for, ascending (None: the model has every slot)."""
 
-    def served(self, refined: bool) -> tuple[FloatArray, Calibration]:
+    def served(self, refined: bool, reuse: bool = False) -> tuple[FloatArray, Calibration]:
         """The posteriors the service serves for these answers (calibrated, no gold). After
         later passes (``refined``) the parameters are fitted to every item, and each item is
         scored without its own pull on its workers' rows (docs/model.md eq. 26), as the
-        service serves it after its refinement sweeps."""
+        service serves it after its refinement sweeps. ``reuse``: written over the pass's
+        posteriors, which the caller needs no more (80 MB less at 2M items of 5 classes)."""
         q, params = self.final.posteriors, self.model.params
         if refined:
             config = self.model.config
@@ -328,7 +329,7 @@ class OnlineRun:
                 params, self.blocks, q, config.worker_prior, threads=2,
                 population_prior=config.population_prior,
             )  # fmt: skip
-        return served(q, self.blocks, params.evidence)
+        return served(q, self.blocks, params.evidence, out=q if refined or reuse else None)
 
 
 def online_blocks(
@@ -427,13 +428,16 @@ def run_online(
 
 
 def served(
-    posteriors: FloatArray, blocks: LabelBlocks, evidence: FloatArray | None
+    posteriors: FloatArray,
+    blocks: LabelBlocks,
+    evidence: FloatArray | None,
+    out: FloatArray | None = None,
 ) -> tuple[FloatArray, Calibration]:
     """The model's ``posteriors`` calibrated as the service serves them (docs/model.md eq.
     21-23, without gold), the tempering chosen by the prequential ``evidence``; and that
-    calibration."""
+    calibration. ``out``: where to write them (``posteriors`` itself, if no longer needed)."""
     cal = choose(evidence)
-    return cal.from_posteriors(posteriors, blocks.total_weight(), threads=2), cal
+    return cal.from_posteriors(posteriors, blocks.total_weight(), threads=2, out=out), cal
 
 
 def calibration_line(cal: Calibration) -> str:

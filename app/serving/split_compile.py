@@ -24,13 +24,13 @@ from core import _calibration_kernels, _dyadic_kernels, _kernels
 from core._numba import compile_for
 
 SERVE_HALF = {
-    "_kernels._item_em": "I I i1 i1 f1 f1 F f2 f3 F f1 F f1 f1 f1 f1 f3 f1 f1 f2",
+    "_kernels._item_em": "I I j1 j1 f1 f1 F f2 f3 F f1 F f1 f1 f1 f1 f3 f1 f1 f2",
 }
 """The per-item E-step (and the kernels it calls)."""
 
 SECOND_HALF = {
-    "_calibration_kernels.prequential_scores": "I I I i1 f1 f1 f3 f1 f1 f1 F f2",
-    "_kernels._slot_newton_steps": "I I i1 f2 f3 f1 f3 f1 F f1 f1 f1 f1",
+    "_calibration_kernels.prequential_scores": "I I I j1 f1 f1 f3 f1 f1 f1 F f2",
+    "_kernels._slot_newton_steps": "I I j1 f2 f3 f1 f3 f1 F f1 f1 f1 f1",
     "_kernels._revisit_step": "f1 f1 f2 f2 f1 f1 f1 F",
 }
 """The prequential evidence (eq. 22) and a revisit's global step: the slots' Newton steps
