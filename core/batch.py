@@ -163,6 +163,7 @@ class BatchEM:
         x0 = layout.pack(params, clarity)
         # the latest accepted state whose E-step we have: (state, q, clarity, F)
         fit: tuple[FloatArray, FloatArray, FloatArray, float] = (x0, q, clarity, -np.inf)
+        del q  # (held by ``fit`` alone: freed with it, 80 MB at 2M items of 5 classes)
         mapped = x0  # the latest accepted EM map output
         max_step = 1.0
         while len(history) < self.max_iter:

@@ -20,6 +20,7 @@ import numpy as np
 
 from core.batch import AggregationResult, BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
+from core.calibration import SLICE_ROWS
 from core.nominal import NominalConfig, NominalParams
 from core.served import held_out_corrections
 from core.twin import MAX_POOLING
@@ -56,10 +57,13 @@ def held_out_log_likelihood(
     data = result.objective[-1] - config.log_prior(
         params.class_logits, params.population, params.worker
     )
-    with np.errstate(divide="ignore"):  # (a class of posterior 0 adds nothing)
-        terms = np.log(result.probas) - held_out
-    top = terms.max(axis=1)
-    item_terms = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+    item_terms = np.empty(held_out.shape[0])
+    for lo in range(0, item_terms.size, SLICE_ROWS):  # (a slice's temporaries at a time)
+        part = slice(lo, lo + SLICE_ROWS)
+        with np.errstate(divide="ignore"):  # (a class of posterior 0 adds nothing)
+            terms = np.log(result.probas[part]) - held_out[part]
+        top = terms.max(axis=1)
+        item_terms[part] = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
     score = float(data + np.sum(item_terms))
     return score if np.isfinite(score) else -np.inf  # (never chosen over a finite one)
 

@@ -251,6 +251,7 @@ def extract(
         refuse_duplicate_columns("--predictions", classes, COLUMNS, "write a .csv file")
     encoded = job.encode(answers, classes, str(path))
     del answers
+    release_unused_memory(from_now_on=True)  # (the file is read: its memory, and what follows)
     n_answers = len(encoded.labels)
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
     gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
@@ -289,7 +290,6 @@ def extract(
             encoded, config, saved.params if saved else None, saved.slots if saved else None
         )
         encoded = encoded.names()  # (the answers live on as the blocks only)
-        release_unused_memory()  # (the file's read and coded: 75 MB at 10M answers)
         run = job.run_online(
             blocks,
             used,

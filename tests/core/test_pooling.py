@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.batch import BatchEM
+from core.batch import AggregationResult, BatchEM
 from core.blocks import LabelBlocks
-from core.nominal import NominalConfig
+from core.calibration import SLICE_ROWS
+from core.nominal import NominalConfig, NominalParams
 from core.pooling import MAX_POOLING, fit_pooled, held_out_log_likelihood
-from core.served import held_out_corrections, log_likelihoods, log_prior
+from core.served import held_out_corrections, held_out_posteriors, log_likelihoods, log_prior
 
 from ..conftest import Synthetic
 from .test_orientation import weak_binary
@@ -54,3 +55,32 @@ def test_the_held_out_likelihood_is_the_items_answers_scored_without_their_pull(
     joint = log_prior(params)[None, :] + ell - held_out
     direct = float(np.sum(np.logaddexp.reduce(joint, axis=1)))
     assert held_out_log_likelihood(config, result, params, held_out) == pytest.approx(direct)
+
+
+def test_held_out_scores_and_posteriors_taken_by_slices_are_those_of_all_rows_at_once() -> None:
+    """Eq. 26 and 28 over many items are taken a slice of rows at a time (their temporaries
+    were 400 MB at 2M items): the same numbers as the whole arrays give, slice ends included."""
+    rng = np.random.default_rng(3)
+    n, K = 2 * SLICE_ROWS + 11, 4
+    probas = rng.dirichlet(np.ones(K), n)
+    probas[5, 1] = 0.0  # (a class of probability 0 stays at 0)
+    corrections = rng.normal(0.0, 0.3, (n, K))
+    corrections[SLICE_ROWS - 1 : SLICE_ROWS + 2] = 0.0  # rows without a correction
+    logits = np.log(np.where(probas > 0, probas, 1.0)) - corrections
+    held = np.where(probas > 0, np.exp(logits - logits.max(axis=1, keepdims=True)), 0.0)
+    expected = held / held.sum(axis=1, keepdims=True)
+    expected[SLICE_ROWS - 1 : SLICE_ROWS + 2] = probas[SLICE_ROWS - 1 : SLICE_ROWS + 2]
+    np.testing.assert_allclose(held_out_posteriors(probas, corrections), expected, rtol=1e-12)
+
+    config = NominalConfig(n_classes=K)
+    params = NominalParams(config.class_prior_logits(), config.population_mean(),
+                           np.zeros((1, K, K)))  # fmt: skip
+    result = AggregationResult(probas, np.full(K, 1 / K), np.zeros((1, K, K)), None, [-1.0])
+    data = -1.0 - config.log_prior(params.class_logits, params.population, params.worker)
+    with np.errstate(divide="ignore"):
+        terms = np.log(probas) - corrections
+    top = terms.max(axis=1)
+    whole = data + np.sum(top + np.log(np.exp(terms - top[:, None]).sum(axis=1)))
+    assert held_out_log_likelihood(config, result, params, corrections) == pytest.approx(
+        whole, rel=1e-12
+    )
