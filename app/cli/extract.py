@@ -276,15 +276,21 @@ def extract(
     if batch:
         if (warning := job.one_answer_warning(encoded)) is not None:
             print(warning, file=sys.stderr)
-        fit = job.run_batch(encoded, config, out, one_pass=not raw)
-        slot_params, used = job.slot_params_from_batch(fit.params, encoded, config)
+        blocks, n_workers = job.exact_blocks(encoded), encoded.n_workers
+        encoded = encoded.names()  # (the answers live on as the blocks only)
+        fit = job.run_batch(blocks, n_workers, config, out, one_pass=not raw)
+        slot_params, used = job.slot_params_from_batch(
+            fit.params, blocks, encoded.worker_names, config
+        )
         speed = f"batch EM: {fit.result.n_iter} iterations in {fit.seconds:.2f}s"
         if raw:
             posteriors = fit.result.probas
         else:  # a saved model keeps the evidence, so --test-only serves the same posteriors
             slot_params.evidence, one_pass = fit.one_pass(config)
-            posteriors, calibrated = job.served(fit.held_out(), fit.blocks, slot_params.evidence)
+            held = fit.held_out()
+            posteriors, calibrated = job.served(held, blocks, slot_params.evidence, out=held)
             speed += f"; {fit.agreement_line(one_pass, posteriors)}"
+        del fit, blocks  # (the answers and the fit's arrays, before the predictions are written)
     else:
         used, blocks = job.online_blocks(
             encoded, config, saved.params if saved else None, saved.slots if saved else None

@@ -506,13 +506,12 @@ def one_answer_warning(data: Encoded) -> str | None:
 
 
 def run_batch(
-    data: Encoded, config: NominalConfig, out: TextIO, one_pass: bool = False
+    blocks: LabelBlocks, n_workers: int, config: NominalConfig, out: TextIO, one_pass: bool = False
 ) -> BatchRun:
-    """Batch EM with exact workers, printing F at doubling iterations; with ``one_pass``,
-    the online pass that gives the fit its tempering's evidence (``BatchRun.one_pass``) runs
-    in a second thread meanwhile: both are compiled loops that release the GIL, so on two
-    cores the pass costs no wall time."""
-    blocks = exact_blocks(data)
+    """Batch EM on ``exact_blocks`` (of ``n_workers`` workers), printing F at doubling
+    iterations; with ``one_pass``, the online pass that gives the fit its tempering's evidence
+    (``BatchRun.one_pass``) runs in a second thread meanwhile: both are compiled loops that
+    release the GIL, so on two cores the pass costs no wall time."""
     print("iteration   F (log posterior)", file=out)
     shown = [1]
 
@@ -522,11 +521,9 @@ def run_batch(
             shown[0] *= 2
 
     with ThreadPoolExecutor(max_workers=1) as second:
-        pending = (
-            second.submit(batch_evidence, config, blocks, data.n_workers) if one_pass else None
-        )
+        pending = second.submit(batch_evidence, config, blocks, n_workers) if one_pass else None
         t0 = time.perf_counter()
-        fit = fit_pooled(config, blocks, data.n_workers, progress=progress, threads=2)
+        fit = fit_pooled(config, blocks, n_workers, progress=progress, threads=2)
         seconds = time.perf_counter() - t0
         print(f"{fit.result.n_iter:>9d}   {fit.result.objective[-1]:.6f}   (converged)", file=out)
         print(pooling_line(fit), file=out)
@@ -550,14 +547,14 @@ def twin_line(model: OnlineEM) -> str:
 
 
 def slot_params_from_batch(
-    params: NominalParams, data: Encoded, config: NominalConfig
+    params: NominalParams, blocks: LabelBlocks, worker_names: pa.Array, config: NominalConfig
 ) -> tuple[NominalParams, IntArray]:
-    """Map exact-worker batch parameters into hashed slots (colliding workers averaged by
-    labels): the rows of the slots the workers fall in, ascending, and those slots (a row for
-    each of the 65,536 slots was 5.2 GB at 100 classes)."""
-    slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
+    """Map exact-worker batch parameters (fitted to ``exact_blocks``) into hashed slots
+    (colliding workers averaged by labels): the rows of the slots the workers fall in,
+    ascending, and those slots (a row for each of the 65,536 slots was 5.2 GB at 100 classes)."""
+    slots = worker_slots(worker_names.to_pylist(), config.n_worker_slots)
     used, rows = np.unique(slots, return_inverse=True)
-    n_labels = np.bincount(data.workers, minlength=data.n_workers).astype(np.float64)
+    n_labels = np.bincount(blocks.slots, minlength=len(worker_names)).astype(np.float64)
     return into_slots(params, rows, n_labels, used.size), used.astype(np.int64)
 
 

@@ -798,7 +798,7 @@ def test_a_file_read_in_many_chunks_fits_bit_for_bit_the_same(
         online = job.run_online(
             blocks, used, classes, config, None, 2, 0, gold, False, io.StringIO()
         )
-        batch = job.run_batch(data, config, io.StringIO())
+        batch = job.run_batch(job.exact_blocks(data), data.n_workers, config, io.StringIO())
         fits.append((data, online.final.posteriors, batch.result.probas, online.served(True)[0]))
     (whole, *fit_whole), (chunked, *fit_chunked) = fits
     assert whole.item_names.equals(chunked.item_names)
@@ -864,8 +864,9 @@ def test_the_online_pass_run_beside_batch_em_gives_what_it_gives_alone(
     classes = job.resolve_classes(answers.label_names.to_pylist(), None, None, str(path))
     data = job.encode(answers, classes, str(path))
     config = NominalConfig(n_classes=len(classes), n_items=float(data.n_items))
-    beside = job.run_batch(data, config, io.StringIO(), one_pass=True)
-    alone = job.run_batch(data, config, io.StringIO())
+    blocks = job.exact_blocks(data)
+    beside = job.run_batch(blocks, data.n_workers, config, io.StringIO(), one_pass=True)
+    alone = job.run_batch(blocks, data.n_workers, config, io.StringIO())
     assert np.array_equal(beside.result.probas, alone.result.probas)
     for a, b in zip(beside.one_pass(config), alone.one_pass(config), strict=True):
         assert np.array_equal(a, b)
