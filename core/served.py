@@ -43,13 +43,15 @@ def held_out_corrections(
     decimals: int | None = HELD_OUT_DECIMALS,
     laplace: bool = False,
     threads: int = 1,
-    population_prior: float = NominalConfig.population_prior,
+    *,
+    population_prior: float,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
     labels under slot rows, and the population's rows they share, fitted without it (eq.
     26'). ``params`` are a fit to the blocks (batch EM's fixed point or the refined online
     model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_prior``
-    lambda_Gamma. With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
+    lambda_Gamma (the fit's own, ``NominalConfig.population_prior``: no default, so that no
+    caller scores a project's items under another project's prior). With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
     probability under its row's predictive, averaged over the row's Laplace posterior (eq.
     27), instead of the row's point estimate. Rounded to ``decimals`` places: an item stores
     its c_i with its posterior, and finer differences would not show in any posterior served.
@@ -89,7 +91,8 @@ def held_out_fit(
     worker_prior: float,
     laplace: bool = False,
     threads: int = 1,
-    population_prior: float = NominalConfig.population_prior,
+    *,
+    population_prior: float,
 ) -> FloatArray:
     """The fit's own posteriors ``fitted``, each block scored without its own pull on its
     workers' rows (eq. 26; and with ``laplace`` under the rows' Laplace predictives, eq. 27):

@@ -417,7 +417,10 @@ def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> N
     result, params = BatchEM(config).fit(blocks, n_workers)
     cal = batch_calibration(config, params, blocks, n_workers)
     plain = served_posteriors(params, blocks, cal)
-    held_out = held_out_corrections(params, blocks, result.probas, config.worker_prior)
+    held_out = held_out_corrections(
+        params, blocks, result.probas, config.worker_prior,
+        population_prior=config.population_prior,
+    )  # fmt: skip
     held = served_posteriors(params, blocks, cal, held_out=held_out)
     assert _ece(plain, truth) > 15.0
     assert _ece(held, truth) < _ece(plain, truth) - 4.0
@@ -464,7 +467,10 @@ def test_gold_items_scored_held_out_look_like_the_items_served() -> None:
     gold[pick] = truth[pick]
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W, known=gold)
-    held_out = held_out_corrections(params, blocks, result.probas, config.worker_prior)
+    held_out = held_out_corrections(
+        params, blocks, result.probas, config.worker_prior,
+        population_prior=config.population_prior,
+    )  # fmt: skip
     plain = served_posteriors(params, blocks, Calibration())  # answers alone, no gold held
     held = served_posteriors(params, blocks, Calibration(), held_out=held_out)
     rest = np.setdiff1d(np.arange(blocks.n_blocks), pick)
@@ -592,14 +598,17 @@ def test_corrections_in_threads_are_bit_identical(monkeypatch: pytest.MonkeyPatc
     blocks, _, W = ambiguous_crowd(5, n_items=300, n_workers=40, per_item=3)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
-    lam, q = config.worker_prior, result.probas
+    lam, q, prior = config.worker_prior, result.probas, config.population_prior
     monkeypatch.setattr(threads, "PARALLEL_FROM", 10)
     for laplace in (False, True):
-        one = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=laplace)
+        one = held_out_corrections(
+            params, blocks, q, lam, decimals=None, laplace=laplace, population_prior=prior
+        )
         for n in (2, 3):
             split = held_out_corrections(
-                params, blocks, q, lam, decimals=None, laplace=laplace, threads=n
-            )
+                params, blocks, q, lam, decimals=None, laplace=laplace, threads=n,
+                population_prior=prior,
+            )  # fmt: skip
             assert np.array_equal(split, one), (laplace, n)
 
 
@@ -609,9 +618,11 @@ def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictiv
     blocks, _, W = ambiguous_crowd(5, n_items=400, n_workers=80, per_item=3)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
-    lam, q = config.worker_prior, result.probas
-    plain = held_out_corrections(params, blocks, q, lam, decimals=None)
-    both = held_out_corrections(params, blocks, q, lam, decimals=None, laplace=True)
+    lam, q, prior = config.worker_prior, result.probas, config.population_prior
+    plain = held_out_corrections(params, blocks, q, lam, decimals=None, population_prior=prior)
+    both = held_out_corrections(
+        params, blocks, q, lam, decimals=None, laplace=True, population_prior=prior
+    )
     counts = np.zeros((W, 3, 3))
     for b in range(blocks.n_blocks):
         for j in range(blocks.ptr[b], blocks.ptr[b + 1]):
@@ -636,10 +647,12 @@ def test_laplace_predictives_calibrate_batch_em_on_sparse_symmetric_workers() ->
     blocks, truth, n_workers = _sparse_symmetric_crowd()
     config = NominalConfig(n_classes=5, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, n_workers)
-    lam = config.worker_prior
+    lam, prior = config.worker_prior, config.population_prior
     cal = batch_calibration(config, params, blocks, n_workers)
-    held = held_out_corrections(params, blocks, result.probas, lam)
-    both = held_out_corrections(params, blocks, result.probas, lam, laplace=True)
+    held = held_out_corrections(params, blocks, result.probas, lam, population_prior=prior)
+    both = held_out_corrections(
+        params, blocks, result.probas, lam, laplace=True, population_prior=prior
+    )
     held_out = served_posteriors(params, blocks, cal, held_out=held)
     laplace = served_posteriors(params, blocks, cal, held_out=both)
     assert _ece(laplace, truth) < _ece(held_out, truth) - 2.0
