@@ -177,8 +177,8 @@ def load_labelled(folder: Path) -> tuple[Encoded, IntArray]:
 
 def hashed_blocks(data: Encoded, config: NominalConfig) -> LabelBlocks:
     """One block per item, workers hashed into the model's slots (the online model's input)."""
-    slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots)
-    return LabelBlocks.group(
+    slots = worker_slots(data.worker_names.to_pylist(), config.n_worker_slots).astype(np.int32)
+    return LabelBlocks.group(  # (int32 slots, as the file's codes: one grouping kernel to compile)
         data.items, slots[data.workers], data.labels, data.weights, n_blocks=data.n_items
     )
 
