@@ -226,7 +226,12 @@ def extract(
     out = sys.stderr if to_stdout else sys.stdout  # (the report: standard output holds the CSV)
     # The file readers (pyarrow) load here, not with the command line: serve and engine skip them.
     from app.io import extract as job
-    from app.io.codes import read_codes, release_unused_memory, use_system_allocator
+    from app.io.codes import (
+        MAP_FROM_ANSWERS,
+        read_codes,
+        release_unused_memory,
+        use_system_allocator,
+    )
     from app.io.model_file import SavedModel, load_model, save_model
     from app.io.predictions_file import COLUMNS, print_predictions, write_predictions
     from app.io.triples import read_truth
@@ -251,8 +256,8 @@ def extract(
         refuse_duplicate_columns("--predictions", classes, COLUMNS, "write a .csv file")
     encoded = job.encode(answers, classes, str(path))
     del answers
-    release_unused_memory(from_now_on=True)  # (the file is read: its memory, and what follows)
     n_answers = len(encoded.labels)
+    release_unused_memory(from_now_on=n_answers >= MAP_FROM_ANSWERS)  # (the file is read)
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
     gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
     if saved is not None:

@@ -26,6 +26,12 @@ def use_system_allocator() -> None:
 M_MMAP_THRESHOLD = -3
 """glibc's ``mallopt`` parameter (malloc.h)."""
 
+MAP_FROM_ANSWERS = 2_000_000
+"""Files of this many answers and more have malloc map its larger blocks once they are read
+(``release_unused_memory``): there the freed temporaries are tens of MiB; below, a few (1M
+answers: 7 MiB), and the setting, which lasts for the process, would only cost the mapping of
+each block in a process that goes on (the test suite calls ``extract`` in its workers)."""
+
 
 def release_unused_memory(from_now_on: bool = False) -> None:
     """Give the memory freed since the file was read back to the system (malloc's trim, through
