@@ -976,3 +976,20 @@ def test_a_redis_that_refuses_the_url_is_one_error_line(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert run.returncode == 2, (command, run.stderr[-500:])
         assert run.stderr.startswith(f"error: REDIS_URL: {url}: DB index is out of range")
+
+
+@pytest.mark.parametrize("from_answers, maps", [(codes.MAP_FROM_ANSWERS, False), (1, True)])
+def test_a_large_file_has_malloc_map_its_blocks_once_it_is_read(
+    dog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, from_answers: int, maps: bool
+) -> None:
+    """Freed memory goes back to the system once the file is read; from ``MAP_FROM_ANSWERS``
+    answers on, malloc also maps its larger blocks from then on (the setting lasts for the
+    process: a small file leaves it alone)."""
+    calls: list[bool] = []
+    monkeypatch.setattr(codes, "MAP_FROM_ANSWERS", from_answers)
+    monkeypatch.setattr(
+        codes, "release_unused_memory", lambda from_now_on=False: calls.append(from_now_on)
+    )
+    run = extract(dog / "answers.csv", "--predictions", tmp_path / "p.csv")
+    assert run.returncode == 0, run.stderr
+    assert calls == [False, maps]  # (the reader's trim of its chunks, then the command's)
