@@ -69,6 +69,19 @@ def extract_command(path: Path, out: Path, batch: bool) -> list[str]:
             "--predictions", str(out)]  # fmt: skip
 
 
+ANSWER_BYTES = 16
+"""What an online ``extract`` holds for each answer: its slot and label (int32) and weight."""
+
+
+def added_state_mib(answers: int, items: int, n_classes: int) -> float:
+    """The state an online ``extract`` needs for ``answers`` and ``items`` more (docs/benchmarks.md,
+    "Blocks of 32-bit codes"): each answer grouped by item, and per item its block's end, the
+    pass's posterior, clarity and objective, its order, label count, weight and gold code, and
+    its id (about 12 bytes)."""
+    item_bytes = 8 + 8 * n_classes + 8 + 8 + 4 * 8 + 12
+    return (answers * ANSWER_BYTES + items * item_bytes) / 2**20
+
+
 def row(what: str, run: ProcessRun, target: str = "") -> None:
     print(f"{what:<44} {run.seconds:>8.2f} s {run.peak_mib:>8.0f} MiB   {target}", flush=True)
 
@@ -93,6 +106,9 @@ def whole_processes(folder: Path, runs: int, peer: bool, big: bool) -> None:
         write_answers(dawid_skene(n_items=2_000_000), large)
         online10 = median_run(extract_command(large, out, batch=False), 1)
         row("10M crowdtally extract", online10, "target <= 6 s")
+        print(f"10M online peak over 1M's: {online10.peak_mib - online.peak_mib:.0f} MiB; "
+              f"what the added answers and items hold: {added_state_mib(9_000_000, 1_800_000, 5):.0f} "
+              "MiB (target: no more)")  # fmt: skip
         batch10 = median_run(extract_command(large, out, batch=True), 1)
         row("10M crowdtally extract --batch", batch10, "target <= 15 s")
         large.unlink()
