@@ -13,6 +13,7 @@ from core._numba import jit
 IntArray = npt.NDArray[np.int64]
 CodeArray = npt.NDArray[np.integer[Any]]
 """Slot and label codes: taken of any width, held by blocks as int32 (4 bytes an answer)."""
+CODE_MAX = int(np.iinfo(np.int32).max)
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -40,7 +41,11 @@ class LabelBlocks:
         # One dtype and layout for every caller (int32 codes from a file, views): the kernels
         # are compiled once per argument type, and a second type costs seconds of compiling.
         for name, dtype in (("ptr", np.int64), ("slots", np.int32), ("labels", np.int32)):
-            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype))
+            given = np.asarray(getattr(self, name))
+            narrowed = dtype is np.int32 and given.dtype != np.int32 and given.size > 0
+            if narrowed and (given.max() > CODE_MAX or given.min() < 0):  # (a cast would wrap)
+                raise ValueError(f"{name} codes must lie in 0..{CODE_MAX}")
+            object.__setattr__(self, name, np.ascontiguousarray(given, dtype))
         object.__setattr__(self, "weights", np.ascontiguousarray(self.weights, np.float64))
 
     @property

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,3 +114,14 @@ def test_a_files_int32_codes_group_as_int64_ones() -> None:
         )
         for field in ("ptr", "slots", "labels", "weights"):
             assert np.array_equal(getattr(narrow, field), getattr(wide, field)), field
+
+
+@pytest.mark.parametrize("field", ["slots", "labels"])
+@pytest.mark.parametrize("code", [2**31, -1])
+def test_codes_that_int32_cannot_hold_are_refused_not_wrapped(field: str, code: int) -> None:
+    """A slot of a model of more than 2^31 slots (or a negative code) would wrap to another
+    slot if cast: it is an error."""
+    codes = {"slots": np.array([0, 1]), "labels": np.array([0, 1])}
+    codes[field] = np.array([0, code], dtype=np.int64)
+    with pytest.raises(ValueError, match=f"{field} codes must lie in"):
+        LabelBlocks(np.array([0, 2]), codes["slots"], codes["labels"], [1.0, 1.0])
