@@ -108,8 +108,8 @@ class ItemLabels:
         walked: 0.9 + 1.9 ms apart, 80,000 labels of 800 items)."""
         ptr = self._ptr(items)
         n = int(ptr[-1])
-        positions, slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        labels, weights = np.empty(n, dtype=np.int64), np.empty(n)
+        positions, slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32)
+        labels, weights = np.empty(n, dtype=np.int32), np.empty(n)  # (as blocks hold them)
         columns = (self.slot, self.label, self.weight, slots, labels, weights)
         _walk(items, ptr, self.last, self.prev, positions, True, *columns)
         return LabelBlocks(ptr, slots, labels, weights), positions
@@ -119,8 +119,8 @@ class ItemLabels:
         ``positions[ptr[b]:ptr[b + 1]]``."""
         ptr = self._ptr(items)
         positions = np.empty(int(ptr[-1]), dtype=np.int64)
-        ints, floats = np.empty(0, dtype=np.int64), np.empty(0)
-        columns = (ints, ints, floats, ints, ints, floats)  # (not read: no columns gathered)
+        ints, codes, floats = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32), np.empty(0)
+        columns = (ints, ints, floats, codes, codes, floats)  # (not read: no columns gathered)
         _walk(items, ptr, self.last, self.prev, positions, False, *columns)
         return ptr, positions
 
