@@ -29,6 +29,7 @@ queue's stopping rule, exports, the dashboard), is calibrated.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from core import _calibration_kernels
+from core.blocks import CodeArray
 from core.evidence import RHO_GRID, evidence_size
 from core.nominal import softmax
 from core.threads import in_threads
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-CodeArray = npt.NDArray[np.integer[Any]]
 
 EPS_GRID: FloatArray = np.array(
     [0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3]
@@ -55,8 +56,8 @@ MIN_WEIGHT = 1e-3
 """Tempering values whose posterior weight is below this share of the largest are left out of
 the mixture of eq. 25."""
 SLICE_ROWS = 1 << 16
-"""Items calibrated at a time by ``Calibration.from_posteriors`` (its temporaries are a few
-arrays of this many rows)."""
+"""Items taken at a time by ``row_slices`` (``Calibration.from_posteriors``, and eq. 26 and 28
+over many items): their temporaries are a few arrays of this many rows."""
 GOLD_WEIGHT_LABELS = 50.0
 """Eq. 24 weighs the prequential evidence like at most this many gold items (a mean per scored
 answer times this, once more answers than this are scored): with fewer gold items rho follows
@@ -76,6 +77,12 @@ independent answers (one-coin and weak workers) that made a tempering win by 0.3
 thousandths of a nat an answer, 10-17 nats over 26,000 answers, and T_i = 1.7-2.4 at 15
 answers an item then flattened calibrated posteriors to 8 points of ECE. Crowds whose answers
 are correlated within items gained 0.93-20 thousandths."""
+
+
+def row_slices(n_rows: int) -> Iterator[slice]:
+    """Slices of SLICE_ROWS rows that cover ``n_rows``, in order: row-wise work on many items
+    taken a slice at a time keeps its temporaries those of a slice, with the same results."""
+    return (slice(lo, lo + SLICE_ROWS) for lo in range(0, n_rows, SLICE_ROWS))
 
 
 @dataclass(frozen=True)
@@ -133,14 +140,12 @@ class Calibration:
             return out
         out = np.empty_like(q) if out is None else out
 
-        def slices(starts: range) -> None:
-            for lo in starts:
-                out[lo : lo + SLICE_ROWS] = self._from_posteriors(
-                    q[lo : lo + SLICE_ROWS], n[lo : lo + SLICE_ROWS]
-                )
+        def slices(parts: list[slice]) -> None:
+            for part in parts:
+                out[part] = self._from_posteriors(q[part], n[part])
 
-        every, parts = range(0, q.shape[0], SLICE_ROWS), max(1, threads)
-        in_threads(slices, [every[k::parts] for k in range(parts)])
+        every, threads = list(row_slices(q.shape[0])), max(1, threads)
+        in_threads(slices, [every[k::threads] for k in range(threads)])
         return out
 
     def _from_posteriors(self, q: FloatArray, n_labels: FloatArray) -> FloatArray:

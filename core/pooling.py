@@ -20,7 +20,7 @@ import numpy as np
 
 from core.batch import AggregationResult, BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks
-from core.calibration import SLICE_ROWS
+from core.calibration import row_slices
 from core.nominal import NominalConfig, NominalParams
 from core.served import held_out_corrections
 from core.twin import MAX_POOLING
@@ -58,8 +58,7 @@ def held_out_log_likelihood(
         params.class_logits, params.population, params.worker
     )
     item_terms = np.empty(held_out.shape[0])
-    for lo in range(0, item_terms.size, SLICE_ROWS):  # (a slice's temporaries at a time)
-        part = slice(lo, lo + SLICE_ROWS)
+    for part in row_slices(item_terms.size):
         with np.errstate(divide="ignore"):  # (a class of posterior 0 adds nothing)
             terms = np.log(result.probas[part]) - held_out[part]
         top = terms.max(axis=1)

@@ -12,11 +12,11 @@ from core import _calibration_kernels, _kernels
 from core._softmax_rows import softmax_rows_den
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import (
-    SLICE_ROWS,
     Calibration,
     choose,
     gold_evidence,
     item_log_likelihoods,
+    row_slices,
 )
 from core.nominal import SCALE, NominalConfig, NominalParams, log_softmax
 from core.online import OnlineEM
@@ -51,9 +51,10 @@ def held_out_corrections(
     26'). ``params`` are a fit to the blocks (batch EM's fixed point or the refined online
     model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_prior``
     lambda_Gamma (the fit's own, ``NominalConfig.population_prior``: no default, so that no
-    caller scores a project's items under another project's prior). With ``laplace`` (a fit at its optimum: batch EM), c_i also takes each label's
-    probability under its row's predictive, averaged over the row's Laplace posterior (eq.
-    27), instead of the row's point estimate. Rounded to ``decimals`` places: an item stores
+    caller scores a project's items under another project's prior). With ``laplace`` (a fit
+    at its optimum: batch EM), c_i also takes each label's probability under its row's
+    predictive, averaged over the row's Laplace posterior (eq. 27), instead of the row's point
+    estimate. Rounded to ``decimals`` places: an item stores
     its c_i with its posterior, and finer differences would not show in any posterior served.
     ``threads`` > 1 splits many blocks among that many threads (bit-identical)."""
     S, K = params.worker.shape[0], params.population.shape[0]
@@ -159,9 +160,8 @@ def held_out_posteriors(posteriors: FloatArray, corrections: FloatArray) -> Floa
     """Posteriors q_i(z) with their labels' log-likelihoods lowered by c_i(z) (eq. 26); rows
     without a correction are returned as they are."""
     out = posteriors.copy()
-    for lo in range(0, out.shape[0], SLICE_ROWS):  # (a slice's temporaries at a time: all
-        part = slice(lo, lo + SLICE_ROWS)  # rows at once took 400 MB at 2M items, 5 classes)
-        rows = lo + np.flatnonzero(np.any(corrections[part] != 0.0, axis=1))
+    for part in row_slices(out.shape[0]):  # (all rows at once: 400 MB at 2M items, 5 classes)
+        rows = part.start + np.flatnonzero(np.any(corrections[part] != 0.0, axis=1))
         if rows.size:
             with np.errstate(divide="ignore"):  # a class of probability 0 stays at 0
                 logits = np.log(posteriors[rows]) - corrections[rows]
