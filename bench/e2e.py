@@ -77,7 +77,8 @@ def added_state_mib(answers: int, items: int, n_classes: int) -> float:
     """The state an online ``extract`` needs for ``answers`` and ``items`` more (docs/benchmarks.md,
     "Blocks of 32-bit codes"): each answer grouped by item, and per item its block's end, the
     pass's posterior, clarity and objective, its order, label count, weight and gold code, and
-    its id (about 12 bytes)."""
+    its id (about 12 bytes). ``extract`` reads the label counts and weights a chunk at a time
+    and holds gold codes only when given gold (docs/benchmarks.md, "What the one pass holds")."""
     item_bytes = 8 + 8 * n_classes + 8 + 8 + 4 * 8 + 12
     return (answers * ANSWER_BYTES + items * item_bytes) / 2**20
 

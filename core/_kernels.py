@@ -750,7 +750,7 @@ def predict_blocks(
                 theta_l = population[z, l] + scale * worker[s, z, l]
                 logq[z] += h * (1.0 * theta_l - row_max[s, z] - row_log[s, z])
         f = normalise(logq, q)
-        if known[b] >= 0:
+        if b < known.shape[0] and known[b] >= 0:  # (no codes at all: no gold)
             for z in range(K):
                 q[z] = 1.0 if z == known[b] else 0.0
         for z in range(K):

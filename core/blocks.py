@@ -14,6 +14,8 @@ IntArray = npt.NDArray[np.int64]
 CodeArray = npt.NDArray[np.integer[Any]]
 """Slot and label codes: taken of any width, held by blocks as int32 (4 bytes an answer)."""
 CODE_MAX = int(np.iinfo(np.int32).max)
+WEIGHT_BLOCKS = 1 << 16
+"""Blocks whose weights ``LabelBlocks.total_weight`` sums at a time."""
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -59,10 +61,20 @@ class LabelBlocks:
     def sizes(self) -> IntArray:
         return np.diff(self.ptr)
 
-    def total_weight(self) -> FloatArray:
-        """Sum of importance weights per block (0 for a block without labels)."""
-        block_of = np.repeat(np.arange(self.n_blocks), self.sizes())
-        out: FloatArray = np.bincount(block_of, self.weights, self.n_blocks).astype(np.float64)
+    def total_weight(self, which: IntArray | None = None) -> FloatArray:
+        """Sum of importance weights per block (0 for a block without labels), each block's
+        weights added in order; of the blocks ``which`` (default: all), in that order. Taken
+        ``WEIGHT_BLOCKS`` blocks at a time: a block number for every label at once was 8
+        bytes an answer (80 MB at 10M answers)."""
+        n = self.n_blocks if which is None else len(which)
+        out: FloatArray = np.empty(n)
+        for lo in range(0, n, WEIGHT_BLOCKS):
+            hi = min(lo + WEIGHT_BLOCKS, n)
+            part = np.arange(lo, hi) if which is None else np.asarray(which[lo:hi])
+            starts, sizes = self.ptr[part], self.ptr[part + 1] - self.ptr[part]
+            block_of = np.repeat(np.arange(hi - lo), sizes)
+            label = np.arange(block_of.size) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+            out[lo:hi] = np.bincount(block_of, self.weights[label], hi - lo)
         return out
 
     @classmethod

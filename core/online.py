@@ -247,9 +247,9 @@ class OnlineEM:
             or out.objective.shape != (nb,)
         ):
             raise ValueError("out does not have one row per block")
-        known_a = _known_codes(known, nb, K)
         p = self.params
         if not update and not self.config.difficulty:  # each slot row's softmax once
+            known_a = NO_GOLD if known is None else _known_codes(known, nb, K)
 
             def predict(part: IntArray) -> None:
                 _kernels.predict_blocks(
@@ -261,6 +261,7 @@ class OnlineEM:
             ranges = block_ranges(order_a.size, threads)
             in_threads(predict, [order_a[lo:hi] for lo, hi in ranges])
             return out
+        known_a = _known_codes(known, nb, K)
         if previous is None:  # a first arrival of every block: one row stands for all
             q_old, b_old = np.full((1, K), 1.0 / K), np.zeros(1)
             n_old = np.zeros(1, dtype=np.int64)
@@ -435,6 +436,10 @@ def _follow(
 def _compose(before: IntArray | None, perm: IntArray) -> IntArray:
     """``before`` then ``perm`` (new class z = old class ``result[z]``)."""
     return perm if before is None else before[perm]
+
+
+NO_GOLD = np.zeros(0, dtype=np.int64)
+"""``predict_blocks``' gold codes for a pass without gold: none (8 bytes an item less)."""
 
 
 def _known_codes(known: npt.ArrayLike | None, n_blocks: int, n_classes: int) -> IntArray:

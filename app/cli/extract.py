@@ -259,7 +259,6 @@ def extract(
     n_answers = len(encoded.labels)
     release_unused_memory(from_now_on=n_answers >= MAP_FROM_ANSWERS)  # (the file is read)
     gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
-    gold_codes = gold if gold is not None else -np.ones(encoded.n_items, dtype="int64")
     if saved is not None:
         config = saved.config
     else:
@@ -309,7 +308,7 @@ def extract(
             saved.params if saved else None,
             passes,
             shuffle,
-            gold_codes,
+            gold,
             test_only,
             out,
             later_passes,

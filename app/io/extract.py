@@ -354,7 +354,7 @@ def run_online(
     params: NominalParams | None,
     passes: int,
     shuffle_seed: int | None,
-    gold: IntArray,
+    gold: IntArray | None,
     test_only: bool,
     out: TextIO,
     later: LaterPasses = LaterPasses.revisit,
@@ -364,7 +364,8 @@ def run_online(
     ``later`` = newton, passes 2..N are trust-region Newton sweeps over all items.
     ``blocks`` and ``used``: ``online_blocks``. ``params_slots``: ``params``' worker table
     holds the rows of these slots only (a model file's, ``SavedModel.slots``); the model then
-    holds those and the answers' slots (without them, ``params`` has every slot)."""
+    holds those and the answers' slots (without them, ``params`` has every slot). ``gold``:
+    each item's gold class code or -1, shown in the progress table (None: no gold)."""
     if used is None:  # (a model file of the first format: every slot)
         model = OnlineEM(config, params)
     else:  # a table for the slots in use only (a model file's rows among them)
@@ -376,8 +377,6 @@ def run_online(
         model = OnlineEM(config.with_(n_worker_slots=max(used.size, 1)), rows, pooled_twin=fresh)
     model.load_kernels(blocks)  # before timing
     rng = np.random.default_rng(shuffle_seed)
-    ratings = blocks.sizes()
-    per_rating = np.maximum(blocks.total_weight(), 1e-300)
     table = ProgressTable(out, classes)
     K = config.n_classes
     result = BlockResult(
@@ -405,14 +404,10 @@ def run_online(
         seconds += time.perf_counter() - t0
         for lo, hi in doubling_chunks(order.size, table.count):
             chunk, last = order[lo:hi], int(order[hi - 1])
-            predicted = int(result.posteriors[last].argmax())
-            table.add(
-                result.objective[chunk] / per_rating[chunk], int(gold[last]), predicted,
-                int(ratings[last]),
-            )  # fmt: skip
+            per_rating = np.maximum(blocks.total_weight(chunk), 1e-300)
+            table.add(result.objective[chunk] / per_rating, *_shown(last, blocks, result, gold))
         if order.size:
-            last = int(order[-1])
-            table.finish(int(gold[last]), int(result.posteriors[last].argmax()), int(ratings[last]))
+            table.finish(*_shown(int(order[-1]), blocks, result, gold))
         if n_pass == 0 and model.settled:
             print(twin_line(model), file=out)
     if newton and passes > 1:  # refine answers the posteriors under its final parameters
@@ -423,8 +418,18 @@ def run_online(
         )
         seconds += time.perf_counter() - t0
     else:  # (into the pass's arrays, read by now: 96 MB less at 2M items)
-        final = model.predict_many(blocks, out=result, threads=2)
+        final = model.predict_many(blocks, order=order, out=result, threads=2)
     return OnlineRun(model, blocks, final, seconds, table.average, used)
+
+
+def _shown(
+    block: int, blocks: LabelBlocks, result: BlockResult, gold: IntArray | None
+) -> tuple[int, int, int]:
+    """What a row of the progress table shows of an item: its gold class code (-1: none),
+    the class predicted and its number of answers."""
+    label = int(gold[block]) if gold is not None else -1
+    ratings = int(blocks.ptr[block + 1] - blocks.ptr[block])
+    return label, int(result.posteriors[block].argmax()), ratings
 
 
 def served(

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.blocks import LARGE, LabelBlocks, _grouped, canonical_order
+from core.blocks import LARGE, WEIGHT_BLOCKS, LabelBlocks, _grouped, canonical_order
 
 
 def test_total_weight_is_zero_for_blocks_without_labels_anywhere() -> None:
@@ -21,6 +21,24 @@ def test_total_weight_is_zero_for_blocks_without_labels_anywhere() -> None:
         np.zeros(0, dtype=np.int64),
         n_blocks=2,
     ).total_weight().tolist() == [0.0, 0.0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 2**32 - 1))
+def test_total_weight_by_slices_adds_each_blocks_weights_in_order(extra: int, seed: int) -> None:
+    """Blocks taken WEIGHT_BLOCKS at a time (and any chosen blocks, in any order) sum to what
+    one bincount over every label gives, bit for bit: each block's weights in label order."""
+    rng = np.random.default_rng(seed)
+    n_blocks = WEIGHT_BLOCKS * 2 + extra
+    sizes = rng.integers(0, 4, n_blocks)
+    block = np.repeat(np.arange(n_blocks), sizes)
+    weights = rng.uniform(0.01, 3.0, block.size)
+    blocks = LabelBlocks.group(block, block % 7, block % 2, weights, n_blocks=n_blocks)
+    whole = np.bincount(np.repeat(np.arange(n_blocks), blocks.sizes()), blocks.weights, n_blocks)
+    assert np.array_equal(blocks.total_weight(), whole)
+    which = rng.permutation(n_blocks)[: WEIGHT_BLOCKS + 5]
+    assert np.array_equal(blocks.total_weight(which), whole[which])
+    assert blocks.total_weight(np.zeros(0, dtype=np.int64)).size == 0
 
 
 def test_blocks_hold_one_dtype_whatever_they_are_given() -> None:

@@ -177,6 +177,13 @@ def test_prediction_equals_the_learning_kernels_e_step(synthetic: Synthetic) -> 
     assert np.array_equal(tabled.posteriors, per_label.posteriors)
     assert np.array_equal(tabled.objective, per_label.objective)
     assert np.array_equal(tabled.clarity, per_label.clarity)
+    # without gold the prediction is given no codes at all (NO_GOLD): the same as all -1
+    no_gold = np.full(nb, -1)
+    for field in ("posteriors", "clarity", "objective"):
+        assert np.array_equal(
+            getattr(model.predict_many(blocks, order=order), field),
+            getattr(model.predict_many(blocks, order=order, known=no_gold), field),
+        )
 
 
 def test_a_prediction_in_threads_is_bit_identical(
