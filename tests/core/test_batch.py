@@ -111,3 +111,46 @@ def test_max_iter_bounds_the_e_steps(synthetic: Synthetic) -> None:
         fitted, _ = BatchEM(cfg, max_iter=max_iter, tol=0.0).fit(blocks, n_workers=40)
         assert fitted.n_iter <= max_iter + 1
         assert np.all(np.isfinite(fitted.probas))
+
+
+def test_majority_vote_by_slices_counts_as_one_pass_over_every_label(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Items counted a slice at a time, each cell's weights in label order, shared out in
+    place: the shares and priors of one np.add.at over every label, bit for bit, empty items
+    uniform."""
+    import core.batch as batch
+
+    monkeypatch.setattr(batch, "WEIGHT_BLOCKS", 7)
+    rng = np.random.default_rng(4)
+    item = np.sort(rng.integers(0, 40, 300))
+    item[item == 13] = 14  # (item 13 has no labels)
+    blocks = LabelBlocks.group(item, rng.integers(0, 9, 300), rng.integers(0, 3, 300),
+                               rng.uniform(0.1, 2.0, 300), n_blocks=41)  # fmt: skip
+    counts = np.zeros((41, 3))
+    np.add.at(counts, (np.repeat(np.arange(41), blocks.sizes()), blocks.labels), blocks.weights)
+    totals = counts.sum(axis=1, keepdims=True)
+    want = np.where(totals > 0, counts / np.where(totals > 0, totals, 1.0), 1.0 / 3)
+    got = majority_vote(blocks, 3)
+    assert np.array_equal(got.probas, want)
+    assert np.array_equal(got.priors, counts.sum(axis=0) / counts.sum())
+    assert got.probas[13].tolist() == [1 / 3] * 3 and got.probas[40].tolist() == [1 / 3] * 3
+
+
+def test_a_warm_start_takes_no_majority_vote(
+    synthetic: Synthetic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fit from given parameters starts from their E-step: no vote over every item is
+    counted for it (the pooling's probes, 80 MB of shares at 2M items)."""
+    import core.batch as batch
+
+    cfg, n_workers = NominalConfig(n_classes=3), synthetic.confusion.shape[0]
+    blocks = LabelBlocks.group(synthetic.items, synthetic.workers, synthetic.labels)
+    _, params = BatchEM(cfg).fit(blocks, n_workers)
+
+    def refused(*_: object) -> None:
+        raise AssertionError("a warm start counted a majority vote")
+
+    monkeypatch.setattr(batch, "majority_vote", refused)
+    again, _ = BatchEM(cfg, max_iter=4).fit(blocks, n_workers, start=params)
+    assert again.n_iter > 0 and np.isfinite(again.probas).all()
