@@ -43,7 +43,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,9 +213,7 @@ def myfm_task(
 class _Serial(Executor):
     """In-process executor (``--jobs 1``, the test)."""
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,override]
-        from concurrent.futures import Future
-
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
         f: Future[Any] = Future()
         f.set_result(fn(*args, **kwargs))
         return f
@@ -304,7 +302,7 @@ def run(
         }
         best_rank = min(grid.ranks, key=lambda r: (fm_mean[r], grid.ranks.index(r)))
         # test: the chosen settings trained on each whole training part
-        tests = {
+        tests: dict[tuple[str, int], Future[Any]] = {
             (col, s): ex.submit(
                 vw_task, files[s][1], _vw_features(w[te], i[te]), y[te], K, opts, rate, (p,), seed
             )

@@ -48,7 +48,7 @@ def sqlite_index(path: Path) -> Callable[[list[str | None]], None]:
 
 
 def per_block_ms(
-    append: Callable[[list[str | None]], None], ids: int, block: int, seed: int
+    append: Callable[[list[str | None]], object], ids: int, block: int, seed: int
 ) -> dict[int, float]:
     """Median ms of the appends around each checkpoint, by the ids held before them."""
     rng = np.random.default_rng(seed)

@@ -129,7 +129,8 @@ class LocalCluster:
             time.sleep(0.1)
 
     def client(self) -> RedisCluster:
-        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports])
+        nodes = [ClusterNode("127.0.0.1", p) for p in self.ports]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=nodes)
 
     def stop(self) -> None:
         for proc in self.procs.values():

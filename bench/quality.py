@@ -218,6 +218,7 @@ def run_online(
     if not idle_passes and (kept := em.settle()) is not None:  # the pooled twin's (eq. 29)
         result = kept
     elif idle_passes and em.lead():  # a sweep's start: the model in the lead is served
+        assert twin is not None  # (a model with no twin never lets it lead)
         result, twin = twin, result
     for _ in range(idle_passes):  # in arrival order, as the engine's sweeps go
         result = em.revisit_many(

@@ -72,10 +72,11 @@ def main() -> None:
         )
         size = c.get("/v1/projects/q/queue", headers=key).json()["size"]
         print(f"queue size: {size:,}")
-        for label, params in (
+        queries: tuple[tuple[str, dict[str, str | int]], ...] = (
             ("GET /queue?limit=10", {"limit": 10}),
             ("GET /queue?limit=10&worker=w7", {"limit": 10, "worker": "w7"}),
-        ):
+        )
+        for label, params in queries:
             times = []
             for _ in range(args.requests):
                 t = time.perf_counter()

@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import Literal, cast
 
 import numpy as np
 
 from app.io.extract import Encoded, exact_blocks, hashed_blocks, load_labelled
 from app.io.extract import accuracy as accuracy_on_gold
+from bench.datasets import DEFAULT_ROOT, dataset_names
 from bench.measure import run_measured
 from bench.peers import (
-    DEFAULT_ROOT,
     PEER_METHODS,
     accuracy,
-    dataset_names,
     load_dataset,
     peer_labels,
 )
@@ -69,7 +69,8 @@ def online_accuracy(p: Prepared, passes: int, seed: int, later: str = "newton") 
     if later in ("newton", "squarem") and passes > 1:
         # sweeps toward batch EM's optimum on the hashed slots; refine returns the posteriors
         # under its final parameters
-        return acc(model.refine(p.hashed, passes - 1, method=later).posteriors, p.gold)
+        method = cast(Literal["newton", "squarem"], later)
+        return acc(model.refine(p.hashed, passes - 1, method=method).posteriors, p.gold)
     for _ in range(passes - 1):  # later passes revisit items already learned (eq. 14-16)
         model.revisit_many(p.hashed, result, order=rng.permutation(p.hashed.n_blocks), out=result)
     return acc(model.predict_many(p.hashed).posteriors, p.gold)

@@ -258,7 +258,7 @@ def delete_keys(url: str, prefix: str) -> int:
         for pattern in (f"{prefix}:*", f"{{{prefix}:*"):
             batch = list(r.scan_iter(match=pattern, count=1000))
             for s in range(0, len(batch), 500):
-                n += int(r.delete(*batch[s : s + 500]))  # type: ignore[arg-type]
+                n += int(r.delete(*batch[s : s + 500]))
     finally:
         r.close()
     return n
@@ -619,7 +619,7 @@ def predict_requests(
 async def run(args: argparse.Namespace, cluster: Cluster, admin: str, res: Results) -> None:
     from app.settings import Settings
 
-    engine_settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    engine_settings = Settings(_env_file=None)
     data = make_dataset(args.labels, 5, args.workers, args.classes, args.block, args.seed)
     port = cluster.port
     await wait_healthy(port, cluster)

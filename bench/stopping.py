@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{'dataset':<20}{'posterior':>10}{'stopped':>9}{'right %':>9}{'conf %':>8}{'bought %':>10}"
     )
-    kept = {True: [], False: []}
+    kept: dict[bool, list[tuple[str, float, float]]] = {True: [], False: []}
     for name in names:
         crowd = load_shared(name, args.root)
         for served in (True, False):

@@ -35,8 +35,8 @@ class Stream:
     """A dataset's answers in one random order, cut into blocks (index ranges into order)."""
 
     data: Encoded
-    gold: np.ndarray  # type: ignore[type-arg]
-    order: np.ndarray  # type: ignore[type-arg]
+    gold: np.ndarray
+    order: np.ndarray
     cuts: list[tuple[int, int]]
 
     def blocks(self) -> Iterator[list[dict[str, Any]]]:
@@ -198,11 +198,11 @@ def serve_stream(
     r.raise_for_status()
     key = {"Authorization": f"Bearer {r.json()['api_key']}"}
     for block in stream.blocks():
-        url, body = f"/v1/projects/{project}/labels", orjson.dumps(block)
-        r = client.post(url, content=body, headers=key)
+        url, content = f"/v1/projects/{project}/labels", orjson.dumps(block)
+        r = client.post(url, content=content, headers=key)
         while r.status_code == 429:  # the engine lags: push-back, as the Python client honours it
             time.sleep(float(r.headers.get("Retry-After", "1")))
-            r = client.post(url, content=body, headers=key)
+            r = client.post(url, content=content, headers=key)
         r.raise_for_status()
     if posted is not None:
         posted()
