@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -43,8 +45,14 @@ def dyadic_id(name: str) -> int:
 
 
 def dyadic_ids(names: Iterable[str]) -> I64:
-    """Stable ids of many names; the model maps an id to slot ``id mod slots``."""
-    return np.fromiter((dyadic_id(n) for n in names), dtype=np.int64)
+    """Stable ids of many names (``dyadic_id`` of each); the model maps an id to slot ``id mod
+    slots``. The digests are made and joined by maps, with no Python frame per name."""
+    hashers = map(_hasher, map(str.encode, names))
+    digests = b"".join(map(methodcaller("digest"), hashers))
+    return np.frombuffer(digests, dtype="<i8").astype(np.int64)
+
+
+_hasher = partial(hashlib.blake2b, digest_size=8, person=_PERSON)
 
 
 def runner_up(scores: F64) -> I64:

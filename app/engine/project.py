@@ -22,6 +22,8 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import compress, repeat
+from operator import is_
 from typing import Any
 
 import numpy as np
@@ -86,13 +88,13 @@ class _Codes:
         self.names: UntrackedList[str] = UntrackedList()
 
     def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
-        """Codes of ``ids`` and the ids that were new (the look-ups are made by map, in C; a
-        Python loop runs over the new ids only)."""
+        """Codes of ``ids`` and the ids that were new, in the order they first appear (looked
+        up, picked and added by maps: no Python loop)."""
         code = self.code
         known = list(map(code.get, ids))
         if None not in known:
             return np.array(known, dtype=np.int64), []
-        new = list(dict.fromkeys([i for i, c in zip(ids, known, strict=True) if c is None]))
+        new = list(dict.fromkeys(compress(ids, map(is_, known, repeat(None)))))
         code.update(zip(new, range(len(self.names), len(self.names) + len(new)), strict=True))
         self.names.extend(new)
         return np.fromiter(map(code.__getitem__, ids), np.int64, len(ids)), new
