@@ -15,7 +15,8 @@ CodeArray = npt.NDArray[np.integer[Any]]
 """Slot and label codes: taken of any width, held by blocks as int32 (4 bytes an answer)."""
 CODE_MAX = int(np.iinfo(np.int32).max)
 WEIGHT_BLOCKS = 1 << 16
-"""Blocks whose weights ``LabelBlocks.total_weight`` sums at a time."""
+"""Blocks whose labels are summed at a time by work over every block (``LabelBlocks.total_weight``,
+``core.batch.majority_vote``): a block number for each label is made for a slice only."""
 FloatArray = npt.NDArray[np.float64]
 
 
