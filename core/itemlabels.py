@@ -33,11 +33,13 @@ class ItemLabels:
     def __init__(self, capacity: int = 1024, item_capacity: int = 1024) -> None:
         self.n_labels = 0
         self.n_items = 0
-        self.item = np.empty(capacity, dtype=np.int64)
-        self.slot = np.empty(capacity, dtype=np.int64)
-        self.label = np.empty(capacity, dtype=np.int64)
+        # item, slot, label and worker codes as int32, as blocks hold slots and labels (32
+        # bytes a label with the weight and the chain, where int64 codes made it 48)
+        self.item = np.empty(capacity, dtype=np.int32)
+        self.slot = np.empty(capacity, dtype=np.int32)
+        self.label = np.empty(capacity, dtype=np.int32)
         self.weight = np.empty(capacity, dtype=np.float64)
-        self.worker = np.empty(capacity, dtype=np.int64)
+        self.worker = np.empty(capacity, dtype=np.int32)
         self.prev = np.empty(capacity, dtype=np.int64)  # the item's label before (-1: none)
         self.last = np.full(item_capacity, -1, dtype=np.int64)
         self.count = np.zeros(item_capacity, dtype=np.int64)
@@ -119,8 +121,8 @@ class ItemLabels:
         ``positions[ptr[b]:ptr[b + 1]]``."""
         ptr = self._ptr(items)
         positions = np.empty(int(ptr[-1]), dtype=np.int64)
-        ints, codes, floats = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32), np.empty(0)
-        columns = (ints, ints, floats, codes, codes, floats)  # (not read: no columns gathered)
+        codes, floats = np.empty(0, dtype=np.int32), np.empty(0)
+        columns = (codes, codes, floats, codes, codes, floats)  # (not read: no columns gathered)
         _walk(items, ptr, self.last, self.prev, positions, False, *columns)
         return ptr, positions
 

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from app.engine.slot_rows import rows_by_slot
 from app.store.base import DyadicUpdate
-from core.blocks import IntArray
+from core.blocks import CodeArray, IntArray
 from core.dyadic import RATER, TASK, DyadicConfig, DyadicModel, dyadic_ids, initial_rows
 from core.itemlabels import ItemLabels, grow
 
@@ -134,15 +134,18 @@ class DyadicTrainer:
 
     def learn(
         self,
-        worker_codes: IntArray,
-        item_codes: IntArray,
-        labels: IntArray,
+        worker_codes: CodeArray,
+        item_codes: CodeArray,
+        labels: CodeArray,
         weights: npt.NDArray[np.float64],
         position: int = 0,
     ) -> None:
-        """Queue one update per label, in the given (log) order; ``position``: the log entry's."""
+        """Queue one update per label, in the given (log) order; ``position``: the log entry's.
+        Codes of any integer type; the labels are queued as int64 (the learning kernel is
+        compiled for that one type: the label table's int32 codes as well as an entry's)."""
         raters, tasks = self.rater_rows[worker_codes], self.task_rows[item_codes]
-        self._queued.append(_Queued(position, raters, tasks, labels, weights))
+        queued = np.asarray(labels, dtype=np.int64)
+        self._queued.append(_Queued(position, raters, tasks, queued, weights))
         self.examples += labels.size
         self.backlog += labels.size
 

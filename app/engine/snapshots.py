@@ -34,6 +34,7 @@ from app.engine.queue import QueueSettings
 from app.engine.sweeps import Slice
 from app.store.archive import SnapshotDB, SnapshotInfo
 from app.store.base import LogEntry, ProjectRecord, Store
+from core.blocks import CodeArray
 from core.evidence import evidence_size
 from core.nominal import NominalParams, current_sums
 from core.online import OnlineEM
@@ -65,7 +66,7 @@ class Capture:
     """(Object arrays, not lists: a list of every item would be walked by each full garbage
     collection while the snapshot is written.)"""
     worker_names: npt.NDArray[np.object_]
-    label_rows: npt.NDArray[np.int64]
+    label_rows: CodeArray
     row_slots: npt.NDArray[np.int64]
     """Each label's worker row (a view) and each row's slot: ``encode`` writes each label's
     slot (``label_slot``), a gather over every label that the engine's thread does not wait

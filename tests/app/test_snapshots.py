@@ -88,6 +88,29 @@ def test_snapshots_are_zstandard_and_those_written_by_zlib_still_restore(
     same_state(engine, restore(RECORD, one_shot))
 
 
+def test_a_snapshot_with_64_bit_label_codes_restores_as_one_with_32_bit_ones(
+    synthetic: Synthetic,
+) -> None:
+    """The label table holds item, slot, label and worker codes as int32 (32 bytes a label,
+    48 with int64); snapshots written when they were int64 restore to the same engine, which
+    then learns the next labels alike."""
+    entries = label_entries(synthetic, [2000, 4000, 6000])
+    engine = ProjectEngine(RECORD)
+    engine.apply_all(entries[:2])
+    for column in ("item", "slot", "label", "worker"):
+        assert getattr(engine.labels, column).dtype == np.int32
+    z = np.load(io.BytesIO(decompress(encode(capture(engine)))))
+    wide = {k: (z[k].astype(np.int64) if z[k].dtype == np.int32 else z[k]) for k in z.files}
+    assert all(wide[k].dtype == np.int64 for k in ("label_item", "label_slot", "label_worker"))
+    buf = io.BytesIO()
+    np.savez(buf, **wide)
+    older = restore(RECORD, zlib.compress(buf.getvalue(), 1))
+    same_state(engine, older)
+    engine.apply_all(entries[2:])
+    older.apply_all(entries[2:])
+    same_state(engine, older)
+
+
 def _dyadic_arrays(eng: ProjectEngine) -> dict[str, np.ndarray]:
     assert eng.dyadic is not None
     return eng.dyadic.hashed_model().arrays()  # (learns what is queued first)
