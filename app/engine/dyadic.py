@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
-from operator import is_
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from app.engine.codes import first_seen_codes
 from app.engine.slot_rows import rows_by_slot
 from app.store.base import DyadicUpdate
 from core.blocks import CodeArray, IntArray
@@ -297,18 +296,13 @@ class _SlotRows:
     def assign(self, slots: IntArray) -> tuple[IntArray, IntArray]:
         """The row of each of ``slots`` (once per new worker or item, not per label) and the
         rows given out by this call: slots seen for the first time get the next rows, in
-        the order they first appear (looked up and added by maps, no Python loop)."""
-        first, listed = self.n, slots.tolist()
-        row_of = self._row_of
-        known = list(map(row_of.get, listed))
-        new = list(dict.fromkeys(compress(listed, map(is_, known, repeat(None)))))
+        the order they first appear."""
+        first = self.n
+        rows, new = first_seen_codes(self._row_of, slots.tolist())
         if new:
-            row_of.update(zip(new, range(first, first + len(new)), strict=True))
-            if first + len(new) > self.slots.size:
-                size = max(first + len(new), 2 * self.slots.size, 64)
-                self.slots = grow(self.slots, size, -1)
-            self.slots[first : first + len(new)] = new
-        rows = np.fromiter(map(row_of.__getitem__, listed), np.int64, len(listed))
+            if self.n > self.slots.size:
+                self.slots = grow(self.slots, max(self.n, 2 * self.slots.size, 64), -1)
+            self.slots[first : self.n] = new
         return rows, np.arange(first, self.n, dtype=np.int64)
 
 

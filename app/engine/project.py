@@ -22,14 +22,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
-from operator import is_
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from app.engine.codes import first_seen_codes
 from app.engine.dyadic import DyadicSettings, DyadicTrainer
 from app.engine.groups import joined_labels, runs
 from app.engine.label_lists import LabelLists
@@ -88,16 +87,10 @@ class _Codes:
         self.names: UntrackedList[str] = UntrackedList()
 
     def encode(self, ids: list[str]) -> tuple[IntArray, list[str]]:
-        """Codes of ``ids`` and the ids that were new, in the order they first appear (looked
-        up, picked and added by maps: no Python loop)."""
-        code = self.code
-        known = list(map(code.get, ids))
-        if None not in known:
-            return np.array(known, dtype=np.int64), []
-        new = list(dict.fromkeys(compress(ids, map(is_, known, repeat(None)))))
-        code.update(zip(new, range(len(self.names), len(self.names) + len(new)), strict=True))
+        """Codes of ``ids`` and the ids that were new, in the order they first appear."""
+        codes, new = first_seen_codes(self.code, ids)
         self.names.extend(new)
-        return np.fromiter(map(code.__getitem__, ids), np.int64, len(ids)), new
+        return codes, new
 
 
 @dataclass
@@ -512,25 +505,24 @@ class ProjectEngine:
             self.dyadic.add_workers(new)
 
     # ---------------------------------------------------------------- the rows in use
-    def _rows_for(self, slots: list[int]) -> list[int]:
-        """The rows of these slots; a slot seen for the first time gets the next row."""
-        out = []
-        for s in slots:
-            r = self._row_of_slot.get(s)
-            if r is None:
-                r = self._row_of_slot[s] = self.n_rows
-                self.n_rows += 1
-                self._fit_rows()
-                self.slot_of_row[r] = s
-            out.append(r)
-        return out
+    def _rows_for(self, slots: list[int]) -> IntArray:
+        """The rows of these slots; slots seen for the first time get the next rows."""
+        rows, new = first_seen_codes(self._row_of_slot, slots)
+        if new:
+            first, self.n_rows = self.n_rows, len(self._row_of_slot)
+            self._fit_rows()
+            self.slot_of_row[first : self.n_rows] = new
+        return rows
 
     def _fit_rows(self) -> None:
-        """Room in the parameter tables for every row (doubling: amortised copies)."""
+        """Room in the parameter tables for every row (doubling until they fit: amortised
+        copies, the capacities rows added one at a time would reach)."""
         capacity = self.slot_of_row.size
         if self.n_rows <= capacity:
             return
-        capacity = min(max(self.n_rows, 2 * capacity), self.config.n_worker_slots)
+        while capacity < self.n_rows:
+            capacity *= 2
+        capacity = min(capacity, self.config.n_worker_slots)
         for model in self._models():
             p = model.params
             assert p.counts is not None

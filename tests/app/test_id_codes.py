@@ -1,5 +1,6 @@
-"""The engine's codes for ids and rows for hashed slots: given in order of first appearance,
-looked up and added by maps (no Python loop per label), as a loop over the ids gives them."""
+"""The engine's codes for ids and rows for hashed slots (``app.engine.codes``): given in order
+of first appearance, looked up and added by maps (no Python loop per label), as a loop over the
+ids gives them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.dyadic import _SlotRows
-from app.engine.project import _Codes
+from app.engine.project import ProjectEngine, _Codes
 from core.dyadic import dyadic_id, dyadic_ids
+from tests.app.test_engine import RECORD
 
 batches = st.lists(st.lists(st.integers(0, 30), max_size=40), max_size=6)
 
@@ -48,3 +50,21 @@ def test_many_names_hash_as_each_does_alone() -> None:
     ids = dyadic_ids(names)
     assert ids.dtype == np.int64 and ids.tolist() == [dyadic_id(n) for n in names]
     assert dyadic_ids([]).size == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 400), min_size=1, max_size=9), min_size=1, max_size=5))
+def test_workers_added_at_once_get_the_rows_and_room_of_ones_added_one_by_one(
+    batches: list[list[int]],
+) -> None:
+    together, alone = ProjectEngine(RECORD), ProjectEngine(RECORD)
+    for batch in batches:
+        names = list(dict.fromkeys(f"w{x}" for x in batch))
+        together._grow_workers(together.workers.encode(names)[1])
+        for name in names:
+            alone._grow_workers(alone.workers.encode([name])[1])
+    n = len(alone.workers.names)
+    assert together.n_rows == alone.n_rows
+    assert together.slot_of_row.size == alone.slot_of_row.size  # (the tables' room)
+    assert np.array_equal(together.slot_of_row, alone.slot_of_row)
+    assert np.array_equal(together.worker_row[:n], alone.worker_row[:n])
