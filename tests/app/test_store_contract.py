@@ -182,6 +182,36 @@ def test_a_long_block_keeps_each_new_id_once_wherever_it_repeats(store: Store) -
     assert store.read_log("p", 1, 1)[0].keep == b"".join(b"1" if k else b"0" for k in keep)
 
 
+def test_random_blocks_keep_exactly_the_labels_whose_id_is_new(store: Store) -> None:
+    """Blocks of every make-up (all ids new and distinct, the Redis script's short way; some
+    seen before; repeats within the block; labels without an id; past the 1,000 cut), each
+    against a plain reading of the rule: a label is kept unless its id was seen before."""
+    store.create_project(project())
+    rng = np.random.default_rng(11)
+    seen: set[str] = set()
+    fresh = 0
+    for n in range(40):
+        size = int(rng.choice([1, 7, 999, 1000, 1001, 2300]))
+        if n % 3 == 0:  # every id new and distinct
+            ids: list[str | None] = [f"f{fresh + k}" for k in range(size)]
+            fresh += size
+        else:
+            pool = int(rng.integers(1, 4 * size + 2))
+            ids = [None if rng.random() < 0.1 else f"r{rng.integers(pool)}" for _ in range(size)]
+        keep = []
+        for i in ids:
+            keep.append(i is None or i not in seen)
+            if i is not None:
+                seen.add(i)
+        before = store.log_end("p")
+        result = store.append("p", "labels", b"x", ids)
+        assert (result.accepted, result.duplicates) == (sum(keep), len(ids) - sum(keep))
+        if sum(keep):
+            assert store.read_log("p", before, 1)[0].keep == bytes(b"01"[k] for k in keep)
+        else:
+            assert store.log_end("p") == before
+
+
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_redis_refuses_an_id_with_a_line_break_whole(kind: str, tmp_path: Path) -> None:
     """The append script reads a block's ids from one text, a line break between them (the
