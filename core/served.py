@@ -184,10 +184,16 @@ def calibration(
 ) -> Calibration:
     """Eq. 24: rho from the prequential ``evidence``; eps from its prior and the gold items
     among ``blocks`` (``gold[b]`` >= 0), each scored from its answers alone, as the other
-    items are served: without its own pull when ``held_out`` has the blocks' c_i (eq. 26)."""
+    items are served: without its own pull when ``held_out`` has the blocks' c_i (eq. 26).
+    A gold item without answers (a honeypot not yet labelled, or labels of weight 0) counts
+    for nothing: its "consensus" would be the class prior, which says nothing of how often the
+    crowd's consensus is wrong."""
     if gold is None or not np.any(gold >= 0):
         return choose(evidence)
     has = np.flatnonzero(gold >= 0)
+    has = has[blocks.total_weight(has) > 0]
+    if not has.size:
+        return choose(evidence)
     ell, n = log_likelihoods(params, subset(blocks, has))
     if held_out is not None:
         ell -= held_out[has]

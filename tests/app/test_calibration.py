@@ -172,3 +172,29 @@ def test_a_fresh_projects_first_answers_do_not_temper_it(api: TestClient) -> Non
             assert r.status_code == 202, r.text
         assert api.get(f"/v1/projects/{name}/items/x").json()["n_labels"] == 3
         assert api.get(f"/v1/projects/{name}/calibration").json()["rho"] == 0.0, answers
+
+
+def test_honeypots_given_gold_before_any_answer_leave_the_served_posteriors_alone(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gold posted for items nobody has answered yet (honeypots seeded before a campaign)
+    moves neither eps nor any served posterior; once answered, they calibrate."""
+    _project(api, "seeded", 300, 0)
+    before = api.get("/v1/projects/seeded/calibration").json()
+    first = api.get("/v1/projects/seeded/items/i0").json()["posterior"]
+    honeypots = [{"item": f"h{k}", "label": CLASSES[k % 3]} for k in range(40)]
+    r = api.post("/v1/projects/seeded/gold", params={"wait": True}, json=honeypots)
+    assert r.status_code == 202 and r.json()["applied"]
+    after = api.get("/v1/projects/seeded/calibration").json()
+    assert (after["eps"], after["rho"], after["n_gold"]) == (before["eps"], before["rho"], 0)
+    assert api.get("/v1/projects/seeded/items/i0").json()["posterior"] == first
+    wrong = [
+        {"item": f"h{k}", "worker": f"w{(3 * k + j) % 60}", "label": CLASSES[(k + 1) % 3]}
+        for k in range(40)
+        for j in range(3)
+    ]  # from the crowd's own workers
+    r = api.post("/v1/projects/seeded/labels", params={"wait": True}, json=wrong)
+    assert r.status_code == 202
+    monkeypatch.setattr(report_module, "REUSE", 0.0)  # not the report of before, kept for its age
+    report = api.get("/v1/projects/seeded/calibration").json()
+    assert report["n_gold"] == 40 and report["eps"] > before["eps"]  # answered, all wrong: counted

@@ -241,6 +241,31 @@ def test_gold_items_correct_what_the_answers_cannot_show() -> None:
     assert _ece(served[rest], truth[rest]) < _ece(without[rest], truth[rest]) - 2.0
 
 
+def test_gold_items_without_answers_leave_the_calibration_as_it_was() -> None:
+    """Honeypots given their gold before anyone answered them (or answered with weight 0)
+    say nothing of how often the crowd's consensus is wrong: eps stays where no gold put it,
+    and beside real gold items they change nothing."""
+    blocks, truth, W = ambiguous_crowd(8, n_items=600, hard=0.3)
+    model = _fit(blocks, W)
+    n = blocks.n_blocks
+    empty = LabelBlocks.group(
+        np.r_[np.repeat(np.arange(n), blocks.sizes()), n + 1],
+        np.r_[blocks.slots, 0],
+        np.r_[blocks.labels, 1],
+        np.r_[blocks.weights, 0.0],
+        n_blocks=n + 40,
+    )  # fmt: skip  (40 more items: none answered but one, whose answer weighs 0)
+    gold = np.full(n + 40, -1)
+    gold[n:] = np.arange(40) % 3
+    alone = online_calibration(model, blocks)
+    assert online_calibration(model, empty, gold) == alone
+    real = np.full(n + 40, -1)
+    real[:50] = truth[:50]
+    both = real.copy()
+    both[n:] = gold[n:]
+    assert online_calibration(model, empty, both) == online_calibration(model, empty, real)
+
+
 def test_batch_fit_is_served_through_the_same_calibration() -> None:
     blocks, truth, W = ambiguous_crowd(9, hard=0.2)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
