@@ -60,7 +60,7 @@ def import_command(
         typer.Option(
             "--create-with-labels",
             help="Create the project (admin key) with these labels, comma-separated; "
-            "'auto': the labels in the file. An existing project is used as it is.",
+            "'auto': the labels the answers use. An existing project is used as it is.",
         ),
     ] = None,
     truth: Annotated[

@@ -99,6 +99,11 @@ class AnswerTable:
     def label_names(self) -> set[str]:
         return set(pc.unique(self.labels).to_pylist())
 
+    def has_any_item(self, items: set[str]) -> bool:
+        """Whether any answer is about one of ``items``."""
+        given = pa.array(list(items), pa.string())
+        return bool(pc.any(pc.is_in(self.items, value_set=given)).as_py())
+
     def id_given_twice(self) -> tuple[int, int] | None:
         """The first answer whose id an earlier, different answer (another item, worker,
         label or weight) has, and that answer's row; None when every id names one answer

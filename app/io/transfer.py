@@ -204,12 +204,30 @@ def refuse_unknown_labels(
     refuse_unknown_gold(path, gold, classes, project)
 
 
-def refuse_unknown_gold(path: Path, gold: list[Record], classes: list[str], project: str) -> None:
+AUTO_LABELS_HINT = (" (--create-with-labels auto takes the labels the answers use; to add a"
+                    " class no answer has, list every label: --create-with-labels a,b,c)")  # fmt: skip
+
+
+def refuse_unknown_gold(
+    path: Path, gold: list[Record], classes: list[str], project: str, hint: str = ""
+) -> None:
     """An InputError naming the first gold record of ``path`` whose label is not a class."""
     for r in gold:
         if r.label not in classes:
             raise InputError(path, r.line,
-                             f"gold label {r.label!r} is not one of project {project!r}'s labels {classes}")  # fmt: skip
+                             f"gold label {r.label!r} is not one of project {project!r}'s labels "
+                             f"{classes}{hint}")  # fmt: skip
+
+
+def refuse_truth_of_other_items(
+    path: Path, known: list[Record], answers: AnswerTable, gold: list[Record]
+) -> None:
+    """An InputError when none of a truth file's items is among the answers' (or the answer
+    file's own gold): the wrong file, or its items renamed; its gold would only make items
+    that no one answered."""
+    items = {r.item for r in known}
+    if items and not items & {r.item for r in gold} and not answers.has_any_item(items):
+        raise InputError(path, None, f"none of its {len(items)} items is among the answers' items")
 
 
 TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
@@ -287,8 +305,8 @@ def run_import(
         from app.io.triples import truth_rows  # pyarrow: loaded only for a truth file
 
         known = [Record(i, "", lab, None, gold=True, line=n) for n, i, lab in truth_rows(truth)]
-    if auto_labels:
-        labels = answers.label_names() | {r.label for r in gold + known}
+    if auto_labels:  # (a truth file's labels are checked against these, not added: "Yes"
+        labels = answers.label_names() | {r.label for r in gold}  # beside "yes" is a typo)
         create_with = importers.label_order(labels)
     if truth is not None:
         in_file = {r.item: r for r in gold}
@@ -296,11 +314,13 @@ def run_import(
             if (other := in_file.get(r.item)) is not None and other.label != r.label:
                 raise InputError(truth, r.line, f"item {r.item!r} has gold {r.label!r} here and "
                                  f"{other.label!r} in {path}, line {other.line}")  # fmt: skip
+        refuse_truth_of_other_items(truth, known, answers, gold)
 
     def check(classes: list[str]) -> None:
         refuse_unknown_labels(path, answers, gold, classes, project)
         if truth is not None:
-            refuse_unknown_gold(truth, known, classes, project)
+            hint = AUTO_LABELS_HINT if auto_labels and classes == create_with else ""
+            refuse_unknown_gold(truth, known, classes, project, hint)
 
     _ensure_project(http, project, create_with, check)
     gold += known

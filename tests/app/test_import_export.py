@@ -439,6 +439,33 @@ def test_a_file_refused_against_the_labels_to_create_leaves_no_project(
     assert service.get("/v1/projects/none-made").json()["labels"] == ["cat", "dog"]
 
 
+def test_a_truth_file_is_checked_against_the_answers_labels_and_items(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--create-with-labels auto`` a truth file's labels are checked against those the
+    answers use, not added to them ("Yes" beside "yes" made a project of four classes, none of
+    its gold right); a truth file none of whose items the answers hold is refused, as
+    ``extract`` refuses it. Neither leaves a project behind."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    answers = _write(tmp_path, "yn.csv", "item,worker,label\n1,a,yes\n1,b,no\n2,a,no\n")
+    cased = _write(tmp_path, "cased.csv", "item,label\n1,Yes\n2,No\n")
+    run = run_cli("import", answers, "-p", "yn", "--create-with-labels", "auto", "--truth", cased)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith(f"error: {cased}:2: gold label 'Yes' is not one of project 'yn''s "
+                                 "labels ['no', 'yes'] (--create-with-labels auto takes the labels "
+                                 "the answers use")  # fmt: skip
+    other = _write(tmp_path, "other.csv", "item,label\nzzz1,yes\nzzz2,no\n")
+    run = run_cli("import", answers, "-p", "yn", "--create-with-labels", "no,yes", "--truth", other)
+    assert run.returncode == 2
+    assert run.stderr == f"error: {other}: none of its 2 items is among the answers' items\n"
+    assert service.get("/v1/projects/yn").status_code == 404
+    right = _write(tmp_path, "right.csv", "item,label\n1,yes\n9,no\n")  # (9: no answers yet)
+    run = run_cli("import", answers, "-p", "yn", "--create-with-labels", "auto", "--truth", right,
+                  "--no-progress")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert service.get("/v1/projects/yn").json()["labels"] == ["no", "yes"]
+
+
 # ---------------------------------------------------------------------- a real `crowdtally serve`
 
 
