@@ -40,8 +40,13 @@ peak for the same time (docs/benchmarks.md)."""
 _HEADERS = (("item", "worker", "label"), ("task", "worker", "label"))  # ours, crowd-kit's
 _ROLES = {"item": 0, "task": 0, "worker": 1, "label": 2, "weight": 3}
 """The column a header's name stands for: item, worker, label, weight (in that order)."""
+_IGNORED = re.compile(r"id|__index_level_\d+__")
+"""Columns a header may name that answers do not read: a label's id (``crowdtally import``
+reads it), an index pandas wrote (``to_parquet`` of a frame whose index is not a range)."""
 _TRUTH_HEADERS = (["item", "label"], ["task", "label"], ["task", "true_label"])
 _TRUTH_NAMES = {name for header in _TRUTH_HEADERS for name in header}
+_MAX_FIELDS = 8
+"""The most columns a CSV file's fast reading takes (a header may name some not read)."""
 _WHITESPACE = re.compile(r"[\t ]+")
 _TABS = re.compile(r"\t+")
 
@@ -270,6 +275,8 @@ class _CsvState:
         self.path, self.lines = path, lines
         self.sniffed = False
         self.n_columns: int | None = None  # 3 or 4, once the first answer was read
+        self.width: int | None = None
+        """The fields of a row when a header named them (with columns not read), else None."""
         self.header_seen = False
         self.order: tuple[int, ...] | None = None
         """Where the header puts item, worker, label (and weight): ``_header_columns``."""
@@ -281,7 +288,7 @@ class _CsvState:
                 pa.py_buffer(block),
                 read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
                 convert_options=pa_csv.ConvertOptions(
-                    column_types={f"f{k}": pa.string() for k in range(4)},
+                    column_types={f"f{k}": pa.string() for k in range(_MAX_FIELDS)},
                     strings_can_be_null=False,
                 ),
             )
@@ -290,19 +297,19 @@ class _CsvState:
         columns: list[Any] = [c.combine_chunks() for c in table.columns]
         header = False
         if self.n_columns is None:
-            if not columns or len(columns) > 4 or table.num_rows == 0:
+            if not columns or len(columns) > _MAX_FIELDS or table.num_rows == 0:
                 return self.careful(block, line)
             try:
                 order = _header_columns(self.path, line, [str(c[0].as_py()) for c in columns])
             except InputError:
                 return self.careful(block, line)  # (which names the header's own line)
             header = order is not None
-            if len(columns) < 3:
+            if len(columns) < 3 or (not header and len(columns) > 4):
                 return self.careful(block, line)
             if header:
                 columns = [c.slice(1) for c in columns]
-                self.order = order
-        elif len(columns) != self.n_columns or self.rows == 0:
+                self.order, self.width = order, len(columns)
+        elif len(columns) != (self.width or self.n_columns) or self.rows == 0:
             return self.careful(block, line)
         if self.order is not None:
             columns = [columns[k] for k in self.order]
@@ -329,11 +336,12 @@ class _CsvState:
             order = _header_columns(self.path, *rows[0])
             if order is not None:
                 self.header_seen, self.n_columns, self.order = True, len(order), order
+                self.width = len(rows[0][1])
                 rows = rows[1:]
         # as when reading the whole file: without a header, the first answer's 4 fields bring
         # a weight column; a header names the columns itself
         decided = self.rows > 0 or self.header_seen
-        out = _row_columns(self.path, rows, self.n_columns == 4, decided, self.order)
+        out = _row_columns(self.path, rows, self.n_columns == 4, decided, self.order, self.width)
         if len(out):
             self.n_columns = 4 if out.weights is not None else 3
         self.rows += len(out)
@@ -493,9 +501,11 @@ def _read_rows(path: Path) -> Triples:
     if not rows:
         raise InputError(path, None, "no answers in the file")
     order = _header_columns(path, *rows[0])  # (a header decides the weight column)
+    width = None if order is None else len(rows[0][1])
     if order is not None:
         rows = rows[1:]
-    out = _row_columns(path, rows, order is not None and len(order) == 4, order is not None, order)
+    has_weight = order is not None and len(order) == 4
+    out = _row_columns(path, rows, has_weight, order is not None, order, width)
     if not len(out):
         raise InputError(path, None, "no answers in the file (only a header)")
     return out
@@ -504,23 +514,25 @@ def _read_rows(path: Path) -> Triples:
 def _header_columns(path: Path, line: int | None, fields: list[str]) -> tuple[int, ...] | None:
     """When a first row is a header (it names item or task, worker and label, in any order):
     the field of item, worker, label and, when it names one, weight; else None (an answer).
-    An InputError for a header with any other column, or one named twice."""
+    An ``id`` column, or an index pandas wrote, is not read. An InputError for a header with
+    any other column, or one named twice."""
     head = [f.strip().lower() for f in fields]
     if sum(name in _ROLES for name in head) < 2:  # (an answer names no two columns)
         return None
-    unknown = [name for name in head if name not in _ROLES]
+    unknown = [name for name in head if name not in _ROLES and not _IGNORED.fullmatch(name)]
     if unknown:
         raise InputError(
-            path, line, f"unknown columns {unknown}: expected item,worker,label[,weight]"
+            path, line, f"unknown columns {unknown}: expected item,worker,label[,weight][,id]"
         )
-    roles = [_ROLES[name] for name in head]
-    if len(set(roles)) < len(roles):
-        raise InputError(path, line, f"columns {head}: item (or task), worker, label and weight "
-                         "may each be named once")  # fmt: skip
+    read = [k for k, name in enumerate(head) if name in _ROLES]
+    roles = [_ROLES[head[k]] for k in read]
+    if len(set(roles)) < len(roles) or len(set(head)) < len(head):
+        raise InputError(path, line, f"columns {head}: item (or task), worker, label, weight "
+                         "and id may each be named once")  # fmt: skip
     if not {0, 1, 2} <= set(roles):
         raise InputError(path, line, f"columns {head}: item (or task), worker and label are "
                          "needed")  # fmt: skip
-    return tuple(sorted(range(len(roles)), key=roles.__getitem__))
+    return tuple(read[k] for k in sorted(range(len(roles)), key=roles.__getitem__))
 
 
 def _row_columns(
@@ -529,10 +541,12 @@ def _row_columns(
     has_weight: bool,
     decided: bool,
     order: tuple[int, ...] | None = None,
+    width: int | None = None,
 ) -> Triples:
     """Checked rows, their fields taken in ``order`` (None: item, worker, label, weight);
-    unless ``decided``, a first row of 4 fields brings a weight column."""
-    n_fields = 4 if has_weight else 3
+    unless ``decided``, a first row of 4 fields brings a weight column. ``width``: the fields
+    of a row when a header named more than those read."""
+    n_fields = width or (4 if has_weight else 3)
     items: list[str] = []
     workers: list[str] = []
     labels: list[str] = []
@@ -543,6 +557,7 @@ def _row_columns(
             has_weight, n_fields = True, 4
         if len(fields) != n_fields:
             names = "item, worker, label, weight" if has_weight else "item, worker, label"
+            names = "as the header names" if n_fields > len(names.split(", ")) else names
             raise InputError(path, line, f"expected {n_fields} fields ({names}), got {len(fields)}")
         if order is not None:
             fields = [fields[k] for k in order]

@@ -161,11 +161,18 @@ def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "header", ["worker,item,label", "label,worker,item", "worker,task,label,weight"]
+    "header",
+    [
+        "worker,item,label",
+        "label,worker,item",
+        "worker,task,label,weight",
+        "item,worker,label,id",  # the layout `crowdtally import` reads ids from
+        "id,worker,item,weight,label,__index_level_0__",  # and an index pandas wrote
+    ],
 )
 def test_a_header_names_its_columns_in_any_order(tmp_path: Path, header: str) -> None:
     """Columns are taken by their names, not their places, in every chunk and on every path
-    (clean chunks, chunks read line by line, Parquet)."""
+    (clean chunks, chunks read line by line, Parquet); an id or pandas index is not read."""
     rng = np.random.default_rng(0)
     n = 400
     columns = {
@@ -173,18 +180,17 @@ def test_a_header_names_its_columns_in_any_order(tmp_path: Path, header: str) ->
         "worker": [f"w{k}" for k in rng.integers(0, 9, n)],
         "label": [str(k) for k in rng.integers(0, 3, n)],
         "weight": [str(k) for k in rng.integers(1, 4, n)],
+        "id": [f"L{k}" for k in range(n)],
+        "__index_level_0__": [str(k) for k in range(n)],
     }
     names = header.split(",")
     keys = ["item" if name == "task" else name for name in names]
+    read = [k for k in ["item", "worker", "label", "weight"] if k in keys]
     canonical = tmp_path / "canonical.csv"
     canonical.write_text(
-        ",".join(["item", "worker", "label", "weight"][: len(keys)])
+        ",".join(read)
         + "\n"
-        + "".join(
-            ",".join(columns[k][r] for k in ["item", "worker", "label", "weight"][: len(keys)])
-            + "\n"
-            for r in range(n)
-        )
+        + "".join(",".join(columns[k][r] for k in read) + "\n" for r in range(n))
     )
     reordered = tmp_path / "reordered.csv"
     rows = [",".join(columns[k][r] for k in keys) for r in range(n)]
@@ -195,6 +201,10 @@ def test_a_header_names_its_columns_in_any_order(tmp_path: Path, header: str) ->
     for chunk_bytes in (1 << 20, 100, 4096):
         assert same(read_triples(reordered, chunk_bytes), want), chunk_bytes
     assert same(triples._read_rows(reordered), want)
+    spaced = tmp_path / "spaced.tsv"  # (not comma-separated: read line by line)
+    spaced.write_text("\t".join(names) + "\n" + "".join(
+        "\t".join(columns[k][r] for k in keys) + "\n" for r in range(n)))  # fmt: skip
+    assert same(read_triples(spaced), want)
     parquet = tmp_path / "reordered.parquet"
     pq.write_table(
         pa.table({name: columns[k] for name, k in zip(names, keys, strict=True)}), parquet
@@ -202,6 +212,13 @@ def test_a_header_names_its_columns_in_any_order(tmp_path: Path, header: str) ->
     from_parquet = read_triples(parquet)
     for k in ("items", "workers", "labels"):
         assert np.array_equal(getattr(from_parquet, k), getattr(want, k))
+
+
+def test_a_row_with_fewer_fields_than_its_header_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "short.csv"
+    path.write_text("item,worker,label,id\na,w,x,L1\nb,w,y\n")
+    with pytest.raises(InputError, match=r":3: expected 4 fields \(as the header names\), got 3"):
+        read_triples(path)
 
 
 def test_parquet_with_a_column_it_does_not_read_is_refused(tmp_path: Path) -> None:
