@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def test_readme_walk_through(tmp_path: Path, datasets_root: Path) -> None:
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         check_answers(out.stdout)
+        check_refined(url, json.loads((run / "project.json").read_text())["api_key"])
         page = httpx.get(f"{url}/dashboard/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
         run_client_example(url, (run / "crowdtally-data" / "admin.key").read_text().strip())
@@ -108,6 +110,21 @@ def check_answers(out: str) -> None:
     assert abs(accuracy - claimed) < 1.5, (accuracy, claimed)
 
 
+def check_refined(url: str, key: str) -> None:
+    """The refined posterior the README quotes is what img1 settles at after the sweeps (to
+    5e-3: the later sections' entries move it a little more)."""
+    refined = float(re.search(r"refined posterior \(asian (0\.\d+)\)", README)[1])  # type: ignore[index]
+    seen: list[tuple[int, float]] = []
+    for _ in range(40):  # until two reads 0.5 s apart agree, past the first position
+        got = httpx.get(f"{url}/v1/projects/faces/items/img1", timeout=10,
+                        headers={"Authorization": f"Bearer {key}"}).json()  # fmt: skip
+        seen.append((got["position"], got["probability"]))
+        if len(seen) > 1 and seen[-1] == seen[-2] and seen[-1][0] > 1:
+            break
+        time.sleep(0.5)
+    assert seen[-1][0] > 1 and abs(seen[-1][1] - refined) < 5e-3, (seen[-3:], refined)
+
+
 def run_client_example(url: str, admin_key: str) -> None:
     """docs/client.md's example, on a project of its own (the README's has the same name)."""
     client_doc = (REPO / "docs" / "client.md").read_text(encoding="utf-8")
@@ -121,3 +138,30 @@ def run_client_example(url: str, admin_key: str) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[0] == "2 0 1"  # accepted, duplicates, blocks
+
+
+def test_readme_extract_example_prints_what_the_readme_shows(datasets_root: Path) -> None:
+    """The `crowdtally extract` example's output, line for line, but the timing line and the
+    table's elided rows."""
+    shown = blocks("`crowdtally extract`", "text")[0].splitlines()
+    command = shown[0].removeprefix("$ ").replace("../shared/datasets", str(datasets_root))
+    args = command.split()[1:]
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.splitlines()
+    for line in shown[4:]:  # (after the command, the settings line and the table's header)
+        if line == "..." or line.startswith("online EM:"):
+            continue
+        assert line in printed, (line, printed[-10:])
+    raw = subprocess.run(
+        [sys.executable, "-m", "app.cli", *args, "--raw"], capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    ece, nll = re.search(
+        r"on dog above: ECE (\d+\.\d+) points, NLL (\d+\.\d+) nats", README
+    ).groups()  # type: ignore[union-attr]
+    got = re.search(r"ECE (\d+\.\d+) points, NLL (\d+\.\d+) nats", raw.stdout)
+    assert got is not None, raw.stdout[-300:]
+    assert (got[1], round(float(got[2]), 2)) == (ece, float(nll)), raw.stdout[-300:]
