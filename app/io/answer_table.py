@@ -24,7 +24,7 @@ import pyarrow.csv as pa_csv
 from app.io.codebook import Codebook
 from app.io.input import CONTROL, MAX_ID_LENGTH
 from app.io.sha256 import answer_digests
-from app.io.triples import check_utf8, parquet_file, string_buffers
+from app.io.triples import as_text, check_utf8, parquet_file, string_buffers
 
 NO_LINE = -1
 
@@ -233,7 +233,7 @@ def _cells(
         table = parquet_file(path).read()  # cast is refused there, with its reason)
         for name, column in zip(table.column_names, table.columns, strict=True):
             check_utf8(path, name, column)
-        text = [pc.fill_null(pc.cast(c, pa.string()), "") for c in table.columns]
+        text = [pc.fill_null(as_text(c), "") for c in table.columns]
         return {k: _flat(text[i]) for k, i in wanted.items()}, 1
     names = [f"f{i}" for i in range(n_fields)]
     table = pa_csv.read_csv(

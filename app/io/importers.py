@@ -375,9 +375,8 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
     cells as text (numbers written plainly, a null as empty), numbered from 1 (a row, not a
     line)."""
     import pyarrow as pa  # (only for Parquet files)
-    import pyarrow.compute as pc
 
-    from app.io.triples import check_utf8, parquet_file
+    from app.io.triples import as_text, check_utf8, parquet_file
 
     table = parquet_file(path).read()
     yield None, list(table.column_names)
@@ -385,7 +384,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
     for name, column in zip(table.column_names, table.columns, strict=True):
         check_utf8(path, name, column)
         try:
-            columns.append(pc.cast(column, pa.string()).to_pylist())
+            columns.append(as_text(column).to_pylist())
         except pa.ArrowException:
             raise InputError(path, None, f"column {name!r} holds {column.type}: expected text "
                              "or numbers (every column is read)") from None  # fmt: skip

@@ -443,6 +443,18 @@ def _check_parquet_type(path: Path, name: str, kind: pa.DataType) -> None:
         raise InputError(path, None, f"column {name!r} holds {kind}: expected {what}") from None
 
 
+def as_text(column: Any) -> Any:
+    """A Parquet column (an array or chunked array) cast to text; floating-point numbers as
+    Python (and pandas' CSV files, and the Python client) write them: a whole number keeps its
+    ".0" (0.0 is the label "0.0", as in a CSV file, not arrow's "0")."""
+    text = pc.cast(column, pa.string())
+    if not pa.types.is_floating(column.type):
+        return text
+    whole = pc.and_(pc.is_finite(column), pc.equal(column, pc.floor(column)))
+    whole = pc.and_(whole, pc.less(pc.abs(column), 1e16))  # (from 1e16 on: "1e+16", as Python)
+    return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
+
+
 def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
     """Ids stripped and non-empty, at most MAX_ID_LENGTH; weights 0 to MAX_ANSWER_WEIGHT; None
     when any check fails (the caller then reads row by row to name the line)."""
@@ -452,7 +464,7 @@ def _checked(columns: list[Any], n_rows: int) -> AnswerColumns | None:
     for column in columns[:3]:
         if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
             return None  # (cast to text, NaN is the id or label "nan")
-        c = pc.cast(column, pa.string())
+        c = as_text(column)
         if len(c) != n_rows or c.null_count:
             return None
         if not _plain_ids(*string_buffers(c), np.int64(MAX_ID_LENGTH)):

@@ -143,6 +143,33 @@ def test_parquet_gives_the_csv_answers(tmp_path: Path, datasets_root: Path) -> N
     assert from_parquet.lines.tolist() == list(range(1, len(from_csv) + 1))  # rows
 
 
+def test_float_labels_read_the_same_from_csv_and_parquet(tmp_path: Path) -> None:
+    """pandas writes a float 0.0 as "0.0" in a CSV file; from Parquet it is the same label
+    "0.0" (arrow's own cast says "0"), in every reader: extract's columns and rows, and
+    import's table and rows."""
+    from app.io import importers
+
+    labels = [0.0, 1.0, 1.0, 0.0, 2.5, -0.0]
+    csv_path = tmp_path / "answers.csv"
+    csv_path.write_text("item,worker,label\n" + "".join(
+        f"i{k},w{k % 2},{x}\n" for k, x in enumerate(labels)))  # fmt: skip
+    table = pa.table({"item": [f"i{k}" for k in range(6)], "worker": [f"w{k % 2}" for k in range(6)],
+                      "label": labels})  # fmt: skip
+    path = tmp_path / "answers.parquet"
+    pq.write_table(table, path)
+    want = ["0.0", "1.0", "1.0", "0.0", "2.5", "-0.0"]
+    assert read_triples(csv_path).labels.tolist() == want
+    assert read_triples(path).labels.tolist() == want
+    for source in (csv_path, path):
+        answers, _ = importers.read_answers(source)
+        assert answers.labels.to_pylist() == want, source
+    spaced = pa.table({**{k: table[k] for k in ("item", "worker")}, "label": labels,
+                       "weight": [1.0, 1.0, 1.0, 1.0, 1.0, -1.0]})  # fmt: skip
+    pq.write_table(spaced, path)  # (a bad weight: the rows read one by one, to name it)
+    with pytest.raises(InputError, match="row 6|:6:"):
+        read_triples(path)
+
+
 def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
     path = tmp_path / "answers.parquet"
     pq.write_table(pa.table({"item": ["a", ""], "worker": ["w", "w"], "label": ["x", "y"]}), path)
