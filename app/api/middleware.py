@@ -123,6 +123,9 @@ class LimitBody:
                     length = None
             elif name == b"transfer-encoding":
                 chunked = True
+            elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                await _encoded(value)(scope, receive, send)
+                return
         if length is not None and length > self.limit:
             await self.too_large(f"{length:,}")(scope, receive, send)
             return
@@ -184,6 +187,19 @@ class LimitBody:
             return await receive()
 
         return replay
+
+
+def _encoded(encoding: bytes) -> Any:
+    """400 for a body sent compressed (``Content-Encoding: gzip``): read as it is, it would be
+    refused as text that is not UTF-8, which says nothing of the cause."""
+    name = encoding.decode("latin-1").strip()
+    return ApiError(
+        400,
+        "unsupported_content_encoding",
+        f"the body is sent with Content-Encoding {name!r}; the service reads bodies as they are: "
+        "send it uncompressed",
+        headers={"Connection": "close"},
+    ).response()
 
 
 class PlainPath:

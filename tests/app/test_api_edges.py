@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import gzip
 import io
 import re
 import socket
@@ -303,6 +304,25 @@ def test_a_body_that_is_not_utf8_is_told_so(client: TestClient) -> None:
                 f"the body is not JSON: it is not valid UTF-8 (byte 0xff at position {at}); "
                 "send UTF-8 JSON"
             ), (path, body)
+
+
+def test_a_compressed_body_is_told_to_be_sent_as_it_is(client: TestClient) -> None:
+    """``Content-Encoding: gzip`` is named as the cause, not the gzip bytes as bad UTF-8; an
+    ``identity`` encoding is no encoding."""
+    key = make_project(client)
+    block = [{"item": "x", "worker": "w", "label": LABELS[0]}]
+    raw = orjson.dumps(block)
+    for encoding in ("gzip", "br", "Deflate"):
+        headers = {**key, "content-type": "application/json", "content-encoding": encoding}
+        r = client.post("/v1/projects/census/labels", content=gzip.compress(raw), headers=headers)
+        assert _error(r, 400, "unsupported_content_encoding")["message"] == (
+            f"the body is sent with Content-Encoding {encoding!r}; the service reads bodies "
+            "as they are: send it uncompressed"
+        )
+    headers = {**key, "content-type": "application/json", "content-encoding": "identity"}
+    assert (
+        client.post("/v1/projects/census/labels", content=raw, headers=headers).status_code == 202
+    )
 
 
 def test_a_form_body_is_told_to_be_json(client: TestClient) -> None:
