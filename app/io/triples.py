@@ -194,6 +194,8 @@ def read_answer_chunks(
     not comma-separated, and the rest of a file from a chunk with quotes or lone carriage
     returns on, are read line by line. ``lines=False`` spares finding the line of each
     answer in clean CSV chunks (``answer_line`` finds one later)."""
+    if str(path) == "-":
+        raise InputError(path, None, "standard input is not read: give the answers' file")
     path = Path(path)
     parquet = is_parquet(path)
     if parquet:

@@ -403,6 +403,12 @@ def test_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+def test_standard_input_is_named_as_not_read() -> None:
+    run = extract(Path("-"))
+    assert run.returncode == 2
+    assert run.stderr == "error: -: standard input is not read: give the answers' file\n"
+
+
 def test_outputs_go_through_links_and_never_replace_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -166,7 +166,7 @@ def test_float_labels_read_the_same_from_csv_and_parquet(tmp_path: Path) -> None
     spaced = pa.table({**{k: table[k] for k in ("item", "worker")}, "label": labels,
                        "weight": [1.0, 1.0, 1.0, 1.0, 1.0, -1.0]})  # fmt: skip
     pq.write_table(spaced, path)  # (a bad weight: the rows read one by one, to name it)
-    with pytest.raises(InputError, match="row 6|:6:"):
+    with pytest.raises(InputError, match=r"row 6|:6:"):
         read_triples(path)
 
 
