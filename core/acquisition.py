@@ -11,13 +11,15 @@ worker, ``NominalParams.worker_confusion(slots)`` for given workers).
 * ``priority``: the queue's ranking, one score per item for a named policy (what the service
   serves and ``bench.active`` replays): VOI with its look-ahead tie-breaks, or an uncertainty.
 * ``StoppingRule`` (A7): target confidence, at most so many labels per item, a budget.
-* ``labels_to_confidence`` (A8): Wald's estimate of the labels an item still needs.
+* ``labels_to_confidence`` (A8): Wald's estimate of the labels an item still needs;
+  ``reachable`` (A8'): whether any number of them gets its served confidence there.
 * ``select``: the best-scoring items that are not finished (and, for a worker asking for
   work, that the worker has not labelled yet).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -205,6 +207,19 @@ def _voi_priority_kernel(
         out[i] = score + 1e-6 * h
 
 
+def _top_and_drift(q: FloatArray, C: FloatArray) -> tuple[IntArray, FloatArray]:
+    """Each item's most likely class z* and A8's drift: the mean move of the log-odds of z*
+    against the rest per answer, D(C_{z*.} || r)."""
+    n = q.shape[0]
+    top = q.argmax(axis=1)
+    top_q = q[np.arange(n), top]
+    own = C[top]
+    r = (q @ C - top_q[:, None] * own) / np.maximum(1.0 - top_q, 1e-300)[:, None]
+    log_c = np.log(np.maximum(C, 1e-300))
+    drift = np.sum(own * (log_c[top] - np.log(np.maximum(r, 1e-300))), axis=1)
+    return top, drift
+
+
 def labels_to_confidence(
     posteriors: npt.ArrayLike, confusion: npt.ArrayLike, target: float
 ) -> FloatArray:
@@ -224,17 +239,48 @@ def labels_to_confidence(
         raise ValueError(f"confusion must be ({K}, {K})")
     if not 0.0 < target < 1.0:
         return np.where(q.max(axis=1) >= target, 0.0, np.inf)
-    top = q.argmax(axis=1)
-    top_q = q[np.arange(n), top]
-    own = C[top]
-    r = (q @ C - top_q[:, None] * own) / np.maximum(1.0 - top_q, 1e-300)[:, None]
-    log_c = np.log(np.maximum(C, 1e-300))
-    drift = np.sum(own * (log_c[top] - np.log(np.maximum(r, 1e-300))), axis=1)
-    p = np.clip(top_q, 1e-12, 1 - 1e-12)
+    top, drift = _top_and_drift(q, C)
+    p = np.clip(q[np.arange(n), top], 1e-12, 1 - 1e-12)
     distance = np.log(target / (1 - target)) - np.log(p / (1 - p))
     with np.errstate(divide="ignore"):
         need = np.where(drift > 1e-12, np.ceil(distance / np.maximum(drift, 1e-12)), np.inf)
     out: FloatArray = np.where(distance <= 0, 0.0, need)
+    return out
+
+
+FAR_LABELS = 1 << 16
+"""``reachable`` looks this many agreeing answers ahead: past the tempering's limit."""
+
+
+def reachable(
+    posteriors: npt.ArrayLike,
+    label_weight: npt.ArrayLike,
+    confusion: npt.ArrayLike,
+    target: float,
+    served: Callable[[FloatArray, FloatArray], FloatArray],
+) -> BoolArray:
+    """(A8') Per item: whether any number of answers can bring its served confidence to
+    ``target``. ``posteriors`` are the model's own (untempered) q_i, ``label_weight`` n_i,
+    ``served(logits, n)`` the project's calibration of untempered log posteriors (docs/model.md
+    eq. 21-25; logits, not probabilities: far ahead the other classes' would underflow to 0,
+    and tempered they are not). Answers that each
+    move the log-odds of the most likely class z* by the drift of A8 (FAR_LABELS of them)
+    raise the untempered posterior toward 1, but the served one only toward a limit: the
+    tempering divides that log-odds by T_i = 1 + rho (n_i - 1), so it tends to drift / rho,
+    and the consensus error caps the confidence at 1 - eps. Where the limit is below the
+    target (a crowd that errs together, as the calibration reads it) the item never gets
+    there, and A8's count of the labels it needs is infinite, not Wald's."""
+    q = _as_posteriors(posteriors)
+    n = q.shape[0]
+    if not 0.0 < target < 1.0:
+        done: BoolArray = q.max(axis=1) >= target  # (as A8: there, or never)
+        return done
+    top, drift = _top_and_drift(q, np.asarray(confusion, dtype=np.float64))
+    rows = np.arange(n)
+    logits = np.log(np.maximum(q, 1e-300))
+    logits[rows, top] += FAR_LABELS * np.maximum(drift, 0.0)
+    weight = np.asarray(label_weight, dtype=np.float64) + FAR_LABELS
+    out: BoolArray = served(logits, weight)[rows, top] >= target
     return out
 
 

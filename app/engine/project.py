@@ -721,7 +721,8 @@ class ProjectEngine:
         count, gold = self.labels.count[codes], self.gold[codes]
         s = queue_scores(self.queue_settings, served, count, gold, used, confusion)
         keep = np.isfinite(s)
-        to_go = labels_to_finish(self.queue_settings, served, count, confusion)
+        model = (shown, self.weight[codes], self.calibration)
+        to_go = labels_to_finish(self.queue_settings, served, count, confusion, model)
         self.progress.update(codes, ~keep, gold < 0, served.max(axis=1), to_go)
         members = self._queue_members()
         queue = dict(zip(members.take(codes[keep]), s[keep].tolist(), strict=True))

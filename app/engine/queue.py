@@ -19,6 +19,7 @@ import numpy as np
 
 from core import acquisition
 from core.blocks import FloatArray, IntArray
+from core.calibration import Calibration
 from core.itemlabels import grow
 
 BoolArray = acquisition.BoolArray
@@ -83,11 +84,29 @@ def scores(
 
 
 def labels_to_finish(
-    settings: QueueSettings, posteriors: FloatArray, n_labels: IntArray, confusion: FloatArray
+    settings: QueueSettings,
+    posteriors: FloatArray,
+    n_labels: IntArray,
+    confusion: FloatArray,
+    model: tuple[FloatArray, FloatArray, Calibration] | None = None,
 ) -> FloatArray:
     """Labels each item is expected to need before it is finished (eq. A8, capped by
-    ``max_labels_per_item``); 0 for an item already finished by confidence."""
-    need = acquisition.labels_to_confidence(posteriors, confusion, settings.target_confidence)
+    ``max_labels_per_item``); 0 for an item already finished by confidence. ``model``: the
+    items' untempered posteriors, label weights and the calibration that serves them, when
+    ``posteriors`` are served ones: an item the calibration keeps below the target whatever
+    its answers (A8') needs infinitely many."""
+    target = settings.target_confidence
+    need = acquisition.labels_to_confidence(posteriors, confusion, target)
+    if model is not None and model[2] != Calibration():  # (served as the model's: no ceiling)
+        raw, weight, calibration = model
+        open_ = np.flatnonzero(need > 0)
+        flat = np.zeros(raw.shape[1])  # (the prior is in the logits already)
+
+        def served(logits: FloatArray, n: FloatArray) -> FloatArray:
+            return calibration.from_log_likelihood(logits, n, flat)
+
+        ok = acquisition.reachable(raw[open_], weight[open_], confusion, target, served)
+        need[open_[~ok]] = np.inf
     cap = settings.max_labels_per_item
     if cap is not None:
         need = np.minimum(need, np.maximum(cap - np.asarray(n_labels), 0))

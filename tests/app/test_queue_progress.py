@@ -6,7 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.queue import Progress
+from app.engine.queue import Progress, QueueSettings, labels_to_finish
+from core.acquisition import labels_to_confidence
+from core.calibration import Calibration
+from tests.core.test_acquisition import symmetric
 
 
 def recount(finished: np.ndarray, counted: np.ndarray, conf: np.ndarray, to_go: np.ndarray) -> dict:
@@ -45,3 +48,23 @@ def test_totals_follow_every_rescoring(seed: int, rounds: int) -> None:
             assert got["labels_to_finish"] is None
         else:
             assert abs(got["labels_to_finish"] - want["labels_to_finish"]) < 1e-6
+
+
+def test_labels_to_finish_is_infinite_where_the_calibration_keeps_an_item_below_target() -> None:
+    """The queue's count (A8 capped) is Wald's where the served confidence can get there, and
+    infinite where it cannot: the progress then reports no finite number of labels."""
+    C = symmetric(2, 0.75)
+    raw = np.array([[0.7, 0.3], [0.99, 0.01]])
+    weight = np.array([2.0, 20.0])
+    rule = QueueSettings(target_confidence=0.95)
+    cal = Calibration(eps=0.0)
+    served = cal.from_posteriors(raw, weight)
+    wald = labels_to_finish(rule, served, np.array([2, 20]), C, (raw, weight, cal))
+    assert np.array_equal(wald, labels_to_confidence(served, C, 0.95))
+    capped = Calibration(eps=0.08)
+    served = capped.from_posteriors(raw, weight)
+    need = labels_to_finish(rule, served, np.array([2, 20]), C, (raw, weight, capped))
+    assert np.isinf(need).all()
+    with_cap = QueueSettings(target_confidence=0.95, max_labels_per_item=10)
+    need = labels_to_finish(with_cap, served, np.array([2, 20]), C, (raw, weight, capped))
+    assert need.tolist() == [8.0, 0.0]  # (max_labels_per_item finishes them)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -16,9 +17,11 @@ from core.acquisition import (
     labels_to_confidence,
     margin,
     priority,
+    reachable,
     select,
     value_of_information,
 )
+from core.calibration import Calibration
 
 
 def symmetric(K: int, right: float) -> np.ndarray:
@@ -241,6 +244,31 @@ def test_labels_to_confidence_is_near_the_simulated_number() -> None:
             counts.append(n)
         wald = labels_to_confidence(q0[None], C, target)[0]
         assert abs(np.mean(counts) - wald) <= 1 + 0.25 * wald, (K, np.mean(counts), wald)
+
+
+def test_reachable_reads_the_ceiling_the_served_calibration_puts_on_confidence() -> None:
+    """(A8') Untempered answers always get there; a consensus error eps caps the served
+    confidence at 1 - eps; a tempering rho at the limit drift / rho of the log-odds."""
+    C = symmetric(3, 0.8)
+    q = np.array([[0.5, 0.3, 0.2], [0.9, 0.05, 0.05], [0.34, 0.33, 0.33]])
+    n = np.array([3.0, 8.0, 1.0])
+
+    def plain(logits: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return Calibration().from_log_likelihood(logits, n, np.zeros(3))
+
+    assert reachable(q, n, C, 0.95, plain).all()
+    for eps, target, expected in ((0.06, 0.95, False), (0.06, 0.93, True), (0.04, 0.95, True)):
+        cal = Calibration(eps=eps)
+        served = functools.partial(cal.from_log_likelihood, log_prior=np.zeros(3))
+        assert (reachable(q, n, C, target, served) == expected).all(), (eps, target)
+    rest = (C[1] + C[2]) / 2  # the other classes' answers (A8: equal posteriors)
+    drift = float(np.sum(C[0] * np.log(C[0] / rest)))
+    limit = 1.0 / (1.0 + 2.0 * np.exp(-drift / 0.5))  # the tempered odds' limit, rho = 0.5
+    for target, expected in ((limit - 0.02, True), (limit + 0.02, False)):
+        served = functools.partial(Calibration(rho=0.5).from_log_likelihood, log_prior=np.zeros(3))
+        got = reachable(q[1:2], n[1:2], C, target, served)
+        assert got[0] == expected, (target, limit)
+    assert not reachable(q, n, np.full((3, 3), 1 / 3), 0.95, plain).any()  # spammers
 
 
 def test_lookahead_priority_is_the_value_per_label_of_one_or_two_labels() -> None:
