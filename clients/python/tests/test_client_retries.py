@@ -179,6 +179,39 @@ def test_blocks_too_large_for_the_service_are_sent_again_in_halves(code: str) ->
     assert sizes == [120, 60, 30, 30, 30, 30, 30, 30, 30, 20]
 
 
+def test_a_short_input_too_large_for_the_service_is_halved_from_its_own_size() -> None:
+    """Ten labels to a service that takes at most 3 a block: halved from 10, not from the
+    client's 5,000 (which sent the same 10 labels nine times)."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = len(json.loads(request.content))
+        sizes.append(n)
+        if n > 3:
+            error = {"code": "block_too_large", "message": f"{n} labels; the limit is 3"}
+            return httpx.Response(413, json={"error": {**error, "entry": None, "field": None}})
+        return httpx.Response(202, json={**ACCEPTED, "accepted": n})
+
+    labels = [(f"i{k}", "w", "a") for k in range(10)]
+    with fast(httpx.MockTransport(handler)) as c:
+        got = c.post_labels("p", labels, ids="auto")
+    assert got.accepted == 10
+    assert sizes == [10, 5, 2, 2, 2, 2, 2]
+
+
+def test_items_are_iterated_in_pages_the_service_takes() -> None:
+    """``iter_items(page_size=5000)`` asks for pages of 1,000, the service's most."""
+    limits: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        limits.append(int(request.url.params["limit"]))
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    with fast(httpx.MockTransport(handler)) as c:
+        assert list(c.iter_items("p", page_size=5000)) == []
+    assert limits == [1000]
+
+
 def test_predictions_too_large_for_the_service_are_asked_again_in_halves() -> None:
     """A service whose body limit holds 3,000 pairs answers 413 body_too_large to requests
     of 10,000: they go again as 5,000, then 2,500, and every pair is answered once, in order."""

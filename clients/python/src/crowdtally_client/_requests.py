@@ -31,6 +31,7 @@ By = Literal["informativeness", "accuracy"]
 ExportFormat = Literal["jsonl", "csv"]
 Policy = Literal["voi", "lookahead", "uncertainty", "entropy", "margin", "uniform"]
 MAX_PAIRS = 10_000  # the service's limit per predictions request
+MAX_ITEMS_PAGE = 1000  # the service's limit per page of items
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,8 @@ def _post_blocks(
         try:
             got = yield req
         except ApiError as err:
-            if _halve(err, size):
-                size //= 2
+            if _halve(err, len(block)):
+                size = len(block) // 2  # (a last block shorter than ``size`` halves itself)
                 continue
             raise _shift(err, start, total) from None
         except TransportError as err:
@@ -273,7 +274,9 @@ def item_pages(
     max_probability: float,
     cursor: str | None = None,
 ) -> Req[Page[models.Item]]:
-    """``list_items`` from ``cursor`` on, following the cursor (filtered pages may be empty)."""
+    """``list_items`` from ``cursor`` on, following the cursor (filtered pages may be empty);
+    pages of at most MAX_ITEMS_PAGE items, the service's limit."""
+    page_size = min(page_size, MAX_ITEMS_PAGE)
 
     def parse(answer: Any) -> Page[models.Item]:
         page = models.ItemPage.model_validate(answer)
@@ -340,8 +343,8 @@ def predict(
         try:
             got = yield Req("POST", path, _predictions, body=chunk, idempotent=True)
         except ApiError as err:
-            if _halve(err, size):
-                size //= 2
+            if _halve(err, len(chunk)):
+                size = len(chunk) // 2  # (a last request shorter than ``size`` halves itself)
                 continue
             raise
         out.extend(got)

@@ -269,7 +269,8 @@ class Client(_Base):
         min_probability: float = 0.0,
         max_probability: float = 1.0,
     ) -> Iterator[Item]:
-        """Every stored posterior, following the cursor (filtered pages may come back empty)."""
+        """Every stored posterior, following the cursor (filtered pages may come back empty),
+        ``page_size`` at a time (at most 1,000, the service's largest page)."""
         yield from self._entries(
             _req.item_pages(project, page_size, min_probability, max_probability)
         )
