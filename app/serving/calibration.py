@@ -6,7 +6,8 @@ The served model learned from every gold item, so its workers look more right on
 than on the others: scored under it, gold items overstate the accuracy (by about 3 points
 over the shared datasets with 5% gold). The report therefore cross-fits both halves of the
 served posterior: the gold items are split into FOLDS folds by name, and each fold's items
-are scored by a batch EM fit on every answer of the project with the other folds' gold only,
+are scored by a batch EM fit on every answer of the project with the other folds' gold only
+(or by one online pass, where the service would decline that fit: ``REFIT_MIN_AGREEMENT``),
 calibrated (eq. 24) on the other folds' scores.
 
 That costs FOLDS batch EM fits over the whole project, so a report is kept: served again
@@ -26,12 +27,14 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.engine.project import REFIT_MIN_AGREEMENT
 from app.serving.nominal import Globals
 from app.store.base import Store
 from core.batch import BatchEM
 from core.blocks import FloatArray, IntArray, LabelBlocks, factorize
 from core.calibration import Calibration, Reliability, cross_fitted, reliability
-from core.nominal import NominalConfig
+from core.nominal import NominalConfig, NominalParams
+from core.online import OnlineEM
 from core.served import log_likelihoods, log_prior, subset
 
 FOLDS = 5
@@ -116,17 +119,36 @@ def _held_out(
     K = config.n_classes
     logits, n = np.empty((scored.size, K)), np.empty(scored.size)
     fold = np.arange(scored.size) % FOLDS
+    answered = answers.blocks.total_weight() > 0
     for f in range(min(FOLDS, scored.size)):
         held = scored[fold == f]
         known = answers.gold.copy()
         known[held] = -1
-        _, params = BatchEM(config, max_iter=MAX_ITER).fit(
+        fit, params = BatchEM(config, max_iter=MAX_ITER).fit(
             answers.blocks, answers.n_workers, known=known
         )
+        online = _online_pass(answers, config, known)
+        if online is not None:
+            agree = fit.probas.argmax(axis=1) == online[0].argmax(axis=1)
+            if agree[answered].mean() < REFIT_MIN_AGREEMENT:  # as the service would decline it
+                params = online[1]
         ell, weight = log_likelihoods(params, subset(answers.blocks, held))
         logits[fold == f] = ell + log_prior(params)
         n[fold == f] = weight
     return logits, n
+
+
+def _online_pass(
+    answers: _Answers, config: NominalConfig, known: IntArray
+) -> tuple[FloatArray, NominalParams] | None:
+    """One online pass over the answers (exact workers) with the gold ``known``: what the
+    service serves where it declines batch EM's fit (few answers an item, where batch EM falls
+    into a one-class fit; docs/model.md, "A limit"), its posteriors and parameters."""
+    if not answers.blocks.n_labels:
+        return None
+    online = OnlineEM(config.with_(n_worker_slots=answers.n_workers))
+    learned = online.learn_many(answers.blocks, known=known)
+    return learned.posteriors, online.params
 
 
 def _read_answers(store: Store, project: str) -> _Answers:
