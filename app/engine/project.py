@@ -767,7 +767,9 @@ class ProjectEngine:
                 "dyadic_position": (
                     self.dyadic.learned_through(self.position) if self.dyadic is not None else None
                 ),
-                "queue": self.progress.report(),
+                "queue": self.progress.report(
+                    self.queue_settings.rule().remaining_budget(self.labels.n_labels)
+                ),
             }
         )
 

@@ -163,14 +163,19 @@ class Progress:
         self.confidence_sum += sign * float(self.confidence[codes][done].sum())
         self.to_go_sum += sign * float(to_go[~unreachable].sum())
 
-    def report(self) -> dict[str, Any]:
+    def report(self, budget_left: int | None = None) -> dict[str, Any]:
         """``done``: items finished; ``expected_accuracy``: the mean served confidence of those
         (the share of them expected right, if the posteriors are calibrated); ``open``: items
         not finished; ``labels_to_finish``: labels they are expected to need in all (null when
-        some cannot reach the target: their answers carry no information under the model)."""
+        some cannot reach the target: their answers carry no information under the model, or
+        the calibration keeps them below it), at most ``budget_left``, the labels the budget
+        still allows (its end finishes every item)."""
+        to_go = None if self.n_unreachable else max(self.to_go_sum, 0.0)
+        if budget_left is not None and self.n_open:
+            to_go = float(budget_left) if to_go is None else min(to_go, float(budget_left))
         return {
             "done": self.n_done,
             "expected_accuracy": self.confidence_sum / self.n_done if self.n_done else None,
             "open": self.n_open,
-            "labels_to_finish": None if self.n_unreachable else max(self.to_go_sum, 0.0),
+            "labels_to_finish": to_go,
         }

@@ -88,6 +88,9 @@ def test_a_project_without_gold_reports_nothing_to_score(api: TestClient) -> Non
     report = api.get("/v1/projects/nogold/calibration").json()
     assert report["n_gold"] == 0 and report["ece"] is None and report["accuracy"] is None
     assert report["eps"] == 0.0  # the consensus error needs gold
+    assert api.post("/v1/projects", json={"name": "new", "labels": CLASSES}).status_code == 201
+    empty = api.get("/v1/projects/new/calibration").json()  # nothing applied: when it was made
+    assert empty["position"] == 0 and not empty["computed_at"].startswith("1970")
     assert all(b["n"] == 0 for b in report["bins"])
     assert "no gold items" in _cli(api, "calibration", "-p", "nogold")
 

@@ -68,3 +68,17 @@ def test_labels_to_finish_is_infinite_where_the_calibration_keeps_an_item_below_
     with_cap = QueueSettings(target_confidence=0.95, max_labels_per_item=10)
     need = labels_to_finish(with_cap, served, np.array([2, 20]), C, (raw, weight, capped))
     assert need.tolist() == [8.0, 0.0]  # (max_labels_per_item finishes them)
+
+
+def test_a_budget_bounds_the_labels_left_to_finish() -> None:
+    """The budget's end finishes every item: no more labels than it allows are left to
+    finish, even where some item could not reach the target."""
+    p = Progress()
+    codes = np.arange(3)
+    p.update(codes, np.zeros(3, bool), np.ones(3, bool), np.full(3, 0.6), np.array([4.0, 5, 6]))
+    assert p.report()["labels_to_finish"] == 15.0
+    assert p.report(budget_left=7)["labels_to_finish"] == 7.0
+    assert p.report(budget_left=100)["labels_to_finish"] == 15.0
+    p.update(codes[:1], np.zeros(1, bool), np.ones(1, bool), np.full(1, 0.6), np.array([np.inf]))
+    assert p.report()["labels_to_finish"] is None
+    assert p.report(budget_left=1)["labels_to_finish"] == 1.0

@@ -56,5 +56,5 @@ async def get_calibration(project: str, svc: ServiceDep) -> CalibrationReportBod
         brier=_number(s.brier),
         bins=bins,
         position=report.position,
-        computed_at=iso(report.computed_at),
+        computed_at=iso(report.computed_at or record.created_at),  # (nothing applied: made)
     )
