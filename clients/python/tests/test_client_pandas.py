@@ -6,6 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
 from crowdtally_client import AsyncClient, Client
 
 CLASSES = ["neg", "neu", "pos"]
@@ -93,3 +94,22 @@ def test_probas_labels_and_gold_share_one_task_dtype(live_server: LiveServer) ->
         agg = c.to_pandas(name, errors=False)
     assert agg.probas.index.dtype == agg.labels.index.dtype == agg.gold.index.dtype == object
     assert agg.labels.reindex(agg.gold.index).tolist() == [CLASSES[0]]
+
+
+def test_a_frame_read_a_slice_at_a_time_gives_the_labels_of_its_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slices of 7 rows (a frame's rows are read FRAME_ROWS at a time): the same labels, ids
+    and errors as the frame's rows one by one, crowd-kit's ``task`` column too."""
+    import pandas as pd
+    from crowdtally_client import _core
+
+    monkeypatch.setattr(_core, "FRAME_ROWS", 7)
+    rows = synthetic()
+    frame = pd.DataFrame(rows, columns=["task", "worker", "label"])
+    frame["weight"] = [1.0 + (k % 3) for k in range(len(rows))]
+    tuples = [(*r, 1.0 + (k % 3)) for k, r in enumerate(rows)]
+    assert _core.prepare_labels(frame, ids="auto") == _core.prepare_labels(tuples, ids="auto")
+    frame.loc[30, "weight"] = -1.0
+    with pytest.raises(ValueError, match=r"label 30: weight -1\.0"):
+        _core.prepare_labels(frame)

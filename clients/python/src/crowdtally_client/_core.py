@@ -7,7 +7,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import mktime_tz, parsedate_tz
 from typing import Any, Literal
@@ -120,8 +120,15 @@ def label_names(labels: Any) -> list[str]:
     return [as_text(x, "a label") for x in values]
 
 
-def _from_frame(labels: Any) -> list[dict[str, Any]] | None:
-    """A pandas DataFrame (crowd-kit's ``task, worker, label`` or ``item, worker, label``)."""
+FRAME_ROWS = 65_536
+"""A DataFrame's rows are read this many at a time: the dicts pandas makes of a slice are
+dropped once checked, not held beside the labels made of the whole frame (1M rows: about 0.9
+GB of them)."""
+
+
+def _from_frame(labels: Any) -> Iterator[dict[str, Any]] | None:
+    """A pandas DataFrame (crowd-kit's ``task, worker, label`` or ``item, worker, label``):
+    its rows as dicts, a slice at a time."""
     columns = getattr(labels, "columns", None)
     if columns is None or not hasattr(labels, "to_dict"):
         return None
@@ -131,11 +138,13 @@ def _from_frame(labels: Any) -> list[dict[str, Any]] | None:
     if missing:
         raise ValueError(f"the DataFrame lacks the columns {sorted(missing)}")
     keep = [c for c in (item_col, "worker", "label", "id", "weight") if c in cols]
-    rows: list[dict[str, Any]] = labels[keep].to_dict("records")
-    if item_col == "task":
-        for r in rows:
-            r["item"] = r.pop("task")
-    return rows
+    frame = labels[keep].rename(columns={"task": "item"})
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for lo in range(0, len(frame), FRAME_ROWS):
+            yield from frame.iloc[lo : lo + FRAME_ROWS].to_dict("records")
+
+    return rows()
 
 
 def prepare_labels(
