@@ -198,6 +198,10 @@ class EngineLoop:
         self._slice_pending: set[str] = set()  # a sweep's slice logged and not applied yet
         self._slice_at: dict[str, float] = {}  # a rescored queue's last slice (or its start)
         self.failed: dict[str, Failure] = {}
+        self._cleared: set[str] = set()
+        """Projects this loop has applied since it took them, their failure in the store
+        cleared: another engine's mark (one that failed on it and let it go, or stopped) is
+        cleared by the engine that applies it next."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
@@ -328,8 +332,10 @@ class EngineLoop:
                 continue
             if failure is not None:
                 self.failed.pop(name, None)
-                self.store.set_project_failed(name, None)
                 log.warning("%s: applies its log again", name)
+            if failure is not None or name not in self._cleared:
+                self.store.set_project_failed(name, None)
+                self._cleared.add(name)
             if not applied and name in self._quiet and self._nothing_due(name):
                 self._dormant.add(name)
         return done
@@ -522,6 +528,7 @@ class EngineLoop:
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
         self.failed.pop(name, None)
+        self._cleared.discard(name)
         if self.snapshotter is not None:
             if forget_sql:
                 self.snapshotter.forget(name)

@@ -393,6 +393,26 @@ def test_a_model_gone_non_finite_is_not_served(tmp_path: Path, kind: str) -> Non
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+def test_a_project_another_engine_marked_failed_is_cleared_by_the_engine_that_applies_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """An engine failed on a project and stopped (or let it go to the pool); the engine that
+    applies the project next clears the mark, which ``/readyz`` and ``/metrics`` read."""
+    store = make_store(kind, tmp_path)
+    store.create_project(ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1.0))
+    try:
+        store.append("p", "labels", orjson.dumps(_entry(["x"], ["w"], [0])))
+        store.set_project_failed("p", "ProgrammingError: another engine's")
+        EngineLoop(store, refine_passes=0).run_until_idle()
+        assert store.failed_projects() == {}
+        assert store.applied_position("p") == 1
+    finally:
+        if isinstance(store, RedisStore):
+            store.flush_prefix()
+        store.close()
+
+
 def _entry(items: list[str], workers: list[str], labels: list[int]) -> dict[str, Any]:
     return {"items": items, "workers": workers, "labels": labels, "weights": None}
 
