@@ -133,6 +133,14 @@ HEAD = "0007"
 """The newest migration (``migrations/versions``; a test checks it is Alembic's head)."""
 
 
+REVISIONS = frozenset(f.name[:4] for f in (REPO / "migrations" / "versions").glob("0*.py"))
+"""Every migration this code knows (``migrations/versions``)."""
+
+
+class NewerSchemaError(SQLAlchemyError):
+    """The database's schema was made by a newer crowdtally (a revision this code lacks)."""
+
+
 def schema_revision(url: str) -> str | None:
     """The database's Alembic revision (None: none recorded, or no database yet)."""
     engine = sql_engine(url)
@@ -152,8 +160,15 @@ def upgrade(
     engine may both start on an empty database: the loser of that race retries. A database
     already at the newest revision is left as it is without loading Alembic (about 0.2 s of
     each process's start)."""
-    if revision == "head" and schema_revision(url) == HEAD:
+    found = schema_revision(url)
+    if revision == "head" and found == HEAD:
         return
+    if found is not None and found not in REVISIONS:
+        raise NewerSchemaError(
+            f"its schema is at revision {found!r}, which this crowdtally does not know (its "
+            f"newest is {HEAD!r}): a newer crowdtally wrote it; run that one, or a copy of the "
+            "database from before"
+        )
     from alembic import command
     from alembic.config import Config
 

@@ -953,6 +953,28 @@ def test_a_data_folder_or_database_that_cannot_be_used_is_one_error_line(
         assert run.stderr.startswith(f"error: {name}: ") and message in run.stderr, run.stderr
 
 
+def test_a_database_a_newer_crowdtally_wrote_is_one_error_line(tmp_path: Path) -> None:
+    """A schema revision this code does not know (a newer crowdtally migrated the database):
+    one line naming it and the newest this code knows, where Alembic's traceback ran 305
+    lines, from every command that opens the database."""
+    import sqlite3
+
+    from app.store.sql import HEAD, upgrade
+
+    db = tmp_path / "crowdtally.sqlite3"
+    upgrade(f"sqlite:///{db}", deployment="")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    env = {**os.environ, "CROWDTALLY_STORE": "embedded", "CROWDTALLY_DATA_DIR": str(tmp_path)}
+    for command in (["snapshots", "list"], ["engine", "--store", "embedded"]):
+        run = subprocess.run([sys.executable, "-m", "app.cli", *command], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr[-500:]
+        assert f"revision '0099', which this crowdtally does not know (its newest is '{HEAD}')" in (
+            run.stderr
+        )
+
+
 def test_a_redis_that_keeps_info_to_itself_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cluster-mode check reads INFO; a Redis that answers it with an error (a managed one
     may rename the command) starts as before, its mode left for the client to find."""
