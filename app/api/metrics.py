@@ -105,7 +105,14 @@ class _StoreCollector(Collector):
             "(its labels too far from the served ones)",
             labels=["project"],
         )
-        if svc is not None and svc.store.ping():
+        store_up = GaugeMetricFamily(
+            "crowdtally_store_up",
+            "1 while the store (Redis, or the embedded SQLite file) answers; the projects' lag "
+            "and failure series are absent while it does not",
+        )
+        reachable = svc is not None and svc.store.ping()
+        store_up.add_metric([], 1.0 if reachable else 0.0)
+        if svc is not None and reachable:
             errors = svc.store.failed_projects()
             names = svc.store.project_names()
             for name, p in svc.store.progress(names).items():  # (one round trip for all)
@@ -134,6 +141,7 @@ class _StoreCollector(Collector):
             for name, info in latest.items():
                 age.add_metric([name], now - info.created_at)
                 size.add_metric([name], info.size_bytes)
+        yield store_up
         yield lag
         yield lag_s
         yield end

@@ -680,6 +680,19 @@ def test_operations_endpoints(client: TestClient) -> None:
     assert 'crowdtally_batch_em_iterations_total{project="census"} 0.0' in text
     assert 'crowdtally_dyadic_lag_entries{project="census"}' in text
     assert 'crowdtally_store_seconds_count{op="append"}' in text
+    assert "\ncrowdtally_store_up 1.0\n" in text
+
+
+def test_metrics_say_when_the_store_does_not_answer(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The projects' lag and failure series are absent while the store is down: a gauge says
+    so, for an alert that would otherwise go silent with the outage."""
+    make_project(client)
+    monkeypatch.setattr(client.app.state.service.store, "ping", lambda: False)  # type: ignore[attr-defined]
+    text = client.get("/metrics").text
+    assert "\ncrowdtally_store_up 0.0\n" in text
+    assert "crowdtally_engine_lag_entries{" not in text
 
 
 def test_openapi_has_stable_operation_ids(client: TestClient) -> None:
