@@ -22,6 +22,7 @@ from starlette.routing import Match, Mount
 
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import StoreWipedError, UnknownProjectError
+from app.store.redis_store import NotReplicatedError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -227,11 +228,12 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     svc = getattr(request.app.state, "service", None)
     if svc is not None:  # a cluster's layout read anew (a failover), for the next request
         await run_in_threadpool(svc.store.recover)
+    if isinstance(exc, NotReplicatedError):  # (reached: the write is not confirmed)
+        message = f"the store did not confirm the write on its replicas: {exc}"
+    else:
+        message = f"the store cannot be reached ({type(exc).__name__}); retry later"
     return ApiError(
-        503,
-        "store_unavailable",
-        f"the store cannot be reached ({type(exc).__name__}); retry later",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        503, "store_unavailable", message, headers={"Retry-After": str(RETRY_AFTER_S)}
     ).response()
 
 

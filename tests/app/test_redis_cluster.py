@@ -190,6 +190,32 @@ def test_an_append_not_on_enough_replicas_is_refused_yet_logged() -> None:
         store.close()
 
 
+def test_the_api_says_a_block_not_on_enough_replicas_is_in_the_log(tmp_path: Path) -> None:
+    """The 503 of a block that fewer replicas than asked confirmed says what happened (it is
+    in the log; posted again with the same ids it counts once), not that the store could not
+    be reached."""
+    prefix = f"nr-{uuid.uuid4().hex[:8]}"
+    settings = service_settings(tmp_path, store="redis", REDIS_URL=REDIS_URL,
+                                redis_prefix=prefix, redis_wait_replicas=1,
+                                redis_wait_timeout_ms=50)  # fmt: skip
+    try:
+        with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+            assert (
+                c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+            )
+            r = c.post(
+                "/v1/projects/p/labels",
+                json=[{"item": "x", "worker": "w", "label": "a", "id": "1"}],
+            )
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+            assert r.json()["error"]["message"] == (
+                "the store did not confirm the write on its replicas: 0 of 1 replicas "
+                "acknowledged the block within 50 ms; it is in the log: post it again (same ids)"
+            )
+    finally:
+        RedisStore(REDIS_URL, prefix).flush_prefix()
+
+
 def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_over(
     tmp_path: Path,
 ) -> None:
