@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from app.cli.common import existing_store, load_settings, snapshot_db, use_store
 from app.cli.layout import HelpCommand, HelpGroup
 from app.io.input import InputError
+
+if TYPE_CHECKING:  # (the SQL side is loaded by the commands that use it)
+    from app.store.archive import SnapshotDB
 
 snapshots_app = typer.Typer(
     cls=HelpGroup,
@@ -97,6 +100,8 @@ def restore(
             of = f" of project {project!r}" if project is not None else ""
             raise InputError("--snapshot", None, f"no snapshot {snapshot}{of}")
         project = found[0].project
+    if not st.project_names() and not db.projects():
+        _refuse_other_deployments(db, settings.store)
     if project is not None and project not in (names := st.project_names()):
         listed = f"projects: {', '.join(names)}" if names else "it has none"
         raise InputError("--project", None, f"no project {project!r} in the store ({listed})")
@@ -120,3 +125,23 @@ def restore(
         loop.engines[record.name] = eng
         print(f"{record.name}: state from position {start}, replayed to {eng.position}, "
               f"{eng.labels.n_labels:,} labels over {eng.items_count:,} items")  # fmt: skip
+
+
+def _refuse_other_deployments(db: SnapshotDB, store: str) -> None:
+    """An InputError when the database holds nothing of this deployment but projects of
+    others: a restore would write nothing (the embedded store's are under the empty prefix)."""
+    others = db.other_deployments()
+    if not others:
+        return
+    held = "; ".join(
+        f"{'the embedded store' if d == '' else repr(d)}: {', '.join(names)}"
+        for d, names in others.items()
+    )
+    setting = "CROWDTALLY_REDIS_PREFIX" if store == "redis" else "CROWDTALLY_STORE=redis"
+    raise InputError(
+        "CROWDTALLY_REDIS_PREFIX" if store == "redis" else "CROWDTALLY_STORE",
+        None,
+        f"the snapshot database holds no project of this deployment ({db.deployment!r}), only "
+        f"of others ({held}): set {setting} to the one to restore (the embedded store's is "
+        "the empty prefix)",
+    )

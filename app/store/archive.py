@@ -346,6 +346,20 @@ class SnapshotDB:
                 )
             ]
 
+    def other_deployments(self) -> dict[str, list[str]]:
+        """The projects the database holds for deployments other than this one, by
+        deployment (a Redis key prefix; empty for the embedded store)."""
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(ProjectRow.deployment, ProjectRow.name)
+                .where(ProjectRow.deployment != self.deployment)
+                .order_by(ProjectRow.deployment, ProjectRow.name)
+            )
+            out: dict[str, list[str]] = {}
+            for deployment, name in rows:
+                out.setdefault(deployment, []).append(name)
+            return out
+
     def project(self, name: str) -> ProjectRecord | None:
         """The catalogue's record of a project (as of its latest snapshot)."""
         with Session(self.engine) as s:

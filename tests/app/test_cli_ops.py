@@ -87,6 +87,34 @@ def test_snapshot_commands_and_restore_after_redis_wipe(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_restore_into_another_deployment_names_the_ones_the_database_holds(
+    tmp_path: Path,
+) -> None:
+    """The embedded store's SQLite file restored into Redis under a prefix it holds nothing
+    of: an error naming what it does hold (it restored nothing and said nothing)."""
+    from app.store.base import ProjectRecord
+    from app.store.sql import upgrade
+
+    db_file = tmp_path / "crowdtally.sqlite3"
+    upgrade(f"sqlite:///{db_file}", deployment="")
+    db = SnapshotDB(sql_engine(f"sqlite:///{db_file}"), deployment="")
+    db.save_project(ProjectRecord("duck", ("0", "1"), {"n_classes": 2}, 1.0))
+    db.close()
+    prefix = f"test-dep-{uuid.uuid4().hex[:8]}"
+    env = {"CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL, "CROWDTALLY_REDIS_PREFIX": prefix,
+           "CROWDTALLY_DATABASE_URL": f"sqlite:///{db_file}", "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
+    try:
+        out = run_cli("restore", env=env)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.startswith(
+            f"error: CROWDTALLY_REDIS_PREFIX: the snapshot database holds no project of this "
+            f"deployment ({prefix!r}), only of others (the embedded store: duck): set "
+            "CROWDTALLY_REDIS_PREFIX to the one to restore"
+        ), out.stderr
+    finally:
+        RedisStore(REDIS_URL, prefix).flush_prefix()
+
+
 @pytest.mark.parametrize(
     ("variable", "flag", "default", "chosen"),
     [
