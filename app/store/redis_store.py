@@ -222,6 +222,21 @@ def _joined_ids(ids: list[str | None]) -> str:
     return text
 
 
+def _rewound(
+    project: str, update: StateUpdate, holds: bool, sealed: int, served: int, at: int
+) -> str | None:
+    """Why a state write finds the log or the served state not as its engine left them
+    (None: as left), naming the check that failed."""
+    if not holds:
+        return f"{project}: the log no longer holds entry {update.position} as it was read"
+    if at > sealed:
+        return (f"{project}: the log's seal (the last entry read) is at {sealed}, behind entry "
+                f"{at} that this write covers: Redis lost a read")  # fmt: skip
+    if update.served is not None and served != update.served:
+        return f"{project}: the served state is at {served}, not {update.served}"
+    return None
+
+
 def new_token() -> int:
     """A log entry's token: random, 62 bits (fits a signed BIGINT), never 0 or 1."""
     return secrets.randbits(62) | 2
@@ -906,16 +921,10 @@ class RedisStore:
                 if update.fence is not None and int(token) != update.fence:
                     pipe.reset()
                     raise LeaseLostError(f"{project}: another engine holds it now")
-                if (
-                    not holds
-                    or at[0] > int(read)
-                    or (update.served is not None and int(was) != update.served)
-                ):
+                why = _rewound(project, update, bool(holds), int(read), int(was), at[0])
+                if why is not None:
                     pipe.reset()
-                    raise LogRewoundError(
-                        f"{project}: the log no longer holds entry {update.position} as read, "
-                        f"or the served state is at {was}, not {update.served}"
-                    )
+                    raise LogRewoundError(why)
                 pipe.multi()
             try:
                 self._queue_state(pipe, project, state, update)
