@@ -6,6 +6,7 @@ The gauges read the store and the snapshot database of whatever ``bind`` is give
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -35,6 +37,9 @@ class Source(Protocol):
     def db(self) -> SnapshotDB: ...
 
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""Where several API processes keep their counters for each other's scrapes (prometheus_client's
+multiprocess mode: set before the processes import it)."""
 REGISTRY = CollectorRegistry()
 REQUESTS = Histogram(
     "crowdtally_request_seconds",
@@ -168,4 +173,12 @@ def observe(method: str, route: str, status: int, seconds: float) -> None:
 
 
 def exposition() -> tuple[bytes, str]:
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    """The metrics of this process, or with ``serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR``
+    set by the command) the counters and histograms summed over the N processes, beside the
+    gauges read from the store (the same from every process)."""
+    if not os.environ.get(MULTIPROCESS_DIR):
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    every = CollectorRegistry()
+    multiprocess.MultiProcessCollector(every)  # type: ignore[no-untyped-call]
+    every.register(_COLLECTOR)
+    return generate_latest(every), CONTENT_TYPE_LATEST

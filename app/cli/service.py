@@ -81,6 +81,7 @@ def serve(
     )
     if workers > 1:  # (the processes serving are started anew: this one only watches them)
         gc.enable()
+        shared_metrics()
     uvicorn.run(
         "app.api:create_app",
         factory=True,
@@ -91,6 +92,20 @@ def serve(
         log_level="warning",
         access_log=False,
     )
+
+
+def shared_metrics() -> None:
+    """A folder of this run where the API processes keep their counters and histograms, so
+    that ``/metrics`` from any of them gives the sum (prometheus_client's multiprocess mode;
+    removed at exit)."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="crowdtally-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
 def check_port(host: str, port: int) -> None:

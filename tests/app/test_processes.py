@@ -182,3 +182,35 @@ def test_serve_on_a_port_in_use_is_one_line_and_makes_nothing(tmp_path: Path) ->
     assert run.returncode == 2, run.stderr
     assert f"error: --port: cannot listen on 127.0.0.1:{port}: " in run.stderr
     assert "http://" not in run.stderr and not data.exists()
+
+
+def test_metrics_of_several_api_processes_are_their_sum(tmp_path: Path) -> None:
+    """``serve --workers 2``: every scrape, whichever process answers it, counts the labels
+    both took (each process counted its own: scrapes read 5 and 8,075 in turn); the folder
+    they share is removed when the service stops."""
+    prefix = f"mw-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL,
+           "CROWDTALLY_REDIS_PREFIX": prefix, "CROWDTALLY_ADMIN_KEY": ADMIN,
+           "CROWDTALLY_DATA_DIR": str(tmp_path), "TMPDIR": str(tmp_path)}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--no-engine", "--workers", "2",
+         "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                          headers={"Authorization": f"Bearer {ADMIN}"}) as http:  # fmt: skip
+            wait_healthy(http, 60, proc)
+            assert http.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).is_success
+            for k in range(10):
+                block = [{"item": f"i{k}", "worker": "w", "label": "a"}]
+                assert http.post("/v1/projects/p/labels", json=block).status_code == 202
+            for _ in range(6):  # (new connections: either process answers)
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+                assert 'crowdtally_labels_total{outcome="accepted",project="p"} 10.0' in text
+        assert list(tmp_path.glob("crowdtally-metrics-*"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        RedisStore(REDIS_URL, prefix).flush_prefix()
+    assert not list(tmp_path.glob("crowdtally-metrics-*"))
