@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from app.io.codes import AnswerCodes, read_codes
-from app.io.input import MAX_CLASSES, InputError
+from app.io.input import MAX_CLASSES, TRUTH_HEADER_HINT, InputError
 from app.io.triples import answer_line, read_truth
 from core.batch import AggregationResult, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
@@ -155,8 +155,12 @@ def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
     lookup = {name: k for k, name in enumerate(data.classes)}
     bad = sorted({label for label in truth.values() if label not in lookup})
     if bad:
+        labels = list(truth.values())
+        hint = TRUTH_HEADER_HINT if bad == [labels[0]] and labels.count(bad[0]) == 1 else ""
         raise InputError(
-            path, None, f"gold labels {bad[:5]} are not among the classes {list(data.classes)}"
+            path,
+            None,
+            f"gold labels {bad[:5]} are not among the classes {list(data.classes)}{hint}",
         )
     gold_items = pa.array(list(truth), pa.string())
     gold_codes = np.array([lookup[label] for label in truth.values()] + [-1], dtype=np.int64)

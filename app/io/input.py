@@ -27,6 +27,9 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Control characters (Unicode Cc): no id or label holds one, as the service's API says."""
 PROJECT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 """What a project may be named: a letter or digit, then up to 63 of them or ``_.-``."""
+TRUTH_HEADER_HINT = " (a first line of column names must read item,label or task,label)"
+"""Added where the only gold label that is not a class is the first row's: a truth file's
+header of other names is read as a row of data."""
 
 
 def hash_id(kind: str, *parts: str) -> str:

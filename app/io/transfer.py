@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from app.io import importers
 from app.io.importers import Record
-from app.io.input import InputError, refuse_duplicate_columns
+from app.io.input import TRUTH_HEADER_HINT, InputError, refuse_duplicate_columns
 
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
@@ -214,6 +214,8 @@ def refuse_unknown_gold(
     """An InputError naming the first gold record of ``path`` whose label is not a class."""
     for r in gold:
         if r.label not in classes:
+            if r.line == 1 and [g.label for g in gold].count(r.label) == 1:
+                hint += TRUTH_HEADER_HINT
             raise InputError(path, r.line,
                              f"gold label {r.label!r} is not one of project {project!r}'s labels "
                              f"{classes}{hint}")  # fmt: skip

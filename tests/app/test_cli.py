@@ -1021,3 +1021,16 @@ def test_a_large_file_has_malloc_map_its_blocks_once_it_is_read(
     run = extract(dog / "answers.csv", "--predictions", tmp_path / "p.csv")
     assert run.returncode == 0, run.stderr
     assert calls == [False, maps]  # (the reader's trim of its chunks, then the command's)
+
+
+def test_a_truth_header_of_other_names_is_called_a_header(dog: Path, tmp_path: Path) -> None:
+    """'id,answer' was read as the gold of item 'id', and the error only said that gold label
+    'answer' was not among the classes."""
+    path = tmp_path / "truth.csv"
+    path.write_text("id,answer\n" + (dog / "truth.csv").read_text().split("\n", 1)[1])
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "gold labels ['answer']" in run.stderr and "must read item,label" in run.stderr
+    path.write_text("item,label\nid,answer\nid2,answer\n")  # data, not a header: no hint
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.returncode == 2 and "must read item,label" not in run.stderr

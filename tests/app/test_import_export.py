@@ -454,6 +454,14 @@ def test_a_truth_file_is_checked_against_the_answers_labels_and_items(
     assert run.stderr.startswith(f"error: {cased}:2: gold label 'Yes' is not one of project 'yn''s "
                                  "labels ['no', 'yes'] (--create-with-labels auto takes the labels "
                                  "the answers use")  # fmt: skip
+    headed = _write(tmp_path, "headed.csv", "id,answer\n1,yes\n2,no\n")  # (read as data)
+    run = run_cli(
+        "import", answers, "-p", "yn", "--create-with-labels", "no,yes", "--truth", headed
+    )
+    assert run.returncode == 2
+    assert run.stderr == (f"error: {headed}:1: gold label 'answer' is not one of project 'yn''s "
+                          "labels ['no', 'yes'] (a first line of column names must read "
+                          "item,label or task,label)\n")  # fmt: skip
     other = _write(tmp_path, "other.csv", "item,label\nzzz1,yes\nzzz2,no\n")
     run = run_cli("import", answers, "-p", "yn", "--create-with-labels", "no,yes", "--truth", other)
     assert run.returncode == 2
