@@ -36,7 +36,7 @@ from app.api.routes import (
     workers,
 )
 from app.api.store_watch import StoreWatch
-from app.engine.runtime import make_engine_loop
+from app.engine.runtime import SoleEngine, make_engine_loop, sole_engine_id
 from app.serving.warmup import dyadic_ready, freeze_what_is_loaded
 from app.serving.warmup import warm_up as warm_up_kernels
 from app.settings import Settings
@@ -85,9 +85,14 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
         took = warm_up_kernels()  # before the engine's first step and the first request
         if took > 5:
             print(f"crowdtally: compiled the kernels in {took:.0f} s (once)", file=sys.stderr)
-        engine = None
+        engine, sole = None, None
         if settings.engine_in_process:
+            if not st.log_in_sql:  # a shared store: the one engine outside a pool
+                sole = SoleEngine(st, sole_engine_id(), settings.engine_lease_s)
+                sole.claim("crowdtally serve")
             engine = make_engine_loop(settings, st, db, dyadic_ready)
+            if sole is not None:
+                sole.keep(engine.halt)
             engine.start()
         app.state.service = Service(settings, cast(Store, TimedStore(st)), engine, db, watch)
         freeze_what_is_loaded()
@@ -99,6 +104,8 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
                 watch.stop()
             if engine is not None:
                 engine.stop()
+                if sole is not None and engine.halted is None:
+                    sole.release()
                 if engine.snapshotter is not None:
                     engine.snapshotter.close()
             if store is None:

@@ -75,6 +75,8 @@ def serve(
     check_port(host, port)  # (before anything is made: a folder, a database, an admin key)
     hold_data_dir(settings)  # (embedded: no second process on the folder)
     open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
+    if settings.store == "redis" and settings.engine_in_process:  # (no second engine: its
+        claim_sole_engine(settings)  # refusal one line here, not a failed startup's traceback)
     print(
         f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
         file=sys.stderr,
@@ -92,6 +94,19 @@ def serve(
         log_level="warning",
         access_log=False,
     )
+
+
+def claim_sole_engine(settings: Settings) -> None:
+    """The lease of the one engine outside a pool, taken by this process (the server it runs
+    renews it: the same holder) or an InputError naming the engine that holds it."""
+    from app.engine.runtime import SoleEngine, sole_engine_id
+    from app.store import open_store
+
+    store = open_store(settings)
+    try:
+        SoleEngine(store, sole_engine_id(), settings.engine_lease_s).claim("crowdtally serve")
+    finally:
+        store.close()
 
 
 def shared_metrics() -> None:
@@ -149,7 +164,12 @@ def engine_command(
     use_store(store, default="redis")  # (a bad flag refused before anything starts)
     gc.disable()  # while loading: freeze_what_is_loaded enables it again
 
-    from app.engine.runtime import make_engine_loop
+    from app.engine.runtime import (
+        SoleEngine,
+        make_engine_loop,
+        refuse_beside_sole_engine,
+        sole_engine_id,
+    )
     from app.store import open_store_when_reachable
     from app.store.archive import rebuild_store
 
@@ -167,17 +187,29 @@ def engine_command(
     )
     from app.serving.warmup import dyadic_ready, freeze_what_is_loaded, warm_up
 
+    sole = None
+    if settings.engine_pool:
+        refuse_beside_sole_engine(st, settings.engine_lease_s)
+    elif not st.log_in_sql:  # (a shared store: one engine outside a pool)
+        sole = SoleEngine(st, sole_engine_id(), settings.engine_lease_s)
+        sole.claim()
     warm_up()  # the kernels, compiled in two processes on a first start
     loop = make_engine_loop(settings, st, db, dyadic_ready)
     freeze_what_is_loaded()
     where = f" (pool engine {loop.pool.engine_id})" if loop.pool is not None else ""
     print(f"crowdtally engine: {settings.store} store{where}", file=sys.stderr)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: leases given up
+    if sole is not None:
+        sole.keep(loop.halt)
     with contextlib.suppress(KeyboardInterrupt):
         try:
             loop.run_forever()
         finally:
             loop.release_leases()
+            if sole is not None and loop.halted is None:
+                sole.release()
+    if loop.halted is not None:
+        raise InputError("crowdtally engine", None, loop.halted)
 
 
 def check_places(settings: Settings) -> None:

@@ -147,6 +147,8 @@ class EngineLoop:
         """Held projects whose lease a renewal found lost (let go at the next step)."""
         self._lease_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
+        self.halted: str | None = None
+        """Why the loop stopped for good (``halt``), else None."""
         self._next_claim = 0.0
         self._rates = Rates()
         """Labels/s of each project held (the load the pool shares)."""
@@ -802,7 +804,7 @@ class EngineLoop:
         while not self._stop.is_set():
             try:
                 done = self.step()
-                self.last_error = None
+                self.last_error = self.halted  # (None but after a halt)
                 done += self.dyadic_learned + self.queue_slices
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
@@ -813,6 +815,13 @@ class EngineLoop:
                 done = 0
                 self._stop.wait(1.0)
             idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s
+
+    def halt(self, reason: str) -> None:
+        """Stop applying for good (another engine applies the projects now): the reason is
+        logged and reported as ``/readyz``'s engine error."""
+        log.error("%s", reason)
+        self.last_error = self.halted = reason
+        self._stop.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(

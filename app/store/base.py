@@ -416,6 +416,15 @@ class Store(Protocol):
         """Note that ``holder`` is alive now; the engines seen within the last ``ttl_s``."""
         ...
 
+    def lease_holder(self, project: str) -> str | None:
+        """Who holds the project's lease now (None: nobody)."""
+        ...
+
+    def pool_engines(self, ttl_s: float) -> list[str]:
+        """The pool engines seen within the last ``ttl_s`` (``engines_alive`` without noting
+        one)."""
+        ...
+
     def record_loads(
         self, changes: Mapping[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:

@@ -603,6 +603,16 @@ class EmbeddedStore:
             self._engines = {h: t for h, t in self._engines.items() if now - t < ttl_s}
             return sorted(self._engines)
 
+    def lease_holder(self, project: str) -> str | None:
+        with self._lock:
+            who, until, _ = self._leases.get(project, ("", 0.0, 0))
+            return who if who and until > time.monotonic() else None
+
+    def pool_engines(self, ttl_s: float) -> list[str]:
+        with self._lock:
+            now = time.monotonic()
+            return sorted(h for h, t in self._engines.items() if now - t < ttl_s)
+
     def record_loads(
         self, changes: Mapping[str, tuple[str, float] | None], read: bool = True
     ) -> dict[str, tuple[str, float]]:

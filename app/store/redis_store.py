@@ -321,6 +321,19 @@ redis.call('XADD', KEYS[1], 'MINID', '~', tostring(now - tonumber(ARGV[2])), '*'
 
 # KEYS: the engines' heartbeats (holder -> Redis time in ms). ARGV: this holder, the time in ms
 # after which a silent engine counts as gone. Returns the engines alive.
+# KEYS: the engines' hash. ARGV: the time an engine counts as alive after it was seen (ms).
+# _ALIVE without noting anyone (on the node that holds the hash: its clock stamped them).
+_SEEN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local alive = {}
+for i = 1, #all, 2 do
+  if now - tonumber(all[i + 1]) < tonumber(ARGV[1]) then table.insert(alive, all[i]) end
+end
+return alive
+"""
+
 _ALIVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -404,6 +417,7 @@ class RedisStore:
         self._check = self._register(_CHECK)
         self._acquire = self._register(_ACQUIRE)
         self._release = self._register(_RELEASE)
+        self._seen = self._register(_SEEN)
         self._alive = self._register(_ALIVE)
         self._quiet = self._register(_QUIET)
 
@@ -1111,6 +1125,14 @@ class RedisStore:
     def engines_alive(self, holder: str, ttl_s: float) -> list[str]:
         alive = self._alive(keys=[f"{self.prefix}:engines"], args=[holder, int(ttl_s * 1000)])
         return sorted(a.decode() for a in alive)
+
+    def lease_holder(self, project: str) -> str | None:
+        holder = self.r.get(self._k(project, "lease"))
+        return holder.decode() if holder else None
+
+    def pool_engines(self, ttl_s: float) -> list[str]:
+        seen = self._seen(keys=[f"{self.prefix}:engines"], args=[int(ttl_s * 1000)])
+        return sorted(a.decode() for a in seen)
 
     def record_loads(
         self, changes: Mapping[str, tuple[str, float] | None], read: bool = True

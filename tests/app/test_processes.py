@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 
+from app.engine.runtime import SOLE_ENGINE
 from app.store.redis_store import RedisStore
 from app.testing import ServiceStartError, free_port, wait_healthy
 from tests.app.conftest import ADMIN, REDIS_URL
@@ -153,6 +154,49 @@ def test_api_and_engine_processes_and_engine_restart(layout: Layout) -> None:
         assert list(p["scores"].values()) == scores[n].tolist()
         assert p["h_min"] == h[n]
     store.close()
+
+
+def _sole_holder(store: RedisStore, timeout_s: float = 30.0, but: str | None = None) -> str:
+    """The holder of the lease of the engine outside a pool, once one (other than ``but``)
+    holds it."""
+    deadline = time.monotonic() + timeout_s
+    while (holder := store.lease_holder(SOLE_ENGINE)) in (None, but):
+        assert time.monotonic() < deadline, f"no engine took the lease (holder {holder})"
+        time.sleep(0.05)
+    assert holder is not None
+    return holder
+
+
+def test_a_second_engine_outside_a_pool_is_refused(tmp_path: Path) -> None:
+    """Two ``crowdtally engine`` processes on one Redis prefix each applied every project,
+    fencing each other's writes off and restoring again and again. The second is now refused
+    (so is a pool engine beside it); one stopped gives its lease up, and one killed is taken
+    over once its lease lapses."""
+    lay = Layout(tmp_path, CROWDTALLY_ENGINE_LEASE_S="1")
+    store = RedisStore(REDIS_URL, lay.prefix)
+    try:
+        lay.wait_ready()
+        first = _sole_holder(store)
+        assert first.endswith(f"-{lay.engine.pid}")
+        for args in (["engine"], ["engine", "--pool"]):
+            run = subprocess.run([*CLI, *args], env=lay.env, cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=120)  # fmt: skip
+            assert run.returncode == 2, run.stderr
+            assert f"the engine of {first}" in run.stderr and "stop it first" in run.stderr
+            assert "Traceback" not in run.stderr
+        assert store.lease_holder(SOLE_ENGINE) == first
+        lay.engine.terminate()  # stopped: its lease given up at once
+        lay.engine.wait(30)
+        assert store.lease_holder(SOLE_ENGINE) is None
+        lay.start_engine()
+        second = _sole_holder(store, but=first)
+        lay.kill_engine()  # killed: the next engine takes over once the lease lapses
+        lay.start_engine()
+        assert _sole_holder(store, but=second).endswith(f"-{lay.engine.pid}")
+        lay.wait_ready()
+    finally:
+        lay.close()
+        store.close()
 
 
 def test_wait_healthy_gives_up_on_an_exited_process_and_after_its_timeout() -> None:
