@@ -210,7 +210,7 @@ class DyadicModel:
 
     def raw_scores(self, raters: I64, tasks: I64) -> F64:
         """The scorers' outputs, shape (n, n_scorers)."""
-        raters, tasks = _i64(raters), _i64(tasks)
+        raters, tasks = _pairs(raters, tasks)
         out = np.empty((raters.shape[0], self.config.n_scorers))
         _k.predict_many(self.A, self.B, self.WR, self.WT, self.WC, raters, tasks, out)
         return out
@@ -238,10 +238,15 @@ class DyadicModel:
         ``target`` defaults to the next-best label; 0 where target is already predicted, inf
         where no weight reaches it. Binary / ordinal: part II's h_min at the decision boundary.
         """
-        raters, tasks = _i64(raters), _i64(tasks)
+        raters, tasks = _pairs(raters, tasks)
         if target is None:
             target = runner_up(self.predict(raters, tasks)[1])
-        target = _i64(target)
+        target = np.asarray(target, dtype=np.int64)  # (0-d: one code for every pair)
+        if target.ndim != 0 and target.shape != raters.shape:
+            raise ValueError("target must be one class code, or one per (rater, task) pair")
+        target = np.ascontiguousarray(np.broadcast_to(target, raters.shape))
+        if target.size and (target.min() < 0 or target.max() >= self.config.n_classes):
+            raise ValueError("targets must be class codes in [0, n_classes)")
         out = np.empty(raters.shape[0])
         _k.h_min_many(*self._tables(), self._hyper, self.config.reduction_code,
                       self.config.n_classes, raters, tasks, target, out)  # fmt: skip
@@ -372,6 +377,14 @@ def _shapes(c: DyadicConfig) -> dict[str, tuple[int, ...]]:
 
 def _i64(a: Any) -> I64:
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _pairs(raters: Any, tasks: Any) -> tuple[I64, I64]:
+    """(rater, task) pairs as int64 arrays of one length (the kernels read both by index)."""
+    raters, tasks = _i64(raters), _i64(tasks)
+    if raters.ndim != 1 or raters.shape != tasks.shape:
+        raise ValueError("raters and tasks must be 1-d arrays of the same length")
+    return raters, tasks
 
 
 def initial_rows(config: DyadicConfig, table: str, slots: I64) -> F64:

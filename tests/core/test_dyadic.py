@@ -533,3 +533,23 @@ def test_an_unreachable_target_is_reported_without_searching_every_weight() -> N
     assert np.isinf(h)
     assert not any(_flips(m, r, t, target, w) for w in np.geomspace(1e-3, kern.H_SEARCH_MAX, 12))
     assert took < 10.0, took
+
+
+def test_predictions_and_h_min_refuse_pairs_they_cannot_score() -> None:
+    """``h_min`` with one target for many pairs read past the target array (a different
+    figure from run to run); a target outside the classes read as already predicted (0);
+    ``predict`` with more raters than tasks returned a label for every rater."""
+    model = DyadicModel(DyadicConfig(n_classes=4))
+    rng = np.random.default_rng(1)
+    raters, tasks = rng.integers(0, 20, 300), rng.integers(0, 30, 300)
+    model.learn_many(raters, tasks, rng.integers(0, 4, 300))
+    each = model.h_min(raters[:3], tasks[:3], target=np.array([1, 1, 1]))
+    assert model.h_min(raters[:3], tasks[:3], target=1).tolist() == each.tolist()
+    with pytest.raises(ValueError, match="one per"):
+        model.h_min(raters[:3], tasks[:3], target=np.array([1, 1]))
+    for bad in (4, -1, np.array([0, 5, 0])):
+        with pytest.raises(ValueError, match="class codes in"):
+            model.h_min(raters[:3], tasks[:3], target=bad)
+    for call in (model.predict, model.raw_scores, model.h_min):
+        with pytest.raises(ValueError, match="raters and tasks must be 1-d arrays of the same"):
+            call(raters[:5], tasks[:2])
