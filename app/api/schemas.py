@@ -303,6 +303,11 @@ class QueueProgress(BaseModel):
     )
 
 
+NO_PROGRESS = {"done": 0, "expected_accuracy": None, "open": 0, "labels_to_finish": 0.0}
+"""A project's ``QueueProgress`` before any item was scored: nothing open, nothing to buy (an
+empty report read "some cannot reach the target" with 0 items open)."""
+
+
 class QueuePage(BaseModel):
     items: list[QueueItem]
     size: int = Field(description="Items in the queue (not finished).")

@@ -13,6 +13,7 @@ import orjson
 
 from app.api.deps import Service
 from app.api.schemas import (
+    NO_PROGRESS,
     DyadicSettingsBody,
     Hyperparameters,
     Item,
@@ -385,7 +386,7 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
     return {
         "queue": queue.items,
         "queue_size": queue.size,
-        "queue_progress": queue.globals.queue or {},
+        "queue_progress": queue.globals.queue or NO_PROGRESS,
         "project": record.name,
         "labels": list(record.labels),
         "stats": view["stats"],

@@ -164,6 +164,10 @@ def test_the_queue_reports_what_the_stopping_rule_promises(client: TestClient) -
     """``progress``: the finished items, their mean served confidence (the share expected
     right), the open items and the labels they are expected to need (docs/active.md A8)."""
     key = make_project(client)
+    empty = {"done": 0, "expected_accuracy": None, "open": 0, "labels_to_finish": 0.0}
+    assert queue(client, key)["progress"] == empty  # (it said null: "some cannot reach it")
+    summary = client.get("/v1/projects/census/summary", headers=key).json()
+    assert summary["queue_progress"] == empty
     sure = [
         {"item": f"s{i}", "worker": f"w{j}", "label": "white"} for i in range(4) for j in range(6)
     ]

@@ -324,7 +324,9 @@ function renderSummary(s) {
   const finished = pr.done
     ? `${pr.done.toLocaleString()} items finished, expected ${(100 * pr.expected_accuracy).toFixed(1)}% right`
     : "no item finished yet";
-  const toGo = pr.labels_to_finish === null
+  const toGo = pr.open === 0
+    ? "no item open"
+    : pr.labels_to_finish === null
     ? "some open items cannot reach the target confidence under the model"
     : `about ${Math.round(pr.labels_to_finish).toLocaleString()} more labels to finish the ${pr.open.toLocaleString()} open`;
   $("queue-progress").textContent = `${finished}; ${toGo}`;
@@ -431,15 +433,16 @@ async function loadItems() {
       info = `no item "${items.search}" (no labels for it applied yet)`;
     }
   } else {
-    const q = new URLSearchParams({ limit: ITEMS_PAGE, min_probability: $("items-min").value || 0,
-      max_probability: $("items-max").value || 1 });
+    const bound = (id, empty) => Math.min(1, Math.max(0, Number($(id).value || empty) || 0));
+    const q = new URLSearchParams({ limit: ITEMS_PAGE, min_probability: bound("items-min", 0),
+      max_probability: bound("items-max", 1) });  // (typed past [0, 1]: the API's 422, unseen)
     const cursor = items.cursors[items.page];
     if (cursor) q.set("cursor", cursor);
     const page = await api(`/v1/projects/${project()}/items?${q}`);
     items.next = page.next_cursor;
     rows = page.items.map(itemRow);
     info = `page ${items.page + 1}: ${page.items.length} item${page.items.length === 1 ? "" : "s"}`
-      + (page.items.length ? "" : " in this range (try next)");
+      + (page.items.length ? "" : page.next_cursor ? " in this range (try next)" : " in this range");
   }
   if (gen !== items.gen) return;
   $("items").querySelector("tbody").replaceChildren(...rows);

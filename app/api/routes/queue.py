@@ -10,7 +10,15 @@ from fastapi import APIRouter, Query, Request
 from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
 from app.api.errors import ERRORS, NOT_APPLIED, ApiError
-from app.api.schemas import Accepted, IdQuery, ItemIn, QueuePage, QueueProgress, QueueSettingsBody
+from app.api.schemas import (
+    NO_PROGRESS,
+    Accepted,
+    IdQuery,
+    ItemIn,
+    QueuePage,
+    QueueProgress,
+    QueueSettingsBody,
+)
 from app.api.views import queue_for, queue_settings
 from app.engine.queue import QueueSettings
 
@@ -109,5 +117,5 @@ def get_queue(
         size=queue.size,
         policy=queue.settings.policy,
         worker=worker,
-        progress=QueueProgress(**(queue.globals.queue or {})),
+        progress=QueueProgress(**(queue.globals.queue or NO_PROGRESS)),
     )
