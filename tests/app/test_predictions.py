@@ -255,7 +255,18 @@ def test_dyadic_settings(client: TestClient) -> None:
     assert (
         "eta x dyadic_rate is 10000, the factors' rate: at most 100" in r.json()["error"]["message"]
     )
+    # settings that would be dropped or mean nothing (they were taken and ignored)
+    for labels, dyadic, says in [
+        (["x", "y", "z"], {"enabled": False, "k": 3}, "k given with enabled false"),
+        (["x", "y", "z"], {"ordinal": True, "reduction": "tree"}, "ordinal labels have one"),
+        (["x", "y"], {"reduction": "tree"}, "two classes have one scorer"),
+    ]:
+        r = client.post("/v1/projects", json={"name": "bad", "labels": labels, "dyadic": dyadic})
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_dyadic"), dyadic
+        assert says in r.json()["error"]["message"]
     assert client.get("/v1/projects/bad").status_code == 404
+    ok = {"name": "tree", "labels": ["x", "y", "z"], "dyadic": {"reduction": "tree"}}
+    assert client.post("/v1/projects", json=ok).status_code == 201
 
 
 def _dataset(name: str) -> list[dict[str, str]]:

@@ -32,8 +32,19 @@ router = APIRouter()
 
 
 def dyadic_settings(body: DyadicSettingsBody, n_classes: int) -> dict[str, Any] | None:
+    """The project's dyadic settings to store (None: no dyadic model), or 422 for settings
+    that would be dropped or mean nothing (they were accepted and silently ignored)."""
+    given = sorted(body.model_fields_set - {"enabled"})
     if not body.enabled:
+        if given:
+            raise ApiError(422, "invalid_dyadic", f"{', '.join(given)} given with enabled "
+                           "false: a project without the dyadic model keeps no settings for it",
+                           None, "dyadic")  # fmt: skip
         return None
+    if "reduction" in given and (body.ordinal or n_classes == 2):
+        raise ApiError(422, "invalid_dyadic", "reduction is for nominal labels of 3 or more "
+                       "classes: " + ("ordinal labels have one scorer" if body.ordinal else
+                       "two classes have one scorer"), None, "dyadic")  # fmt: skip
     fields = body.model_dump(exclude={"enabled"})
     try:
         settings = settings_for(n_classes, **fields)
