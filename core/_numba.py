@@ -27,26 +27,34 @@ from pathlib import Path
 from typing import Any
 
 
-def _import_without(module: str, probe: str) -> None:
-    """Import numba's ``module`` with its optional dependency ``probe`` answered "absent" for
-    that import only (importing ``probe`` later, as any other code may, works as usual).
-    Nothing is done when either is imported already or ``probe``'s package is not installed
-    (then the probe fails at once: nothing to save)."""
-    if module in sys.modules or probe in sys.modules:
+def _import_without(module: str, *probes: str) -> None:
+    """Import numba's ``module`` with its optional dependencies ``probes`` answered "absent"
+    for that import only (importing them later, as any other code may, works as usual).
+    Nothing is done when ``module`` is imported already; a probe imported already, or whose
+    package is not installed (it then fails at once: nothing to save), is left as it is."""
+    if module in sys.modules:
         return
-    if importlib.util.find_spec(probe.split(".")[0]) is None:
-        return
-    sys.modules[probe] = None  # type: ignore[assignment]  # "import probe" raises ImportError
+    absent = [
+        p
+        for p in probes
+        if p not in sys.modules and importlib.util.find_spec(p.split(".")[0]) is not None
+    ]
+    for probe in absent:
+        sys.modules[probe] = None  # type: ignore[assignment]  # "import probe" raises ImportError
     try:
         importlib.import_module(module)
     finally:
-        del sys.modules[probe]
+        for probe in absent:
+            del sys.modules[probe]
 
 
-# ``numba.core.config`` imports PyYAML at numba's import when it is installed (a dependency of
-# other packages here), to read a ``.numba_config.yaml`` in the working folder: 8 ms of every
-# process start. Numba's settings here come from its environment variables only.
-_import_without("numba", "yaml")
+# At numba's import:
+# - ``numba.core.config`` imports PyYAML when it is installed (a dependency of other packages
+#   here), to read a ``.numba_config.yaml`` in the working folder: 8 ms of every process
+#   start. Numba's settings here come from its environment variables only.
+# - ``numba._ensure_critical_deps`` imports SciPy when it is installed, only to check that its
+#   version is at least 1.0: 20-50 ms of every process start (no kernel here uses SciPy).
+_import_without("numba", "yaml", "scipy")
 
 import numba  # noqa: E402  (after numba's import above, which this one reuses)
 from numba import types  # noqa: E402

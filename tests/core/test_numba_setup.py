@@ -1,6 +1,7 @@
 """core/_numba.py: numba's array support loads without importing SciPy's linear algebra
-(its BLAS probe, 0.25 s of every process start where SciPy is installed), its typing
-without cffi (47 ms) and its configuration without PyYAML (8 ms), and all three still import as usual afterwards; a cached kernel that calls
+(its BLAS probe, 0.25 s of every process start where SciPy is installed), numba itself
+without SciPy (a version check), its typing without cffi (47 ms) and its configuration
+without PyYAML (8 ms), and all of them still import as usual afterwards; a cached kernel that calls
 another file's kernel is compiled again once that file changes."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ print(loaded)
     ("package", "module", "afterwards"),
     [
         ("scipy", "scipy.linalg", "import scipy.linalg.cython_blas"),
+        ("scipy", "scipy", "import scipy; scipy.__version__"),  # (numba's version check)
         ("cffi", "cffi", "import cffi; cffi.FFI()"),
         ("yaml", "yaml", "import yaml; yaml.safe_load('a: 1')"),
     ],
