@@ -84,7 +84,9 @@ def lifespan(settings: Settings, store: Store | None) -> Lifespan:
             watch.start()
         took = warm_up_kernels()  # before the engine's first step and the first request
         if took > 5:
-            print(f"crowdtally: compiled the kernels in {took:.0f} s (once)", file=sys.stderr)
+            print(
+                f"crowdtally: compiled the kernels in {took:.0f} s (once); serving", file=sys.stderr
+            )
         engine, sole = None, None
         if settings.engine_in_process:
             if not st.log_in_sql:  # a shared store: the one engine outside a pool

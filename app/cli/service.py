@@ -77,10 +77,7 @@ def serve(
     open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
     if settings.store == "redis" and settings.engine_in_process:  # (no second engine: its
         claim_sole_engine(settings)  # refusal one line here, not a failed startup's traceback)
-    print(
-        f"crowdtally: {settings.store} store, engine {'in process' if settings.engine_in_process else 'separate'}, http://{host}:{port}/docs",
-        file=sys.stderr,
-    )
+    print(start_line(settings, host, port, first_start=second is not None), file=sys.stderr)
     if workers > 1:  # (the processes serving are started anew: this one only watches them)
         gc.enable()
         shared_metrics()
@@ -94,6 +91,19 @@ def serve(
         log_level="warning",
         access_log=False,
     )
+
+
+def start_line(settings: Settings, host: str, port: int, *, first_start: bool) -> str:
+    """What ``serve`` prints before the server starts: the store, where the engine runs, the
+    address; on a first start, that requests wait for the kernels' compilation."""
+    engine = "in process" if settings.engine_in_process else "separate"
+    line = f"crowdtally: {settings.store} store, engine {engine}, http://{host}:{port}/docs"
+    if first_start:
+        line += (
+            "\ncrowdtally: first start on this machine: the kernels compile before the server "
+            "accepts connections (about 15-30 s, once)"
+        )
+    return line
 
 
 def claim_sole_engine(settings: Settings) -> None:

@@ -930,6 +930,19 @@ def test_serve_refuses_what_it_cannot_run(tmp_path: Path) -> None:
         assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
+def test_a_first_start_says_that_requests_wait_for_the_kernels(tmp_path: Path) -> None:
+    """The address was printed 12 s before the server accepted a connection (the kernels
+    compile first), with nothing saying so."""
+    from app.cli.service import start_line
+    from app.settings import Settings
+
+    settings = Settings(store="embedded", data_dir=tmp_path)
+    first = start_line(settings, "127.0.0.1", 8000, first_start=True)
+    assert first.startswith("crowdtally: embedded store, engine in process, http://127.0.0.1:8000")
+    assert "kernels compile before the server accepts connections" in first
+    assert "compile" not in start_line(settings, "127.0.0.1", 8000, first_start=False)
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
