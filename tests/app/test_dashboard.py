@@ -145,6 +145,21 @@ def check_plots(page: Any) -> None:
         m.querySelector('.legend-title').textContent, m.querySelectorAll('rect.cell').length])""")
     expected = ["true label", "answered label", "0,1,2,3", "0,1,2,3", "0,0.5,1", "P(answer | true)"]
     assert all(m == [*expected, 16] for m in per_map), per_map[0]
+    # every text inside its picture, for 2 to 12 classes (with 2, the colour scale's title
+    # ran past the top and the bottom)
+    outside = page.evaluate("""() => [2, 3, 4, 7, 10, 12].flatMap(k => {
+        const labels = [...Array(k).keys()].map(i => k > 7 ? `class ${i}` : String(i));
+        const matrix = Object.fromEntries(labels.map(t => [t, Object.fromEntries(
+            labels.map(a => [a, t === a ? 0.9 : 0.1 / (k - 1)]))]));
+        const svg = document.body.appendChild(heatmap(matrix, labels));
+        const box = svg.getBoundingClientRect();
+        const out = [...svg.querySelectorAll('text')].map(t => t.getBoundingClientRect())
+            .filter(r => r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5
+                         || r.left < box.left - 0.5 || r.right > box.right + 0.5);
+        svg.remove();
+        return out.length ? [k] : [];
+    })""")
+    assert outside == [], f"texts past the heatmap's edges with these numbers of classes: {outside}"
 
 
 def post_labels(base: str, key: str, stop: threading.Event) -> None:
@@ -188,6 +203,9 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.set_default_timeout(10_000)
+            missing: list[str] = []  # the page's own files (and its icon) that did not load
+            page.on("response", lambda r: missing.append(r.url)
+                    if r.status >= 400 and "/v1/" not in r.url else None)  # fmt: skip
             page.goto(f"{base}/dashboard/?project=dog&key={key}&{FAST}")
             page.wait_for_selector("svg.heatmap")
             page.wait_for_selector("#reliability circle")  # the calibration on the 40 gold items
@@ -290,6 +308,10 @@ def test_dashboard_in_headless_chromium(served_dog: tuple[str, str]) -> None:
             page.wait_for_selector("#status.error")
             assert "not known" in page.locator("#status").inner_text()
             assert page.locator("#rate").inner_text() == DASH
+            # a browser asked for /favicon.ico, a 404 each visit: the page names its icon
+            icon = page.evaluate("document.querySelector('link[rel=icon]').href")
+            assert httpx.get(icon).headers["content-type"] == "image/svg+xml"
+            assert missing == [], missing
         finally:
             stop.set()
             browser.close()

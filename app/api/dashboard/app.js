@@ -215,11 +215,13 @@ function heatmap(matrix, labels) {
   const upright = names.every((n) => 6 * n.length <= c);  // column names fit under their column
   const colH = upright ? 13 : nameW + 4;
   const left = 16 + nameW, top = 4, size = k * c;
-  const lx = left + size + 12, W = lx + 10 + 30 + 12, H = top + size + colH + 16;
+  const bottom = top + size + colH + 16;  // below the answered labels' title
+  const legendH = Math.max(size, 96);  // its title, "P(answer | true)", about 92 px long
+  const lx = left + size + 12, W = lx + 10 + 30 + 12, H = Math.max(bottom, top + legendH + 4);
   const svg = el("svg", { class: "heatmap", width: W, height: H, role: "img", "aria-label": "confusion matrix" });
   const ay = el("g", { class: "axis y" }), ax = el("g", { class: "axis x" });
-  ay.appendChild(el("text", { class: "axis-title y", transform: `translate(10 ${top + size / 2}) rotate(-90)`, "text-anchor": "middle" }, "true label"));
-  ax.appendChild(el("text", { class: "axis-title x", x: left + size / 2, y: H - 3, "text-anchor": "middle" }, "answered label"));
+  ay.appendChild(el("text", { class: "axis-title y", transform: `translate(10 ${Math.max(top + size / 2, 34)}) rotate(-90)`, "text-anchor": "middle" }, "true label"));
+  ax.appendChild(el("text", { class: "axis-title x", x: left + size / 2, y: bottom - 3, "text-anchor": "middle" }, "answered label"));
   names.forEach((n, i) => {
     ay.appendChild(el("text", { class: "tick", x: left - 4, y: top + i * c + c / 2 + 3.5, "text-anchor": "end" }, n));
     const xc = left + i * c + c / 2, yc = top + size + 11;
@@ -248,7 +250,7 @@ function heatmap(matrix, labels) {
   for (const v of [0, 0.5, 1]) {
     lg.appendChild(el("text", { class: "tick", x: lx + 13, y: top + size * (1 - v) + (v === 1 ? 7 : v === 0 ? 0 : 3) }, String(v)));
   }
-  lg.appendChild(el("text", { class: "legend-title", transform: `translate(${lx + 38} ${top + size / 2}) rotate(-90)`, "text-anchor": "middle" }, "P(answer | true)"));
+  lg.appendChild(el("text", { class: "legend-title", transform: `translate(${lx + 38} ${top + legendH / 2}) rotate(-90)`, "text-anchor": "middle" }, "P(answer | true)"));
   svg.appendChild(lg);
   return svg;
 }
