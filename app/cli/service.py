@@ -78,6 +78,8 @@ def serve(
     if settings.store == "redis" and settings.engine_in_process:  # (no second engine: its
         claim_sole_engine(settings)  # refusal one line here, not a failed startup's traceback)
     print(start_line(settings, host, port, first_start=second is not None), file=sys.stderr)
+    if weak := weak_admin_key(settings):
+        print(weak, file=sys.stderr)
     if workers > 1:  # (the processes serving are started anew: this one only watches them)
         gc.enable()
         shared_metrics()
@@ -104,6 +106,23 @@ def start_line(settings: Settings, host: str, port: int, *, first_start: bool) -
             "accepts connections (about 15-30 s, once)"
         )
     return line
+
+
+SHORTEST_ADMIN_KEY = 16
+"""Characters below which ``serve`` warns of a guessable CROWDTALLY_ADMIN_KEY (a key it makes
+has 46)."""
+
+
+def weak_admin_key(settings: Settings) -> str | None:
+    """A warning line when the configured admin key is short enough to be guessed, else None."""
+    key = settings.admin_key
+    if key is None or len(key) >= SHORTEST_ADMIN_KEY:
+        return None
+    return (
+        f"crowdtally: warning: CROWDTALLY_ADMIN_KEY has {len(key)} character"
+        f"{'' if len(key) == 1 else 's'}; a key shorter than "
+        f"{SHORTEST_ADMIN_KEY} can be guessed (the one made on a first start without it has 46)"
+    )
 
 
 def claim_sole_engine(settings: Settings) -> None:

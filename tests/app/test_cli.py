@@ -930,6 +930,17 @@ def test_serve_refuses_what_it_cannot_run(tmp_path: Path) -> None:
         assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
+def test_serve_warns_of_an_admin_key_short_enough_to_guess() -> None:
+    """CROWDTALLY_ADMIN_KEY=a was taken without a word."""
+    from app.cli.service import weak_admin_key
+    from app.settings import Settings
+
+    warning = weak_admin_key(Settings(admin_key="a"))
+    assert warning is not None and "CROWDTALLY_ADMIN_KEY has 1 character;" in warning
+    assert weak_admin_key(Settings(admin_key="k" * 16)) is None
+    assert weak_admin_key(Settings(admin_key=None)) is None
+
+
 def test_a_first_start_says_that_requests_wait_for_the_kernels(tmp_path: Path) -> None:
     """The address was printed 12 s before the server accepted a connection (the kernels
     compile first), with nothing saying so."""
