@@ -116,6 +116,8 @@ def import_command(
         f"{file}: {r.format}, {r.labels:,} labels in {r.blocks} blocks: {r.accepted:,} new, "
         f"{r.duplicates:,} already there; {r.gold:,} gold{skipped}; {r.seconds:.2f}s"
     )
+    if r.unread:
+        print(f"{file}: columns not read: {', '.join(r.unread)}")
 
 
 def export_command(

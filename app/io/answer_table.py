@@ -73,9 +73,17 @@ class AnswerTable:
     ids_made: bool = False
     """Every id was made here (the file gave none): each names one answer by construction
     (its item, worker, label and occurrence), so ``id_given_twice`` has nothing to check."""
+    unread: tuple[str, ...] = ()
+    """Columns of the file's header that no answer reads (said after an import)."""
 
     @classmethod
-    def of(cls, format: str, answers: Sequence[Answer], skipped: int = 0) -> AnswerTable:
+    def of(
+        cls,
+        format: str,
+        answers: Sequence[Answer],
+        skipped: int = 0,
+        unread: tuple[str, ...] = (),
+    ) -> AnswerTable:
         """A table of answers read row by row (a column at a time from them)."""
 
         def column(name: str) -> pa.Array:
@@ -86,7 +94,7 @@ class AnswerTable:
         lines = np.fromiter((NO_LINE if a.line is None else a.line for a in answers), np.int64, n)
         return cls(
             format, column("item"), column("worker"), column("label"), column("id"),
-            None if (weights == 1.0).all() else weights, lines, skipped,
+            None if (weights == 1.0).all() else weights, lines, skipped, unread=unread,
         )  # fmt: skip
 
     def __len__(self) -> int:

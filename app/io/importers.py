@@ -12,11 +12,13 @@ Problems raise ``app.io.input.InputError`` (``FILE:LINE: reason``), before anyth
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,8 @@ class Parsed:
     records: list[Record] = field(default_factory=list)
     skipped: int = 0
     skip_reasons: dict[str, int] = field(default_factory=dict)
+    unread: tuple[str, ...] = ()
+    """Columns of the header that no answer reads (``unread_columns``)."""
 
     @property
     def labels(self) -> list[Record]:
@@ -178,7 +182,8 @@ def read_answers(
         if table is not None:
             return table, []
     parsed = _checked_parsed(source.path, _parse(source))
-    return AnswerTable.of(parsed.format, parsed.labels, parsed.skipped), parsed.gold
+    table = AnswerTable.of(parsed.format, parsed.labels, parsed.skipped, parsed.unread)
+    return table, parsed.gold
 
 
 def _plain_table(source: _Source) -> AnswerTable | None:
@@ -204,7 +209,8 @@ def _plain_table(source: _Source) -> AnswerTable | None:
     columns = _columns(path, hline, names, source.mapping)
     if columns["gold"] is not None:
         return None
-    return answer_table.read_plain(path, source.kind, delimiter, columns, len(names))
+    table = answer_table.read_plain(path, source.kind, delimiter, columns, len(names))
+    return None if table is None else replace(table, unread=unread_columns(names, columns))
 
 
 def _columns(
@@ -214,7 +220,7 @@ def _columns(
     whose name the header gives twice is an error (which one was meant?)."""
     index = _first_of_each(names)
     defaults = {"item": ("item", "task"), "worker": ("worker",), "label": ("label",),
-                "id": ("id",), "weight": ("weight",), "gold": ()}  # fmt: skip
+                "id": ("id",), "weight": ("weight",), "gold": ("gold",)}  # fmt: skip
     out: dict[str, int | None] = {}
     for key in MAP_KEYS:
         out[key] = _column(path, hline, index, mapping, key, *defaults[key])
@@ -226,7 +232,39 @@ def _columns(
             raise InputError(
                 path, hline, f"the header names column {stripped[column]!r} twice: rename one"
             )
+    for name in unread_columns(names, out):
+        for key, what in (("id", "ids"), ("weight", "weights"), ("gold", "gold labels")):
+            if out[key] is None and _looks_like(name, key):
+                raise InputError(path, hline, f"column {name!r} would not be read: if it holds "
+                                 f"the answers' {what}, name it {key!r} or pass --map "
+                                 f"{key}={name}; else drop it")  # fmt: skip
     return out
+
+
+PANDAS_INDEX = re.compile(r"__index_level_\d+__")
+"""The column pandas writes for a frame's index (``to_parquet`` of a frame whose index is not
+a range): not an answer's field, and not worth a word."""
+
+
+def unread_columns(names: list[str], columns: dict[str, int | None]) -> tuple[str, ...]:
+    """The header's names that no key of ``columns`` reads (but a pandas index)."""
+    used = {c for c in columns.values() if c is not None}
+    return tuple(
+        name.strip()
+        for n, name in enumerate(names)
+        if n not in used and name.strip() and not PANDAS_INDEX.fullmatch(name.strip())
+    )
+
+
+def _looks_like(name: str, key: str) -> bool:
+    """``name`` reads as a misspelt or decorated ``key`` ('wieght', 'Weight', 'weights',
+    'gold_label'): its values would be dropped without a word."""
+    low = name.lower()
+    if low == key:
+        return True
+    if len(key) <= 2:  # ('id': only its capitals; 'kid' or 'idx' may be anything)
+        return False
+    return low.startswith(key) or difflib.SequenceMatcher(None, low, key).ratio() >= 0.8
 
 
 @dataclass(frozen=True)
@@ -400,7 +438,7 @@ def _tabular(
     columns = _columns(path, hline, names, mapping)
     item_c, worker_c, label_c = columns["item"], columns["worker"], columns["label"]
     id_c, weight_c, gold_c = columns["id"], columns["weight"], columns["gold"]
-    parsed = Parsed(kind)
+    parsed = Parsed(kind, unread=unread_columns(names, columns))
     seen: dict[tuple[str, str, str], int] = {}
     for line, row in rows:
         if len(row) != n_fields:  # (a field the header does not name would be lost)

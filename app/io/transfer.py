@@ -165,6 +165,8 @@ class ImportResult:
     blocks: int
     created: bool
     seconds: float
+    unread: tuple[str, ...] = ()
+    """Columns of the file that no answer read."""
 
 
 def _ensure_project(
@@ -357,6 +359,7 @@ def run_import(
         blocks=n_blocks,
         created=create_with is not None,
         seconds=time.perf_counter() - t0,
+        unread=answers.unread,
     )
 
 

@@ -157,6 +157,12 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
          "the header names column 'label' twice"),
         ("dm.csv", "q,who,what,q\nx1,w1,a,x2\n", "item=q,worker=who,label=what", 1,
          "the header names column 'q' twice"),
+        # a misspelt optional column: its weights (gold, ids) were dropped without a word
+        ("wt.csv", "item,worker,label,wieght\na,w,x,5\n", None, 1,
+         "column 'wieght' would not be read: if it holds the answers' weights, name it 'weight'"),
+        ("ws.csv", "item,worker,label,Weights\na,w,x,5\n", None, 1, "column 'Weights'"),
+        ("gl.csv", "item,worker,label,gold_label\na,w,x,y\n", None, 1, "--map gold=gold_label"),
+        ("id.csv", "item,worker,label,ID\na,w,x,q\n", None, 1, "column 'ID' would not be read"),
     ]  # fmt: skip
     for name, text, mapping, line, reason in cases:
         with pytest.raises(InputError) as err:
@@ -387,6 +393,25 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
     assert result.exit_code == 0 and "4 items" in result.output
     assert {json.loads(x)["item"] for x in out.read_text().splitlines()} == {
         "img-01", "img-02", "img-03", "img-04, with a comma"}  # fmt: skip
+
+
+def test_an_import_says_which_columns_it_did_not_read(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column no answer reads was dropped without a word; a gold column is read as gold."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    path = _write(tmp_path, "notes.csv", "item,worker,label,note,gold\na,w1,x,fine,x\n"
+                  "b,w1,y,unsure,\nb,w2,y,,\n")  # fmt: skip
+    result = CliRunner().invoke(cli_app, ["import", str(path), "-p", "notes", "--key", "k",
+                                          "--create-with-labels", "x,y", "--no-progress"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "3 labels in 1 blocks: 3 new, 0 already there; 1 gold" in result.output
+    assert f"{path}: columns not read: note" in result.output
+    kept, _ = importers.read_answers(_write(tmp_path, "p.csv", "item,worker,label\na,w,x\n"))
+    assert kept.unread == ()
+    plain = _write(tmp_path, "n.csv", "item,worker,label,note\na,w,x,n\n")  # (read in columns)
+    assert importers._plain_table(importers._source(plain, "auto", None)) is not None
+    assert importers.read_answers(plain)[0].unread == ("note",)
 
 
 def test_export_to_standard_output(
