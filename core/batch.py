@@ -33,6 +33,8 @@ class AggregationResult:
     """b_i = log d_i per item when the model has difficulty."""
     objective: list[float] = field(default_factory=list)
     """F after each EM iteration (batch EM only)."""
+    converged: bool = True
+    """False when batch EM stopped at its iteration limit before its fixed point."""
 
     @property
     def labels(self) -> IntArray:
@@ -180,6 +182,7 @@ class BatchEM:
         del q  # (held by ``fit`` alone: freed with it, 80 MB at 2M items of 5 classes)
         mapped = x0  # the latest accepted EM map output
         max_step = 1.0
+        converged = False
         while len(history) < self.max_iter:
             # SQUAREM (Varadhan & Roland 2008, scheme S3): two EM iterations x0 -> x1 -> x2,
             # a step along them of length -alpha >= 1, then one EM iteration from there. The
@@ -189,13 +192,17 @@ class BatchEM:
             step = em(x0)
             x1, fit, mapped = step[0], (x0, step[1], step[2], step[3]), step[0]
             del step
-            if _max_abs(x1 - x0) < self.tol or len(history) >= self.max_iter:
+            if _max_abs(x1 - x0) < self.tol:
+                converged = True
+                break
+            if len(history) >= self.max_iter:
                 break
             step = em(x1)
             x2, fit, mapped = step[0], (x1, step[1], step[2], step[3]), step[0]
             f1 = step[3]
             del step
             if _max_abs(x2 - x1) < self.tol:
+                converged = True
                 break
             r, v = x1 - x0, x2 - 2.0 * x1 + x0
             norm_v = float(np.linalg.norm(v))
@@ -224,6 +231,7 @@ class BatchEM:
             errors=errors,
             clarity=b_fit if cfg.difficulty else None,
             objective=history,
+            converged=converged,
         )
         return result, params, layout.unpack(mapped, clarity)[0]
 

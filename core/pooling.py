@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +30,16 @@ PROBE_ITERATIONS = 5
 """E-steps of a try at twice the worker prior, from the last fit: fitted to convergence only
 when it already predicts the held-out answers better (a fit short of its optimum scores
 lower, so a probe errs toward the prior already chosen)."""
+
+
+class FitWatch(Protocol):
+    """Told of each fit ``fit_pooled`` runs (a probe of ``PROBE_ITERATIONS`` E-steps or a fit
+    to convergence), before and after it."""
+
+    def start(self, worker_prior: float, probe: bool) -> None: ...
+
+    def end(self, result: AggregationResult, score: float) -> None:
+        """``score``: the fit's held-out log-likelihood (eq. 28)."""
 
 
 @dataclass(frozen=True)
@@ -74,23 +85,31 @@ def fit_pooled(
     known: IntArray | None = None,
     progress: Callable[[int, float], None] | None = None,
     threads: int = 1,
+    watch: FitWatch | None = None,
 ) -> PooledFit:
     """Batch EM at the worker prior of highest held-out log-likelihood among λ_A, 2 λ_A, ...,
-    ``MAX_POOLING`` λ_A, going up while each does better (``progress`` reports the first
-    fit's iterations; ``threads`` share the held-out corrections)."""
-    result, params = BatchEM(config).fit(blocks, n_workers, progress=progress, known=known)
-    best = _scored(config, blocks, result, params, (), threads)
+    ``MAX_POOLING`` λ_A, going up while each does better (``progress`` reports each fit's
+    iterations, counted from 1, between ``watch``'s calls for that fit; ``threads`` share the
+    held-out corrections)."""
+
+    def fit_at(cfg: NominalConfig, probe: bool, start: NominalParams | None) -> PooledFit:
+        if watch is not None:
+            watch.start(cfg.worker_prior, probe)
+        em = BatchEM(cfg, max_iter=PROBE_ITERATIONS) if probe else BatchEM(cfg)
+        found = em.fit(blocks, n_workers, progress=progress, known=known, start=start)
+        scored = _scored(cfg, blocks, *found, best.tried if start is not None else (), threads)
+        if watch is not None:
+            watch.end(scored.result, scored.score)
+        return scored
+
+    best = fit_at(config, False, None)
     lam = config.worker_prior
     while 2.0 * lam <= MAX_POOLING * config.worker_prior:
         lam *= 2.0
         wider = replace(config, worker_prior=lam)
-        fit = BatchEM(wider, max_iter=PROBE_ITERATIONS).fit  # (each fit copies its start)
-        tried = _scored(wider, blocks, *fit(blocks, n_workers, known=known, start=best.params),
-                        best.tried, threads)  # fmt: skip
+        tried = fit_at(wider, True, best.params)  # (each fit copies its start)
         if tried.score > best.score:  # a probe that does better is fitted to convergence
-            fit = BatchEM(wider).fit
-            tried = _scored(wider, blocks, *fit(blocks, n_workers, known=known, start=tried.params),
-                            best.tried, threads)  # fmt: skip
+            tried = fit_at(wider, False, tried.params)
         if tried.score <= best.score:
             return replace(best, tried=tried.tried)
         best = tried

@@ -24,7 +24,7 @@ from core.calibration import Calibration, choose, reliability
 from core.hashing import collision_report, worker_slots
 from core.nominal import LaterPasses, NominalConfig, NominalParams
 from core.online import BlockResult, OnlineEM
-from core.pooling import PooledFit, fit_pooled
+from core.pooling import PROBE_ITERATIONS, PooledFit, fit_pooled
 from core.served import batch_evidence, held_out_fit, held_out_posteriors
 
 
@@ -521,20 +521,14 @@ def run_batch(
     iterations; with ``one_pass``, the online pass that gives the fit its tempering's evidence
     (``BatchRun.one_pass``) runs in a second thread meanwhile: both are compiled loops that
     release the GIL, so on two cores the pass costs no wall time."""
-    print("iteration   F (log posterior)", file=out)
-    shown = [1]
-
-    def progress(it: int, f: float) -> None:
-        if it >= shown[0]:
-            print(f"{it:>9d}   {f:.6f}", file=out)
-            shown[0] *= 2
-
+    table = FitTable(out)
     with ThreadPoolExecutor(max_workers=1) as second:
         pending = second.submit(one_pass_labels, config, blocks, n_workers) if one_pass else None
         t0 = time.perf_counter()
-        fit = fit_pooled(config, blocks, n_workers, progress=progress, threads=2)
+        fit = fit_pooled(
+            config, blocks, n_workers, progress=table.iteration, threads=2, watch=table
+        )
         seconds = time.perf_counter() - t0
-        print(f"{fit.result.n_iter:>9d}   {fit.result.objective[-1]:.6f}   (converged)", file=out)
         print(pooling_line(fit), file=out)
         beside = pending.result() if pending is not None else None
     return BatchRun(fit.result, fit.params, blocks, seconds, fit.held_out, fit.config, beside)
@@ -548,6 +542,35 @@ def one_pass_labels(
     evidence, posteriors = batch_evidence(config, blocks, n_workers)
     labels: IntArray = posteriors.argmax(axis=1)
     return evidence, labels
+
+
+class FitTable:
+    """Each of batch EM's fits (``fit_pooled``) as a table: which worker prior, F at doubling
+    iterations, and how it ended."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.shown = out, 1
+
+    def start(self, worker_prior: float, probe: bool) -> None:
+        what = f"a probe of {PROBE_ITERATIONS} iterations" if probe else "to convergence"
+        print(f"worker prior lambda_A = {worker_prior:g}, {what}", file=self.out)
+        print("iteration   F (log posterior)", file=self.out)
+        self.shown = 1
+
+    def iteration(self, it: int, f: float) -> None:
+        if it >= self.shown:
+            print(f"{it:>9d}   {f:.6f}", file=self.out)
+            self.shown *= 2
+
+    def end(self, result: AggregationResult, score: float) -> None:
+        if result.converged:
+            how = "converged"
+        elif result.n_iter <= PROBE_ITERATIONS:
+            how = "probe"
+        else:
+            how = f"stopped at the iteration limit ({result.n_iter}), not converged"
+        print(f"{result.n_iter:>9d}   {result.objective[-1]:.6f}   ({how}; held-out log-likelihood "
+              f"{score:.4f})", file=self.out)  # fmt: skip
 
 
 def pooling_line(fit: PooledFit) -> str:

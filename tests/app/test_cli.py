@@ -213,7 +213,9 @@ def test_batch_mode(dog: Path, tmp_path: Path) -> None:
         dog / "answers.csv", "--batch", "--truth", dog / "truth.csv", "--save", tmp_path / "b.npz"
     )
     assert run.returncode == 0, run.stderr
-    assert "(converged)" in run.stdout
+    tables = run.stdout.split("worker prior lambda_A = ")[1:]  # a table for each fit
+    assert tables[0].startswith("1, to convergence") and "(converged; held-out" in tables[0]
+    assert tables[1].startswith("2, a probe of 5 iterations") and "(probe; held-out" in tables[1]
     assert "worker prior lambda_A = 1, chosen by the held-out answers (tried 1, 2)" in run.stdout
     assert (
         float(next(ln for ln in run.stdout.splitlines() if ln.startswith("accuracy")).split()[1])

@@ -30,6 +30,31 @@ def test_weak_workers_are_pooled_until_majority_vote_is_matched() -> None:
     assert right > np.mean(votes == truth) - 0.02, right
 
 
+def test_each_fit_is_watched_and_says_whether_it_converged() -> None:
+    """extract --batch printed "(converged)" after a fit stopped by its iteration limit, and
+    a table whose iterations ran on from one fit into the next."""
+    blocks, truth, _ = weak_binary(0)
+    config = NominalConfig(n_classes=2, n_items=float(truth.size))
+    seen: list[tuple[str, float | int, bool]] = []
+
+    class Watch:
+        def start(self, worker_prior: float, probe: bool) -> None:
+            seen.append(("start", worker_prior, probe))
+
+        def end(self, result: AggregationResult, score: float) -> None:
+            seen.append(("end", result.n_iter, result.converged))
+
+    fit = fit_pooled(config, blocks, 300, watch=Watch())
+    starts = [(lam, probe) for what, lam, probe in seen if what == "start"]
+    assert [what for what, *_ in seen] == ["start", "end"] * len(starts)
+    assert starts[0] == (1.0, False) and all(probe for _, probe in starts[1::2])
+    assert len(fit.tried) == len(starts) - sum(not probe for _, probe in starts[1:])
+    ends = [(n, converged) for what, n, converged in seen if what == "end"]
+    assert ends[0][1] and all(n <= 5 for n, _ in ends[1::2])
+    limited, _ = BatchEM(config, max_iter=3).fit(blocks, 300)
+    assert limited.n_iter == 3 and not limited.converged
+
+
 def test_workers_who_differ_keep_the_configured_prior(synthetic: Synthetic) -> None:
     """Dawid-Skene workers right 55-95% of the time: more pooling predicts held-out answers
     worse, so the fit is batch EM's at lambda_A = 1, to the last bit."""
