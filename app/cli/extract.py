@@ -234,7 +234,7 @@ def extract(
     )
     from app.io.model_file import SavedModel, load_model, save_model
     from app.io.predictions_file import COLUMNS, print_predictions, write_predictions
-    from app.io.triples import read_truth
+    from app.io.triples import truth_rows
 
     use_system_allocator()
     answers = read_codes(path)
@@ -258,7 +258,12 @@ def extract(
     del answers
     n_answers = len(encoded.labels)
     release_unused_memory(from_now_on=n_answers >= MAP_FROM_ANSWERS)  # (the file is read)
-    gold = job.truth_codes(read_truth(truth), encoded, str(truth)) if truth else None
+    gold = None
+    if truth is not None:
+        rows = truth_rows(truth)
+        gold = job.truth_codes(rows, encoded, str(truth))
+        if warning := job.unanswered_gold_warning(rows, gold):
+            print(warning, file=sys.stderr)
     if saved is not None:
         config = saved.config
     else:

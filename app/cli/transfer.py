@@ -118,6 +118,9 @@ def import_command(
     )
     if r.unread:
         print(f"{file}: columns not read: {', '.join(r.unread)}")
+    if r.gold_unanswered:
+        print(f"{truth}: {r.gold_unanswered:,} items with gold have no answers in {file} "
+              "(posted as gold alone: items that no one answered yet)")  # fmt: skip
 
 
 def export_command(

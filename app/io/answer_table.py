@@ -107,10 +107,12 @@ class AnswerTable:
     def label_names(self) -> set[str]:
         return set(pc.unique(self.labels).to_pylist())
 
-    def has_any_item(self, items: set[str]) -> bool:
-        """Whether any answer is about one of ``items``."""
+    def answered(self, items: set[str]) -> set[str]:
+        """Those of ``items`` that some answer is about."""
         given = pa.array(list(items), pa.string())
-        return bool(pc.any(pc.is_in(self.items, value_set=given)).as_py())
+        return set(
+            pc.unique(pc.filter(self.items, pc.is_in(self.items, value_set=given))).to_pylist()
+        )
 
     def id_given_twice(self) -> tuple[int, int] | None:
         """The first answer whose id an earlier, different answer (another item, worker,

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from app.io.codes import AnswerCodes, read_codes
 from app.io.input import MAX_CLASSES, TRUTH_HEADER_HINT, InputError
-from app.io.triples import answer_line, read_truth
+from app.io.triples import answer_line, truth_rows
 from core.batch import AggregationResult, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
 from core.calibration import Calibration, choose, reliability
@@ -150,25 +150,35 @@ def encode(answers: AnswerCodes, classes: tuple[str, ...], path: str) -> Encoded
     )
 
 
-def truth_codes(truth: dict[str, str], data: Encoded, path: str) -> IntArray:
-    """Gold class code per item (-1 where unknown). Gold outside the classes is an error."""
+def truth_codes(rows: list[tuple[int, str, str]], data: Encoded, path: str) -> IntArray:
+    """Gold class code per item (-1 where unknown) from ``truth_rows``. Gold outside the
+    classes is an error naming its line."""
     lookup = {name: k for k, name in enumerate(data.classes)}
-    bad = sorted({label for label in truth.values() if label not in lookup})
+    bad = [(line, label) for line, _, label in rows if label not in lookup]
     if bad:
-        labels = list(truth.values())
-        hint = TRUTH_HEADER_HINT if bad == [labels[0]] and labels.count(bad[0]) == 1 else ""
-        raise InputError(
-            path,
-            None,
-            f"gold labels {bad[:5]} are not among the classes {list(data.classes)}{hint}",
-        )
-    gold_items = pa.array(list(truth), pa.string())
-    gold_codes = np.array([lookup[label] for label in truth.values()] + [-1], dtype=np.int64)
+        line, label = bad[0]
+        labels = [label for _, _, label in rows]
+        # (a first line read as a gold label: column names that are not item,label)
+        hint = TRUTH_HEADER_HINT if line == rows[0][0] == 1 and labels.count(label) == 1 else ""
+        others = f" ({len(bad)} rows in all)" if len(bad) > 1 else ""
+        raise InputError(path, line, f"gold label {label!r} is not among the classes "
+                         f"{list(data.classes)}{others}{hint}")  # fmt: skip
+    gold_items = pa.array([item for _, item, _ in rows], pa.string())
+    gold_codes = np.array([lookup[label] for _, _, label in rows] + [-1], dtype=np.int64)
     where = pc.fill_null(pc.index_in(data.item_names, value_set=gold_items), -1).to_numpy()
     out: IntArray = gold_codes[where]  # -1 picks the last entry: no gold
     if not np.any(out >= 0):  # (an accuracy of nothing: the wrong file, or its items renamed)
-        raise InputError(path, None, f"none of its {len(truth)} items is among the answers' items")
+        raise InputError(path, None, f"none of its {len(rows)} items is among the answers' items")
     return out
+
+
+def unanswered_gold_warning(rows: list[tuple[int, str, str]], gold: IntArray) -> str | None:
+    """A warning when some of the truth file's items have no answers (they are not scored)."""
+    missing = len(rows) - int(np.count_nonzero(gold >= 0))
+    if missing == 0:
+        return None
+    return (f"warning: {missing} of the {len(rows)} items with gold have no answers: "
+            "they are not scored")  # fmt: skip
 
 
 def load_labelled(folder: Path) -> tuple[Encoded, IntArray]:
@@ -176,7 +186,8 @@ def load_labelled(folder: Path) -> tuple[Encoded, IntArray]:
     answers = read_codes(folder / "answers.csv")
     classes = resolve_classes(answers.label_names.to_pylist(), None, None, str(folder))
     data = encode(answers, classes, str(folder))
-    return data, truth_codes(read_truth(folder / "truth.csv"), data, str(folder / "truth.csv"))
+    truth = folder / "truth.csv"
+    return data, truth_codes(truth_rows(truth), data, str(truth))
 
 
 def hashed_blocks(data: Encoded, config: NominalConfig) -> LabelBlocks:

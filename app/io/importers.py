@@ -29,6 +29,7 @@ from app.io.input import (
     first_line,
     hash_id,
     is_parquet,
+    not_utf8,
     quoting_error,
     text_lines,
 )
@@ -138,7 +139,7 @@ def _text(path: Path) -> str:
         raise InputError(path, None, "is a folder, not a file") from None
     except UnicodeDecodeError as err:
         line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise InputError(path, line, "not UTF-8 text") from None
+        raise not_utf8(path, line) from None
 
 
 def detect(path: Path, text: str) -> str:

@@ -48,6 +48,32 @@ class InputError(ValueError):
         self.path, self.line, self.reason = str(path), line, reason
 
 
+COMPRESSED = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
+"""The first bytes of the compressed files an answers file most often is by mistake."""
+
+
+def not_utf8(path: str | Path, line: int | None) -> InputError:
+    """The error for a file that is not UTF-8 text: a compressed file named as such (it was
+    'not UTF-8 text' at line 1, which sent the reader looking for a bad character)."""
+    try:
+        with Path(path).open("rb") as f:
+            head = f.read(6)
+    except OSError:
+        head = b""
+    for magic, kind in COMPRESSED.items():
+        if head.startswith(magic):
+            return InputError(path, None, f"a {kind}-compressed file: decompress it first")
+    if head.startswith(b"PAR1"):  # (where answers can be Parquet, they are read as such)
+        return InputError(path, None, "a Parquet file, where CSV text is read")
+    return InputError(path, line, "not UTF-8 text")
+
+
 PARQUET_MAGIC = b"PAR1"
 
 

@@ -167,6 +167,8 @@ class ImportResult:
     seconds: float
     unread: tuple[str, ...] = ()
     """Columns of the file that no answer read."""
+    gold_unanswered: int = 0
+    """Items of the truth file that no answer of the file is about (posted as gold alone)."""
 
 
 def _ensure_project(
@@ -223,15 +225,18 @@ def refuse_unknown_gold(
                              f"{classes}{hint}")  # fmt: skip
 
 
-def refuse_truth_of_other_items(
+def unanswered_truth(
     path: Path, known: list[Record], answers: AnswerTable, gold: list[Record]
-) -> None:
-    """An InputError when none of a truth file's items is among the answers' (or the answer
-    file's own gold): the wrong file, or its items renamed; its gold would only make items
-    that no one answered."""
+) -> int:
+    """How many of a truth file's items no answer (nor the answer file's own gold) is about;
+    an InputError when that is all of them: the wrong file, or its items renamed, whose gold
+    would only make items that no one answered."""
     items = {r.item for r in known}
-    if items and not items & {r.item for r in gold} and not answers.has_any_item(items):
+    unanswered = items - {r.item for r in gold}
+    unanswered -= answers.answered(unanswered)
+    if items and unanswered == items:
         raise InputError(path, None, f"none of its {len(items)} items is among the answers' items")
+    return len(unanswered)
 
 
 TOO_LARGE = frozenset({"block_too_large", "body_too_large"})
@@ -305,6 +310,7 @@ def run_import(
                          f"{answers.line(earlier)}: an id names one answer (the service would "
                          "take this one for a repeat of it and drop it)")  # fmt: skip
     known: list[Record] = []  # (the truth file's, checked against the classes with its lines)
+    unanswered = 0
     if truth is not None:
         from app.io.triples import truth_rows  # pyarrow: loaded only for a truth file
 
@@ -318,7 +324,7 @@ def run_import(
             if (other := in_file.get(r.item)) is not None and other.label != r.label:
                 raise InputError(truth, r.line, f"item {r.item!r} has gold {r.label!r} here and "
                                  f"{other.label!r} in {path}, line {other.line}")  # fmt: skip
-        refuse_truth_of_other_items(truth, known, answers, gold)
+        unanswered = unanswered_truth(truth, known, answers, gold)
 
     def check(classes: list[str]) -> None:
         refuse_unknown_labels(path, answers, gold, classes, project)
@@ -360,6 +366,7 @@ def run_import(
         created=create_with is not None,
         seconds=time.perf_counter() - t0,
         unread=answers.unread,
+        gold_unanswered=unanswered,
     )
 
 

@@ -25,6 +25,7 @@ from app.io.input import (
     InputError,
     checked_id,
     is_parquet,
+    not_utf8,
     quoting_error,
     text_lines,
 )
@@ -76,7 +77,7 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
         raise InputError(path, None, "no such file") from None
     except UnicodeDecodeError as err:
         line = text_line_of_byte(path, err.start)
-        raise InputError(path, line, "not UTF-8 text") from None
+        raise not_utf8(path, line) from None
     lines = text_lines(text)
     first = next((ln for ln in lines if ln.strip()), "")
     if "," in first:
@@ -330,9 +331,7 @@ class _CsvState:
         try:
             text = block.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise InputError(
-                self.path, line + block[: err.start].count(b"\n"), "not UTF-8 text"
-            ) from None
+            raise not_utf8(self.path, line + block[: err.start].count(b"\n")) from None
         rows = _csv_rows(self.path, text_lines(text), line)
         if self.n_columns is None and rows:
             order = _header_columns(self.path, *rows[0])
@@ -621,14 +620,20 @@ def truth_rows(path: str | Path) -> list[tuple[int, str, str]]:
         rows, first = rows[1:], 1
     elif rows and any(name in _TRUTH_NAMES for name in head):
         raise InputError(path, rows[0][0], f"columns {head}: expected item,label (or task,label)")
-    seen: set[str] = set()
+    seen: dict[str, tuple[int, str]] = {}
     out = []
     for line, fields in rows:
         if len(fields) != 2:
             raise InputError(path, line, f"expected 2 fields (item, label), got {len(fields)}")
         item = checked_id(path, line, "item", fields[first])
+        label = checked_id(path, line, "label", fields[1 - first])
         if item in seen:
-            raise InputError(path, line, f"item {item!r} has a gold label already")
-        seen.add(item)
-        out.append((line, item, checked_id(path, line, "label", fields[1 - first])))
+            if seen[item][1] == label:  # (the same gold again: a repeat, as the API takes it)
+                continue
+            raise InputError(path, line, f"item {item!r} has gold {seen[item][1]!r} on line "
+                             f"{seen[item][0]}")  # fmt: skip
+        seen[item] = (line, label)
+        out.append((line, item, label))
+    if not out:
+        raise InputError(path, None, "no gold label in it (item,label rows)")
     return out

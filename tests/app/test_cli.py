@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import gzip
 import io
 import os
 import subprocess
@@ -105,16 +106,50 @@ def test_truth_predictions_and_accuracy(dog: Path, tmp_path: Path) -> None:
         assert r[1] == str(int(p.argmax())) and float(r[2]) == pytest.approx(p.max(), rel=1e-4)
 
 
-@pytest.mark.parametrize("truth", ["item,label\nnot-an-item,0\n", "item,label\n", ""])
+@pytest.mark.parametrize(
+    ("truth", "message"),
+    [
+        ("item,label\nnot-an-item,0\n", "none of its 1 items is among the answers' items"),
+        ("item,label\n", "no gold label in it"),
+        ("", "no gold label in it"),
+    ],
+)
 def test_a_truth_file_that_names_no_item_of_the_answers_is_refused(
-    dog: Path, tmp_path: Path, truth: str
+    dog: Path, tmp_path: Path, truth: str, message: str
 ) -> None:
     """It printed "accuracy nan on 0 items with gold" and exited 0."""
     path = tmp_path / "truth.csv"
     path.write_text(truth)
     run = extract(dog / "answers.csv", "--truth", path)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert "items is among the answers' items" in run.stderr
+    assert message in run.stderr
+
+
+def test_truth_rows_the_answers_do_not_hold_or_repeat(dog: Path, tmp_path: Path) -> None:
+    """Gold of an item with no answers was left out without a word; the same gold twice was
+    an error (the API takes it as a repeat); a bad gold label named no line and hinted at a
+    header that was there; a Parquet or gzip file was 'not UTF-8 text'."""
+    path = tmp_path / "truth.csv"
+    path.write_text("item,label\n1,3\nzzz,1\n1,3\n")
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.returncode == 0, run.stderr
+    assert "warning: 1 of the 2 items with gold have no answers: they are not scored" in run.stderr
+    assert "on 1 items with gold" in run.stdout
+    path.write_text("item,label\n1,3\n1,2\n")
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.returncode == 2 and f"{path}:3: item '1' has gold '3' on line 2" in run.stderr
+    path.write_text("item,label\n1,9\n2,0\n")
+    run = extract(dog / "answers.csv", "--truth", path)
+    assert run.stderr == (f"error: {path}:2: gold label '9' is not among the classes "
+                          "['0', '1', '2', '3']\n")  # fmt: skip
+    parquet = tmp_path / "truth.parquet"
+    pq.write_table(pa.table({"item": ["1"], "label": ["0"]}), parquet)
+    run = extract(dog / "answers.csv", "--truth", parquet)
+    assert run.stderr == f"error: {parquet}: a Parquet file, where CSV text is read\n"
+    packed = tmp_path / "answers.csv.gz"
+    packed.write_bytes(gzip.compress((dog / "answers.csv").read_bytes()))
+    run = extract(packed)
+    assert run.stderr == f"error: {packed}: a gzip-compressed file: decompress it first\n"
 
 
 def test_a_loaded_model_is_not_silently_set_aside(dog: Path, tmp_path: Path) -> None:
@@ -1056,7 +1091,7 @@ def test_a_truth_header_of_other_names_is_called_a_header(dog: Path, tmp_path: P
     path.write_text("id,answer\n" + (dog / "truth.csv").read_text().split("\n", 1)[1])
     run = extract(dog / "answers.csv", "--truth", path)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert "gold labels ['answer']" in run.stderr and "must read item,label" in run.stderr
+    assert f"{path}:1: gold label 'answer'" in run.stderr and "must read item,label" in run.stderr
     path.write_text("item,label\nid,answer\nid2,answer\n")  # data, not a header: no hint
     run = extract(dog / "answers.csv", "--truth", path)
     assert run.returncode == 2 and "must read item,label" not in run.stderr

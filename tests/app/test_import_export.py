@@ -496,6 +496,16 @@ def test_a_truth_file_is_checked_against_the_answers_labels_and_items(
     run = run_cli("import", answers, "-p", "yn", "--create-with-labels", "auto", "--truth", right,
                   "--no-progress")  # fmt: skip
     assert run.returncode == 0, run.stderr
+    assert (
+        f"{right}: 1 items with gold have no answers in {answers} (posted as gold alone"
+        in run.stdout
+    )
+    empty = _write(tmp_path, "empty.csv", "item,label\n")  # (imported 0 gold; extract refused it)
+    run = run_cli("import", answers, "-p", "yn", "--truth", empty)
+    assert (
+        run.returncode == 2
+        and run.stderr == f"error: {empty}: no gold label in it (item,label rows)\n"
+    )
     assert service.get("/v1/projects/yn").json()["labels"] == ["no", "yes"]
 
 
