@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from app.io.codes import AnswerCodes, read_codes
-from app.io.input import MAX_CLASSES, TRUTH_HEADER_HINT, InputError
+from app.io.input import MAX_CLASSES, TRUTH_HEADER_HINT, InputError, label_order
 from app.io.triples import answer_line, truth_rows
 from core.batch import AggregationResult, into_slots
 from core.blocks import FloatArray, IntArray, LabelBlocks
@@ -66,14 +66,6 @@ class Encoded:
         return np.asarray(self.worker_names.to_numpy(zero_copy_only=False), dtype=np.str_)
 
 
-def _natural_order(names: list[str]) -> list[str]:
-    """Integer labels sort numerically (-2 < 0 < 10), anything else as text."""
-    try:
-        return sorted(names, key=int)
-    except ValueError:
-        return sorted(names)
-
-
 def resolve_classes(
     label_names: list[str],
     names: list[str] | None,
@@ -91,7 +83,7 @@ def resolve_classes(
     otherwise the file must hold exactly K distinct labels, numbered in sorted order as
     without the flag (adult2's G, P, R, X are classes 0..3), which is also the order of
     ``--priorz``. ``n_labels_flag`` is the flag as the user typed it, for the errors."""
-    seen = _natural_order(sorted(set(label_names)))
+    seen = label_order(label_names)
     for flag, k in (("--labels", len(names or ())), (n_labels_flag, n_labels or 0)):
         if k > MAX_CLASSES:
             raise InputError(flag, None, f"{k} classes: at most {MAX_CLASSES}")

@@ -794,11 +794,3 @@ def _labelstudio(path: Path, text: str, mapping: dict[str, str]) -> Parsed:
                 Record(item, _name(path, line, "worker", worker), label, rid, line=line)
             )
     return parsed
-
-
-def label_order(names: set[str]) -> list[str]:
-    """Label names in numeric order when all are integers, else sorted."""
-    try:
-        return sorted(names, key=int)
-    except ValueError:
-        return sorted(names)

@@ -12,7 +12,7 @@ import csv
 import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 MAX_ID_LENGTH = 512
@@ -72,6 +72,17 @@ def not_utf8(path: str | Path, line: int | None) -> InputError:
     if head.startswith(b"PAR1"):  # (where answers can be Parquet, they are read as such)
         return InputError(path, None, "a Parquet file, where CSV text is read")
     return InputError(path, line, "not UTF-8 text")
+
+
+def label_order(names: Iterable[str]) -> list[str]:
+    """Distinct label names in their natural order: numerically when all are integers (-2 < 0
+    < 10; names of one number, '01' and '1', in text order), else as text: one order for every
+    command, whatever order the names came in."""
+    distinct = sorted(set(names))
+    try:
+        return sorted(distinct, key=int)
+    except ValueError:
+        return distinct
 
 
 PARQUET_MAGIC = b"PAR1"

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from app.io import importers
 from app.io.importers import Record
-from app.io.input import TRUTH_HEADER_HINT, InputError, refuse_duplicate_columns
+from app.io.input import TRUTH_HEADER_HINT, InputError, label_order, refuse_duplicate_columns
 
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
@@ -317,7 +317,7 @@ def run_import(
         known = [Record(i, "", lab, None, gold=True, line=n) for n, i, lab in truth_rows(truth)]
     if auto_labels:  # (a truth file's labels are checked against these, not added: "Yes"
         labels = answers.label_names() | {r.label for r in gold}  # beside "yes" is a typo)
-        create_with = importers.label_order(labels)
+        create_with = label_order(labels)
     if truth is not None:
         in_file = {r.item: r for r in gold}
         for r in known:

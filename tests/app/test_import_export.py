@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from app.api import create_app
@@ -777,3 +779,20 @@ def test_bad_project_names_and_labels_are_refused_before_a_request(
     run = run_cli(*args, "--url", "http://127.0.0.1:9")  # (nothing listens there)
     assert run.returncode == 2 and message in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and "cannot reach" not in run.stderr
+
+
+@given(st.lists(st.sampled_from(["0", "1", "01", "+1", "10", "-2", "x", "X", "1.0"]), min_size=1))
+def test_one_label_order_for_every_command_whatever_the_order_of_the_answers(
+    names: list[str],
+) -> None:
+    """import --create-with-labels auto sorted a set by number, so '1' and '01' came out in
+    the set's order (varying from run to run), and in another order than extract's."""
+    from app.io.extract import resolve_classes
+    from app.io.input import label_order
+
+    order = label_order(names)
+    assert order == label_order(reversed(names)) == sorted(set(names), key=order.index)
+    if len(order) >= 2:  # (extract needs two classes)
+        assert list(resolve_classes(names, None, None, "f")) == order
+    if all(n.lstrip("+-").isdigit() for n in names):
+        assert [int(n) for n in order] == sorted(int(n) for n in order)
