@@ -127,6 +127,7 @@ class ProjectEngine:
         self.learned = np.empty(0, dtype=np.int64)  # labels already counted per item
         self.weight = np.empty(0)  # label weight per item (n_i of the calibration, eq. 21)
         self.calibration = Calibration()
+        self.n_gold = 0  # (items with gold, as of the last calibration)
         self._queue_calibration = Calibration()  # the one the whole queue was last scored with
         self.gold = np.empty(0, dtype=np.int64)  # gold class per item, -1 if none
         self.worker_slot = np.empty(0, dtype=np.int64)
@@ -741,6 +742,7 @@ class ProjectEngine:
         parameters, their prequential evidence and the gold items' answers."""
         n = self.items_count
         gold_items = np.flatnonzero(self.gold[:n] >= 0)
+        self.n_gold = int(gold_items.size)
         if not gold_items.size:
             return calibration(self.online.params, _NO_BLOCKS, self.online.params.evidence)
         blocks, _ = self.labels.gather(gold_items)
@@ -762,6 +764,7 @@ class ProjectEngine:
                 "em_iterations": self.em_iterations,
                 "last_refit": self.last_refit,
                 "calibration": self.calibration.to_dict(),
+                "n_gold": self.n_gold,
                 "evidence": (p.evidence if p.evidence is not None else np.zeros(0)).tolist(),
                 "dyadic_examples": self.dyadic.examples if self.dyadic is not None else 0,
                 "dyadic_position": (

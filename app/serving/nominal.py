@@ -52,12 +52,14 @@ class Globals:
     last_refit: dict[str, Any] | None = None
     """The last refit's position, agreement with the served labels, and whether it was
     adopted (``ProjectEngine._refit``); None before the first."""
+    n_gold: int | None = None
+    """Items with gold as of the calibration served (None: written by an older engine)."""
 
     @classmethod
     def parse(cls, blob: bytes | None, config: NominalConfig) -> Globals:
         if blob is None:  # nothing applied yet: the prior means
             p = NominalParams.initial(config.with_(n_worker_slots=1))
-            return cls(p.class_logits, p.population, p.scalars, 0, 0.0, 0, 0, 0)
+            return cls(p.class_logits, p.population, p.scalars, 0, 0.0, 0, 0, 0, n_gold=0)
         d = orjson.loads(blob)
         return cls(
             np.asarray(d["class_logits"]),
@@ -74,6 +76,7 @@ class Globals:
             d.get("queue"),
             d.get("dyadic_position"),
             d.get("last_refit"),
+            d.get("n_gold"),
         )
 
 

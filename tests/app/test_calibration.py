@@ -83,8 +83,17 @@ def test_served_posteriors_are_calibrated_and_the_report_is_cross_fitted(api: Te
     assert f"rho {report['rho']:g}" in out
 
 
-def test_a_project_without_gold_reports_nothing_to_score(api: TestClient) -> None:
+def test_a_project_without_gold_reports_nothing_to_score(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without gold no answer is read (every answer was, and 45.7M of them ran the service
+    out of memory)."""
     _project(api, "nogold", 300, 0)
+
+    def no_scan(store: Store, project: str) -> None:
+        raise AssertionError("the answers were read")
+
+    monkeypatch.setattr(report_module, "_read_answers", no_scan)
     report = api.get("/v1/projects/nogold/calibration").json()
     assert report["n_gold"] == 0 and report["ece"] is None and report["accuracy"] is None
     assert report["eps"] == 0.0  # the consensus error needs gold
@@ -93,6 +102,30 @@ def test_a_project_without_gold_reports_nothing_to_score(api: TestClient) -> Non
     assert empty["position"] == 0 and not empty["computed_at"].startswith("1970")
     assert all(b["n"] == 0 for b in report["bins"])
     assert "no gold items" in _cli(api, "calibration", "-p", "nogold")
+
+
+def test_the_answers_are_read_in_item_name_order_with_workers_coded_by_name(
+    api: TestClient, store: Store
+) -> None:
+    """As held in typed arrays page by page, the same blocks, workers and gold as read whole."""
+    _project(api, "read", 400, 30)
+    items = []
+    cursor = 0
+    while True:
+        cursor, page = store.scan_items("read", cursor, 2000)
+        items += [(name, orjson.loads(blob)) for name, blob in page]
+        if cursor == 0:
+            break
+    items.sort(key=lambda t: t[0])
+    given = [a for _, d in items for a in d["labels"]]
+    names = sorted({w for w, _, _ in given})
+    got = report_module._read_answers(store, "read")
+    assert got.n_workers == len(names)
+    assert got.blocks.ptr.tolist() == np.cumsum([0] + [len(d["labels"]) for _, d in items]).tolist()
+    assert got.blocks.slots.tolist() == [names.index(w) for w, _, _ in given]
+    assert got.blocks.labels.tolist() == [z for _, z, _ in given]
+    assert got.blocks.weights.tolist() == [h for _, _, h in given]
+    assert got.gold.tolist() == [-1 if d.get("gold") is None else d["gold"] for _, d in items]
 
 
 def _cli(api: TestClient, *args: str) -> str:
