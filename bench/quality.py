@@ -228,7 +228,7 @@ def run_online(
     out: F64 = em.predict_many(blocks, known=gold).posteriors
     if served:  # a refined model is fitted to the items: each scored without its pull (eq. 26)
         lam = em.config.worker_prior
-        prior = em.config.population_prior
+        prior = em.config.population_precision()
         held_out = (
             held_out_corrections(em.params, blocks, out, lam, population_prior=prior)
             if idle_passes

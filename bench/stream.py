@@ -114,7 +114,11 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
     if passes:  # the sweeps fit the rows to every item: each served held out (eq. 26)
         config = model.config
         raw = held_out_fit(
-            model.params, blocks, raw, config.worker_prior, population_prior=config.population_prior
+            model.params,
+            blocks,
+            raw,
+            config.worker_prior,
+            population_prior=config.population_precision(),
         )
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out

@@ -289,7 +289,7 @@ class BatchEM:
             _kernels.soft_counts(blocks.ptr, blocks.slots, blocks.labels, blocks.weights, q, counts)
             _kernels.newton_population_from_counts(
                 counts, params.population, params.worker, cfg.population_mean(),
-                cfg.population_prior,
+                cfg.population_precision(),
             )  # fmt: skip
             _kernels.newton_workers_from_counts(
                 counts, params.population, params.worker, cfg.worker_prior
@@ -306,7 +306,7 @@ class BatchEM:
 
             derivatives()
             _kernels.newton_population(
-                params.population, cfg.population_mean(), grad, neg_hess, cfg.population_prior
+                params.population, cfg.population_mean(), grad, neg_hess, cfg.population_precision()
             )
             derivatives()
             _kernels.newton_workers(params.worker, grad, neg_hess, cfg.worker_prior)
@@ -317,7 +317,7 @@ class BatchEM:
         """Gamma's exact maximiser with every Theta_w = Gamma + A_w held fixed (eq. 13'):
         only the priors change, so Gamma moves to the precision-weighted mean of the Theta_w."""
         cfg = self.config
-        lam_a, lam_g, n = cfg.worker_prior, cfg.population_prior, params.worker.shape[0]
+        lam_a, lam_g, n = cfg.worker_prior, cfg.population_precision(), params.worker.shape[0]
         shift = (
             lam_a * params.worker.sum(axis=0) - lam_g * (params.population - cfg.population_mean())
         ) / (lam_a * n + lam_g)

@@ -88,7 +88,7 @@ class _Curvature:
         n = float(q.shape[0])
         lam_a, lam_g, lam_pi = (
             config.worker_prior,
-            config.population_prior,
+            config.population_precision(),
             config.class_prior_strength,
         )
         a = theta - gamma[None]
@@ -135,7 +135,9 @@ class _Curvature:
         o_theta = self.c[..., None] * self.p * (v_theta - pv[..., None]) + lam_a * (
             v_theta - v_gamma[None]
         )
-        o_gamma = lam_a * (lay.W * v_gamma - v_theta.sum(axis=0)) + cfg.population_prior * v_gamma
+        o_gamma = (
+            lam_a * (lay.W * v_gamma - v_theta.sum(axis=0)) + cfg.population_precision() * v_gamma
+        )
         return np.concatenate([self.class_block @ v_pi, o_gamma.ravel(), o_theta.ravel()])
 
     def neg_hessian(self, v: FloatArray) -> FloatArray:

@@ -73,7 +73,8 @@ class NominalConfig:
     worker_prior: float = 1.0
     """lambda_A: precision of the Gaussian prior pulling each slot's A_s toward 0."""
     population_prior: float = 0.1
-    """lambda_Gamma: precision of the prior pulling Gamma toward its mean."""
+    """lambda_Gamma at two classes: the precision of the prior pulling Gamma toward its mean
+    is this times K/2 (``population_precision``, docs/model.md "Parameters")."""
     population_diagonal: float = 1.75
     """c_0: the prior mean of Gamma is c_0 on the diagonal, 0 elsewhere (workers beat chance)."""
     class_prior_strength: float = 1.0
@@ -121,6 +122,15 @@ class NominalConfig:
                     f"{self.class_prior}"
                 )
 
+    def population_precision(self) -> float:
+        """lambda_Gamma: ``population_prior`` K/2. A row of Gamma spreads what its class's
+        answers say over K cells, so each off-diagonal cell sees about 1/K as much as at two
+        classes; a precision that grows with K keeps those cells as firmly held. At 0.1 for
+        every K, 64 classes from 200 items of 15 answers (70% right) were served 85% right
+        after one pass and 78% after an idle sweep, 256 classes 18% and 7%, where majority
+        vote was right on every item."""
+        return self.population_prior * self.n_classes / 2.0
+
     def population_step(self) -> float:
         """r_Gamma of eq. 10: ``population_rate`` K/2, so that each row of Gamma, which learns
         from the items of its class only, steps as far over a pass whatever K."""
@@ -165,7 +175,8 @@ class NominalConfig:
         is the deviation table A itself (scale applied)."""
         return -0.5 * (
             self.worker_prior * float(np.sum(worker**2))
-            + self.population_prior * float(np.sum((population - self.population_mean()) ** 2))
+            + self.population_precision()
+            * float(np.sum((population - self.population_mean()) ** 2))
             + self.class_prior_strength
             * float(np.sum((class_logits - self.class_prior_logits()) ** 2))
         )
@@ -179,7 +190,7 @@ class NominalConfig:
                 self.rho,
                 self.n_items,
                 self.worker_prior,
-                self.population_prior,
+                self.population_precision(),
                 self.class_prior_strength,
                 1.0 if self.difficulty else 0.0,
                 self.difficulty_prior,

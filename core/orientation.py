@@ -47,7 +47,7 @@ def relabelling_costs(params: NominalParams, config: NominalConfig) -> FloatArra
     rows, mean = params.population, config.population_mean()
     logits, logit_mean = params.class_logits, config.class_prior_logits()
     squares = (rows**2).sum(axis=1)[:, None] + (mean**2).sum(axis=1)[None, :] - 2.0 * rows @ mean.T
-    costs: FloatArray = 0.5 * config.population_prior * squares
+    costs: FloatArray = 0.5 * config.population_precision() * squares
     costs += 0.5 * config.class_prior_strength * (logits[:, None] - logit_mean[None, :]) ** 2
     return costs
 

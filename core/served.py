@@ -50,7 +50,7 @@ def held_out_corrections(
     labels under slot rows, and the population's rows they share, fitted without it (eq.
     26'). ``params`` are a fit to the blocks (batch EM's fixed point or the refined online
     model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_prior``
-    lambda_Gamma (the fit's own, ``NominalConfig.population_prior``: no default, so that no
+    lambda_Gamma (the fit's own, ``NominalConfig.population_precision()``: no default, so that no
     caller scores a project's items under another project's prior). With ``laplace`` (a fit
     at its optimum: batch EM), c_i also takes each label's probability under its row's
     predictive, averaged over the row's Laplace posterior (eq. 27), instead of the row's point

@@ -32,7 +32,7 @@ from bench.local_cluster import LocalCluster
 from bench.scale import fresh_database
 
 REDIS_URL = os.environ.get("CROWDTALLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-ADMIN = "test-admin-key"
+ADMIN = "test-admin-key-0123"
 STORES = ["embedded", "redis"]
 """The stores the store contract runs on (and "cluster": a local Redis Cluster)."""
 

@@ -296,7 +296,15 @@ def test_workers_ranked_spammer_first(client: TestClient) -> None:
 
 def test_refit(client: TestClient) -> None:
     key = make_project(client)
-    post(client, key, triples(40))
+    # each item answered by three workers, two of whom agree (``triples`` gives each item one
+    # answer of two classes: a tie, which the two fits may break either way)
+    block = [
+        {"item": f"img{i}", "worker": f"w{(i + j) % 6}",
+         "label": LABELS[(i + (j == 2)) % 3], "id": f"L{i}-{j}"}
+        for i in range(15) for j in range(3)
+    ]  # fmt: skip
+    sent = post(client, key, block)
+    assert sent.status_code == 202, sent.text
     r = client.post("/v1/projects/census/refit", params={"wait": True}, headers=key)
     assert r.status_code == 202 and r.json()["applied"] and r.json()["position"] == 2
     line = next(

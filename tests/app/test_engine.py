@@ -272,7 +272,7 @@ def test_a_refit_serves_items_under_the_rows_laplace_predictives_and_a_sweep_doe
         blocks, _ = eng.labels.gather(np.arange(n, dtype=np.int64))
         lam = eng.refit_worker_prior if laplace else eng.config.worker_prior  # (eq. 28)
         assert lam is not None
-        prior = eng.config.population_prior
+        prior = eng.config.population_precision()
         want = held_out_corrections(
             eng.online.params, blocks, eng.q[:n], lam, laplace=laplace, population_prior=prior
         )

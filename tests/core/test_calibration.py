@@ -444,7 +444,7 @@ def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> N
     plain = served_posteriors(params, blocks, cal)
     held_out = held_out_corrections(
         params, blocks, result.probas, config.worker_prior,
-        population_prior=config.population_prior,
+        population_prior=config.population_precision(),
     )  # fmt: skip
     held = served_posteriors(params, blocks, cal, held_out=held_out)
     assert _ece(plain, truth) > 15.0
@@ -494,7 +494,7 @@ def test_gold_items_scored_held_out_look_like_the_items_served() -> None:
     result, params = BatchEM(config).fit(blocks, W, known=gold)
     held_out = held_out_corrections(
         params, blocks, result.probas, config.worker_prior,
-        population_prior=config.population_prior,
+        population_prior=config.population_precision(),
     )  # fmt: skip
     plain = served_posteriors(params, blocks, Calibration())  # answers alone, no gold held
     held = served_posteriors(params, blocks, Calibration(), held_out=held_out)
@@ -623,7 +623,7 @@ def test_corrections_in_threads_are_bit_identical(monkeypatch: pytest.MonkeyPatc
     blocks, _, W = ambiguous_crowd(5, n_items=300, n_workers=40, per_item=3)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
-    lam, q, prior = config.worker_prior, result.probas, config.population_prior
+    lam, q, prior = config.worker_prior, result.probas, config.population_precision()
     monkeypatch.setattr(threads, "PARALLEL_FROM", 10)
     for laplace in (False, True):
         one = held_out_corrections(
@@ -643,7 +643,7 @@ def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictiv
     blocks, _, W = ambiguous_crowd(5, n_items=400, n_workers=80, per_item=3)
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
-    lam, q, prior = config.worker_prior, result.probas, config.population_prior
+    lam, q, prior = config.worker_prior, result.probas, config.population_precision()
     plain = held_out_corrections(params, blocks, q, lam, decimals=None, population_prior=prior)
     both = held_out_corrections(
         params, blocks, q, lam, decimals=None, laplace=True, population_prior=prior
@@ -672,7 +672,7 @@ def test_laplace_predictives_calibrate_batch_em_on_sparse_symmetric_workers() ->
     blocks, truth, n_workers = _sparse_symmetric_crowd()
     config = NominalConfig(n_classes=5, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, n_workers)
-    lam, prior = config.worker_prior, config.population_prior
+    lam, prior = config.worker_prior, config.population_precision()
     cal = batch_calibration(config, params, blocks, n_workers)
     held = held_out_corrections(params, blocks, result.probas, lam, population_prior=prior)
     both = held_out_corrections(

@@ -65,7 +65,12 @@ def test_workers_who_differ_keep_the_configured_prior(synthetic: Synthetic) -> N
     plain, params = BatchEM(config).fit(blocks, synthetic.confusion.shape[0])
     np.testing.assert_array_equal(fit.result.probas, plain.probas)
     held_out = held_out_corrections(
-        params, blocks, plain.probas, 1.0, laplace=True, population_prior=config.population_prior
+        params,
+        blocks,
+        plain.probas,
+        1.0,
+        laplace=True,
+        population_prior=config.population_precision(),
     )
     assert fit.score == held_out_log_likelihood(config, plain, params, held_out)
 
@@ -78,7 +83,12 @@ def test_the_held_out_likelihood_is_the_items_answers_scored_without_their_pull(
     config = NominalConfig(n_classes=synthetic.n_classes, n_items=float(blocks.n_blocks))
     result, params = BatchEM(config).fit(blocks, synthetic.confusion.shape[0])
     held_out = held_out_corrections(
-        params, blocks, result.probas, 1.0, laplace=True, population_prior=config.population_prior
+        params,
+        blocks,
+        result.probas,
+        1.0,
+        laplace=True,
+        population_prior=config.population_precision(),
     )
     ell, _ = log_likelihoods(params, blocks)
     joint = log_prior(params)[None, :] + ell - held_out
