@@ -149,10 +149,28 @@ def key_of(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+def missing_key_message(authorization: str | None) -> str:
+    """What a request without a key it could read is told: how to send one, and what was
+    sent instead (a Basic header or a bare key was answered 'send an API key')."""
+    how = "send an API key: 'Authorization: Bearer <key>' (or 'X-API-Key: <key>')"
+    if not authorization:
+        return how
+    words = authorization.split()
+    if not words or words[0].lower() == "bearer":
+        got = "an empty Bearer key"
+    elif len(words) > 1:
+        got = f"a {words[0]!r} Authorization header"
+    else:
+        got = "an Authorization header without 'Bearer '"
+    return f"{how}; got {got}"
+
+
 def authorize(request: Request, scope: Scope, project: str | None) -> KeyRecord:
     key = key_of(request)
     if not key:
-        raise ApiError(401, "missing_key", "send an API key: 'Authorization: Bearer <key>'")
+        raise ApiError(
+            401, "missing_key", missing_key_message(request.headers.get("authorization"))
+        )
     svc = service_of(request)
     record = svc.key(key_hash(key))
     if record is None:

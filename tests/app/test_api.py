@@ -370,6 +370,14 @@ def test_keys_and_scopes(client: TestClient) -> None:
     anon = {"Authorization": ""}
     assert client.get("/v1/projects/a", headers=anon).json()["error"]["code"] == "missing_key"
     assert client.get("/v1/projects/a", headers=anon).status_code == 401
+    # a key sent another way is named (it read 'send an API key', as if none had been sent)
+    for header, got in (
+        ("Basic abc", "got a 'Basic' Authorization header"),
+        (key_a["Authorization"][7:], "got an Authorization header without 'Bearer '"),
+        ("Bearer ", "got an empty Bearer key"),
+    ):
+        err = client.get("/v1/projects/a", headers={"Authorization": header}).json()["error"]
+        assert err["code"] == "missing_key" and err["message"].endswith(got), err
     r = client.get("/v1/projects/a", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_key"
     # a project's key reaches nothing of another project
