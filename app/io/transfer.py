@@ -176,9 +176,11 @@ def _ensure_project(
     project: str,
     create_with: list[str] | None,
     check: Callable[[list[str]], None],
-) -> list[str]:
-    """The project's classes, which ``check`` accepts; a project not there yet is created with
-    ``create_with`` once ``check`` has accepted those (a file it refuses leaves no project)."""
+) -> bool:
+    """Whether the project was made here: one not there yet is created with ``create_with``
+    once ``check`` has accepted those (a file it refuses leaves no project); ``check`` accepts
+    the classes of one that is."""
+    made = False
     resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     if resp.status_code == 404 and _code(resp) == "unknown_project":
         if create_with is None:
@@ -188,11 +190,19 @@ def _ensure_project(
         resp = call(http, "POST", "/v1/projects", body={"name": project, "labels": create_with})
         if resp.status_code != 409:  # (409: made meanwhile by another, used as it is)
             _check(resp, f"creating project {project!r}")
+            made = True
         resp = call(http, "GET", f"/v1/projects/{_p(project)}")
     _check(resp, f"project {project!r}")
-    classes: list[str] = resp.json()["labels"]
-    check(classes)
-    return classes
+    check(resp.json()["labels"])
+    return made
+
+
+def _remove_if_empty(http: httpx.Client, project: str) -> None:
+    """Delete a project this import made when nothing reached its log (the service refused
+    the first block: a weight above its limit, say), so that no empty project is left."""
+    resp = call(http, "GET", f"/v1/projects/{_p(project)}")
+    if resp.status_code == 200 and resp.json()["stats"]["log_end"] == 0:
+        call(http, "DELETE", f"/v1/projects/{_p(project)}")
 
 
 def refuse_unknown_labels(
@@ -332,13 +342,18 @@ def run_import(
             hint = AUTO_LABELS_HINT if auto_labels and classes == create_with else ""
             refuse_unknown_gold(truth, known, classes, project, hint)
 
-    _ensure_project(http, project, create_with, check)
+    made = _ensure_project(http, project, create_with, check)
     gold += known
     with _progress(progress, len(answers), f"import {path.name}") as advance:
         wait_last = wait and not gold
-        accepted, duplicates, n_blocks, batch_size = _post_answers(
-            http, project, path, answers, batch_size, wait_last, advance
-        )
+        try:
+            accepted, duplicates, n_blocks, batch_size = _post_answers(
+                http, project, path, answers, batch_size, wait_last, advance
+            )
+        except BaseException:
+            if made:
+                _remove_if_empty(http, project)
+            raise
     if gold:
         # Gold has no ids in the API; posting it again sets the same answers (idempotent: the
         # engine replaces an item's earlier gold, its workers' gold tallies with it).

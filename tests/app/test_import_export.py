@@ -460,6 +460,11 @@ def test_a_file_refused_against_the_labels_to_create_leaves_no_project(
                   "--truth", truth)  # fmt: skip
     assert run.returncode == 2 and run.stderr.startswith(f"error: {truth}:3: gold label 'zebra'")
     assert service.get("/v1/projects/none-made").status_code == 404
+    # refused by the service (a weight above its limit): the project made is removed again
+    heavy = _write(tmp_path, "heavy.csv", "item,worker,label,weight\na,w,cat,2e6\n")
+    run = run_cli("import", heavy, "-p", "none-made", "--create-with-labels", "cat,dog")
+    assert run.returncode == 2 and "invalid_label" in run.stderr, run.stderr
+    assert service.get("/v1/projects/none-made").status_code == 404
     run = run_cli("import", good, "-p", "none-made", "--create-with-labels", "cat,dog",
                   "--no-progress")  # fmt: skip
     assert run.returncode == 0 and "2 new" in run.stdout, run.stderr
