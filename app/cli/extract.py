@@ -326,8 +326,9 @@ def extract(
         )
         slot_params, used = run.model.params, run.used  # (the rows of the slots in use)
         rate = n_answers * passes / run.seconds if run.seconds > 0 else float("inf")
+        what = "labels scored (--test-only: none learned)" if test_only else "labels"
         speed = (
-            f"online EM: {n_answers * passes} labels in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
+            f"online EM: {n_answers * passes} {what} in {run.seconds:.2f}s ({rate:,.0f} labels/s)"
         )
         del run, blocks  # (the answers and the pass's arrays, before the predictions are written)
     print(

@@ -170,6 +170,7 @@ def test_save_load_test_only_round_trip(dog: Path, tmp_path: Path) -> None:
     assert extract(dog / "answers.csv", "--save", model, "--predictions", p1).returncode == 0
     run = extract(dog / "answers.csv", "--load", model, "--test-only", "--predictions", p2)
     assert run.returncode == 0, run.stderr
+    assert "online EM: 8070 labels scored (--test-only: none learned) in" in run.stdout
     # test-only under the saved final parameters reproduces the final posteriors exactly
     assert p1.read_text() == p2.read_text()
 
