@@ -361,6 +361,34 @@ def test_projects_gone_quiet_together_log_their_sweeps_one_after_another(store: 
     assert all(e.kind == "refine" for n in names for e in store.read_log(n, 1, 100)[:1])
 
 
+def test_a_long_sweep_lets_other_projects_sweep_between_its_slices(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project's sweep is logged a slice at a time; while one ran, no other project's sweep
+    could start (a 45.7M-label project's 8,000 slices kept the others unswept for minutes).
+    Now the projects take turns, one entry in flight at a time."""
+    monkeypatch.setattr("app.engine.loop.SWEEP_SLICE", 2)  # a slice of about 2 labels' work
+    cfg = NominalConfig(n_classes=2, n_worker_slots=16).to_dict()
+    big = {"items": [f"i{k}" for k in range(40)], "workers": [f"w{k % 5}" for k in range(40)],
+           "labels": [k % 2 for k in range(40)], "weights": None}  # fmt: skip
+    small = {"items": ["i"], "workers": ["w"], "labels": [0], "weights": None}
+    loop = EngineLoop(store, refine_passes=1, refine_idle_s=0.0)
+    for name, body in (("big", big), ("small", small)):
+        store.create_project(ProjectRecord(name, ("a", "b"), cfg, 1.0))
+        store.append(name, "labels", orjson.dumps(body))
+
+    def refines(name: str) -> int:
+        return sum(e.kind == "refine" for e in store.read_log(name, 0, 1000))
+
+    for _ in range(6):
+        loop.step()
+        in_flight = sum(store.log_end(n) > store.applied_position(n) for n in ("big", "small"))
+        assert in_flight <= 1  # one sweep entry waits at a time, over the projects
+    assert refines("small") >= 1 and 1 <= refines("big") < 10  # small's sweep amid big's
+    loop.run_until_idle()
+    assert refines("big") >= 10
+
+
 @pytest.mark.parametrize("kind", ["embedded", "redis"])
 def test_a_model_gone_non_finite_is_not_served(tmp_path: Path, kind: str) -> None:
     """Settings whose first step overflows (refused at creation today; a project saved before
