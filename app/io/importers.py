@@ -226,7 +226,7 @@ def _columns(
     for key in MAP_KEYS:
         out[key] = _column(path, hline, index, mapping, key, *defaults[key])
         if key in ("item", "worker", "label"):
-            _need(path, hline, out[key], key, index)
+            _need(path, hline, out[key], key, index, _no_header_hint(names, mapping))
     stripped = [name.strip() for name in names]
     for column in out.values():
         if column is not None and stripped.count(stripped[column]) > 1:
@@ -395,14 +395,28 @@ def _column(
     return next((index[d] for d in defaults if d in index), None)
 
 
-def _need(path: Path, line: int | None, col: int | None, key: str, index: dict[str, int]) -> int:
+def _need(
+    path: Path, line: int | None, col: int | None, key: str, index: dict[str, int], hint: str = ""
+) -> int:
     if col is None:
         raise InputError(
             path,
             line,
-            f"no {key} column: name it with --map {key}=COLUMN (columns: {', '.join(index)})",
+            f"no {key} column: name it with --map {key}=COLUMN (columns: {', '.join(index)})"
+            + hint,
         )
     return col
+
+
+def _no_header_hint(names: list[str], mapping: dict[str, str]) -> str:
+    """For a first line that names no column an answer reads (a file without a header, which
+    ``extract`` reads as item, worker, label[, weight]): how to give it one."""
+    known = {"item", "task", "worker", "label", "id", "weight", "gold"}
+    if mapping or any(n.strip().lower() in known for n in names) or len(names) not in (3, 4):
+        return ""
+    return "; a file without a header: give it a first line item,worker,label" + (
+        ",weight" if len(names) == 4 else ""
+    )
 
 
 def _cell(row: list[str], col: int | None) -> str:

@@ -165,6 +165,9 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         ("ws.csv", "item,worker,label,Weights\na,w,x,5\n", None, 1, "column 'Weights'"),
         ("gl.csv", "item,worker,label,gold_label\na,w,x,y\n", None, 1, "--map gold=gold_label"),
         ("id.csv", "item,worker,label,ID\na,w,x,q\n", None, 1, "column 'ID' would not be read"),
+        # no header (extract reads one as item, worker, label): how to give it one
+        ("nh.csv", "a,w1,x\nb,w2,y\n", None, 1,
+         "(columns: a, w1, x); a file without a header: give it a first line item,worker,label"),
     ]  # fmt: skip
     for name, text, mapping, line, reason in cases:
         with pytest.raises(InputError) as err:
