@@ -167,6 +167,9 @@ def export_command(
     ] = 5,
 ) -> None:
     """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""
+    if confusion and what != "workers":  # (it was ignored without a word)
+        raise InputError("--confusion", None, f"adds the workers' matrices: it applies to "
+                         f"--what workers, not {what}")  # fmt: skip
     to_stdout = output == STDOUT
     if to_stdout:
         transfer.refuse_parquet_to_stdout(format)

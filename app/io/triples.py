@@ -590,6 +590,8 @@ def _row_columns(
 
 
 def _parse_weight(path: Path, line: int, text: str) -> float:
+    if not text.strip():  # (a Parquet null reads as empty: it read "weight '' is not a number")
+        raise InputError(path, line, "no weight (an empty cell, or a null in Parquet)")
     try:
         value = float(text)
     except ValueError:

@@ -125,6 +125,15 @@ def test_a_truth_file_that_names_no_item_of_the_answers_is_refused(
     assert message in run.stderr
 
 
+def test_a_missing_weight_is_called_missing(tmp_path: Path) -> None:
+    """A Parquet null weight (or an empty cell) read "weight '' is not a number"."""
+    path = tmp_path / "w.parquet"
+    table = {"item": ["a", "b"], "worker": ["w", "v"], "label": ["0", "1"], "weight": [1.0, None]}
+    pq.write_table(pa.table(table), path)
+    run = extract(path)
+    assert run.stderr == f"error: {path}:2: no weight (an empty cell, or a null in Parquet)\n"
+
+
 def test_truth_rows_the_answers_do_not_hold_or_repeat(dog: Path, tmp_path: Path) -> None:
     """Gold of an item with no answers was left out without a word; the same gold twice was
     an error (the API takes it as a repeat); a bad gold label named no line and hinted at a

@@ -775,6 +775,10 @@ def test_every_jsonl_export_is_compact_utf8_and_counts_what_it_wrote(
             ["import", "a.csv", "-p", "ok", "--create-with-labels", "a,,b"],
             "--create-with-labels: class names cannot be empty, got 'a,,b'",
         ),
+        (  # (it was ignored without a word)
+            ["export", "-p", "ok", "--what", "posteriors", "--confusion", "-o", "p.csv"],
+            "--confusion: adds the workers' matrices: it applies to --what workers",
+        ),
     ],
 )
 def test_bad_project_names_and_labels_are_refused_before_a_request(
