@@ -776,3 +776,30 @@ def test_queue_settings_not_applied_within_the_wait_answer_504(tmp_path: Path) -
         r = c.put("/v1/projects/p/queue/settings?wait=true", json={"policy": "margin"})
         assert r.status_code == 504 and r.json()["error"]["code"] == "not_applied"
         assert c.get("/v1/projects/p/queue/settings").json()["policy"] != "margin"
+
+
+def test_a_slow_summary_tally_is_kept_a_while_and_a_quiet_one_until_labels_come(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every summary read every item's posterior (23 s on a project of 6.86M items, which a
+    dashboard asks for every few seconds)."""
+    from app.api import views
+
+    key = make_project(client)
+    post(client, key, triples(20))
+
+    def histogram() -> list[int]:
+        got = client.get("/v1/projects/census/summary", headers=key).json()
+        return list(got["confidence_histogram"]["counts"])
+
+    first = histogram()
+    scans = []
+    real = views.stored_pages
+    monkeypatch.setattr(views, "stored_pages", lambda *a: scans.append(1) or real(*a))
+    assert histogram() == first and not scans  # nothing applied since: kept
+    post(client, key, [*triples(20, offset=20), {"item": "new", "worker": "w9", "label": "black"}])
+    assert sum(histogram()) == sum(first) + 1 and len(scans) == 1  # quick to make: made again
+    monkeypatch.setattr(views, "SUMMARY_SLOW_S", 0.0)  # as if it were slow: kept a while
+    monkeypatch.setattr(views, "SUMMARY_REUSE", 1e9)
+    post(client, key, [{"item": "newer", "worker": "w9", "label": "black"}])
+    assert sum(histogram()) == sum(first) + 1 and len(scans) == 1
