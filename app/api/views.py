@@ -4,13 +4,11 @@ predictions, the dashboard's summary and snapshots.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
 from app.api.deps import Service
@@ -27,6 +25,7 @@ from app.api.schemas import (
 )
 from app.engine.dyadic import DyadicSettings
 from app.engine.queue import QueueSettings, item_of
+from app.serving.kept import Kept
 from app.serving.nominal import (
     Globals,
     class_priors,
@@ -372,42 +371,21 @@ SPAMMER_INFORMATIVENESS = 0.1
 
 @dataclass(frozen=True)
 class _Tally:
-    """The items' confidence histogram and most likely labels, as of ``position``."""
+    """The items' confidence histogram (``EDGES``) and most likely labels."""
 
-    created_at: float
-    position: int
     counts: list[int]
     best: list[int]
-    made_at: float
-    took_s: float
 
 
-SUMMARY_REUSE = 10.0
-"""A tally of every item's posterior that took at least ``SUMMARY_SLOW_S`` is served again for
-this many times what it took to make (one that took 2 s is made at most every 20 s), and any
-tally while nothing was applied since: on a project of 6.86M items a summary took 23 s, and a
-dashboard asks every few seconds."""
-SUMMARY_SLOW_S = 0.25
-
-_tallies: dict[tuple[int, str], _Tally] = {}
-_tallies_lock = threading.Lock()
+EDGES = np.linspace(0.0, 1.0, 21)
+TALLIES: Kept[_Tally] = Kept(reuse=10.0, slow_s=0.25)
+"""The tallies of every item's posterior kept (``app.serving.kept``): one that took 0.25 s
+or more is served again for ten times what it took (a summary of a project of 6.86M items
+took 23 s, and a dashboard asks every few seconds)."""
 
 
-def _tally(svc: Service, record: ProjectRecord, edges: npt.NDArray[np.float64]) -> _Tally:
-    """The kept tally of the project's items, or a new one (``SUMMARY_REUSE``)."""
-    key, now = (id(svc.store), record.name), time.monotonic()
-    with _tallies_lock:
-        kept = _tallies.get(key)
-    fresh = (
-        kept is not None
-        and kept.created_at == record.created_at
-        and (
-            (kept.took_s >= SUMMARY_SLOW_S and now - kept.made_at < SUMMARY_REUSE * kept.took_s)
-            or svc.store.applied_position(record.name) == kept.position
-        )
-    )
-    if kept is not None and fresh:
-        return kept
+def _tally(svc: Service, record: ProjectRecord) -> tuple[_Tally, int]:
+    """A new tally of the project's items, and the log position it read."""
     g = globals_of(svc, record)
     K = len(record.labels)
     top = []
@@ -417,17 +395,12 @@ def _tally(svc: Service, record: ProjectRecord, edges: npt.NDArray[np.float64]) 
         if q.size:
             top.append(q.max(axis=1))
             best += np.bincount(q.argmax(axis=1), minlength=K)
-    counts = np.histogram(np.concatenate(top) if top else np.zeros(0), bins=edges)[0]
-    made = _Tally(record.created_at, g.position, counts.tolist(), best.tolist(), now,
-                  time.monotonic() - now)  # fmt: skip
-    with _tallies_lock:
-        _tallies[key] = made
-    return made
+    counts = np.histogram(np.concatenate(top) if top else np.zeros(0), bins=EDGES)[0]
+    return _Tally(counts.tolist(), best.tolist()), g.position
 
 
 def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, Any]:
-    edges = np.linspace(0.0, 1.0, 21)
-    tally = _tally(svc, record, edges)
+    tally = TALLIES.get(svc.store, record.name, record.created_at, lambda: _tally(svc, record))
     views = workers_view(svc, record, svc.store.all_workers(record.name), with_confusion=True)
     views.sort(key=lambda w: (w.informativeness, -w.n_labels, w.worker))
     view = project_view(svc, record)
@@ -439,7 +412,7 @@ def summary(svc: Service, record: ProjectRecord, n_workers: int) -> dict[str, An
         "project": record.name,
         "labels": list(record.labels),
         "stats": view["stats"],
-        "confidence_histogram": {"edges": edges.tolist(), "counts": tally.counts},
+        "confidence_histogram": {"edges": EDGES.tolist(), "counts": tally.counts},
         "label_counts": dict(zip(record.labels, tally.best, strict=True)),
         "workers": [
             {**w.model_dump(), "likely_spammer": w.informativeness < SPAMMER_INFORMATIVENESS}

@@ -10,17 +10,13 @@ are scored by a batch EM fit on every answer of the project with the other folds
 (or by one online pass, where the service would decline that fit: ``REFIT_MIN_AGREEMENT``),
 calibrated (eq. 24) on the other folds' scores.
 
-That costs FOLDS batch EM fits over the whole project, so a report is kept: served again
-while nothing has been applied since (it is then the same report), or for ``REUSE`` times
-what it took to make (a report that took 2 s is made at most every 20 s: a dashboard asking
-every few seconds spends at most about a tenth of a core on it). The report says at which
-log position it was made.
+That costs FOLDS batch EM fits over the whole project, so a report is kept (``REPORTS``,
+``app.serving.kept``): served again while nothing has been applied since, or for ten times
+what it took to make. The report says at which log position it was made.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from array import array
 from dataclasses import dataclass
 
@@ -28,6 +24,7 @@ import numpy as np
 import orjson
 
 from app.engine.project import REFIT_MIN_AGREEMENT
+from app.serving.kept import Kept
 from app.serving.nominal import Globals
 from app.store.base import Store
 from core.batch import BatchEM
@@ -42,8 +39,8 @@ MAX_ITER = 30
 """E-steps of each fold's batch EM fit at most (SQUAREM-accelerated from majority vote; on a
 100,000-answer project with 500 gold items the report took 1.4 s, 1.8 s with fits to
 convergence, and its figures were the same to two decimals)."""
-REUSE = 10.0
-"""A report younger than this many times what it took to make is served again."""
+REPORTS: Kept[CalibrationReport] = Kept(reuse=10.0)
+"""The reports kept (``app.serving.kept``): served again for ten times what one took."""
 
 
 @dataclass(frozen=True)
@@ -66,35 +63,17 @@ class _Answers:
     """Each item's gold class, -1 where it has none."""
 
 
-@dataclass(frozen=True)
-class _Kept:
-    created_at: float
-    report: CalibrationReport
-    made_at: float
-    took_s: float
-
-
-_kept: dict[tuple[int, str], _Kept] = {}
-_kept_lock = threading.Lock()
-
-
 def calibration_report(
     store: Store, project: str, config: NominalConfig, created_at: float = 0.0
 ) -> CalibrationReport:
     """The report of ``project`` (the one created at ``created_at``): the one kept, while it
-    is recent enough, else a new one (see the module's docstring)."""
-    key = (id(store), project)
-    with _kept_lock:
-        kept = _kept.get(key)
-    now = time.monotonic()
-    if kept is not None and kept.created_at == created_at:
-        fresh = now - kept.made_at < REUSE * kept.took_s
-        if fresh or store.applied_position(project) == kept.report.position:
-            return kept.report
-    report = make_report(store, project, config)
-    with _kept_lock:
-        _kept[key] = _Kept(created_at, report, now, time.monotonic() - now)
-    return report
+    may be served again, else a new one (see the module's docstring)."""
+
+    def make() -> tuple[CalibrationReport, int]:
+        report = make_report(store, project, config)
+        return report, report.position
+
+    return REPORTS.get(store, project, created_at, make)
 
 
 def make_report(store: Store, project: str, config: NominalConfig) -> CalibrationReport:
@@ -181,17 +160,17 @@ def _read_answers(store: Store, project: str) -> _Answers:
         if cursor == 0:
             break
     order = np.array(sorted(range(len(names)), key=names.__getitem__), dtype=np.int64)
-    size = np.frombuffer(sizes, dtype=np.int64) if sizes else np.zeros(0, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
-    ptr = np.concatenate([[0], np.cumsum(size[order])]).astype(np.int64)
-    # each label's place in the file order, item after item in name order
-    take = np.repeat(start[order] - ptr[:-1], size[order]) + np.arange(ptr[-1], dtype=np.int64)
-    rank = np.argsort(np.argsort(np.array(list(code_of), dtype=object)))  # name order
-    codes = rank[np.frombuffer(workers, dtype=np.int64)[take]] if take.size else take
+    size = np.frombuffer(sizes, dtype=np.int64)[order]
+    start = np.concatenate([[0], np.cumsum(np.frombuffer(sizes, dtype=np.int64))])[order]
+    ptr = np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
+    # each label's place in the pages' order, item after item in name order
+    take = np.repeat(start - ptr[:-1], size) + np.arange(ptr[-1], dtype=np.int64)
+    rank = np.empty(len(code_of), dtype=np.int64)  # worker codes in name order
+    rank[[code_of[w] for w in sorted(code_of)]] = np.arange(len(code_of))
     blocks = LabelBlocks(
         ptr,
-        codes.astype(np.int64),
-        np.frombuffer(labels, dtype=np.int64)[take] if take.size else take,
-        np.frombuffer(weights, dtype=np.float64)[take] if take.size else np.zeros(0),
+        rank[np.frombuffer(workers, dtype=np.int64)[take]],
+        np.frombuffer(labels, dtype=np.int64)[take],
+        np.frombuffer(weights, dtype=np.float64)[take],
     )
     return _Answers(blocks, max(len(code_of), 1), np.array(gold, dtype=np.int64)[order])

@@ -799,7 +799,7 @@ def test_a_slow_summary_tally_is_kept_a_while_and_a_quiet_one_until_labels_come(
     assert histogram() == first and not scans  # nothing applied since: kept
     post(client, key, [*triples(20, offset=20), {"item": "new", "worker": "w9", "label": "black"}])
     assert sum(histogram()) == sum(first) + 1 and len(scans) == 1  # quick to make: made again
-    monkeypatch.setattr(views, "SUMMARY_SLOW_S", 0.0)  # as if it were slow: kept a while
-    monkeypatch.setattr(views, "SUMMARY_REUSE", 1e9)
+    monkeypatch.setattr(views.TALLIES, "slow_s", 0.0)  # as if it were slow: kept a while
+    monkeypatch.setattr(views.TALLIES, "reuse", 1e9)
     post(client, key, [{"item": "newer", "worker": "w9", "label": "black"}])
     assert sum(histogram()) == sum(first) + 1 and len(scans) == 1

@@ -185,13 +185,13 @@ def test_a_report_is_kept_while_nothing_is_applied_or_while_it_is_recent(
         )
 
     first = report()
-    monkeypatch.setattr(report_module, "REUSE", 0.0)  # no reuse for its age
+    monkeypatch.setattr(report_module.REPORTS, "reuse", 0.0)  # no reuse for its age
     assert report() is first  # nothing applied since: the same report
     label = [{"item": "i0", "worker": "late", "label": "a"}]
     assert api.post("/v1/projects/kept/labels", params={"wait": True}, json=label).json()["applied"]
     second = report()
     assert second is not first and second.position > first.position
-    monkeypatch.setattr(report_module, "REUSE", 1e9)  # recent enough: kept, even after labels
+    monkeypatch.setattr(report_module.REPORTS, "reuse", 1e9)  # recent: kept, even after labels
     assert api.post("/v1/projects/kept/labels", params={"wait": True}, json=label).json()["applied"]
     assert report() is second
 
@@ -231,7 +231,9 @@ def test_honeypots_given_gold_before_any_answer_leave_the_served_posteriors_alon
     ]  # from the crowd's own workers
     r = api.post("/v1/projects/seeded/labels", params={"wait": True}, json=wrong)
     assert r.status_code == 202
-    monkeypatch.setattr(report_module, "REUSE", 0.0)  # not the report of before, kept for its age
+    monkeypatch.setattr(
+        report_module.REPORTS, "reuse", 0.0
+    )  # not the report of before, kept for its age
     report = api.get("/v1/projects/seeded/calibration").json()
     assert report["n_gold"] == 40 and report["eps"] > before["eps"]  # answered, all wrong: counted
 
@@ -261,7 +263,7 @@ def test_the_report_scores_the_model_served_where_batch_em_is_declined(
     r = api.post("/v1/projects/once/gold", params={"wait": True},
                  json=[{"item": i, "label": truth[i]} for i in gold])  # fmt: skip
     assert r.status_code == 202
-    monkeypatch.setattr(report_module, "REUSE", 0.0)
+    monkeypatch.setattr(report_module.REPORTS, "reuse", 0.0)
     report = api.get("/v1/projects/once/calibration").json()
     served_right = np.mean([first[i][1] == truth[i] for i in gold])  # (0.675)
     assert report["n_gold"] == 80 and abs(report["accuracy"] - served_right) <= 0.05, report
