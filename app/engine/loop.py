@@ -197,7 +197,7 @@ class EngineLoop:
         """Engines dropped because the log went back in time (restored, then replayed)."""
         self._last_label: dict[str, float] = {}
         self._refine_due: dict[str, bool] = {}
-        self._sweep_pending: dict[str, bool] = {}
+        self._dyadic_pending: set[str] = set()  # a dyadic pass logged and not applied yet
         self._sweeping: set[str] = set()
         self._slice_pending: set[str] = set()  # a sweep's slice logged and not applied yet
         self._turn = 0  # slices logged so far; a project's last one in _turns (who goes next)
@@ -358,7 +358,7 @@ class EngineLoop:
             return False
         if eng.sweep is not None and self.refine_passes > 0:  # (a sweep to go on with)
             return False
-        if self._refine_due.get(name) or self._sweep_pending.get(name):
+        if self._refine_due.get(name) or name in self._dyadic_pending:
             return False
         if eng.dyadic_unpublished or eng.queue_rescoring:
             return False
@@ -494,7 +494,7 @@ class EngineLoop:
         self._unwritten.discard(name)  # (the engine rebuilt writes what it restores)
         self._sweeping.discard(name)
         self._slice_pending.discard(name)
-        self._sweep_pending.pop(name, None)
+        self._dyadic_pending.discard(name)
         self._catch_up.pop(name, None)
         give_back_freed_memory()
         self.store.set_project_failed(name, error)
@@ -510,7 +510,7 @@ class EngineLoop:
         self._unwritten.discard(name)
         self._sweeping.discard(name)  # (its sweep's entry may be among those lost)
         self._slice_pending.discard(name)
-        self._sweep_pending.pop(name, None)
+        self._dyadic_pending.discard(name)
         if self.snapshotter is not None:
             self.snapshotter.unload(name)  # (waits for the snapshot being written)
 
@@ -526,8 +526,9 @@ class EngineLoop:
         was deleted and created again) also what SQL holds of it, snapshots and archive."""
         self._let_go_engine(name)
         self._dormant.discard(name)
-        for held in (self._catch_up, self._last_label, self._refine_due, self._sweep_pending):
+        for held in (self._catch_up, self._last_label, self._refine_due):
             held.pop(name, None)
+        self._dyadic_pending.discard(name)
         self._anchor.pop(name, None)
         self._served.pop(name, None)
         self._slice_at.pop(name, None)
@@ -596,7 +597,7 @@ class EngineLoop:
         for entry in entries:
             force_snapshot |= entry.kind == "snapshot"
             if entry.kind == "dyadic":
-                self._sweep_pending[name] = False
+                self._dyadic_pending.discard(name)
             if entry.kind == "refine":
                 self._slice_pending.discard(name)
             if entry.kind == "dyadic" or (entry.kind == "refine" and eng.sweep is None):
@@ -747,12 +748,12 @@ class EngineLoop:
             self._refine_due[name] = False
             self._next_slice(name, eng)
         elif (
-            not self._sweep_pending.get(name)
+            name not in self._dyadic_pending
             and not eng.dyadic_sweep_backlog  # (the last sweep's labels are learned)
             and self.dyadic_ready()
             and eng.wants_dyadic_sweep()
         ):
-            self._sweep_pending[name] = True
+            self._dyadic_pending.add(name)
             self.store.append(name, "dyadic", b"{}")
             self._sweeping.add(name)
 
@@ -771,7 +772,7 @@ class EngineLoop:
 
     def _sweep_entries(self) -> int:
         """Sweep entries logged and not applied yet, over all the projects."""
-        return len(self._slice_pending) + sum(self._sweep_pending.values())
+        return len(self._slice_pending) + len(self._dyadic_pending)
 
     def _turn_of_another(self, name: str) -> bool:
         """Another project mid-sweep had its last slice before this one's: it goes first."""
@@ -788,8 +789,7 @@ class EngineLoop:
             or any(self._refine_due.values())
             or any(e.sweep is not None for e in self.engines.values())
             or any(
-                self._sweep_pending.get(n) or e.wants_dyadic_sweep()
-                for n, e in self.engines.items()
+                n in self._dyadic_pending or e.wants_dyadic_sweep() for n, e in self.engines.items()
             )
         )
 

@@ -411,7 +411,7 @@ def _need(
 def _no_header_hint(names: list[str], mapping: dict[str, str]) -> str:
     """For a first line that names no column an answer reads (a file without a header, which
     ``extract`` reads as item, worker, label[, weight]): how to give it one."""
-    known = {"item", "task", "worker", "label", "id", "weight", "gold"}
+    known = {*MAP_KEYS, "task"}
     if mapping or any(n.strip().lower() in known for n in names) or len(names) not in (3, 4):
         return ""
     return "; a file without a header: give it a first line item,worker,label" + (
