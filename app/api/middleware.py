@@ -1,6 +1,7 @@
 """Around every request: its id (``X-Request-ID``, in the logs and the answer), its latency in
-Prometheus and the access log, the limit on its body's size (``LimitBody``), no control
-characters in its path (``PlainPath``); ``TimedStore`` times each store call the API makes.
+Prometheus and the access log, the limit on its body's size and its decompression (``LimitBody``),
+no control characters in its path (``PlainPath``); ``TimedStore`` times each store call the API
+makes.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -95,7 +97,9 @@ class BodyTooLarge(HTTPException):
 class LimitBody:
     """Bodies of at most ``limit`` bytes, checked before any route parses a body or checks a
     key: a declared ``Content-Length`` above it is answered 413 at once; a body without one
-    (chunked) is read here first, up to the limit, and handed on whole."""
+    (chunked) is read here first, up to the limit, and handed on whole. A body sent with
+    ``Content-Encoding: gzip`` (or ``deflate``) is read whole and handed on decompressed, as
+    if sent plain: the limit holds for it sent and decompressed."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app = app
@@ -115,6 +119,7 @@ class LimitBody:
             return
         length: int | None = None
         chunked = False
+        encoding = b""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -124,10 +129,12 @@ class LimitBody:
             elif name == b"transfer-encoding":
                 chunked = True
             elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
-                await _encoded(value)(scope, receive, send)
-                return
+                encoding = value
         if length is not None and length > self.limit:
             await self.too_large(f"{length:,}")(scope, receive, send)
+            return
+        if encoding:
+            await self._decompressed(encoding, scope, receive, send)
             return
         if length is None and chunked:
             body, first = await self._read(receive)
@@ -156,6 +163,31 @@ class LimitBody:
             if seen[1]:
                 raise
             await self.too_large(f"more than {self.limit:,}")(scope, receive, send)
+
+    async def _decompressed(self, encoding: bytes, scope: Any, receive: Any, send: Any) -> None:
+        """The app, given the body decompressed and the headers of a plain body."""
+        name = encoding.decode("latin-1").strip()
+        if name.lower() not in DECOMPRESSORS:
+            await _encoded(name)(scope, receive, send)
+            return
+        body, first = await self._read(receive)
+        if body is None:
+            await self.too_large(f"more than {self.limit:,} compressed")(scope, receive, send)
+            return
+        if first is not None:  # the client left before its body ended
+            await self.app(scope, self._replay(b"", first, receive), send)
+            return
+        try:
+            plain = decompress(body, name.lower(), self.limit)
+        except zlib.error as exc:
+            await _corrupt(name, exc)(scope, receive, send)
+            return
+        if plain is None:
+            await self.too_large(f"more than {self.limit:,} decompressed")(scope, receive, send)
+            return
+        kept = [(k, v) for k, v in scope["headers"] if k not in _ENCODING_HEADERS]
+        headers = [*kept, (b"content-length", str(len(plain)).encode())]
+        await self.app({**scope, "headers": headers}, self._replay(plain, None, receive), send)
 
     async def _read(self, receive: Any) -> tuple[bytes | None, Any]:
         """The whole body (None: past the limit), and a message that ended it early."""
@@ -189,15 +221,47 @@ class LimitBody:
         return replay
 
 
-def _encoded(encoding: bytes) -> Any:
-    """400 for a body sent compressed (``Content-Encoding: gzip``): read as it is, it would be
-    refused as text that is not UTF-8, which says nothing of the cause."""
-    name = encoding.decode("latin-1").strip()
+DECOMPRESSORS = {
+    "gzip": 16 + zlib.MAX_WBITS,
+    "x-gzip": 16 + zlib.MAX_WBITS,
+    "deflate": zlib.MAX_WBITS,
+}
+"""The content codings a body may be sent in, as zlib's ``wbits`` (RFC 9110 section 8.4.1:
+``deflate`` is the zlib format)."""
+_ENCODING_HEADERS = (b"content-encoding", b"content-length", b"transfer-encoding")
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes | None:
+    """``body`` decompressed (``encoding`` a key of ``DECOMPRESSORS``), or None past ``limit``
+    bytes: never more than ``limit + 1`` bytes are made, whatever the body expands to."""
+    inflate = zlib.decompressobj(DECOMPRESSORS[encoding])
+    plain = inflate.decompress(body, limit + 1)
+    if len(plain) > limit:
+        return None
+    if not inflate.eof:
+        raise zlib.error("the compressed data ends early")
+    if inflate.unused_data:
+        raise zlib.error("bytes follow the end of the compressed data")
+    return plain
+
+
+def _encoded(name: str) -> Any:
+    """415 for a body in a coding not read here: read as it is, it would be refused as text
+    that is not UTF-8, which says nothing of the cause."""
+    return ApiError(
+        415,
+        "unsupported_content_encoding",
+        f"the body is sent with Content-Encoding {name!r}; the service reads bodies sent plain "
+        "or with Content-Encoding gzip or deflate",
+        headers={"Connection": "close"},
+    ).response()
+
+
+def _corrupt(name: str, exc: zlib.error) -> Any:
     return ApiError(
         400,
-        "unsupported_content_encoding",
-        f"the body is sent with Content-Encoding {name!r}; the service reads bodies as they are: "
-        "send it uncompressed",
+        "invalid_body",
+        f"the body is sent with Content-Encoding {name!r} but does not decompress: {exc}",
         headers={"Connection": "close"},
     ).response()
 

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,18 @@ def test_body_limit_comes_before_parsing_and_the_key(small: TestClient) -> None:
         headers={**key, "content-type": "application/json"},
     )
     assert r.status_code == 202 and r.json()["policy"] == "margin", r.text
+    # compressed: the limit holds for the body sent and for it decompressed
+    gz = {**key, "content-encoding": "gzip"}
+    assert len(gzip.compress(big)) < 4096
+    err = _error(small.post(path, content=gzip.compress(big), headers=gz), 413, "body_too_large")
+    assert (
+        err["message"]
+        == "the body has more than 4,096 decompressed bytes; the limit is 4,096 (CROWDTALLY_MAX_BODY_BYTES)"
+    )
+    noise = gzip.compress(b"x" * 5000, compresslevel=0)
+    _error(small.post(path, content=iter([noise]), headers=gz), 413, "body_too_large")
+    r = small.post(path, params={"wait": True}, content=gzip.compress(fits), headers=gz)
+    assert r.status_code == 202 and r.json()["duplicates"] == 0, r.text
 
 
 def test_a_chunked_body_is_refused_as_it_arrives(tmp_path: Path) -> None:
@@ -306,23 +319,62 @@ def test_a_body_that_is_not_utf8_is_told_so(client: TestClient) -> None:
             ), (path, body)
 
 
-def test_a_compressed_body_is_told_to_be_sent_as_it_is(client: TestClient) -> None:
-    """``Content-Encoding: gzip`` is named as the cause, not the gzip bytes as bad UTF-8; an
-    ``identity`` encoding is no encoding."""
+def test_a_compressed_body_is_read_decompressed(client: TestClient) -> None:
+    """A block sent with ``Content-Encoding: gzip`` or ``deflate`` is taken as if sent plain;
+    ``identity`` is no encoding; another coding is named as the cause, not its bytes as bad
+    UTF-8; a body that does not decompress says so."""
     key = make_project(client)
-    block = [{"item": "x", "worker": "w", "label": LABELS[0]}]
-    raw = orjson.dumps(block)
-    for encoding in ("gzip", "br", "Deflate"):
-        headers = {**key, "content-type": "application/json", "content-encoding": encoding}
-        r = client.post("/v1/projects/census/labels", content=gzip.compress(raw), headers=headers)
-        assert _error(r, 400, "unsupported_content_encoding")["message"] == (
-            f"the body is sent with Content-Encoding {encoding!r}; the service reads bodies "
-            "as they are: send it uncompressed"
+    json_ = {**key, "content-type": "application/json"}
+    blocks = [[{"item": f"z{i}", "worker": "w", "label": LABELS[0]}] for i in range(4)]
+    for block, (encoding, pack) in zip(
+        blocks,
+        (("gzip", gzip.compress), ("x-gzip", gzip.compress), ("Deflate", zlib.compress),
+         ("identity", bytes)),
+        strict=True,
+    ):  # fmt: skip
+        headers = {**json_, "content-encoding": encoding}
+        r = client.post(
+            "/v1/projects/census/labels",
+            params={"wait": True},
+            content=pack(orjson.dumps(block)),
+            headers=headers,
         )
-    headers = {**key, "content-type": "application/json", "content-encoding": "identity"}
-    assert (
-        client.post("/v1/projects/census/labels", content=raw, headers=headers).status_code == 202
+        assert r.status_code == 202 and r.json()["accepted"] == 1, (encoding, r.text)
+        item = client.get(f"/v1/projects/census/items/{block[0]['item']}", headers=key)
+        assert item.json()["labels"] == [{"worker": "w", "label": LABELS[0], "weight": 1.0}]
+    raw = orjson.dumps(blocks[0])
+    r = client.post(
+        "/v1/projects/census/labels", content=raw, headers={**json_, "content-encoding": "br"}
     )
+    assert _error(r, 415, "unsupported_content_encoding")["message"] == (
+        "the body is sent with Content-Encoding 'br'; the service reads bodies sent plain or "
+        "with Content-Encoding gzip or deflate"
+    )
+    for body, why in (
+        (raw, "Error -3 while decompressing data: incorrect header check"),
+        (gzip.compress(raw)[:-6], "the compressed data ends early"),
+        (gzip.compress(raw) + b"x", "bytes follow the end of the compressed data"),
+    ):
+        r = client.post(
+            "/v1/projects/census/labels",
+            content=body,
+            headers={**json_, "content-encoding": "gzip"},
+        )
+        assert _error(r, 400, "invalid_body")["message"] == (
+            f"the body is sent with Content-Encoding 'gzip' but does not decompress: {why}"
+        )
+
+
+def test_a_compressed_body_is_held_to_the_limit_decompressed() -> None:
+    """A small gzip body that expands past the body limit is refused without being expanded
+    further (a zip bomb makes at most limit + 1 bytes)."""
+    from app.api.middleware import decompress
+
+    bomb = gzip.compress(b" " * 50_000_000)
+    assert len(bomb) < 100_000
+    assert decompress(bomb, "gzip", 1_000_000) is None
+    assert decompress(gzip.compress(b"[]"), "gzip", 2) == b"[]"
+    assert decompress(gzip.compress(b"[1]"), "gzip", 2) is None
 
 
 def test_a_form_body_is_told_to_be_json(client: TestClient) -> None:

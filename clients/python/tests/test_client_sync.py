@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from crowdtally_client import ApiError, Client, Label, auto_id
 
@@ -213,3 +215,31 @@ def test_an_export_keeps_ids_with_unicode_line_separators_whole(
         rows = [json.loads(line) for line in c.export(name)]
         assert sorted(r["item"] for r in rows) == sorted([odd, "plain"])
         assert len(list(c.export(name, "csv"))) == 3  # the header and two rows
+
+
+def test_compressed_blocks_are_taken_as_plain_ones(
+    live_server: LiveServer, project: tuple[str, str]
+) -> None:
+    """A client made with ``compress=True`` sends long bodies gzipped; the service takes them
+    as if sent plain (short bodies go plain either way)."""
+    name, key = project
+    many = [(f"z{i}", f"w{i % 7}", CLASSES[i % 3]) for i in range(400)]
+    sent: list[tuple[int, int, str | None]] = []
+
+    def seen(request: httpx.Request) -> None:
+        encoding = request.headers.get("content-encoding")
+        plain = gzip.decompress(request.content) if encoding else request.content
+        sent.append((len(request.content), len(plain), encoding))
+
+    with Client(live_server.url, key, compress=True) as c:
+        c._http.event_hooks["request"] = [seen]
+        got = c.post_labels(name, many, ids="auto", wait=True)
+        assert (got.accepted, got.duplicates) == (400, 0)
+        again = c.post_labels(name, many, ids="auto", wait=True)
+        assert (again.accepted, again.duplicates) == (0, 400)
+        labels = c.get_item(name, "z5").labels
+        assert labels is not None and [(x.worker, x.label) for x in labels] == [("w5", "bird")]
+        assert c.get_project(name).stats.n_labels == 400
+    posts = [s for s in sent if s[2] is not None]
+    assert len(posts) == 2 and all(s[2] == "gzip" and s[0] < s[1] / 2 for s in posts)
+    assert None in {s[2] for s in sent}  # the GETs, bodiless, went plain

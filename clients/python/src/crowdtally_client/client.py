@@ -59,6 +59,7 @@ class _Base:
         max_backoff: float = 8.0,
         max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
+        compress: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):  # (it was retried for seconds)
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
@@ -73,6 +74,7 @@ class _Base:
         self.timeout = timeout
         self.retry = RetryPolicy(retries, backoff, max_backoff, max_pushback)
         self.batch_size = _core.check_batch(batch_size)
+        self.compress = compress
 
 
 class Client(_Base):
@@ -93,6 +95,7 @@ class Client(_Base):
         max_backoff: float = 8.0,
         max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
+        compress: bool = False,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(
@@ -104,6 +107,7 @@ class Client(_Base):
             max_backoff=max_backoff,
             max_pushback=max_pushback,
             batch_size=batch_size,
+            compress=compress,
         )
         self._http = httpx.Client(
             base_url=self.url, headers=_core.headers(key), timeout=timeout, transport=transport
@@ -131,10 +135,12 @@ class Client(_Base):
         """One call with retries; raises ``ApiError`` on an error answer."""
         _core.check_open(self._http.is_closed)
         tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
-        content = _core.dumps(body) if body is not None else None
+        content, sent_as = _core.body(body, self.compress)
         while True:
             try:
-                resp = self._http.request(method, path, params=params, content=content)
+                resp = self._http.request(
+                    method, path, params=params, content=content, headers=sent_as
+                )
             except httpx.TransportError as exc:
                 time.sleep(tries.after_error(exc))
                 continue
@@ -425,6 +431,7 @@ class AsyncClient(_Base):
         max_backoff: float = 8.0,
         max_pushback: float = 600.0,
         batch_size: int = _core.DEFAULT_BATCH,
+        compress: bool = False,
         concurrency: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -437,6 +444,7 @@ class AsyncClient(_Base):
             max_backoff=max_backoff,
             max_pushback=max_pushback,
             batch_size=batch_size,
+            compress=compress,
         )
         if concurrency < 1:  # (a semaphore of 0 would wait for ever)
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -465,10 +473,12 @@ class AsyncClient(_Base):
     ) -> httpx.Response:
         _core.check_open(self._http.is_closed)
         tries = _core.Attempts(self.retry, method, self.url + path, idempotent)
-        content = _core.dumps(body) if body is not None else None
+        content, sent_as = _core.body(body, self.compress)
         while True:
             try:
-                resp = await self._http.request(method, path, params=params, content=content)
+                resp = await self._http.request(
+                    method, path, params=params, content=content, headers=sent_as
+                )
             except httpx.TransportError as exc:
                 await asyncio.sleep(tries.after_error(exc))
                 continue
