@@ -196,6 +196,10 @@ def parse_block(
             msg = NO_CONTROL_MESSAGE
         elif err["type"] in NOT_AN_OBJECT and field is None:
             msg = not_an_object(adapter, what, err["input"])
+        elif err["type"] in WRONG_TYPE and field is not None:
+            msg += f", not {json_type(err['input'])}"
+            if err["input"] is None and loc[1:] and _has_default(adapter, str(loc[1])):
+                msg += ": leave the field out for its default"
         n_bad = exc.error_count()
         more = f" ({n_bad - 1} more errors)" if n_bad > 1 else ""
         raise ApiError(
@@ -208,6 +212,16 @@ def parse_block(
             field,
         ) from None
     return out
+
+
+WRONG_TYPE = ("string_type", "float_type", "float_parsing", "int_type", "bool_type")
+"""Pydantic's errors for a field of the wrong JSON type, whose messages do not say what was
+sent ("Input should be a valid number")."""
+
+
+def _has_default(adapter: TypeAdapter[Any], field: str) -> bool:
+    entry = next(iter(adapter.json_schema()["$defs"].values()))
+    return field in entry["properties"] and field not in entry.get("required", ())
 
 
 def not_an_object(adapter: TypeAdapter[Any], what: str, value: Any) -> str:

@@ -120,6 +120,27 @@ def test_a_weight_above_the_bound_is_refused_naming_entry_and_field() -> None:
     assert "10.000000000000002 is above the largest weight" in err_info.value.message
 
 
+def test_a_field_of_the_wrong_type_says_what_was_sent() -> None:
+    """pydantic's "Input should be a valid number" names what was sent instead, and a null
+    where a field has a default is told to leave the field out."""
+    for entry, field, says in (
+        (
+            {"weight": None},
+            "weight",
+            "a valid number, not null: leave the field out for its default",
+        ),
+        ({"weight": "2"}, "weight", "a valid number, not a string"),
+        ({"label": 1}, "label", "a valid string, not a number"),
+        ({"item": None}, "item", "a valid string, not null"),
+    ):
+        block = [{"item": "i0", "worker": "w0", "label": "a", **entry}]
+        with pytest.raises(ApiError) as refused:
+            label_block(orjson.dumps(block), 50, max_weight=10.0)
+        err = refused.value
+        assert (err.code, err.entry, err.field) == ("invalid_label", 0, field)
+        assert err.message == f"entry 0, field {field!r}: Input should be {says}"
+
+
 def test_a_weight_above_the_bound_is_a_422(tmp_path: Path) -> None:
     with TestClient(
         create_app(service_settings(tmp_path)), headers={"Authorization": f"Bearer {ADMIN}"}
