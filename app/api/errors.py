@@ -188,15 +188,18 @@ METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 def allowed_methods(request: Request) -> str | None:
     """Every method the request's path takes, for a 405's ``Allow``: FastAPI makes a route per
-    method, and Starlette's 405 names only the first route whose path matched. (Mounts, which
-    take any method, are left out.)"""
+    method, and Starlette's 405 names only the first route whose path matched; a path that
+    takes GET takes HEAD (``middleware.HeadAsGet``). (Mounts, which take any method, are left
+    out.)"""
     routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
-    takes = [
+    takes = {
         m
         for m in METHODS
         if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
-    ]
-    return ", ".join(takes) or None
+    }
+    if "GET" in takes:
+        takes.add("HEAD")
+    return ", ".join(m for m in METHODS if m in takes) or None
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:

@@ -1,11 +1,12 @@
 """Around every request: its id (``X-Request-ID``, in the logs and the answer), its latency in
 Prometheus and the access log, the limit on its body's size and its decompression (``LimitBody``),
-no control characters in its path (``PlainPath``); ``TimedStore`` times each store call the API
-makes.
+no control characters in its path (``PlainPath``), HEAD answered as GET without its body
+(``HeadAsGet``); ``TimedStore`` times each store call the API makes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -13,6 +14,7 @@ import zlib
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 
 from app import logs
 from app.api import metrics
@@ -278,3 +280,50 @@ class PlainPath:
             await not_found(scope["method"], scope["path"]).response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class _HeadAnsweredError(Exception):
+    """A HEAD's answer is sent: the rest of the GET's body is not made."""
+
+
+class HeadAsGet:
+    """HEAD on a path that takes GET answers as GET does, headers only (RFC 9110 section
+    9.3.2): FastAPI routes a GET for GET alone, and HEAD was a 405. The GET's handler runs; its
+    body is dropped, and a body streamed in parts (an export) stops at its first part. Paths
+    with a HEAD route of their own (``/healthz``, ``/readyz``) keep it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or not _takes_get(scope):
+            await self.app(scope, receive, send)
+            return
+        done = [False]
+
+        async def headers_only(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                await send(message)
+                return
+            if message["type"] == "http.response.body" and not done[0]:
+                done[0] = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if message.get("more_body", False):
+                    raise _HeadAnsweredError
+                return
+            if message["type"] == "http.response.body":
+                raise _HeadAnsweredError
+            await send(message)
+
+        with contextlib.suppress(_HeadAnsweredError):
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+def _takes_get(scope: Any) -> bool:
+    """Whether the app routes ``scope``'s path for GET and has no HEAD route of its own."""
+    routes = [r for r in scope["app"].router.routes if not isinstance(r, Mount)]
+
+    def full(method: str) -> bool:
+        return any(r.matches({**scope, "method": method})[0] is Match.FULL for r in routes)
+
+    return not full("HEAD") and full("GET")

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from app.api import create_app
 from app.store.redis_store import RedisStore
 from tests.app.conftest import ADMIN, REDIS_URL, make_store, service_settings
-from tests.app.test_api import LABELS, make_project
+from tests.app.test_api import LABELS, make_project, post
 
 
 @pytest.fixture
@@ -410,7 +410,7 @@ def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClien
     _error(client.get("/nope"), 404, "not_found")
     _error(client.get("/v1/projects/census/nope", headers=key), 404, "not_found")
     r = client.delete("/v1/projects/census/queue", headers=key)
-    assert _error(r, 405, "method_not_allowed") and r.headers["allow"] == "GET"
+    assert _error(r, 405, "method_not_allowed") and r.headers["allow"] == "GET, HEAD"
     _post(client, key, "labels", [{"item": "a", "worker": "w", "label": "white"}])
     assert client.get("/v1/projects/census/items/a", headers=key).json()["label"] == "white"
     # a newline or NUL in an id: no item holds one (a trailing newline is not dropped)
@@ -423,21 +423,74 @@ def test_unknown_routes_and_methods_answer_in_the_error_format(client: TestClien
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [
-        ("PUT", "/v1/projects/census", "DELETE, GET"),
-        ("PUT", "/v1/projects", "GET, POST"),
-        ("DELETE", "/v1/projects/census/keys", "GET, POST"),
-        ("POST", "/v1/projects/census/queue/settings", "GET, PUT"),
-        ("PATCH", "/v1/projects/census/snapshots/1", "DELETE, GET"),
-        ("DELETE", "/v1/projects/census/queue", "GET"),
+        ("PUT", "/v1/projects/census", "DELETE, GET, HEAD"),
+        ("PUT", "/v1/projects", "GET, HEAD, POST"),
+        ("DELETE", "/v1/projects/census/keys", "GET, HEAD, POST"),
+        ("POST", "/v1/projects/census/queue/settings", "GET, HEAD, PUT"),
+        ("PATCH", "/v1/projects/census/snapshots/1", "DELETE, GET, HEAD"),
+        ("DELETE", "/v1/projects/census/queue", "GET, HEAD"),
+        ("HEAD", "/v1/projects/census/labels", "POST"),
     ],
 )
 def test_a_405_allows_every_method_of_its_path(
     bare: TestClient, method: str, path: str, allow: str
 ) -> None:
     r = bare.request(method, path)
+    assert r.status_code == 405 and r.headers["allow"] == allow
+    if method == "HEAD":
+        assert r.content == b""
+        return
     err = _error(r, 405, "method_not_allowed")
-    assert r.headers["allow"] == allow
     assert err["message"] == f"{method} is not allowed on {path!r}: it takes {allow}"
+
+
+def test_head_answers_as_get_without_the_body(client: TestClient) -> None:
+    """HEAD on any path that takes GET: the GET's status and headers (its Content-Length
+    included), no body; /healthz and /readyz keep their own HEAD routes."""
+    key = make_project(client)
+    post(client, key, [{"item": "a", "worker": "w", "label": "white"}])
+    for path, status in (
+        ("/v1/projects/census", 200),
+        ("/v1/projects/census/items/a", 200),
+        ("/v1/projects/census/items/nope", 404),
+        ("/v1/projects/census/queue", 200),
+        ("/openapi.json", 200),
+    ):
+        got, head = client.get(path, headers=key), client.head(path, headers=key)
+        assert (head.status_code, head.content) == (status, b""), path
+        assert got.status_code == status, path
+        for name in ("content-length", "content-type"):
+            assert head.headers[name] == got.headers[name], (path, name)
+    assert (
+        client.head("/v1/projects/census", headers={"Authorization": "Bearer x"}).status_code == 401
+    )
+    assert client.head("/healthz").status_code == 200
+
+
+def test_head_stops_a_streamed_body_at_its_first_part() -> None:
+    """An answer streamed in parts (an export) is not made whole for a HEAD."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from app.api.middleware import HeadAsGet
+
+    made: list[int] = []
+
+    def parts() -> Iterator[bytes]:
+        for n in range(1000):
+            made.append(n)
+            yield b"x" * 100
+
+    app = FastAPI()
+    app.get("/stream")(lambda: StreamingResponse(parts(), media_type="text/plain"))
+    app.add_middleware(HeadAsGet)
+    with TestClient(app) as c:
+        r = c.head("/stream")
+        assert (r.status_code, r.content, r.headers["content-type"]) == (
+            200, b"", "text/plain; charset=utf-8"
+        )  # fmt: skip
+        assert len(made) <= 2
+        assert len(c.get("/stream").content) == 100_000
 
 
 @pytest.mark.parametrize("bad", ["a\x00", "a\n", "\ta", "a\x7f", "a\x85"])
