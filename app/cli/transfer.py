@@ -86,6 +86,13 @@ def import_command(
             help="Re-sends on connection errors and 5xx (a 429 is waited out, up to 10 minutes).",
         ),
     ] = 5,
+    compress: Annotated[
+        bool,
+        typer.Option(
+            "--compress",
+            help="Send the blocks gzipped (about a third of the bytes): for a remote service.",
+        ),
+    ] = False,
 ) -> None:
     """Post a file of answers to a running service (resumable: re-runs count each answer once)."""
     auto = create_with_labels is not None and create_with_labels.strip() == "auto"
@@ -95,6 +102,7 @@ def import_command(
         else None
     )
     transfer.RETRIES.set(retries)
+    transfer.COMPRESS.set(compress)
     from app.io.codes import use_system_allocator  # (the reader's own modules: loaded anyway)
 
     use_system_allocator()

@@ -10,6 +10,7 @@ later export that repeats earlier rows, counts each answer once.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
@@ -41,6 +42,9 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
 PUSHBACK_WAIT_S = 600.0
 """How long in all a request refused with 429 is sent again before the command gives up."""
+COMPRESS: ContextVar[bool] = ContextVar("crowdtally_transfer_compress", default=False)
+"""Whether bodies of ``COMPRESS_FROM`` bytes or more are sent gzipped (``import --compress``)."""
+COMPRESS_FROM = 4096
 
 
 class ServiceError(ValueError):
@@ -105,6 +109,9 @@ def call(
     if body is not None:
         content = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if content is not None else None
+    if content is not None and COMPRESS.get() and len(content) >= COMPRESS_FROM:
+        content = gzip.compress(content, compresslevel=1, mtime=0)
+        headers = {**(headers or {}), "Content-Encoding": "gzip"}
     attempt, pushed_back = 0, 0.0
     while True:
         last = attempt >= retries

@@ -400,6 +400,32 @@ def test_cli_commands(service: TestClient, tmp_path: Path, monkeypatch: pytest.M
         "img-01", "img-02", "img-03", "img-04, with a comma"}  # fmt: skip
 
 
+def test_an_import_with_compress_sends_gzipped_blocks(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import --compress`` sends its blocks gzipped; the service takes the same labels."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    sent: list[tuple[str | None, int]] = []
+
+    def seen(request: httpx.Request) -> None:
+        if request.url.path.endswith("/labels"):
+            sent.append((request.headers.get("content-encoding"), len(request.content)))
+
+    monkeypatch.setitem(service.event_hooks, "request", [seen])
+    rows = "".join(f"i{n},w{n % 7},{'xy'[n % 2]}\n" for n in range(2000))
+    path = _write(tmp_path, "many.csv", "item,worker,label\n" + rows)
+    for project, flag in (("plain", []), ("gzipped", ["--compress"])):
+        result = CliRunner().invoke(cli_app, ["import", str(path), "-p", project, "--key", "k",
+                                              "--create-with-labels", "x,y", "--no-progress",
+                                              "--batch-size", "1000", *flag])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "2,000 labels in 2 blocks: 2,000 new" in result.output
+    assert [e for e, _ in sent] == [None, None, "gzip", "gzip"]
+    assert sent[2][1] < sent[0][1] / 2
+    plain, gzipped = (_stats(service, p) for p in ("plain", "gzipped"))
+    assert plain["n_labels"] == gzipped["n_labels"] == 2000
+
+
 def test_an_import_says_which_columns_it_did_not_read(
     service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
