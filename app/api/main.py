@@ -22,7 +22,14 @@ from app.api.auth import ensure_admin_key
 from app.api.bodies import add_body_schemas
 from app.api.deps import Service
 from app.api.errors import add_handlers
-from app.api.middleware import HeadAsGet, LimitBody, ObserveRequests, PlainPath, TimedStore
+from app.api.middleware import (
+    CompressAnswers,
+    HeadAsGet,
+    LimitBody,
+    ObserveRequests,
+    PlainPath,
+    TimedStore,
+)
 from app.api.routes import (
     calibration,
     dashboard,
@@ -184,6 +191,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None) -> 
     mount_docs(app)
     document_bodies(app)
     add_handlers(app)
+    app.add_middleware(CompressAnswers)
     app.add_middleware(HeadAsGet)
     app.add_middleware(LimitBody, limit=settings.max_body_bytes)
     app.add_middleware(PlainPath)

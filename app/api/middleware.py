@@ -1,7 +1,8 @@
 """Around every request: its id (``X-Request-ID``, in the logs and the answer), its latency in
 Prometheus and the access log, the limit on its body's size and its decompression (``LimitBody``),
 no control characters in its path (``PlainPath``), HEAD answered as GET without its body
-(``HeadAsGet``); ``TimedStore`` times each store call the API makes.
+(``HeadAsGet``), large answers to GET gzipped for clients that ask (``CompressAnswers``);
+``TimedStore`` times each store call the API makes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import zlib
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match, Mount
 
 from app import logs
@@ -327,3 +329,24 @@ def _takes_get(scope: Any) -> bool:
         return any(r.matches({**scope, "method": method})[0] is Match.FULL for r in routes)
 
     return not full("HEAD") and full("GET")
+
+
+class CompressAnswers:
+    """The answer to a GET whose client accepts gzip, gzipped (level 1) when it is streamed (an
+    export) or at least ``minimum_size`` bytes (a page of items, a project's workers): about a
+    tenth of the bytes of an export, for some 10 ms of CPU a megabyte. Other requests (label
+    blocks among them) pass untouched, without the compressor's look at their answer."""
+
+    def __init__(self, app: Any, minimum_size: int = 64 * 1024) -> None:
+        self.app = app
+        self.gzip = GZipMiddleware(app, minimum_size=minimum_size, compresslevel=1)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and _accepts_gzip(scope):
+            await self.gzip(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _accepts_gzip(scope: Any) -> bool:
+    return any(n == b"accept-encoding" and b"gzip" in v.lower() for n, v in scope["headers"])

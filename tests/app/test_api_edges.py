@@ -456,7 +456,8 @@ def test_head_answers_as_get_without_the_body(client: TestClient) -> None:
         ("/v1/projects/census/queue", 200),
         ("/openapi.json", 200),
     ):
-        got, head = client.get(path, headers=key), client.head(path, headers=key)
+        plain = {**key, "Accept-Encoding": "identity"}
+        got, head = client.get(path, headers=plain), client.head(path, headers=plain)
         assert (head.status_code, head.content) == (status, b""), path
         assert got.status_code == status, path
         for name in ("content-length", "content-type"):
@@ -465,6 +466,28 @@ def test_head_answers_as_get_without_the_body(client: TestClient) -> None:
         client.head("/v1/projects/census", headers={"Authorization": "Bearer x"}).status_code == 401
     )
     assert client.head("/healthz").status_code == 200
+
+
+def test_large_answers_are_gzipped_for_clients_that_ask(client: TestClient) -> None:
+    """A GET's answer of 64 KiB or more, or streamed (an export), is gzipped when the client
+    accepts gzip; small answers, and every answer to a client that does not, go plain."""
+    key = make_project(client)
+    block = [{"item": f"i{n}", "worker": f"w{n % 5}", "label": LABELS[n % 3]} for n in range(50)]
+    post(client, key, block)
+    for path, params in (("/openapi.json", {}), ("/v1/projects/census/export", {"format": "csv"})):
+        zipped = client.get(path, params=params, headers={**key, "Accept-Encoding": "gzip"})
+        plain = client.get(path, params=params, headers={**key, "Accept-Encoding": "identity"})
+        assert zipped.headers["content-encoding"] == "gzip", path
+        assert "content-encoding" not in plain.headers, path
+        assert zipped.content == plain.content and len(zipped.content) > 1000, path
+    small = client.get("/v1/projects/census/items/i1", headers={**key, "Accept-Encoding": "gzip"})
+    assert small.status_code == 200 and "content-encoding" not in small.headers
+    labels = client.post(
+        "/v1/projects/census/labels",
+        content=orjson.dumps(block),
+        headers={**key, "Accept-Encoding": "gzip"},
+    )
+    assert labels.status_code == 202 and "content-encoding" not in labels.headers
 
 
 def test_head_stops_a_streamed_body_at_its_first_part() -> None:
