@@ -142,9 +142,12 @@ def extract(
         Path | None,
         typer.Option(
             "--predictions",
+            "--output",
+            "-o",
             metavar="FILE",
-            help="Write item,label,probability,<one column per class>; '-': as CSV to standard "
-            "output (the report then goes to standard error).",
+            help="Write item,label,probability,<one column per class> (CSV, or Parquet for a "
+            ".parquet name); '-': as CSV to standard output (the report then goes to standard "
+            "error).",
         ),
     ] = None,
     truth: Annotated[

@@ -104,6 +104,9 @@ def test_truth_predictions_and_accuracy(dog: Path, tmp_path: Path) -> None:
     assert probs.sum(axis=1) == pytest.approx(1.0, abs=1e-4)
     for r, p in zip(rows[1:], probs, strict=True):
         assert r[1] == str(int(p.argmax())) and float(r[2]) == pytest.approx(p.max(), rel=1e-4)
+    again = tmp_path / "again.csv"  # -o, as export names its output
+    run = extract(dog / "answers.csv", "--truth", dog / "truth.csv", "-o", again, "--shuffle", "0")
+    assert run.returncode == 0 and again.read_bytes() == out.read_bytes(), run.stderr
 
 
 @pytest.mark.parametrize(
