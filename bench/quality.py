@@ -230,7 +230,7 @@ def run_online(
         lam = em.config.worker_prior
         prior = em.config.population_precision()
         held_out = (
-            held_out_corrections(em.params, blocks, out, lam, population_prior=prior)
+            held_out_corrections(em.params, blocks, out, lam, population_precision=prior)
             if idle_passes
             else None
         )

@@ -118,7 +118,7 @@ def core_on_stream(stream: Stream, config: NominalConfig, passes: int) -> FloatA
             blocks,
             raw,
             config.worker_prior,
-            population_prior=config.population_precision(),
+            population_precision=config.population_precision(),
         )
     out[everything] = served.from_posteriors(raw, np.asarray(sizes, dtype=np.float64))
     return out

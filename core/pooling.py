@@ -127,7 +127,7 @@ def _scored(
     lam = config.worker_prior
     held_out = held_out_corrections(
         params, blocks, result.probas, lam, laplace=True, threads=threads,
-        population_prior=config.population_precision(),
+        population_precision=config.population_precision(),
     )  # fmt: skip
     score = held_out_log_likelihood(config, result, params, held_out)
     return PooledFit(result, params, config, held_out, score, (*tried, (lam, score)))

@@ -44,12 +44,12 @@ def held_out_corrections(
     laplace: bool = False,
     threads: int = 1,
     *,
-    population_prior: float,
+    population_precision: float,
 ) -> FloatArray:
     """c_i(z) per block (docs/model.md eq. 26): l_i - c_i is the log-likelihood of block i's
     labels under slot rows, and the population's rows they share, fitted without it (eq.
     26'). ``params`` are a fit to the blocks (batch EM's fixed point or the refined online
-    model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_prior``
+    model), ``fitted`` their posteriors, ``worker_prior`` lambda_A, ``population_precision``
     lambda_Gamma (the fit's own, ``NominalConfig.population_precision()``: no default, so that no
     caller scores a project's items under another project's prior). With ``laplace`` (a fit
     at its optimum: batch EM), c_i also takes each label's probability under its row's
@@ -71,7 +71,7 @@ def held_out_corrections(
     excess = np.empty((0, K, K))
     if laplace:
         excess = log_p - np.log(laplace_predictive(theta, totals, worker_prior))
-    shared, terms = population_pull(totals, p, worker_prior, population_prior)
+    shared, terms = population_pull(totals, p, worker_prior, population_precision)
     out = np.empty((blocks.n_blocks, K))
 
     def correct(part: tuple[int, int]) -> None:
@@ -93,20 +93,20 @@ def held_out_fit(
     laplace: bool = False,
     threads: int = 1,
     *,
-    population_prior: float,
+    population_precision: float,
 ) -> FloatArray:
     """The fit's own posteriors ``fitted``, each block scored without its own pull on its
     workers' rows (eq. 26; and with ``laplace`` under the rows' Laplace predictives, eq. 27):
     ``held_out_posteriors`` of ``held_out_corrections``."""
     corrections = held_out_corrections(
         params, blocks, fitted, worker_prior, laplace=laplace, threads=threads,
-        population_prior=population_prior,
+        population_precision=population_precision,
     )  # fmt: skip
     return held_out_posteriors(fitted, corrections)
 
 
 def population_pull(
-    totals: FloatArray, probs: FloatArray, worker_prior: float, population_prior: float
+    totals: FloatArray, probs: FloatArray, worker_prior: float, population_precision: float
 ) -> tuple[FloatArray, tuple[FloatArray, FloatArray, FloatArray, FloatArray]]:
     """G_z, the population row Gamma_z's posterior covariance (eq. 26'), (K, K, K), and per
     slot row what a label's term needs of it: (G_z u, u^T G_z u, u^T p, beta), with S = (C D +
@@ -129,7 +129,7 @@ def population_pull(
         a = c * p + lam
         u = p / a
         precision = -np.matmul((u * (lam * lam * beta[:, z, None])).T, u)
-        precision[diagonal, diagonal] += (lam * c * p / a).sum(axis=0) + population_prior
+        precision[diagonal, diagonal] += (lam * c * p / a).sum(axis=0) + population_precision
         cov[z] = np.linalg.inv(precision)
         gu[:, z] = u @ cov[z]  # G symmetric
         ugu[:, z] = (u * gu[:, z]).sum(axis=1)

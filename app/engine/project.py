@@ -397,7 +397,7 @@ class ProjectEngine:
             lam = self.online.config.worker_prior if refit_prior is None else refit_prior
             self.held_out[:n] = held_out_corrections(
                 params, blocks, self.q[:n], lam, laplace=laplace,
-                population_prior=self.online.config.population_precision(),
+                population_precision=self.online.config.population_precision(),
             )  # fmt: skip
 
     def shown(self, codes: IntArray) -> FloatArray:

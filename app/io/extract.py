@@ -334,7 +334,7 @@ class OnlineRun:
             config = self.model.config
             q = held_out_fit(
                 params, self.blocks, q, config.worker_prior, threads=2,
-                population_prior=config.population_precision(),
+                population_precision=config.population_precision(),
             )  # fmt: skip
         return served(q, self.blocks, params.evidence, out=q if refined or reuse else None)
 

@@ -274,7 +274,7 @@ def test_a_refit_serves_items_under_the_rows_laplace_predictives_and_a_sweep_doe
         assert lam is not None
         prior = eng.config.population_precision()
         want = held_out_corrections(
-            eng.online.params, blocks, eng.q[:n], lam, laplace=laplace, population_prior=prior
+            eng.online.params, blocks, eng.q[:n], lam, laplace=laplace, population_precision=prior
         )
         np.testing.assert_array_equal(eng.held_out[:n], want)
 

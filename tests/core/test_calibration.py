@@ -403,9 +403,9 @@ def test_held_out_correction_is_the_derivative_of_refitting_without_the_item() -
     population, worker = fits[:, :K], fits[:, K:]
     params = NominalParams(np.zeros(K), population, worker[None])
     corrections = held_out_corrections(
-        params, blocks, q, lam, decimals=None, population_prior=lam_g
+        params, blocks, q, lam, decimals=None, population_precision=lam_g
     )
-    alone = held_out_corrections(params, blocks, q, lam, decimals=None, population_prior=1e12)
+    alone = held_out_corrections(params, blocks, q, lam, decimals=None, population_precision=1e12)
     for z in range(K):
         without = counts[z].copy()
         without[labels[0]] -= h * q[0, z]
@@ -444,7 +444,7 @@ def test_held_out_scoring_calibrates_batch_em_on_sparse_symmetric_workers() -> N
     plain = served_posteriors(params, blocks, cal)
     held_out = held_out_corrections(
         params, blocks, result.probas, config.worker_prior,
-        population_prior=config.population_precision(),
+        population_precision=config.population_precision(),
     )  # fmt: skip
     held = served_posteriors(params, blocks, cal, held_out=held_out)
     assert _ece(plain, truth) > 15.0
@@ -494,7 +494,7 @@ def test_gold_items_scored_held_out_look_like_the_items_served() -> None:
     result, params = BatchEM(config).fit(blocks, W, known=gold)
     held_out = held_out_corrections(
         params, blocks, result.probas, config.worker_prior,
-        population_prior=config.population_precision(),
+        population_precision=config.population_precision(),
     )  # fmt: skip
     plain = served_posteriors(params, blocks, Calibration())  # answers alone, no gold held
     held = served_posteriors(params, blocks, Calibration(), held_out=held_out)
@@ -551,7 +551,7 @@ def test_held_out_correction_follows_a_refit_of_a_worker_with_few_answers() -> N
         params = NominalParams(np.zeros(K), population, (theta - population)[None])
         # the population held, as a crowd's is while one worker's rows move (no eq. 26' term)
         corrections = held_out_corrections(
-            params, blocks, q, lam, decimals=None, population_prior=1e12
+            params, blocks, q, lam, decimals=None, population_precision=1e12
         )
         for i in range(n):
             exact = 0.0
@@ -627,12 +627,12 @@ def test_corrections_in_threads_are_bit_identical(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(threads, "PARALLEL_FROM", 10)
     for laplace in (False, True):
         one = held_out_corrections(
-            params, blocks, q, lam, decimals=None, laplace=laplace, population_prior=prior
+            params, blocks, q, lam, decimals=None, laplace=laplace, population_precision=prior
         )
         for n in (2, 3):
             split = held_out_corrections(
                 params, blocks, q, lam, decimals=None, laplace=laplace, threads=n,
-                population_prior=prior,
+                population_precision=prior,
             )  # fmt: skip
             assert np.array_equal(split, one), (laplace, n)
 
@@ -644,9 +644,9 @@ def test_the_laplace_term_adds_each_labels_log_probability_lost_to_the_predictiv
     config = NominalConfig(n_classes=3, n_items=blocks.n_blocks)
     result, params = BatchEM(config).fit(blocks, W)
     lam, q, prior = config.worker_prior, result.probas, config.population_precision()
-    plain = held_out_corrections(params, blocks, q, lam, decimals=None, population_prior=prior)
+    plain = held_out_corrections(params, blocks, q, lam, decimals=None, population_precision=prior)
     both = held_out_corrections(
-        params, blocks, q, lam, decimals=None, laplace=True, population_prior=prior
+        params, blocks, q, lam, decimals=None, laplace=True, population_precision=prior
     )
     counts = np.zeros((W, 3, 3))
     for b in range(blocks.n_blocks):
@@ -674,9 +674,9 @@ def test_laplace_predictives_calibrate_batch_em_on_sparse_symmetric_workers() ->
     result, params = BatchEM(config).fit(blocks, n_workers)
     lam, prior = config.worker_prior, config.population_precision()
     cal = batch_calibration(config, params, blocks, n_workers)
-    held = held_out_corrections(params, blocks, result.probas, lam, population_prior=prior)
+    held = held_out_corrections(params, blocks, result.probas, lam, population_precision=prior)
     both = held_out_corrections(
-        params, blocks, result.probas, lam, laplace=True, population_prior=prior
+        params, blocks, result.probas, lam, laplace=True, population_precision=prior
     )
     held_out = served_posteriors(params, blocks, cal, held_out=held)
     laplace = served_posteriors(params, blocks, cal, held_out=both)

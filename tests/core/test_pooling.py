@@ -70,7 +70,7 @@ def test_workers_who_differ_keep_the_configured_prior(synthetic: Synthetic) -> N
         plain.probas,
         1.0,
         laplace=True,
-        population_prior=config.population_precision(),
+        population_precision=config.population_precision(),
     )
     assert fit.score == held_out_log_likelihood(config, plain, params, held_out)
 
@@ -88,7 +88,7 @@ def test_the_held_out_likelihood_is_the_items_answers_scored_without_their_pull(
         result.probas,
         1.0,
         laplace=True,
-        population_prior=config.population_precision(),
+        population_precision=config.population_precision(),
     )
     ell, _ = log_likelihoods(params, blocks)
     joint = log_prior(params)[None, :] + ell - held_out
