@@ -26,31 +26,35 @@ def load_settings() -> Settings:
         raise InputError("CROWDTALLY_" + str(err["loc"][0]).upper(), None, err["msg"]) from None
 
 
-def snapshot_db(create: bool = True) -> SnapshotDB:
+def snapshot_db(create: bool = True, migrate: bool = True) -> SnapshotDB:
     """The snapshot database of the settings; unless ``create``, an InputError when it is a
-    SQLite file that does not exist (a listing does not make a data folder where it runs)."""
+    SQLite file that does not exist (a listing does not make a data folder where it runs);
+    unless ``migrate``, one when its schema is not the current one (``open_snapshot_db``)."""
     settings = load_settings()
     url = settings.database_url_resolved()
     if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         variable = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
         raise InputError(variable, None, f"no snapshot database at {url[len('sqlite:///') :]} "
                          f"(set {variable} as the service has it)")  # fmt: skip
-    return open_database(settings)
+    return open_database(settings, migrate)
 
 
-def open_database(settings: Settings) -> SnapshotDB:
-    """The snapshot database (``open_snapshot_db``); one that cannot be opened is one error
-    line naming the setting."""
+def open_database(settings: Settings, migrate: bool = True) -> SnapshotDB:
+    """The snapshot database (``open_snapshot_db``); one that cannot be opened, or whose
+    schema a command that does not ``migrate`` cannot read, is one error line naming the
+    setting."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.store.archive import open_snapshot_db
+    from app.store.archive import SchemaMismatchError, open_snapshot_db
 
+    what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
     try:
-        return open_snapshot_db(settings)
+        return open_snapshot_db(settings, migrate)
     except (SQLAlchemyError, OSError, ImportError) as err:  # (ImportError: no driver)
-        what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
         first = str(err).splitlines()[0]
         raise InputError(what, None, f"cannot open the snapshot database: {first}") from None
+    except SchemaMismatchError as err:
+        raise InputError(what, None, f"the snapshot database: {err}") from None
 
 
 def existing_store(settings: Settings) -> Store:

@@ -33,7 +33,7 @@ def snapshots_list(
     from rich.table import Table
 
     table = Table("id", "project", "position", "created", "items", "labels", "MiB")
-    for i in snapshot_db(create=False).infos(project):
+    for i in snapshot_db(create=False, migrate=False).infos(project):
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(i.created_at))
         table.add_row(str(i.id), i.project, str(i.position), created, f"{i.n_items:,}",
                       f"{i.n_labels:,}", f"{i.size_bytes / 2**20:.1f}")  # fmt: skip
@@ -45,7 +45,7 @@ def snapshots_inspect(
     snapshot_id: Annotated[int, typer.Argument(metavar="SNAPSHOT_ID", help="From snapshots list.")],
 ) -> None:
     """One snapshot's metadata and the shape of its state."""
-    found = snapshot_db(create=False).get(snapshot_id)
+    found = snapshot_db(create=False, migrate=False).get(snapshot_id)
     if found is None:
         raise InputError("snapshot", None, f"no snapshot {snapshot_id}")
     from app.engine.snapshots import describe
@@ -61,7 +61,7 @@ def snapshots_delete(
     snapshot_id: Annotated[int, typer.Argument(metavar="SNAPSHOT_ID", help="From snapshots list.")],
 ) -> None:
     """Delete one snapshot (the label archive stays)."""
-    if not snapshot_db(create=False).delete(snapshot_id):
+    if not snapshot_db(create=False, migrate=False).delete(snapshot_id):
         raise InputError("snapshot", None, f"no snapshot {snapshot_id}")
     print(f"deleted snapshot {snapshot_id}")
 

@@ -24,11 +24,14 @@ from sqlalchemy.orm import Session
 from app.settings import Settings
 from app.store.base import EntryKind, KeyRecord, LogEntry, ProjectRecord, Scope, Store
 from app.store.sql import (
+    HEAD,
     ApiKeyRow,
     LabelIdRow,
     LogRow,
     ProjectRow,
     SnapshotRow,
+    refuse_newer,
+    schema_revision,
     sql_engine,
     upgrade,
 )
@@ -426,12 +429,32 @@ def _key_row(deployment: str, key_hash: str, k: KeyRecord) -> ApiKeyRow:
     )
 
 
-def open_snapshot_db(settings: Settings) -> SnapshotDB:
-    """The snapshot database, migrated to the current schema (``alembic upgrade head``)."""
+def open_snapshot_db(settings: Settings, migrate: bool = True) -> SnapshotDB:
+    """The snapshot database, migrated to the current schema (``alembic upgrade head``); with
+    ``migrate`` False (a command that only reads it, or deletes a snapshot) it is left as it is,
+    and a schema other than the current one is a ``SchemaMismatchError``: a newer command
+    line's listing must not migrate a database that older services still use."""
     url = settings.database_url_resolved()
     deployment = settings.redis_prefix if settings.store == "redis" else ""
-    upgrade(url, deployment=deployment)
+    if migrate:
+        upgrade(url, deployment=deployment)
+    elif (found := schema_revision(url, reachable=True)) != HEAD:
+        refuse_newer(found)
+        raise SchemaMismatchError(found)
     return SnapshotDB(sql_engine(url), deployment)
+
+
+class SchemaMismatchError(RuntimeError):
+    """The snapshot database's schema is not the one this crowdtally reads."""
+
+    def __init__(self, found: str | None) -> None:
+        self.found = found
+        at = f"at schema revision {found}" if found else "without crowdtally's tables"
+        super().__init__(
+            f"it is {at}, and this crowdtally reads revision {HEAD}: run the crowdtally "
+            "the service runs, or start this one's service, which migrates it (this command "
+            "changes no schema)"
+        )
 
 
 REBUILD_LEASE = "-rebuild"

@@ -141,16 +141,32 @@ class NewerSchemaError(SQLAlchemyError):
     """The database's schema was made by a newer crowdtally (a revision this code lacks)."""
 
 
-def schema_revision(url: str) -> str | None:
-    """The database's Alembic revision (None: none recorded, or no database yet)."""
+def schema_revision(url: str, reachable: bool = False) -> str | None:
+    """The database's Alembic revision (None: none recorded, or no database yet). With
+    ``reachable``, a database that cannot be connected to raises (SQLAlchemyError) instead."""
     engine = sql_engine(url)
     try:
         with engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            try:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except SQLAlchemyError:
+                return None
     except SQLAlchemyError:
+        if reachable:
+            raise
         return None
     finally:
         engine.dispose()
+
+
+def refuse_newer(found: str | None) -> None:
+    """A ``NewerSchemaError`` for a schema revision this crowdtally does not know."""
+    if found is not None and found not in REVISIONS:
+        raise NewerSchemaError(
+            f"its schema is at revision {found!r}, which this crowdtally does not know (its "
+            f"newest is {HEAD!r}): a newer crowdtally wrote it; run that one, or a copy of the "
+            "database from before"
+        )
 
 
 def upgrade(
@@ -163,12 +179,7 @@ def upgrade(
     found = schema_revision(url)
     if revision == "head" and found == HEAD:
         return
-    if found is not None and found not in REVISIONS:
-        raise NewerSchemaError(
-            f"its schema is at revision {found!r}, which this crowdtally does not know (its "
-            f"newest is {HEAD!r}): a newer crowdtally wrote it; run that one, or a copy of the "
-            "database from before"
-        )
+    refuse_newer(found)
     from alembic import command
     from alembic.config import Config
 

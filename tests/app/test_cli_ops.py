@@ -264,3 +264,27 @@ def test_an_unreachable_database_or_redis_is_one_line_not_a_traceback(tmp_path: 
     restored = run_cli("restore", env=env)
     assert restored.returncode == 2
     assert restored.stderr == "error: REDIS_URL: Redis does not answer at redis://127.0.0.1:1/0\n"
+
+
+def test_a_listing_leaves_an_older_schema_as_it_is(tmp_path: Path) -> None:
+    """``snapshots list``, ``inspect`` and ``delete`` migrated the database to this
+    crowdtally's schema: a newer command line run against a database that older services
+    still use changed it under them. They now refuse a schema other than the current one and
+    change nothing; ``restore`` and the service migrate it, as before."""
+    from app.store.sql import HEAD, schema_revision, upgrade
+
+    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(url, revision="0006")
+    env = {"CROWDTALLY_DATABASE_URL": url}
+    for command in (["list"], ["inspect", "1"], ["delete", "1"]):
+        run = run_cli("snapshots", *command, env=env)
+        assert run.returncode == 2 and run.stderr == (
+            "error: CROWDTALLY_DATABASE_URL: the snapshot database: it is at schema revision "
+            f"0006, and this crowdtally reads revision {HEAD}: run the crowdtally the service "
+            "runs, or start this one's service, which migrates it (this command changes no "
+            "schema)\n"
+        ), command
+        assert schema_revision(url) == "0006"
+    upgrade(url)
+    listed = run_cli("snapshots", "list", env=env)
+    assert listed.returncode == 0 and "project" in listed.stdout
