@@ -20,16 +20,10 @@ from fastapi.staticfiles import StaticFiles
 from app.api import metrics
 from app.api.auth import ensure_admin_key
 from app.api.bodies import add_body_schemas
+from app.api.codings import CompressAnswers
 from app.api.deps import Service
 from app.api.errors import add_handlers
-from app.api.middleware import (
-    CompressAnswers,
-    HeadAsGet,
-    LimitBody,
-    ObserveRequests,
-    PlainPath,
-    TimedStore,
-)
+from app.api.middleware import HeadAsGet, LimitBody, ObserveRequests, PlainPath, TimedStore
 from app.api.routes import (
     calibration,
     dashboard,

@@ -1,8 +1,8 @@
 """Around every request: its id (``X-Request-ID``, in the logs and the answer), its latency in
 Prometheus and the access log, the limit on its body's size and its decompression (``LimitBody``),
 no control characters in its path (``PlainPath``), HEAD answered as GET without its body
-(``HeadAsGet``), large answers to GET gzipped for clients that ask (``CompressAnswers``);
-``TimedStore`` times each store call the API makes.
+(``HeadAsGet``); ``TimedStore`` times each store call the API makes. Content codings (bodies
+sent compressed, answers gzipped) are in ``app.api.codings``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import zlib
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match, Mount
 
 from app import logs
 from app.api import metrics
+from app.api.codings import DECOMPRESSORS, ENCODING_HEADERS, corrupt, decompress, unsupported
 from app.api.errors import CONTROL, ApiError, not_found
 from app.store.base import Store
 
@@ -172,7 +172,7 @@ class LimitBody:
         """The app, given the body decompressed and the headers of a plain body."""
         name = encoding.decode("latin-1").strip()
         if name.lower() not in DECOMPRESSORS:
-            await _encoded(name)(scope, receive, send)
+            await unsupported(name)(scope, receive, send)
             return
         body, first = await self._read(receive)
         if body is None:
@@ -184,12 +184,12 @@ class LimitBody:
         try:
             plain = decompress(body, name.lower(), self.limit)
         except zlib.error as exc:
-            await _corrupt(name, exc)(scope, receive, send)
+            await corrupt(name, exc)(scope, receive, send)
             return
         if plain is None:
             await self.too_large(f"more than {self.limit:,} decompressed")(scope, receive, send)
             return
-        kept = [(k, v) for k, v in scope["headers"] if k not in _ENCODING_HEADERS]
+        kept = [(k, v) for k, v in scope["headers"] if k not in ENCODING_HEADERS]
         headers = [*kept, (b"content-length", str(len(plain)).encode())]
         await self.app({**scope, "headers": headers}, self._replay(plain, None, receive), send)
 
@@ -223,51 +223,6 @@ class LimitBody:
             return await receive()
 
         return replay
-
-
-DECOMPRESSORS = {
-    "gzip": 16 + zlib.MAX_WBITS,
-    "x-gzip": 16 + zlib.MAX_WBITS,
-    "deflate": zlib.MAX_WBITS,
-}
-"""The content codings a body may be sent in, as zlib's ``wbits`` (RFC 9110 section 8.4.1:
-``deflate`` is the zlib format)."""
-_ENCODING_HEADERS = (b"content-encoding", b"content-length", b"transfer-encoding")
-
-
-def decompress(body: bytes, encoding: str, limit: int) -> bytes | None:
-    """``body`` decompressed (``encoding`` a key of ``DECOMPRESSORS``), or None past ``limit``
-    bytes: never more than ``limit + 1`` bytes are made, whatever the body expands to."""
-    inflate = zlib.decompressobj(DECOMPRESSORS[encoding])
-    plain = inflate.decompress(body, limit + 1)
-    if len(plain) > limit:
-        return None
-    if not inflate.eof:
-        raise zlib.error("the compressed data ends early")
-    if inflate.unused_data:
-        raise zlib.error("bytes follow the end of the compressed data")
-    return plain
-
-
-def _encoded(name: str) -> Any:
-    """415 for a body in a coding not read here: read as it is, it would be refused as text
-    that is not UTF-8, which says nothing of the cause."""
-    return ApiError(
-        415,
-        "unsupported_content_encoding",
-        f"the body is sent with Content-Encoding {name!r}; the service reads bodies sent plain "
-        "or with Content-Encoding gzip or deflate",
-        headers={"Connection": "close"},
-    ).response()
-
-
-def _corrupt(name: str, exc: zlib.error) -> Any:
-    return ApiError(
-        400,
-        "invalid_body",
-        f"the body is sent with Content-Encoding {name!r} but does not decompress: {exc}",
-        headers={"Connection": "close"},
-    ).response()
 
 
 class PlainPath:
@@ -329,24 +284,3 @@ def _takes_get(scope: Any) -> bool:
         return any(r.matches({**scope, "method": method})[0] is Match.FULL for r in routes)
 
     return not full("HEAD") and full("GET")
-
-
-class CompressAnswers:
-    """The answer to a GET whose client accepts gzip, gzipped (level 1) when it is streamed (an
-    export) or at least ``minimum_size`` bytes (a page of items, a project's workers): about a
-    tenth of the bytes of an export, for some 10 ms of CPU a megabyte. Other requests (label
-    blocks among them) pass untouched, without the compressor's look at their answer."""
-
-    def __init__(self, app: Any, minimum_size: int = 64 * 1024) -> None:
-        self.app = app
-        self.gzip = GZipMiddleware(app, minimum_size=minimum_size, compresslevel=1)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET" and _accepts_gzip(scope):
-            await self.gzip(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _accepts_gzip(scope: Any) -> bool:
-    return any(n == b"accept-encoding" and b"gzip" in v.lower() for n, v in scope["headers"])

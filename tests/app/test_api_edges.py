@@ -368,7 +368,7 @@ def test_a_compressed_body_is_read_decompressed(client: TestClient) -> None:
 def test_a_compressed_body_is_held_to_the_limit_decompressed() -> None:
     """A small gzip body that expands past the body limit is refused without being expanded
     further (a zip bomb makes at most limit + 1 bytes)."""
-    from app.api.middleware import decompress
+    from app.api.codings import decompress
 
     bomb = gzip.compress(b" " * 50_000_000)
     assert len(bomb) < 100_000
