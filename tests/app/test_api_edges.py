@@ -271,7 +271,7 @@ def test_an_entry_that_is_no_object_is_told_what_an_entry_is(client: TestClient)
     key = make_project(client)
     label = {"item": "a", "worker": "w", "label": "white"}
     for what, block, code, message in (
-        ("items", ["x"], "invalid_label", 'an item must be a JSON object with "item", not a string'),
+        ("items", ["x"], "invalid_item", 'an item must be a JSON object with "item", not a string'),
         ("gold", [{"item": "a", "label": "white"}, 5], "invalid_label",
          'a gold answer must be a JSON object with "item" and "label", not a number'),
         ("labels", [label, None], "invalid_label",

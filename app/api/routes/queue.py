@@ -41,8 +41,8 @@ async def register_items(
     """Items with no labels yet: they enter the queue."""
     svc.project(project)
     items: list[ItemIn] = parse_block(
-        await request.body(), ITEMS, svc.settings.max_block_labels, "item", code="invalid_label"
-    )
+        await request.body(), ITEMS, svc.settings.max_block_labels, "item"
+    )  # (a bad entry: 422 invalid_item)
     names = list(dict.fromkeys(x.item for x in items))  # (an item named twice: once)
     payload = orjson.dumps({"items": names})
     result = await in_thread(svc.store.append, project, "items", payload, None)
