@@ -102,11 +102,10 @@ def import_command(
         else None
     )
     transfer.RETRIES.set(retries)
-    transfer.COMPRESS.set(compress)
     from app.io.codes import use_system_allocator  # (the reader's own modules: loaded anyway)
 
     use_system_allocator()
-    with transfer.make_http(url, _key(key)) as http:
+    with transfer.compressed(compress), transfer.make_http(url, _key(key)) as http:
         r = transfer.run_import(
             http,
             file,
@@ -173,6 +172,14 @@ def export_command(
             help="Re-sends on connection errors and 5xx (a 429 is waited out, up to 10 minutes).",
         ),
     ] = 5,
+    compress: Annotated[
+        bool,
+        typer.Option(
+            "--compress",
+            help="Have the export sent gzipped (a quarter to a third of the bytes): for a remote "
+            "service.",
+        ),
+    ] = False,
 ) -> None:
     """Write a project's posteriors, labels or workers to a CSV, JSONL or Parquet file."""
     if confusion and what != "workers":  # (it was ignored without a word)
@@ -184,7 +191,7 @@ def export_command(
     else:
         output = check_output("--output", output, [])
     transfer.RETRIES.set(retries)
-    with transfer.make_http(url, _key(key)) as http:
+    with transfer.compressed(compress), transfer.make_http(url, _key(key)) as http:
         if to_stdout:
             sys.stdout.flush()
             n = transfer.print_export(

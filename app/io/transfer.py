@@ -17,6 +17,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,19 @@ RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
 PUSHBACK_WAIT_S = 600.0
 """How long in all a request refused with 429 is sent again before the command gives up."""
 COMPRESS: ContextVar[bool] = ContextVar("crowdtally_transfer_compress", default=False)
-"""Whether bodies of ``COMPRESS_FROM`` bytes or more are sent gzipped (``import --compress``)."""
+"""Whether bodies of ``COMPRESS_FROM`` bytes or more are sent gzipped, and answers asked for
+gzipped (``import --compress``, ``export --compress``)."""
 COMPRESS_FROM = 4096
+
+
+@contextmanager
+def compressed(on: bool) -> Iterator[None]:
+    """``COMPRESS`` set to ``on`` for the commands run inside (and as it was after)."""
+    token = COMPRESS.set(on)
+    try:
+        yield
+    finally:
+        COMPRESS.reset(token)
 
 
 class ServiceError(ValueError):
@@ -55,7 +67,8 @@ def _http(url: str, key: str | None) -> httpx.Client:
     import httpx
 
     headers = {"Content-Type": "application/json", "User-Agent": "crowdtally-cli"}
-    if key:
+    headers["Accept-Encoding"] = "gzip" if COMPRESS.get() else "identity"  # (on one machine,
+    if key:  # gzip costs more time than the bytes it saves)
         headers["Authorization"] = f"Bearer {key}"
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120.0)
 

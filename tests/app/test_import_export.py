@@ -426,6 +426,28 @@ def test_an_import_with_compress_sends_gzipped_blocks(
     assert plain["n_labels"] == gzipped["n_labels"] == 2000
 
 
+def test_export_asks_for_gzip_only_with_compress(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line's requests ask for answers as they are (on one machine gzip costs
+    more time than the bytes it saves), and gzipped with ``--compress``."""
+    asked: list[str] = []
+
+    def borrowed(url: str, key: str | None) -> contextlib.nullcontext[TestClient]:
+        asked.append(transfer._http(url, key).headers["accept-encoding"])
+        return contextlib.nullcontext(service)
+
+    monkeypatch.setattr(transfer, "make_http", borrowed)
+    transfer.run_import(service, DATA / "answers.tsv", "gz", create_with=["cat", "dog", "bird"])
+    for flag in ([], ["--compress"]):
+        out = tmp_path / f"gz{len(flag)}.csv"
+        args = ["export", "--project", "gz", "--format", "csv", "-o", str(out), *flag]
+        result = CliRunner().invoke(cli_app, args)
+        assert result.exit_code == 0, result.output
+    assert asked == ["identity", "gzip"]
+    assert (tmp_path / "gz0.csv").read_bytes() == (tmp_path / "gz1.csv").read_bytes()
+
+
 def test_an_import_says_which_columns_it_did_not_read(
     service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

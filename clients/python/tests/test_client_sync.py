@@ -220,8 +220,9 @@ def test_an_export_keeps_ids_with_unicode_line_separators_whole(
 def test_compressed_blocks_are_taken_as_plain_ones(
     live_server: LiveServer, project: tuple[str, str]
 ) -> None:
-    """A client made with ``compress=True`` sends long bodies gzipped; the service takes them
-    as if sent plain (short bodies go plain either way)."""
+    """A client made with ``compress=True`` sends long bodies gzipped, and asks for answers
+    gzipped; the service takes them as if sent plain (short bodies go plain either way). A
+    client made without it asks for answers as they are."""
     name, key = project
     many = [(f"z{i}", f"w{i % 7}", CLASSES[i % 3]) for i in range(400)]
     sent: list[tuple[int, int, str | None]] = []
@@ -243,3 +244,14 @@ def test_compressed_blocks_are_taken_as_plain_ones(
     posts = [s for s in sent if s[2] is not None]
     assert len(posts) == 2 and all(s[2] == "gzip" and s[0] < s[1] / 2 for s in posts)
     assert None in {s[2] for s in sent}  # the GETs, bodiless, went plain
+    answered: dict[bool, set[str | None]] = {}
+    for compress in (True, False):
+
+        def got(response: httpx.Response, flag: bool = compress) -> None:
+            answered.setdefault(flag, set()).add(response.headers.get("content-encoding"))
+
+        with Client(live_server.url, key, compress=compress) as c:
+            c._http.event_hooks["response"] = [got]
+            lines = list(c.export(name, "csv"))
+            assert len(lines) == 1 + 400 and lines[0].startswith("item,")
+    assert answered == {True: {"gzip"}, False: {None}}

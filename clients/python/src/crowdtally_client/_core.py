@@ -424,8 +424,9 @@ def body(data: Any, compress: bool) -> tuple[bytes | None, dict[str, str] | None
     return gzip.compress(content, compresslevel=1, mtime=0), {"Content-Encoding": "gzip"}
 
 
-def headers(key: str | None) -> dict[str, str]:
+def headers(key: str | None, compress: bool = False) -> dict[str, str]:
     h = {"Content-Type": "application/json", "User-Agent": "crowdtally-client/0.1"}
+    h["Accept-Encoding"] = "gzip" if compress else "identity"  # (gzip: see body)
     if key:
         h["Authorization"] = f"Bearer {key}"
     return h

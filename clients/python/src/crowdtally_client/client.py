@@ -110,7 +110,10 @@ class Client(_Base):
             compress=compress,
         )
         self._http = httpx.Client(
-            base_url=self.url, headers=_core.headers(key), timeout=timeout, transport=transport
+            base_url=self.url,
+            headers=_core.headers(key, compress),
+            timeout=timeout,
+            transport=transport,
         )
 
     def __enter__(self) -> Client:
@@ -450,7 +453,10 @@ class AsyncClient(_Base):
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=_core.headers(key), timeout=timeout, transport=transport
+            base_url=self.url,
+            headers=_core.headers(key, compress),
+            timeout=timeout,
+            transport=transport,
         )
 
     async def __aenter__(self) -> AsyncClient:
