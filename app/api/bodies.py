@@ -219,15 +219,21 @@ WRONG_TYPE = ("string_type", "float_type", "float_parsing", "int_type", "bool_ty
 sent ("Input should be a valid number")."""
 
 
+def _entry_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
+    """The JSON schema of one entry of a block's ``adapter``."""
+    entry: dict[str, Any] = next(iter(adapter.json_schema()["$defs"].values()))
+    return entry
+
+
 def _has_default(adapter: TypeAdapter[Any], field: str) -> bool:
-    entry = next(iter(adapter.json_schema()["$defs"].values()))
+    entry = _entry_schema(adapter)
     return field in entry["properties"] and field not in entry.get("required", ())
 
 
 def not_an_object(adapter: TypeAdapter[Any], what: str, value: Any) -> str:
     """What an entry must look like, said for one that is no JSON object (pydantic's message
     names a class of ours: "a valid dictionary or instance of ItemIn")."""
-    entry = next(iter(adapter.json_schema()["$defs"].values()))
+    entry = _entry_schema(adapter)
     required = [f'"{k}"' for k in entry["required"]]
     optional = [f'"{k}"' for k in entry["properties"] if k not in entry["required"]]
     fields = ", ".join(required[:-1]) + " and " + required[-1] if required[1:] else required[0]

@@ -58,9 +58,9 @@ def corrupt(name: str, exc: zlib.error) -> Any:
 
 class CompressAnswers:
     """The answer to a GET whose client accepts gzip, gzipped (level 1) when it is streamed (an
-    export) or at least ``minimum_size`` bytes (a page of items, a project's workers): about a
-    tenth of the bytes of an export, for some 10 ms of CPU a megabyte. Other requests (label
-    blocks among them) pass untouched, without the compressor's look at their answer."""
+    export) or at least ``minimum_size`` bytes (a page of items, a project's workers): an
+    export of 200,000 items in a quarter of its bytes (JSONL 55.4 -> 13.5 MB). Other requests
+    (label blocks among them) pass untouched, without the compressor's look at their answer."""
 
     def __init__(self, app: Any, minimum_size: int = 64 * 1024) -> None:
         self.app = app

@@ -186,17 +186,23 @@ def not_found(method: str, path: str, headers: dict[str, str] | None = None) -> 
 METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
+def routed_methods(scope: Any) -> set[str]:
+    """The methods the app has a route for at ``scope``'s path (mounts, which take any
+    method, left out)."""
+    routes = [r for r in scope["app"].router.routes if not isinstance(r, Mount)]
+    return {
+        m
+        for m in METHODS
+        if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes)
+    }
+
+
 def allowed_methods(request: Request) -> str | None:
     """Every method the request's path takes, for a 405's ``Allow``: FastAPI makes a route per
     method, and Starlette's 405 names only the first route whose path matched; a path that
     takes GET takes HEAD (``middleware.HeadAsGet``). (Mounts, which take any method, are left
     out.)"""
-    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
-    takes = {
-        m
-        for m in METHODS
-        if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
-    }
+    takes = routed_methods(request.scope)
     if "GET" in takes:
         takes.add("HEAD")
     return ", ".join(m for m in METHODS if m in takes) or None

@@ -15,12 +15,11 @@ import zlib
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.routing import Match, Mount
 
 from app import logs
 from app.api import metrics
 from app.api.codings import DECOMPRESSORS, ENCODING_HEADERS, corrupt, decompress, unsupported
-from app.api.errors import CONTROL, ApiError, not_found
+from app.api.errors import CONTROL, ApiError, not_found, routed_methods
 from app.store.base import Store
 
 access = logging.getLogger("crowdtally.access")
@@ -259,18 +258,15 @@ class HeadAsGet:
         done = [False]
 
         async def headers_only(message: Any) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] != "http.response.body":
                 await send(message)
                 return
-            if message["type"] == "http.response.body" and not done[0]:
-                done[0] = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                if message.get("more_body", False):
-                    raise _HeadAnsweredError
-                return
-            if message["type"] == "http.response.body":
+            if done[0]:
                 raise _HeadAnsweredError
-            await send(message)
+            done[0] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if message.get("more_body", False):
+                raise _HeadAnsweredError
 
         with contextlib.suppress(_HeadAnsweredError):
             await self.app({**scope, "method": "GET"}, receive, headers_only)
@@ -278,9 +274,5 @@ class HeadAsGet:
 
 def _takes_get(scope: Any) -> bool:
     """Whether the app routes ``scope``'s path for GET and has no HEAD route of its own."""
-    routes = [r for r in scope["app"].router.routes if not isinstance(r, Mount)]
-
-    def full(method: str) -> bool:
-        return any(r.matches({**scope, "method": method})[0] is Match.FULL for r in routes)
-
-    return not full("HEAD") and full("GET")
+    methods = routed_methods(scope)
+    return "GET" in methods and "HEAD" not in methods

@@ -414,8 +414,9 @@ COMPRESS_FROM = 4096
 
 
 def body(data: Any, compress: bool) -> tuple[bytes | None, dict[str, str] | None]:
-    """A request's body as sent, and the headers that say how: gzipped (level 1, about a tenth
-    of a block's bytes) when ``compress`` and the JSON is long enough to gain from it."""
+    """A request's body as sent, and the headers that say how: gzipped (level 1: a block of
+    labels in a ninth of its bytes, a third with hashed ids) when ``compress`` and the JSON is
+    long enough to gain from it."""
     if data is None:
         return None, None
     content = dumps(data)
