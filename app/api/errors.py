@@ -1,7 +1,8 @@
 """Errors in one shape: ``{"error": {code, message, entry, field}}``, and the handlers that
 give it to every error the app answers: request validation and unparsable bodies, unknown
 routes and methods, a store that cannot be reached or is being rebuilt (503,
-``Retry-After``) and anything unexpected (500). ``ERRORS`` is every route's ``responses=``.
+``Retry-After``), a store with no room for a write (507, ``Retry-After``) and anything
+unexpected (500). ``ERRORS`` is every route's ``responses=``, ``WRITES`` a writing route's.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -34,6 +37,25 @@ NOT_APPLIED: dict[str, Any] = {
 }
 RETRY_AFTER_S = 2
 """What a 503 asks the client to wait (``Retry-After``) while the store is unreachable."""
+FULL_RETRY_AFTER_S = 10
+"""What a 507 asks the client to wait: room comes back as the engine archives and trims the
+log (Redis) or as someone frees the disk, not within a second or two."""
+WRITES: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    507: {
+        "model": ErrorResponse,
+        "description": "store_full: the store had no room for the write (Redis at its "
+        "maxmemory, or the embedded store's disk full); nothing of it was kept: send it again "
+        "after Retry-After seconds",
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before sending the request again",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    },
+}
+"""The ``responses=`` of the routes that write to the store."""
 ENGINE_BEHIND: dict[int | str, dict[str, Any]] = {
     429: {
         "model": ErrorResponse,
@@ -241,9 +263,32 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
         message = f"the store did not confirm the write on its replicas: {exc}"
     else:
         message = f"the store cannot be reached ({type(exc).__name__}); retry later"
-    return ApiError(
-        503, "store_unavailable", message, headers={"Retry-After": str(RETRY_AFTER_S)}
-    ).response()
+    return _retry_later(503, "store_unavailable", message, RETRY_AFTER_S)
+
+
+def _retry_later(status: int, code: str, message: str, seconds: int) -> JSONResponse:
+    return ApiError(status, code, message, headers={"Retry-After": str(seconds)}).response()
+
+
+def _full(why: str) -> JSONResponse:
+    log.warning("store full: %s", why)
+    message = f"{why}; nothing of the request was kept: send it again once there is room"
+    return _retry_later(507, "store_full", message, FULL_RETRY_AFTER_S)
+
+
+async def _redis_full(_: Request, exc: Exception) -> JSONResponse:
+    # Redis refuses a script's first write past maxmemory (noeviction), and then the script
+    # has written nothing: the append is atomic (docs/deploy.md, "When the store is full")
+    return _full("the store is full: Redis reached its maxmemory (raise it, or free memory)")
+
+
+async def _sqlite_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, sqlite3.OperationalError)
+    if exc.sqlite_errorcode != sqlite3.SQLITE_FULL:
+        raise exc  # (anything else stays a 500, logged with its traceback)
+    # SQLite rolls a transaction back on SQLITE_FULL, and the embedded store changes its
+    # in-memory state only after the commit
+    return _full("the store is full: the disk of the data folder has no room (free some)")
 
 
 async def _deleted(_: Request, exc: Exception) -> JSONResponse:
@@ -253,12 +298,8 @@ async def _deleted(_: Request, exc: Exception) -> JSONResponse:
 
 async def _wiped(_: Request, exc: Exception) -> JSONResponse:
     # a Redis restarted empty: the API puts its projects back from SQL within seconds
-    return ApiError(
-        503,
-        "store_rebuilding",
-        f"{exc} from SQL; nothing was changed: send the request again in {RETRY_AFTER_S} s",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
-    ).response()
+    message = f"{exc} from SQL; nothing was changed: send the request again in {RETRY_AFTER_S} s"
+    return _retry_later(503, "store_rebuilding", message, RETRY_AFTER_S)
 
 
 async def _internal(_: Request, exc: Exception) -> JSONResponse:
@@ -273,6 +314,8 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http)
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
+    app.add_exception_handler(RedisOutOfMemoryError, _redis_full)
+    app.add_exception_handler(sqlite3.OperationalError, _sqlite_error)
     app.add_exception_handler(UnknownProjectError, _deleted)
     app.add_exception_handler(StoreWipedError, _wiped)
     app.add_exception_handler(Exception, _internal)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -258,6 +259,20 @@ def check_places(settings: Settings) -> None:
         check_redis(settings.redis_url, settings.redis_cluster)
 
 
+def refuse_eviction(node: str, memory: Mapping[str, object]) -> None:
+    """A Redis that evicts any key once it reaches its maxmemory (an ``allkeys-*`` policy)
+    would drop label logs and label ids, acknowledged labels lost, without a word: one error
+    line. ``noeviction`` refuses writes instead (the API answers 507 store_full); the
+    ``volatile-*`` policies evict only keys that expire, of which crowdtally has only the
+    engines' leases (fenced: a lease lost early costs a takeover, never a write)."""
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    limit = int(str(memory.get("maxmemory", 0)) or 0)
+    if limit and policy.startswith("allkeys"):
+        raise InputError("REDIS_URL", None, f"{node} evicts keys at its maxmemory ({limit} bytes, "
+                         f"maxmemory-policy {policy}): acknowledged labels would be lost; set "
+                         "maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction)")  # fmt: skip
+
+
 def check_redis(url: str, cluster: bool = False) -> None:
     """A Redis that answers but refuses the URL (a database index it lacks, a wrong password),
     or whose cluster mode is not the one ``cluster`` (CROWDTALLY_REDIS_CLUSTER) says, is one
@@ -280,8 +295,10 @@ def check_redis(url: str, cluster: bool = False) -> None:
             raise InputError("REDIS_URL", None, f"{node}: {err}") from None
         try:
             in_cluster = bool(client.info("cluster").get("cluster_enabled"))
+            memory = client.info("memory")
         except (ConnectionError, TimeoutError, ResponseError):
             return  # (a Redis that keeps INFO to itself: its mode is left for the client to find)
+    refuse_eviction(node, memory)
     if cluster and not in_cluster:
         raise InputError("CROWDTALLY_REDIS_CLUSTER", None, f"true, but {node} is a single Redis "
                          "(not in cluster mode): leave it unset for one Redis")  # fmt: skip

@@ -39,7 +39,10 @@ IMPORT_BATCH = 5000
 s in blocks of 5,000 or 10,000, 7.4-8.5 s in blocks of 1,000 (the engine learns queued blocks
 together either way; fewer requests, fewer log entries)."""
 DEFAULT_URL = "http://127.0.0.1:8000"
-RETRY_STATUS = {429, 500, 502, 503, 504}
+RETRY_STATUS = {429, 500, 502, 503, 504, 507}
+KEPT_NOTHING = 507
+"""``store_full``: the service kept nothing of the request, so it is sent again (after its
+``Retry-After``, spending the retries) even where a 5xx is not."""
 RETRIES: ContextVar[int] = ContextVar("crowdtally_transfer_retries", default=5)
 PUSHBACK_WAIT_S = 600.0
 """How long in all a request refused with 429 is sent again before the command gives up."""
@@ -113,7 +116,8 @@ def call(
 ) -> httpx.Response:
     """A request with a JSON ``body`` (or ``content``, JSON already); connection errors and 5xx
     are retried with back-off when ``retry`` (``retries`` times, default ``RETRIES``: 5,
-    ``--retries`` of the commands). A 429 (push-back: the service took nothing) is sent again
+    ``--retries`` of the commands), and a 507 (the store full: nothing kept) whatever
+    ``retry`` says. A 429 (push-back: the service took nothing) is sent again
     after its ``Retry-After`` whatever ``retry`` says, without spending the retries, for up to
     PUSHBACK_WAIT_S of waiting in all: a long import waits for a busy engine."""
     import httpx
@@ -143,7 +147,8 @@ def call(
                 pushed_back += max(wait, 0.1)  # (a Retry-After of 0 again and again still ends)
                 time.sleep(wait)
                 continue
-            if last or not (retry and resp.status_code in RETRY_STATUS):
+            again = retry or resp.status_code == KEPT_NOTHING
+            if last or not (again and resp.status_code in RETRY_STATUS):
                 return resp
             wait = _retry_after(resp)
         time.sleep(wait if wait is not None else _backoff(attempt))

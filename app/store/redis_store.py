@@ -763,11 +763,27 @@ class RedisStore:
         if end:  # served once the engine's state reaches the end (see ``restoring``)
             pipe.set(self._k(project, "restoring"), end)
 
+    def _read_together(self, *reads: Callable[[Any], object]) -> list[Any]:
+        """Each of ``reads`` (a call on a pipeline) in one transaction. Redis at its maxmemory
+        refuses every command queued in a transaction, reads too: then as a plain pipeline,
+        which reads what one transaction would, as every write is refused meanwhile (the
+        engine's and the appends' alike), so reads go on while the store is full."""
+        for transaction in (True, False):
+            pipe = self.r.pipeline(transaction=transaction)
+            for read in reads:
+                read(pipe)
+            try:
+                return pipe.execute()  # type: ignore[no-any-return]
+            except redis.exceptions.OutOfMemoryError:
+                if not transaction:
+                    raise
+        raise AssertionError("unreachable")
+
     def log_start(self, project: str) -> int:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xrange(self._k(project, "log"), count=1)
-        pipe.get(self._k(project, "seq"))
-        first, seq = pipe.execute()
+        first, seq = self._read_together(
+            lambda p: p.xrange(self._k(project, "log"), count=1),
+            lambda p: p.get(self._k(project, "seq")),
+        )
         return int(first[0][0].split(b"-")[0]) if first else int(seq or 0) + 1
 
     def trim(self, project: str, upto: int, anchor: tuple[int, int] | None = None) -> None:
@@ -1011,23 +1027,23 @@ class RedisStore:
         return self.get_items(project, [item])[0]
 
     def get_params(self, project: str, slots: list[int]) -> tuple[bytes | None, list[bytes | None]]:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hget(self._k(project, "state"), "globals")
-        if slots:
-            pipe.hmget(self._k(project, "rows"), [str(s) for s in slots])
-        res = pipe.execute()
+        res = self._read_together(
+            lambda p: p.hget(self._k(project, "state"), "globals"),
+            *([lambda p: p.hmget(self._k(project, "rows"), [str(s) for s in slots])]
+              if slots else []),
+        )  # fmt: skip
         return res[0], (res[1] if slots else [])
 
     def get_dyadic(
         self, project: str, raters: list[int], tasks: list[int]
     ) -> tuple[int, bytes | None, list[bytes | None], list[bytes | None]]:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hmget(self._k(project, "state"), ["dyadic_at", "dyadic"])
-        if raters:
-            pipe.hmget(self._k(project, "draters"), [str(s) for s in raters])
-        if tasks:
-            pipe.hmget(self._k(project, "dtasks"), [str(s) for s in tasks])
-        res = pipe.execute()
+        res = self._read_together(
+            lambda p: p.hmget(self._k(project, "state"), ["dyadic_at", "dyadic"]),
+            *([lambda p: p.hmget(self._k(project, "draters"), [str(s) for s in raters])]
+              if raters else []),
+            *([lambda p: p.hmget(self._k(project, "dtasks"), [str(s) for s in tasks])]
+              if tasks else []),
+        )  # fmt: skip
         (learned, shared), rest = res[0], res[1:]
         r = rest.pop(0) if raters else []
         t = rest.pop(0) if tasks else []
@@ -1059,11 +1075,12 @@ class RedisStore:
         return int(self.r.zcard(self._k(project, "queue")))
 
     def queue_head(self, project: str, count: int) -> QueueHead:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.zrevrange(self._k(project, "queue"), 0, count - 1, withscores=True)
-        pipe.zcard(self._k(project, "queue"))
-        pipe.hmget(self._k(project, "state"), ["globals", "queue_settings"])
-        rows, size, (blob, settings) = pipe.execute()
+        queue = self._k(project, "queue")
+        rows, size, (blob, settings) = self._read_together(
+            lambda p: p.zrevrange(queue, 0, count - 1, withscores=True),
+            lambda p: p.zcard(queue),
+            lambda p: p.hmget(self._k(project, "state"), ["globals", "queue_settings"]),
+        )
         return QueueHead([(k.decode(), float(v)) for k, v in rows], int(size), blob, settings)
 
     def get_items(self, project: str, items: list[str]) -> list[bytes | None]:

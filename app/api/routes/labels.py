@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from app.api import metrics
 from app.api.bodies import GOLD, array_body, label_block, label_codes, parse_block
 from app.api.deps import Service, ServiceDep, in_thread, require, wait_applied
-from app.api.errors import ENGINE_BEHIND, ERRORS, ApiError, engine_behind
+from app.api.errors import ENGINE_BEHIND, WRITES, ApiError, engine_behind
 from app.api.schemas import Accepted, ErrorResponse, GoldIn
 from app.store.base import AppendResult, EngineBehindError
 
@@ -62,7 +62,7 @@ async def refuse_if_behind(
     operation_id="post_labels",
     tags=["labels"],
     response_model=Accepted,
-    responses={**ERRORS, 413: {"model": ErrorResponse}, **ENGINE_BEHIND},
+    responses={**WRITES, 413: {"model": ErrorResponse}, **ENGINE_BEHIND},
     dependencies=[require("write")],
     openapi_extra=array_body("LabelIn"),
 )
@@ -100,7 +100,7 @@ async def post_labels(
     operation_id="post_gold",
     tags=["labels"],
     response_model=Accepted,
-    responses={**ERRORS, **ENGINE_BEHIND},
+    responses={**WRITES, **ENGINE_BEHIND},
     dependencies=[require("write")],
     openapi_extra=array_body("GoldIn"),
 )
@@ -147,7 +147,7 @@ def refuse_two_golds(gold: list[GoldIn]) -> None:
     operation_id="refit",
     tags=["labels"],
     response_model=Accepted,
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("write")],
 )
 def refit(project: str, svc: ServiceDep, wait: bool = False) -> Accepted:

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from app.api.auth import issue_key, key_hash, revoke_key, rotate_admin_key
 from app.api.deps import ServiceDep, require
-from app.api.errors import ERRORS, ApiError
+from app.api.errors import ERRORS, WRITES, ApiError
 from app.api.key_schemas import AdminKeyRotated, KeyInfo
 from app.api.schemas import (
     DyadicSettingsBody,
@@ -102,7 +102,7 @@ def check_memory(record: ProjectRecord, limit_mb: int) -> None:
     operation_id="create_project",
     tags=["projects"],
     response_model=ProjectCreated,
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("admin", per_project=False)],
 )
 def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def get_project(project: str, svc: ServiceDep) -> dict[str, Any]:
     status_code=204,
     operation_id="delete_project",
     tags=["projects"],
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("admin")],
 )
 def delete_project(project: str, svc: ServiceDep) -> Response:
@@ -187,7 +187,7 @@ def delete_project(project: str, svc: ServiceDep) -> Response:
     operation_id="create_key",
     tags=["projects"],
     response_model=KeyCreated,
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("admin")],
 )
 def create_key(project: str, body: KeyCreate, svc: ServiceDep) -> KeyCreated:
@@ -227,7 +227,7 @@ def list_keys(project: str, svc: ServiceDep) -> list[KeyInfo]:
     status_code=204,
     operation_id="revoke_key",
     tags=["projects"],
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("admin")],
 )
 def revoke_project_key(project: str, key_id: str, svc: ServiceDep) -> Response:
@@ -248,7 +248,7 @@ def revoke_project_key(project: str, key_id: str, svc: ServiceDep) -> Response:
     operation_id="rotate_admin_key",
     tags=["projects"],
     response_model=AdminKeyRotated,
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("admin", per_project=False)],
 )
 def rotate_admin(svc: ServiceDep) -> AdminKeyRotated:

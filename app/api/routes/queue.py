@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.bodies import ITEMS, array_body, parse_block
 from app.api.deps import ServiceDep, in_thread, require, wait_applied
-from app.api.errors import ERRORS, NOT_APPLIED, ApiError
+from app.api.errors import ERRORS, NOT_APPLIED, WRITES, ApiError
 from app.api.schemas import (
     NO_PROGRESS,
     Accepted,
@@ -31,7 +31,7 @@ router = APIRouter()
     operation_id="register_items",
     tags=["queue"],
     response_model=Accepted,
-    responses=ERRORS,
+    responses=WRITES,
     dependencies=[require("write")],
     openapi_extra=array_body("ItemIn"),
 )
@@ -72,7 +72,7 @@ def get_queue_settings(project: str, svc: ServiceDep) -> dict[str, Any]:
     operation_id="set_queue_settings",
     tags=["queue"],
     response_model=QueueSettingsBody,
-    responses={**ERRORS, 504: NOT_APPLIED},
+    responses={**WRITES, 504: NOT_APPLIED},
     dependencies=[require("write")],
 )
 def set_queue_settings(

@@ -85,6 +85,22 @@ def test_labels_without_ids_are_not_resent_after_a_5xx() -> None:
     assert len(seen) == 3
 
 
+def test_a_block_a_full_store_kept_nothing_of_is_sent_again_even_without_ids() -> None:
+    """507 store_full: the service kept nothing, so a block without ids goes again too."""
+    seen: list[httpx.Request] = []
+    answers: list[object] = [
+        httpx.Response(507, headers={"Retry-After": "0"}),
+        httpx.Response(202, json=ACCEPTED),
+    ]
+    with fast(scripted(answers, seen)) as c:
+        assert c.post_labels("p", [("i", "w", "a")]).accepted == 1
+    assert len(seen) == 2 and seen[0].content == seen[1].content
+    full = [httpx.Response(507)] * 3
+    with fast(scripted(full, seen), retries=2) as c, pytest.raises(ApiError) as err:
+        c.post_labels("p", [("i", "w", "a")])
+    assert err.value.status == 507
+
+
 def test_gives_up_after_the_retries() -> None:
     seen: list[httpx.Request] = []
     answers: list[object] = [httpx.ConnectError("refused")] * 3

@@ -23,7 +23,10 @@ DEFAULT_BATCH = 5_000
 service that takes fewer labels or bytes a block answers 413 and the block goes again in
 halves."""
 MAX_BATCH = 10_000  # the service's default limit of labels per block
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 507})
+KEPT_NOTHING = 507
+"""``store_full``: the service kept nothing of the request, so it is sent again even where a
+5xx is not (a label block without ids)."""
 PUSHBACK_FLOOR = 0.1
 """Seconds each 429 counts for at least against ``max_pushback`` (a ``Retry-After: 0``
 answered again and again still ends)."""
@@ -301,11 +304,13 @@ def retry_after(response: httpx.Response) -> float | None:
 @dataclass
 class RetryPolicy:
     """Exponential back-off: ``backoff * 2**attempt`` seconds (jittered, capped at ``max_backoff``);
-    an answer's ``Retry-After`` (a 429, a 503) is waited instead, capped at ``max_backoff``.
+    an answer's ``Retry-After`` (a 429, a 503, a 507) is waited instead, capped at
+    ``max_backoff``.
 
-    Connection failures before the request went out are always retried, other transport
-    errors and 5xx only for idempotent requests (GETs, DELETEs, label blocks whose labels all
-    carry ids); ``retries`` bounds them. A 429 is push-back, not a failure (the service's
+    Connection failures before the request went out and 507s (the store full: the service
+    kept nothing of the request) are always retried, other transport errors and 5xx only for
+    idempotent requests (GETs, DELETEs, label blocks whose labels all carry ids); ``retries``
+    bounds them. A 429 is push-back, not a failure (the service's
     ``engine_behind`` appends nothing of the refused block): the same request is sent again
     after each wait, without spending the retries, for up to ``max_pushback`` seconds of
     waiting in all.
@@ -326,7 +331,7 @@ class RetryPolicy:
     def should_retry_status(self, status: int, attempt: int, idempotent: bool) -> bool:
         if attempt >= self.retries or status not in RETRY_STATUS or status == 429:
             return False
-        return idempotent
+        return idempotent or status == KEPT_NOTHING
 
     def should_retry_exc(self, exc: httpx.TransportError, attempt: int, idempotent: bool) -> bool:
         if attempt >= self.retries:

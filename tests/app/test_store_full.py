@@ -1,0 +1,174 @@
+"""A store with no room for a write (Redis at its maxmemory, the embedded store's disk full)
+answers 507 ``store_full`` with ``Retry-After``, keeps nothing of the request, and takes the
+same request once there is room: each label applied once, none lost to the ids it carried."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api import create_app
+from app.api.errors import FULL_RETRY_AFTER_S
+from app.cli.service import check_redis
+from app.io import transfer
+from app.io.transfer import call
+from app.store.base import Store
+from app.store.embedded import EmbeddedStore
+from app.store.redis_store import RedisStore
+from tests.app.conftest import ADMIN, make_store, private_redis_url, service_settings
+
+
+def block(n: int, start: int) -> list[dict[str, str]]:
+    """``n`` labels with ids, of items with long names (a block that needs new pages)."""
+    return [
+        {"item": f"item-{k:06d}-" + "x" * 200, "worker": f"w{k % 7}", "label": "ab"[k % 2],
+         "id": f"label-{k}"}
+        for k in range(start, start + n)
+    ]  # fmt: skip
+
+
+@contextmanager
+def full(store: Store) -> Iterator[None]:
+    """The store with no room for anything new while the block runs, room again after."""
+    if isinstance(store, EmbeddedStore):  # SQLite's SQLITE_FULL, as a full disk gives it
+        db = store._db  # (the store's one connection: the limit is the connection's)
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")
+        try:
+            yield
+        finally:
+            db.execute("PRAGMA max_page_count = 4294967294")
+        return
+    assert isinstance(store, RedisStore)  # this process's own Redis: no other test writes there
+    store.r.config_set("maxmemory-policy", "noeviction")
+    store.r.config_set("maxmemory", 1)
+    try:
+        yield
+    finally:
+        store.r.config_set("maxmemory", 0)
+
+
+READS = [
+    "/v1/projects/p", "/v1/projects", "/v1/projects/p/items", "/v1/projects/p/items/item-000001-"
+    + "x" * 200, "/v1/projects/p/workers", "/v1/projects/p/workers/w1", "/v1/projects/p/queue",
+    "/v1/projects/p/queue?worker=w1", "/v1/projects/p/summary", "/v1/projects/p/export",
+    "/v1/projects/p/boundary?worker=w1", "/readyz", "/metrics",
+]  # fmt: skip
+
+
+def stats(c: TestClient) -> dict[str, int]:
+    return c.get("/v1/projects/p").json()["stats"]  # type: ignore[no-any-return]
+
+
+def applied_through(c: TestClient, position: int) -> None:
+    deadline = time.monotonic() + 60  # (an engine write refused while full is tried again)
+    while stats(c)["applied"] < position:
+        assert time.monotonic() < deadline, stats(c)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+def test_a_full_store_answers_507_keeps_nothing_and_takes_the_block_later(
+    kind: str, tmp_path: Path
+) -> None:
+    store = make_store(kind, tmp_path, private=True)
+    app = create_app(service_settings(tmp_path), store=store)
+    try:
+        with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+            assert (
+                c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+            )
+            first = c.post("/v1/projects/p/labels", json=block(50, 0))
+            assert first.status_code == 202, first.text
+            applied_through(c, first.json()["position"])
+            second = block(50, 50)
+            with full(store):
+                r = c.post("/v1/projects/p/labels", json=second)
+                assert r.status_code == 507, r.text
+                assert r.json()["error"]["code"] == "store_full"
+                assert "nothing of the request was kept" in r.json()["error"]["message"]
+                assert r.headers["Retry-After"] == str(FULL_RETRY_AFTER_S)
+                for path in READS:  # reads go on
+                    assert c.get(path).status_code == 200, (path, c.get(path).text)
+                pair = [{"worker": "w1", "item": second[0]["item"]}]
+                assert c.post("/v1/projects/p/predictions", json=pair).status_code == 200
+                assert stats(c)["log_end"] == first.json()["position"]
+            again = c.post("/v1/projects/p/labels", json=second)
+            assert again.status_code == 202, again.text
+            assert again.json()["accepted"] == 50 and again.json()["duplicates"] == 0
+            applied_through(c, again.json()["position"])
+            assert stats(c)["n_labels"] == 100
+    finally:
+        if isinstance(store, RedisStore):
+            store.flush_prefix()
+        store.close()
+
+
+def test_the_openapi_document_names_507_on_writes_only() -> None:
+    paths = create_app().openapi()["paths"]
+    assert "507" in paths["/v1/projects/{project}/labels"]["post"]["responses"]
+    assert "507" in paths["/v1/projects"]["post"]["responses"]
+    assert "507" not in paths["/v1/projects/{project}/items/{item}"]["get"]["responses"]
+
+
+@contextmanager
+def redis_config(url: str, **settings: str) -> Iterator[None]:
+    """This process's own Redis with ``settings`` while the block runs."""
+    store = RedisStore(url)
+    before = {k: store.r.config_get(k.replace("_", "-"))[k.replace("_", "-")] for k in settings}
+    try:
+        for k, v in settings.items():
+            store.r.config_set(k.replace("_", "-"), v)
+        yield
+    finally:
+        for k, v in before.items():
+            store.r.config_set(k.replace("_", "-"), v)
+        store.close()
+
+
+def test_a_redis_that_would_evict_labels_is_refused_at_start(tmp_path: Path) -> None:
+    """With a maxmemory and an ``allkeys-*`` policy Redis would drop label logs and ids once
+    full: acknowledged labels lost without a word. ``serve`` and ``engine`` refuse it in one
+    line; ``noeviction`` (507s once full) and ``volatile-*`` (only the leases expire) start."""
+    url = private_redis_url()
+    with redis_config(url, maxmemory="100mb", maxmemory_policy="allkeys-lru"):
+        env = {**os.environ, "REDIS_URL": url, "CROWDTALLY_DATA_DIR": str(tmp_path)}
+        run = subprocess.run([sys.executable, "-m", "app.cli", "engine", "--store", "redis"],
+                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr[-500:]
+        assert "maxmemory-policy allkeys-lru" in run.stderr
+        assert "set maxmemory-policy noeviction" in run.stderr
+    for policy in ("noeviction", "volatile-lru"):
+        with redis_config(url, maxmemory="100mb", maxmemory_policy=policy):
+            check_redis(url)
+    with redis_config(url, maxmemory="0", maxmemory_policy="allkeys-lru"):
+        check_redis(url)  # (no maxmemory: nothing is ever evicted)
+
+
+def test_the_import_command_sends_again_what_a_full_store_kept_nothing_of(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 507 kept nothing: even gold, which ``import`` posts without retries (no ids), goes
+    again after the answer's Retry-After, spending the retries."""
+    slept: list[float] = []
+    monkeypatch.setattr(transfer.time, "sleep", slept.append)
+    full_answer = httpx.Response(507, headers={"Retry-After": "10"})
+    answers = [full_answer, full_answer, httpx.Response(202, json={})]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers.pop(0) if answers else full_answer
+
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://ct.test") as http:
+        gold = [{"item": "i", "label": "a"}]
+        assert call(http, "POST", "/v1/projects/p/gold", body=gold, retry=False).status_code == 202
+        assert slept == [8.0, 8.0]  # (Retry-After, capped at 8 s)
+        assert call(http, "POST", "/v1/projects/p/gold", body=gold, retries=1).status_code == 507
