@@ -304,6 +304,11 @@ def _post_answers(
                 text, _ = _error_text(resp)
                 raise InputError("--key", None, f"{text} (give a write key of project "
                                  f"{project!r} with --key or CROWDTALLY_KEY)")  # fmt: skip
+            if resp.status_code >= 500:  # the service, not the file (507: the store full)
+                text, _ = _error_text(resp)
+                raise ServiceError(f"{path}: the service could not take this block: {text} "
+                                   f"({accepted + duplicates} labels were accepted before it; run "
+                                   "the import again once it can: those are counted once)")  # fmt: skip
             if resp.status_code >= 400:
                 text, entry = _error_text(resp)
                 line = answers.line(lo + entry) if entry is not None and entry < hi - lo else None

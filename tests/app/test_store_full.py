@@ -172,3 +172,35 @@ def test_the_import_command_sends_again_what_a_full_store_kept_nothing_of(
         assert call(http, "POST", "/v1/projects/p/gold", body=gold, retry=False).status_code == 202
         assert slept == [8.0, 8.0]  # (Retry-After, capped at 8 s)
         assert call(http, "POST", "/v1/projects/p/gold", body=gold, retries=1).status_code == 507
+
+
+def test_an_import_into_a_full_store_says_to_run_it_again_not_to_mend_the_file(
+    tmp_path: Path,
+) -> None:
+    """The file is not at fault: the import says so, and run again once there is room it
+    posts what was not taken (the rest counted once)."""
+    answers = tmp_path / "answers.csv"
+    answers.write_text("item,worker,label\n" + "".join(
+        f"item-{k}-{'x' * 200},w{k % 7},{'ab'[k % 2]}\n" for k in range(400)))  # fmt: skip
+    store = make_store("embedded", tmp_path)
+    app = create_app(service_settings(tmp_path), store=store)
+    retries = transfer.RETRIES.set(0)
+    try:
+        with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+            assert (
+                c.post("/v1/projects", json={"name": "p", "labels": ["a", "b"]}).status_code == 201
+            )
+            first = transfer.run_import(c, answers, "p", batch_size=100, wait=False)
+            assert first.accepted == 400
+            answers.write_text(answers.read_text() + "".join(
+                f"new-{k}-{'y' * 200},w{k % 7},{'ab'[k % 2]}\n" for k in range(400)))  # fmt: skip
+            with full(store), pytest.raises(transfer.ServiceError) as refused:
+                transfer.run_import(c, answers, "p", batch_size=100, wait=False)
+            message = str(refused.value)
+            assert "the service could not take this block: 507 store_full" in message
+            assert "run the import again once it can" in message and "mend" not in message
+            again = transfer.run_import(c, answers, "p", batch_size=100)
+            assert (again.accepted, again.duplicates) == (400, 400)
+    finally:
+        transfer.RETRIES.reset(retries)
+        store.close()
