@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.io.replaced import replaced
 from core.evidence import evidence_size
 from core.nominal import NominalConfig, NominalParams, sums_size
 
@@ -60,10 +61,8 @@ def save_model(
         kept["worker"] = kept["worker"][slots]
     arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **kept}
     arrays["slots"] = np.asarray(slots, dtype=np.int64)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
+    with replaced(path) as tmp, tmp.open("wb") as fh:
         np.savez_compressed(fh, **arrays)
-    tmp.replace(path)
 
 
 def slots_in_use(table: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:

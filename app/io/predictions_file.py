@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from app.io.codebook import arrow_ints
 from app.io.csv_fields import csv_field
+from app.io.replaced import replaced
 from app.io.triples import string_buffers
 from core._numba import jit
 from core.blocks import FloatArray, IntArray
@@ -37,15 +38,14 @@ def write_predictions(
     path: Path, item_names: pa.Array, classes: tuple[str, ...], posteriors: FloatArray
 ) -> None:
     """Each item's most probable class, its probability, and its posterior; written to a
-    temporary file first, then renamed over ``path``."""
+    temporary file first, then renamed over ``path`` (``replaced``)."""
     best = posteriors.argmax(axis=1)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix.lower() == ".parquet":
-        _write_parquet(tmp, item_names, classes, posteriors, best)
-    else:
-        with tmp.open("wb") as fh:
-            _write_csv(fh, item_names, classes, posteriors, best)
-    tmp.replace(path)
+    with replaced(path) as tmp:
+        if path.suffix.lower() == ".parquet":
+            _write_parquet(tmp, item_names, classes, posteriors, best)
+        else:
+            with tmp.open("wb") as fh:
+                _write_csv(fh, item_names, classes, posteriors, best)
 
 
 def print_predictions(

@@ -27,6 +27,7 @@ from urllib.parse import quote
 from app.io import importers
 from app.io.importers import Record
 from app.io.input import TRUTH_HEADER_HINT, InputError, label_order, refuse_duplicate_columns
+from app.io.replaced import replaced
 
 if TYPE_CHECKING:  # imported by the functions that speak HTTP: the command line stays light
     import httpx
@@ -532,17 +533,12 @@ def run_export(
 ) -> int:
     """Write ``what`` of ``project`` to ``out``; returns the number of rows written."""
     format, classes = _export_start(http, project, out, what, format)
-    tmp = out.with_name(out.name + ".part")
-    try:
+    with replaced(out, ".part") as tmp:
         if format == "parquet":
             n = _write_parquet(http, project, tmp, what, classes, confusion)
         else:
             with tmp.open("wb") as sink:
                 n = _write_export(http, project, sink, what, format, classes, confusion)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # (no half-written file left beside the output)
-        raise
-    tmp.replace(out)
     return n
 
 

@@ -92,3 +92,32 @@ def test_name_bytes_reach_the_writer_read_only_whatever_their_buffer() -> None:
     for names in (arrow_strings(["a", "bc"]), pa.array(["a", "bc"]), pa.array(["", ""])):
         _, raw = string_buffers(names)
         assert not raw.flags.writeable
+
+
+@pytest.mark.parametrize("name", ["p.csv", "p.parquet"])
+def test_a_full_disk_names_the_output_and_leaves_it_and_no_part_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """ENOSPC comes from the write itself, naming no file (the command line printed a
+    traceback and left a half-written ``.tmp``): it is raised naming the output, the
+    temporary file goes, and an earlier output stays as it was."""
+    path = tmp_path / name
+    items, classes = arrow_strings(["a", "b"]), ("x", "y")
+    posteriors = np.array([[0.9, 0.1], [0.2, 0.8]])
+    write_predictions(path, items, classes, posteriors)
+    before = path.read_bytes()
+
+    def disk_full(out: object, *args: object) -> None:
+        if hasattr(out, "write"):
+            out.write(b"half a row")
+        else:
+            Path(str(out)).write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(predictions_file, "_write_csv", disk_full)
+    monkeypatch.setattr(predictions_file, "_write_parquet", disk_full)
+    with pytest.raises(OSError) as err:
+        write_predictions(path, items, classes, posteriors[::-1])
+    assert (err.value.filename, err.value.strerror) == (str(path), "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert path.read_bytes() == before
