@@ -310,7 +310,10 @@ empty report read "some cannot reach the target" with 0 items open)."""
 
 class QueuePage(BaseModel):
     items: list[QueueItem]
-    size: int = Field(description="Items in the queue (not finished).")
+    size: int = Field(
+        description="Items in the queue (not finished); with worker=, the project's whole "
+        "queue, those the worker labelled included."
+    )
     policy: str
     worker: str | None
     progress: QueueProgress
