@@ -48,6 +48,14 @@ def import_command(
             "(Label Studio: item=data.FIELD, label=<from_name>).",
         ),
     ] = None,
+    header: Annotated[
+        bool,
+        typer.Option(
+            "--header/--no-header",
+            help="--no-header: a CSV or TSV file whose first line is an answer too, its fields "
+            "item,worker,label[,weight] (as extract reads a file without a header).",
+        ),
+    ] = True,
     url: Annotated[
         str, typer.Option("--url", envvar="CROWDTALLY_URL", help="The service (or CROWDTALLY_URL).")
     ] = transfer.DEFAULT_URL,
@@ -117,6 +125,7 @@ def import_command(
             truth=truth,
             batch_size=batch_size,
             progress=progress,
+            header=header,
         )
     skipped = f", {r.skipped} rows skipped" if r.skipped else ""
     print(

@@ -207,15 +207,20 @@ def parquet_names(path: Path) -> list[str]:
 
 
 def read_plain(
-    path: Path, format: str, delimiter: str | None, columns: dict[str, int | None], n_fields: int
+    path: Path,
+    format: str,
+    delimiter: str | None,
+    columns: dict[str, int | None],
+    n_fields: int,
+    header: bool = True,
 ) -> AnswerTable | None:
-    """The answers of a CSV or TSV file (``delimiter``; its first line the header, of
-    ``n_fields`` fields, no quotes) or a Parquet file (``delimiter`` None), from the columns
+    """The answers of a CSV or TSV file (``delimiter``; its first line the header, unless not
+    ``header``, of ``n_fields`` fields, no quotes) or a Parquet file (``delimiter`` None), from the columns
     ``columns`` gives for each key, checked as the rows' reading checks them: None when a
     cell would need trimming, is empty or too long, a weight is not a plain number >= 0, or
     pyarrow refuses the file (a row of another length, a blank line, bytes not UTF-8)."""
     try:
-        cells, first_line = _cells(path, delimiter, columns, n_fields)
+        cells, first_line = _cells(path, delimiter, columns, n_fields, header)
     except pa.ArrowException:
         return None
     n = len(cells["item"])
@@ -234,7 +239,11 @@ def read_plain(
 
 
 def _cells(
-    path: Path, delimiter: str | None, columns: dict[str, int | None], n_fields: int
+    path: Path,
+    delimiter: str | None,
+    columns: dict[str, int | None],
+    n_fields: int,
+    header: bool = True,
 ) -> tuple[dict[str, pa.Array], int]:
     """Each mapped column as text (Parquet: cast as its rows' reading casts it, a null as
     empty), and the line (or row) of the first answer."""
@@ -248,7 +257,7 @@ def _cells(
     names = [f"f{i}" for i in range(n_fields)]
     table = pa_csv.read_csv(
         path,
-        read_options=pa_csv.ReadOptions(skip_rows=1, column_names=names),
+        read_options=pa_csv.ReadOptions(skip_rows=int(header), column_names=names),
         parse_options=pa_csv.ParseOptions(
             delimiter=delimiter, quote_char=False, ignore_empty_lines=False
         ),
@@ -258,7 +267,7 @@ def _cells(
             strings_can_be_null=False,
         ),
     )
-    return {k: _flat(table.column(f"f{i}")) for k, i in wanted.items()}, 2
+    return {k: _flat(table.column(f"f{i}")) for k, i in wanted.items()}, 1 + int(header)
 
 
 def _flat(column: pa.ChunkedArray) -> pa.Array:

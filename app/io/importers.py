@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+import itertools
 import json
 import math
 import re
@@ -169,15 +170,20 @@ def read(path: str | Path, format: str = "auto", mapping: dict[str, str] | None 
 
 
 def read_answers(
-    path: str | Path, format: str = "auto", mapping: dict[str, str] | None = None
+    path: str | Path,
+    format: str = "auto",
+    mapping: dict[str, str] | None = None,
+    header: bool = True,
 ) -> tuple[AnswerTable, list[Record]]:
     """The answers of ``path`` as a table, and its gold records. A plain table (CSV, TSV,
     crowd-kit, Parquet) whose cells need no trimming, with no quotes, blank lines or gold
     column, is read and checked in columns (``_plain_table``); any other file, or one that
-    fails a check, is read row by row (``read``), which names the line and the reason."""
+    fails a check, is read row by row (``read``), which names the line and the reason.
+    Without ``header`` a CSV or TSV file's rows are all answers, item, worker, label[,
+    weight] (``HEADERLESS``), as ``extract`` reads a file without a header."""
     from app.io.answer_table import AnswerTable  # pyarrow: loaded by an import only
 
-    source = _source(path, format, mapping)
+    source = _source(path, format, mapping, header)
     if source.kind in ("csv", "tsv", "crowdkit", "parquet"):
         table = _plain_table(source)
         if table is not None:
@@ -206,11 +212,15 @@ def _plain_table(source: _Source) -> AnswerTable | None:
             return None
         delimiter = _delimiter(source.kind, text)
         names = first.split(delimiter)
-    hline = None if delimiter is None else 1
+        if not source.header:
+            names = _headerless_names(path, 1, len(names))
+    hline = None if delimiter is None or not source.header else 1
     columns = _columns(path, hline, names, source.mapping)
     if columns["gold"] is not None:
         return None
-    table = answer_table.read_plain(path, source.kind, delimiter, columns, len(names))
+    table = answer_table.read_plain(
+        path, source.kind, delimiter, columns, len(names), header=source.header
+    )
     return None if table is None else replace(table, unread=unread_columns(names, columns))
 
 
@@ -274,21 +284,46 @@ class _Source:
     kind: str
     text: str | None  # (None: Parquet)
     mapping: dict[str, str]
+    header: bool = True
 
 
-def _source(path: str | Path, format: str, mapping: dict[str, str] | None) -> _Source:
+HEADERLESS = ("item", "worker", "label", "weight")
+"""The columns of a CSV or TSV file without a header (``--no-header``): item, worker, label
+and, in a file of four fields, weight; as ``extract`` reads one."""
+
+
+def _headerless_names(path: Path, line: int | None, n_fields: int) -> list[str]:
+    if n_fields not in (3, 4):
+        raise InputError(path, line, f"{n_fields} fields: a file without a header holds "
+                         "item,worker,label or item,worker,label,weight")  # fmt: skip
+    return list(HEADERLESS[:n_fields])
+
+
+def _source(
+    path: str | Path, format: str, mapping: dict[str, str] | None, header: bool = True
+) -> _Source:
     path = Path(path)
     if format not in FORMATS:
         raise InputError(
             "--format", None, f"unknown format {format!r}: one of {', '.join(FORMATS)}"
         )
     mapping = dict(mapping or {})
+    if not header and mapping:
+        raise InputError("--map", None, "a file without a header (--no-header) has no columns "
+                         "to map: its fields are item, worker, label[, weight]")  # fmt: skip
     if format == "parquet" or (format == "auto" and is_parquet(path)):
+        if not header:
+            raise InputError(path, None, "a Parquet file names its columns: --no-header is "
+                             "for a CSV or TSV file")  # fmt: skip
         return _Source(path, "parquet", None, mapping)
     text = _text(path)
     if not text or text.isspace():  # (not text.strip(): a copy of the whole text)
         raise InputError(path, None, "the file is empty")
-    return _Source(path, detect(path, text) if format == "auto" else format, text, mapping)
+    kind = detect(path, text) if format == "auto" else format
+    if not header and kind not in ("csv", "tsv"):
+        raise InputError(path, None, f"a {kind} file names its fields: --no-header is for a "
+                         "CSV or TSV file")  # fmt: skip
+    return _Source(path, kind, text, mapping, header)
 
 
 def _parse(source: _Source) -> Parsed:
@@ -296,7 +331,8 @@ def _parse(source: _Source) -> Parsed:
     if text is None:
         return _tabular(path, _parquet_rows(path), mapping, "parquet")
     if kind in ("csv", "tsv", "crowdkit"):
-        return _tabular(path, _rows(path, text, _delimiter(kind, text)), mapping, kind)
+        rows = _rows(path, text, _delimiter(kind, text))
+        return _tabular(path, rows, mapping, kind, source.header)
     if kind == "jsonl":
         return _jsonl(path, text, mapping)
     if kind == "toloka":
@@ -414,8 +450,8 @@ def _no_header_hint(names: list[str], mapping: dict[str, str]) -> str:
     known = {*MAP_KEYS, "task"}
     if mapping or any(n.strip().lower() in known for n in names) or len(names) not in (3, 4):
         return ""
-    return "; a file without a header: give it a first line item,worker,label" + (
-        ",weight" if len(names) == 4 else ""
+    return "; a file without a header: pass --no-header, or give it a first line " + (
+        "item,worker,label" + (",weight" if len(names) == 4 else "")
     )
 
 
@@ -446,9 +482,16 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int | None, list[str]]]:
 
 
 def _tabular(
-    path: Path, rows: Iterator[tuple[int | None, list[str]]], mapping: dict[str, str], kind: str
+    path: Path,
+    rows: Iterator[tuple[int | None, list[str]]],
+    mapping: dict[str, str],
+    kind: str,
+    header: bool = True,
 ) -> Parsed:
     hline, names = _header(path, rows)
+    if not header:  # (the first row is an answer: read with the rest)
+        rows = itertools.chain([(hline, names)], rows)
+        hline, names = None, _headerless_names(path, hline, len(names))
     n_fields = len(names)
     columns = _columns(path, hline, names, mapping)
     item_c, worker_c, label_c = columns["item"], columns["worker"], columns["label"]

@@ -338,12 +338,14 @@ def run_import(
     batch_size: int = IMPORT_BATCH,
     wait: bool = True,
     progress: bool = False,
+    header: bool = True,
 ) -> ImportResult:
     """Read ``path`` and post its labels (then gold) to ``project``; returns the tallies. A
     block the service finds too large (its ``CROWDTALLY_MAX_BLOCK_LABELS`` is lower) is sent
-    again in halves, and the blocks after it as large."""
+    again in halves, and the blocks after it as large. Without ``header``, a CSV or TSV
+    file's first line is an answer too (``importers.HEADERLESS``)."""
     t0 = time.perf_counter()
-    answers, gold = importers.read_answers(path, format, mapping)
+    answers, gold = importers.read_answers(path, format, mapping, header)
     if (twice := answers.id_given_twice()) is not None:
         row, earlier = twice
         raise InputError(path, answers.line(row),

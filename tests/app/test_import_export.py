@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from app.api import create_app
 from app.cli import app as cli_app
@@ -167,7 +167,8 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
         ("id.csv", "item,worker,label,ID\na,w,x,q\n", None, 1, "column 'ID' would not be read"),
         # no header (extract reads one as item, worker, label): how to give it one
         ("nh.csv", "a,w1,x\nb,w2,y\n", None, 1,
-         "(columns: a, w1, x); a file without a header: give it a first line item,worker,label"),
+         "(columns: a, w1, x); a file without a header: pass --no-header, or give it a first "
+         "line item,worker,label"),
     ]  # fmt: skip
     for name, text, mapping, line, reason in cases:
         with pytest.raises(InputError) as err:
@@ -465,6 +466,49 @@ def test_an_import_says_which_columns_it_did_not_read(
     plain = _write(tmp_path, "n.csv", "item,worker,label,note\na,w,x,n\n")  # (read in columns)
     assert importers._plain_table(importers._source(plain, "auto", None)) is not None
     assert importers.read_answers(plain)[0].unread == ("note",)
+
+
+def test_a_file_without_a_header_imports_with_no_header(
+    service: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-header reads every line as an answer, item,worker,label[,weight], in columns or
+    row by row (a quoted cell), with the ids the same file with a header gets: importing
+    that one afterwards finds every answer already there."""
+    monkeypatch.setattr(transfer, "make_http", lambda url, key: contextlib.nullcontext(service))
+    rows = "a,w1,x,2\nb,w1,y,1\nb,w2,y,0.5\na,w2,x,1\n"
+    bare = _write(tmp_path, "bare.csv", rows)
+    quoted = _write(tmp_path, "quoted.csv", rows.replace("a,w1", '"a",w1'))  # (row by row)
+    headed = _write(tmp_path, "headed.csv", "item,worker,label,weight\n" + rows)
+    for path in (bare, quoted):
+        table, _ = importers.read_answers(path, header=False)
+        assert table.items.to_pylist() == ["a", "b", "b", "a"]
+        assert table.weights.tolist() == [2.0, 1.0, 0.5, 1.0] and table.lines.tolist() == [
+            1,
+            2,
+            3,
+            4,
+        ]
+    assert (importers.read_answers(bare, header=False)[0].ids.to_pylist()
+            == importers.read_answers(headed)[0].ids.to_pylist())  # fmt: skip
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(cli_app, ["import", *args, "-p", "bare", "--key", "k",
+                                            "--no-progress"])  # fmt: skip
+
+    result = run(str(bare), "--no-header", "--create-with-labels", "x,y")
+    assert result.exit_code == 0, result.output
+    assert "4 labels in 1 blocks: 4 new, 0 already there" in result.output
+    result = run(str(headed))
+    assert "4 labels in 1 blocks: 0 new, 4 already there" in result.output, result.output
+    assert "pass --no-header" in str(run(str(bare)).exception)  # (how to read such a file)
+    for path, flags, why in [
+        (bare, ["--map", "item=a"], "no columns to map"),
+        (_write(tmp_path, "five.csv", "a,w,x,1,z\n"), [], "5 fields: a file without a header"),
+        (_write(tmp_path, "rows.jsonl", '{"item": "a", "worker": "w", "label": "x"}\n'), [],
+         "a jsonl file names its fields"),
+    ]:  # fmt: skip
+        refused = run(str(path), "--no-header", *flags).exception
+        assert isinstance(refused, InputError) and why in str(refused), (why, refused)
 
 
 def test_export_to_standard_output(
