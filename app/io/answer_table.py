@@ -214,11 +214,12 @@ def read_plain(
     n_fields: int,
     header: bool = True,
 ) -> AnswerTable | None:
-    """The answers of a CSV or TSV file (``delimiter``; its first line the header, unless not
-    ``header``, of ``n_fields`` fields, no quotes) or a Parquet file (``delimiter`` None), from the columns
-    ``columns`` gives for each key, checked as the rows' reading checks them: None when a
-    cell would need trimming, is empty or too long, a weight is not a plain number >= 0, or
-    pyarrow refuses the file (a row of another length, a blank line, bytes not UTF-8)."""
+    """The answers of a CSV or TSV file (``delimiter``; rows of ``n_fields`` fields, no
+    quotes, the first line a header unless not ``header``) or a Parquet file (``delimiter``
+    None), from the columns ``columns`` gives for each key, checked as the rows' reading
+    checks them: None when a cell would need trimming, is empty or too long, a weight is not
+    a plain number >= 0, or pyarrow refuses the file (a row of another length, a blank line,
+    bytes not UTF-8)."""
     try:
         cells, first_line = _cells(path, delimiter, columns, n_fields, header)
     except pa.ArrowException:
