@@ -1,8 +1,8 @@
 """Errors in one shape: ``{"error": {code, message, entry, field}}``, and the handlers that
 give it to every error the app answers: request validation and unparsable bodies, unknown
-routes and methods, a store that cannot be reached or is being rebuilt (503,
-``Retry-After``), a store with no room for a write (507, ``Retry-After``) and anything
-unexpected (500). ``ERRORS`` is every route's ``responses=``, ``WRITES`` a writing route's.
+routes and methods, a store or snapshot database that cannot be reached or a store being
+rebuilt (503, ``Retry-After``), a store with no room for a write (507, ``Retry-After``) and
+anything unexpected (500). ``ERRORS`` is every route's ``responses=``, ``WRITES`` a writing route's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError, InterfaceError
+from sqlalchemy.exc import OperationalError as DatabaseOperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
@@ -266,6 +268,17 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     return _retry_later(503, "store_unavailable", message, RETRY_AFTER_S)
 
 
+async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+    # the snapshot database (PostgreSQL, or the SQLite file) gone or failing (its other errors
+    # stay 500s): a project's record, its keys and its snapshots are archived there; the
+    # routes that write both undo what they wrote first
+    log.warning("snapshot database failed: %s", exc)
+    assert isinstance(exc, DBAPIError)
+    why = type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__
+    message = f"the snapshot database cannot be used ({why}); nothing was changed: retry later"
+    return _retry_later(503, "snapshot_db_unavailable", message, RETRY_AFTER_S)
+
+
 def _retry_later(status: int, code: str, message: str, seconds: int) -> JSONResponse:
     return ApiError(status, code, message, headers={"Retry-After": str(seconds)}).response()
 
@@ -315,6 +328,8 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
     app.add_exception_handler(RedisOutOfMemoryError, _redis_full)
+    app.add_exception_handler(DatabaseOperationalError, _database_down)
+    app.add_exception_handler(InterfaceError, _database_down)
     app.add_exception_handler(sqlite3.OperationalError, _sqlite_error)
     app.add_exception_handler(UnknownProjectError, _deleted)
     app.add_exception_handler(StoreWipedError, _wiped)

@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.store.archive import SnapshotDB
 from app.store.base import Store
@@ -140,13 +141,24 @@ class _StoreCollector(Collector):
         size = GaugeMetricFamily(
             "crowdtally_snapshot_bytes", "Size of the latest snapshot", labels=["project"]
         )
+        db_up = GaugeMetricFamily(
+            "crowdtally_snapshot_db_up",
+            "1 while the snapshot database answers; the snapshot series are absent while it "
+            "does not",
+        )
         if svc is not None:
-            latest = {i.project: i for i in svc.db.infos()}  # ordered by position
+            try:
+                infos = svc.db.infos()
+            except SQLAlchemyError:  # (the other series still scraped)
+                infos = None
+            db_up.add_metric([], 0.0 if infos is None else 1.0)
+            latest = {i.project: i for i in infos or []}  # ordered by position
             now = time.time()
             for name, info in latest.items():
                 age.add_metric([name], now - info.created_at)
                 size.add_metric([name], info.size_bytes)
         yield store_up
+        yield db_up
         yield lag
         yield lag_s
         yield end

@@ -27,6 +27,7 @@ from app.api import create_app
 from app.store.redis_store import RedisStore
 from tests.app.conftest import ADMIN, REDIS_URL, make_store, service_settings
 from tests.app.test_api import LABELS, make_project, post
+from tests.tcp_proxy import Proxy
 
 
 @pytest.fixture
@@ -561,56 +562,6 @@ def test_every_openapi_ref_resolves(bare: TestClient) -> None:
     label = doc["components"]["schemas"]["LabelIn"]
     assert set(label["required"]) == {"item", "worker", "label"}
     assert label["properties"]["item"]["maxLength"] == 512
-
-
-class Proxy:
-    """A TCP relay to Redis that can be cut (then nothing listens on its port) or hung (then
-    it keeps every connection open and relays nothing: a Redis that stopped answering)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.hung = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                t = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
-                self.threads.append(t)
-                t.start()
-
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                if self.hung.is_set():
-                    continue
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with contextlib.suppress(OSError):  # wakes the accept: the port stops listening
-            self.server.shutdown(socket.SHUT_RDWR)
-        self.server.close()
-        for s in self.sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        for t in self.threads:
-            t.join(5)
 
 
 @contextlib.contextmanager

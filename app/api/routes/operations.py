@@ -6,6 +6,7 @@ import time
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.api import metrics
 from app.api.deps import ServiceDep
@@ -49,7 +50,11 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     snapshot_error = snap.last_error if snap else None
     now = time.time()
     ages: dict[str, float] = {}
-    for info in svc.db.infos():
+    try:
+        infos, snapshot_db = svc.db.infos(), "ok"
+    except SQLAlchemyError as err:  # (this process serves on: the store holds what it serves)
+        infos, snapshot_db = [], f"unreachable: {type(err).__name__}"
+    for info in infos:
         ages[info.project] = now - info.created_at
     ready = ok and not wiped and engine_error is None and snapshot_error is None and not restoring
     body = {
@@ -64,6 +69,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         "restoring": restoring,
         "snapshot_age_s": ages,
         "snapshot_error": snapshot_error,
+        # the snapshot database: while it cannot be read, archives and snapshots wait
+        "snapshot_db": snapshot_db,
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.auth import issue_key, key_hash, revoke_key, rotate_admin_key
 from app.api.deps import ServiceDep, require
@@ -133,9 +134,14 @@ def create_project(body: ProjectCreate, svc: ServiceDep) -> dict[str, Any]:
     svc.forget()  # a cached "no such project" must not outlive its creation
     key, key_record = issue_key(svc.store, "write", body.name)
     if not svc.store.log_in_sql:  # archived now: a Redis wiped before its first snapshot
-        svc.db.forget_project(body.name)  # gives it back, with its key (and nothing of an
-        svc.db.save_project(record)  # earlier project of its name whose deletion SQL missed)
-        svc.db.put_keys({key_hash(key): key_record})
+        try:  # gives it back, with its key (and nothing of an earlier project of its name
+            svc.db.forget_project(body.name)  # whose deletion SQL missed)
+            svc.db.save_project(record)
+            svc.db.put_keys({key_hash(key): key_record})
+        except SQLAlchemyError:  # (503 snapshot_db_unavailable) nothing kept: it may be sent
+            svc.store.delete_project(body.name)  # again; a project only Redis held would be
+            svc.forget()  # lost with a wiped Redis, its key with it
+            raise
     return {**project_view(svc, record), "api_key": key}
 
 
@@ -174,9 +180,13 @@ def get_project(project: str, svc: ServiceDep) -> dict[str, Any]:
     dependencies=[require("admin")],
 )
 def delete_project(project: str, svc: ServiceDep) -> Response:
-    if not svc.store.delete_project(project):
+    found = svc.store.delete_project(project)
+    # Its snapshots and archive go too; after a 404 as well, which is what a deletion sent
+    # again after the snapshot database failed gets: a Redis wiped later and rebuilt from SQL
+    # would bring the project back.
+    svc.db.forget_project(project)
+    if not found:
         raise ApiError(404, "unknown_project", f"no project named {project!r}")
-    svc.db.forget_project(project)  # snapshots and archive go too
     svc.forget()
     return Response(status_code=204)
 
@@ -193,7 +203,11 @@ def delete_project(project: str, svc: ServiceDep) -> Response:
 def create_key(project: str, body: KeyCreate, svc: ServiceDep) -> KeyCreated:
     svc.project(project)
     key, rec = issue_key(svc.store, body.scope, project)
-    svc.db.put_keys({key_hash(key): rec})  # (archived now: a wiped Redis gives it back)
+    try:
+        svc.db.put_keys({key_hash(key): rec})  # (archived now: a wiped Redis gives it back)
+    except SQLAlchemyError:  # (503 snapshot_db_unavailable) a key no one was given
+        svc.store.delete_key(key_hash(key))
+        raise
     return KeyCreated(api_key=key, key_id=rec.key_id, scope=rec.scope, project=project)
 
 

@@ -1,0 +1,85 @@
+"""The snapshot database (PostgreSQL here, reached through a proxy the test cuts) going away
+while the API runs on Redis: reads and label blocks go on, ``/readyz`` and ``/metrics`` say
+so instead of answering 500, and the routes that write to it answer 503
+``snapshot_db_unavailable`` having kept nothing (a project, a key), or, for a deletion,
+finish it when sent again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
+
+from app.api import create_app
+from app.store.redis_store import RedisStore
+from tests.app.conftest import ADMIN, fresh_postgres, make_store, service_settings
+from tests.tcp_proxy import Proxy
+
+
+@pytest.fixture
+def proxied_postgres() -> Iterator[tuple[str, Proxy]]:
+    with fresh_postgres() as url:
+        real = make_url(url)
+        proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)
+        try:
+            yield real.set(host="127.0.0.1", port=proxy.port).render_as_string(False), proxy
+        finally:
+            proxy.cut()
+
+
+def create(c: TestClient, name: str) -> httpx.Response:
+    return c.post("/v1/projects", json={"name": name, "labels": ["a", "b"]})
+
+
+def test_the_snapshot_database_going_away_is_a_503_not_a_500(
+    proxied_postgres: tuple[str, Proxy], tmp_path: Path
+) -> None:
+    url, proxy = proxied_postgres
+    store = make_store("redis", tmp_path)
+    assert isinstance(store, RedisStore)
+    settings = service_settings(tmp_path, database_url=url, engine_in_process=True)
+    app = create_app(settings, store=store)
+    try:
+        with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+            assert create(c, "p").status_code == 201
+            label = [{"item": "i1", "worker": "w1", "label": "a"}]
+            assert c.post("/v1/projects/p/labels?wait=true", json=label).json()["applied"]
+            assert c.get("/readyz").json()["snapshot_db"] == "ok"
+            proxy.cut()
+
+            ready = c.get("/readyz")  # (a 500 before: the probe itself failed)
+            assert ready.status_code == 200 and ready.json()["ready"], ready.text
+            assert ready.json()["snapshot_db"].startswith("unreachable: ")
+            metrics = c.get("/metrics")
+            assert metrics.status_code == 200 and "crowdtally_snapshot_db_up 0.0" in metrics.text
+            assert "crowdtally_store_up 1.0" in metrics.text
+            more = [{"item": "i2", "worker": "w1", "label": "b"}]  # (labels live in Redis)
+            assert c.post("/v1/projects/p/labels?wait=true", json=more).json()["applied"]
+            assert c.get("/v1/projects/p/items/i2").status_code == 200
+
+            listed = c.get("/v1/projects/p/snapshots")
+            assert listed.status_code == 503, listed.text
+            assert listed.json()["error"]["code"] == "snapshot_db_unavailable"
+            assert listed.headers["Retry-After"] == "2"
+            made = create(c, "q")
+            assert made.status_code == 503, made.text
+            assert store.get_project("q") is None  # nothing kept: it can be sent again
+            keys_before = len(store.list_keys("p"))
+            assert c.post("/v1/projects/p/keys", json={"scope": "read"}).status_code == 503
+            assert len(store.list_keys("p")) == keys_before
+            assert c.delete("/v1/projects/p").status_code == 503  # (Redis's part done)
+
+            proxy.restore()
+            assert c.get("/readyz").json()["snapshot_db"] == "ok"
+            assert create(c, "q").status_code == 201
+            db = app.state.service.db
+            assert db.project("p") is not None  # what the failed deletion left in SQL ...
+            assert c.delete("/v1/projects/p").status_code == 404
+            assert db.project("p") is None  # ... the deletion sent again removes
+    finally:
+        store.flush_prefix()
+        store.close()
