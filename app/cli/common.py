@@ -3,6 +3,7 @@ database and the store."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,17 +40,39 @@ def snapshot_db(create: bool = True, migrate: bool = True) -> SnapshotDB:
     return open_database(settings, migrate)
 
 
-def open_database(settings: Settings, migrate: bool = True) -> SnapshotDB:
+DATABASE_STARTING = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+)
+"""What PostgreSQL answers while it cannot take a connection yet: waited for as silence is."""
+
+
+def open_database(settings: Settings, migrate: bool = True, who: str | None = None) -> SnapshotDB:
     """The snapshot database (``open_snapshot_db``); one that cannot be opened, or whose
     schema a command that does not ``migrate`` cannot read, is one error line naming the
-    setting."""
-    from sqlalchemy.exc import SQLAlchemyError
+    setting. With ``who`` (a service starting), a PostgreSQL that does not answer is waited
+    for, as Redis is (``app.store.when_reachable``): a service started before its database,
+    or restarted while it is down, starts once it is up."""
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+    from app.store import when_reachable
     from app.store.archive import SchemaMismatchError, open_snapshot_db
+
+    def unreachable(exc: Exception) -> bool:
+        # a server that answered says why it refused (a role, a password, a database) after
+        # "FATAL:", unless it is only starting or stopping; one that did not answer says
+        # "Connection refused", "timeout expired", or that the host name is unknown
+        text = str(getattr(exc, "orig", None) or exc)
+        transient = any(m in text for m in DATABASE_STARTING)
+        return isinstance(exc, OperationalError) and ("FATAL:" not in text or transient)
 
     what = "CROWDTALLY_DATABASE_URL" if settings.database_url else "CROWDTALLY_DATA_DIR"
     try:
-        return open_snapshot_db(settings, migrate)
+        if who is None or settings.database_url_resolved().startswith("sqlite"):
+            return open_snapshot_db(settings, migrate)
+        attempt = functools.partial(open_snapshot_db, settings, migrate)
+        return when_reachable(attempt, unreachable, who, "the snapshot database")
     except (SQLAlchemyError, OSError, ImportError) as err:  # (ImportError: no driver)
         first = str(err).splitlines()[0]
         raise InputError(what, None, f"cannot open the snapshot database: {first}") from None

@@ -75,7 +75,8 @@ def serve(
     check_places(settings)
     check_port(host, port)  # (before anything is made: a folder, a database, an admin key)
     hold_data_dir(settings)  # (embedded: no second process on the folder)
-    open_database(settings)  # (reachable and migrated before the server starts; ~1 ms again there)
+    open_database(settings, who="crowdtally")  # (reachable and migrated before the server
+    # starts, or waited for; ~1 ms again there)
     if settings.store == "redis" and settings.engine_in_process:  # (no second engine: its
         claim_sole_engine(settings)  # refusal one line here, not a failed startup's traceback)
     print(start_line(settings, host, port, first_start=second is not None), file=sys.stderr)
@@ -211,7 +212,8 @@ def engine_command(
     logs.configure(settings.log_format, settings.log_level)
     check_places(settings)
     hold_data_dir(settings)
-    db = open_database(settings)  # (the store's projects rebuilt from it if Redis lost them)
+    db = open_database(settings, who="crowdtally engine")  # (the store's projects rebuilt
+    # from it if Redis lost them)
     st, _ = open_store_when_reachable(
         settings, lambda st: rebuild_store(st, db), "crowdtally engine"
     )

@@ -48,23 +48,39 @@ def open_store_when_reachable(
     again every second, so that a process started before its Redis waits for it."""
     from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
 
-    with _stopped_by_signals():
+    def attempt() -> tuple[Store, T]:
+        st = open_store(settings)
+        try:
+            return st, first_use(st)
+        except BaseException:
+            st.close()
+            raise
+
+    unreachable = (ConnectionError, TimeoutError, RedisClusterException)
+    return when_reachable(attempt, lambda exc: isinstance(exc, unreachable), who, "the store")
+
+
+def when_reachable(
+    attempt: Callable[[], T], unreachable: Callable[[Exception], bool], who: str, what: str
+) -> T:
+    """``attempt()``; while it fails because ``what`` cannot be reached (``unreachable`` says
+    which errors are that), said on stderr as ``who`` and tried again every second."""
+    with _stopped_by_signals(what):
         while True:
-            st = None
             try:
-                st = open_store(settings)
-                return st, first_use(st)
-            except (ConnectionError, TimeoutError, RedisClusterException) as exc:
-                if st is not None:
-                    st.close()
-                print(f"{who}: the store cannot be reached ({exc}); trying again in 1 s",
+                return attempt()
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                why = (str(exc).splitlines() or [type(exc).__name__])[0]
+                print(f"{who}: {what} cannot be reached ({why}); trying again in 1 s",
                       file=sys.stderr, flush=True)  # fmt: skip
                 gc.enable()  # (a start paused the cycle collector to load faster; not to wait)
                 time.sleep(1)
 
 
 @contextmanager
-def _stopped_by_signals() -> Iterator[None]:
+def _stopped_by_signals(what: str) -> Iterator[None]:
     """SIGTERM and SIGINT end the process while it waits for its store: the API's server
     only notes them for its running loop, which a wait at start-up blocks (it went on
     waiting until killed)."""
@@ -73,7 +89,7 @@ def _stopped_by_signals() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: object) -> None:
-        print(f"{signal.Signals(signum).name}: stopped while waiting for the store",
+        print(f"{signal.Signals(signum).name}: stopped while waiting for {what}",
               file=sys.stderr, flush=True)  # fmt: skip
         os._exit(128 + signum)  # (nothing is open yet that needs closing)
 

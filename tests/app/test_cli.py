@@ -1009,14 +1009,17 @@ def test_a_first_start_says_that_requests_wait_for_the_kernels(tmp_path: Path) -
     [
         ("CROWDTALLY_DATA_DIR", "a-file", "a-file is not a folder"),
         ("CROWDTALLY_DATABASE_URL", "nonsense", "Could not parse SQLAlchemy URL"),
-        ("CROWDTALLY_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/x",
-         "cannot open the snapshot database"),
+        ("CROWDTALLY_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:5432/x",
+         'cannot open the snapshot database: (psycopg.OperationalError) connection failed: '
+         'connection to server at "127.0.0.1", port 5432 failed: FATAL:  role "nobody"'),
     ],
 )  # fmt: skip
 def test_a_data_folder_or_database_that_cannot_be_used_is_one_error_line(
     tmp_path: Path, name: str, value: str, message: str
 ) -> None:
-    """They were tracebacks of 100-500 lines (the engine) or a failed start-up (the API)."""
+    """They were tracebacks of 100-500 lines (the engine) or a failed start-up (the API). A
+    PostgreSQL that answers and refuses is one line too; one that does not answer is waited
+    for (tests/app/test_snapshot_db_down.py)."""
     (tmp_path / "a-file").write_text("")
     env = {**os.environ, "CROWDTALLY_STORE": "embedded", "CROWDTALLY_DATA_DIR": str(tmp_path),
            name: str(tmp_path / value) if value == "a-file" else value}  # fmt: skip

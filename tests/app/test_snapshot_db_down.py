@@ -6,6 +6,9 @@ finish it when sent again."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +19,9 @@ from sqlalchemy.engine import make_url
 
 from app.api import create_app
 from app.store.redis_store import RedisStore
-from tests.app.conftest import ADMIN, fresh_postgres, make_store, service_settings
+from app.testing import free_port, wait_healthy
+from tests.app.conftest import ADMIN, REDIS_URL, fresh_postgres, make_store, service_settings
+from tests.app.test_processes import CLI
 from tests.tcp_proxy import Proxy
 
 
@@ -83,3 +88,44 @@ def test_the_snapshot_database_going_away_is_a_503_not_a_500(
     finally:
         store.flush_prefix()
         store.close()
+
+
+def test_an_api_and_an_engine_started_before_their_database_answers_wait_for_it(
+    proxied_postgres: tuple[str, Proxy], tmp_path: Path
+) -> None:
+    """They exited with "cannot open the snapshot database": an engine restarted while
+    PostgreSQL was down left every posterior stale until someone started it again. Now they
+    wait, as for Redis, and start once it answers."""
+    url, proxy = proxied_postgres
+    proxy.cut()  # (nothing listens on its port: the database does not answer)
+    prefix = f"test-db-wait-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL,
+           "CROWDTALLY_REDIS_PREFIX": prefix, "CROWDTALLY_DATABASE_URL": url,
+           "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
+    api_port = free_port()
+    started = [
+        subprocess.Popen([*CLI, *args], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+        for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
+    ]
+    try:
+        for p, who in zip(started, ("crowdtally engine", "crowdtally"), strict=True):
+            assert p.stderr is not None
+            waiting = p.stderr.readline().decode()
+            assert waiting.startswith(f"{who}: the snapshot database cannot be reached ("), waiting
+        assert all(p.poll() is None for p in started)
+        proxy.restore()
+        engine_err = started[0].stderr
+        assert engine_err is not None
+        lines = (x.decode() for x in iter(engine_err.readline, b""))
+        up = next(x for x in lines if "cannot be reached" not in x)
+        assert up.startswith("crowdtally engine: redis store"), up
+        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}") as client:
+            wait_healthy(client, 60, started[1])
+            assert client.get("/readyz").json()["snapshot_db"] == "ok"
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
+        RedisStore(REDIS_URL, prefix).flush_prefix()
