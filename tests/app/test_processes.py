@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -72,6 +73,47 @@ class Layout:
             p.kill()
             p.wait()
         RedisStore(REDIS_URL, self.prefix).flush_prefix()
+
+
+@contextlib.contextmanager
+def waiting_api_and_engine(
+    env: dict[str, str], folder: Path, what: str
+) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], int]]:
+    """``crowdtally engine`` and ``crowdtally serve --no-engine`` started while ``what`` (the
+    store, the snapshot database) cannot be reached, once each said it waits: (engine, API,
+    the API's port); killed after."""
+    api_port = free_port()
+    started = [
+        subprocess.Popen([*CLI, *args], env=env, cwd=folder, stderr=subprocess.PIPE)
+        for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
+    ]
+    try:
+        for p, who in zip(started, ("crowdtally engine", "crowdtally"), strict=True):
+            assert p.stderr is not None
+            lines = (x.decode() for x in iter(p.stderr.readline, b""))
+            waiting = next(x for x in lines if not x.startswith("crowdtally: redis store"))
+            assert waiting.startswith(f"{who}: {what} cannot be reached ("), waiting
+        assert all(p.poll() is None for p in started)
+        yield started[0], started[1], api_port
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
+
+
+def started_after_waiting(
+    engine: subprocess.Popen[bytes], api: subprocess.Popen[bytes], api_port: int
+) -> None:
+    """The engine's line that it runs, after those that it waits; the API healthy."""
+    assert engine.stderr is not None
+    lines = (x.decode() for x in iter(engine.stderr.readline, b""))
+    up = next(x for x in lines if "cannot be reached" not in x)
+    assert up.startswith("crowdtally engine: redis store"), up
+    with httpx.Client(base_url=f"http://127.0.0.1:{api_port}") as client:
+        wait_healthy(client, 60, api)
+    assert engine.poll() is None and api.poll() is None
 
 
 @pytest.fixture

@@ -14,15 +14,14 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import orjson
 
 from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
-from app.testing import free_port, wait_healthy
+from app.testing import free_port
 from core.nominal import NominalConfig
 from tests.app.conftest import ADMIN, start_redis
-from tests.app.test_processes import CLI
+from tests.app.test_processes import CLI, started_after_waiting, waiting_api_and_engine
 
 
 def test_acknowledged_labels_survive_a_redis_crash_with_aof(tmp_path: Path) -> None:
@@ -63,33 +62,12 @@ def test_an_api_and_an_engine_started_before_their_redis_wait_for_it(tmp_path: P
     port = free_port()
     env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": f"redis://127.0.0.1:{port}/0",
            "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
-    api_port = free_port()
-    started = [
-        subprocess.Popen([*CLI, *args], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
-        for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
-    ]
     proc = None
     try:
-        for p, who in zip(started, ("crowdtally engine", "crowdtally"), strict=True):
-            assert p.stderr is not None
-            lines = (x.decode() for x in iter(p.stderr.readline, b""))
-            waiting = next(x for x in lines if not x.startswith("crowdtally: redis store"))
-            assert waiting.startswith(f"{who}: the store cannot be reached"), waiting
-        proc = start_redis(port, tmp_path)
-        engine_err = started[0].stderr
-        assert engine_err is not None
-        lines = (x.decode() for x in iter(engine_err.readline, b""))
-        up = next(x for x in lines if "cannot be reached" not in x)
-        assert up.startswith("crowdtally engine: redis store"), up
-        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}") as client:
-            wait_healthy(client, 60, started[1])
-        assert all(p.poll() is None for p in started)
+        with waiting_api_and_engine(env, tmp_path, "the store") as (engine, api, api_port):
+            proc = start_redis(port, tmp_path)
+            started_after_waiting(engine, api, api_port)
     finally:
-        for p in started:
-            p.kill()
-            p.wait()
-            if p.stderr is not None:
-                p.stderr.close()
         if proc is not None:
             proc.kill()
             proc.wait()

@@ -7,7 +7,6 @@ finish it when sent again."""
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,8 @@ from sqlalchemy.engine import make_url
 
 from app.api import create_app
 from app.store.redis_store import RedisStore
-from app.testing import free_port, wait_healthy
 from tests.app.conftest import ADMIN, REDIS_URL, fresh_postgres, make_store, service_settings
-from tests.app.test_processes import CLI
+from tests.app.test_processes import started_after_waiting, waiting_api_and_engine
 from tests.tcp_proxy import Proxy
 
 
@@ -102,30 +100,11 @@ def test_an_api_and_an_engine_started_before_their_database_answers_wait_for_it(
     env = {**os.environ, "CROWDTALLY_STORE": "redis", "REDIS_URL": REDIS_URL,
            "CROWDTALLY_REDIS_PREFIX": prefix, "CROWDTALLY_DATABASE_URL": url,
            "CROWDTALLY_DATA_DIR": str(tmp_path), "CROWDTALLY_ADMIN_KEY": ADMIN}  # fmt: skip
-    api_port = free_port()
-    started = [
-        subprocess.Popen([*CLI, *args], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
-        for args in (["engine"], ["serve", "--no-engine", "--port", str(api_port)])
-    ]
     try:
-        for p, who in zip(started, ("crowdtally engine", "crowdtally"), strict=True):
-            assert p.stderr is not None
-            waiting = p.stderr.readline().decode()
-            assert waiting.startswith(f"{who}: the snapshot database cannot be reached ("), waiting
-        assert all(p.poll() is None for p in started)
-        proxy.restore()
-        engine_err = started[0].stderr
-        assert engine_err is not None
-        lines = (x.decode() for x in iter(engine_err.readline, b""))
-        up = next(x for x in lines if "cannot be reached" not in x)
-        assert up.startswith("crowdtally engine: redis store"), up
-        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}") as client:
-            wait_healthy(client, 60, started[1])
-            assert client.get("/readyz").json()["snapshot_db"] == "ok"
+        with waiting_api_and_engine(env, tmp_path, "the snapshot database") as (engine, api, port):
+            proxy.restore()
+            started_after_waiting(engine, api, port)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+                assert client.get("/readyz").json()["snapshot_db"] == "ok"
     finally:
-        for p in started:
-            p.kill()
-            p.wait()
-            if p.stderr is not None:
-                p.stderr.close()
         RedisStore(REDIS_URL, prefix).flush_prefix()
