@@ -22,7 +22,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.store.archive import SnapshotDB
 from app.store.base import Store
@@ -147,10 +146,7 @@ class _StoreCollector(Collector):
             "does not",
         )
         if svc is not None:
-            try:
-                infos = svc.db.infos()
-            except SQLAlchemyError:  # (the other series still scraped)
-                infos = None
+            infos = svc.db.infos_if_reachable()  # (None: the other series still scraped)
             db_up.add_metric([], 0.0 if infos is None else 1.0)
             latest = {i.project: i for i in infos or []}  # ordered by position
             now = time.time()

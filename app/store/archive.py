@@ -18,7 +18,7 @@ from typing import Any, Protocol, cast
 import orjson
 from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
@@ -169,6 +169,14 @@ class SnapshotDB:
             q = q.where(SnapshotRow.project == project)
         with self.engine.connect() as c:
             return [SnapshotInfo(**r._mapping) for r in c.execute(q)]
+
+    def infos_if_reachable(self) -> list[SnapshotInfo] | None:
+        """``infos()``, or None while the database cannot be used (down, or failing): what
+        the service's probes (``/readyz``, ``/metrics``) report instead of failing with it."""
+        try:
+            return self.infos()
+        except SQLAlchemyError:
+            return None
 
     def latest(self, project: str) -> tuple[SnapshotInfo, bytes] | None:
         with Session(self.engine) as s:

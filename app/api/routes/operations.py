@@ -6,7 +6,6 @@ import time
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.api import metrics
 from app.api.deps import ServiceDep
@@ -50,11 +49,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     snapshot_error = snap.last_error if snap else None
     now = time.time()
     ages: dict[str, float] = {}
-    try:
-        infos, snapshot_db = svc.db.infos(), "ok"
-    except SQLAlchemyError as err:  # (this process serves on: the store holds what it serves)
-        infos, snapshot_db = [], f"unreachable: {type(err).__name__}"
-    for info in infos:
+    infos = svc.db.infos_if_reachable()  # (None: this process serves on from the store)
+    for info in infos or []:
         ages[info.project] = now - info.created_at
     ready = ok and not wiped and engine_error is None and snapshot_error is None and not restoring
     body = {
@@ -70,7 +66,7 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         "snapshot_age_s": ages,
         "snapshot_error": snapshot_error,
         # the snapshot database: while it cannot be read, archives and snapshots wait
-        "snapshot_db": snapshot_db,
+        "snapshot_db": "ok" if infos is not None else "unreachable",
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 
