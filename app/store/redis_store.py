@@ -768,16 +768,17 @@ class RedisStore:
         refuses every command queued in a transaction, reads too: then as a plain pipeline,
         which reads what one transaction would, as every write is refused meanwhile (the
         engine's and the appends' alike), so reads go on while the store is full."""
-        for transaction in (True, False):
+
+        def run(transaction: bool) -> list[Any]:
             pipe = self.r.pipeline(transaction=transaction)
             for read in reads:
                 read(pipe)
-            try:
-                return pipe.execute()  # type: ignore[no-any-return]
-            except redis.exceptions.OutOfMemoryError:
-                if not transaction:
-                    raise
-        raise AssertionError("unreachable")
+            return pipe.execute()  # type: ignore[no-any-return]
+
+        try:
+            return run(transaction=True)
+        except redis.exceptions.OutOfMemoryError:
+            return run(transaction=False)
 
     def log_start(self, project: str) -> int:
         first, seq = self._read_together(
