@@ -766,8 +766,9 @@ class RedisStore:
     def _read_together(self, *reads: Callable[[Any], object]) -> list[Any]:
         """Each of ``reads`` (a call on a pipeline) in one transaction. Redis at its maxmemory
         refuses every command queued in a transaction, reads too: then as a plain pipeline,
-        which reads what one transaction would, as every write is refused meanwhile (the
-        engine's and the appends' alike), so reads go on while the store is full."""
+        so reads go on while the store is full. It reads what one transaction would, as the
+        writes that change these keys (the engine's state, appends) are refused meanwhile;
+        only a deletion's DELs are not, and a read beside one may see part of it."""
 
         def run(transaction: bool) -> list[Any]:
             pipe = self.r.pipeline(transaction=transaction)
