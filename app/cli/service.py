@@ -6,7 +6,8 @@ import contextlib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -275,11 +276,46 @@ def refuse_eviction(node: str, memory: Mapping[str, object]) -> None:
                          "maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction)")  # fmt: skip
 
 
+def cluster_nodes(client: Any, url: str) -> dict[str, str]:
+    """The other nodes of the cluster ``client`` (at ``url``) is a node of, by address, each
+    with the URL that reaches it as ``url`` reaches this one (its user, password, scheme and
+    database); none if the cluster keeps its list to itself."""
+    from redis.exceptions import RedisError
+
+    try:
+        nodes = client.execute_command("CLUSTER NODES")
+    except RedisError:
+        return {}
+    parts = urlsplit(url)
+    user = parts.netloc.rpartition("@")[0]
+    return {
+        address: parts._replace(netloc=f"{user}@{address}" if user else address).geturl()
+        for address, node in nodes.items()
+        if "myself" not in node["flags"]
+    }
+
+
+def node_memory(url: str) -> Mapping[str, object]:
+    """``INFO memory`` of the Redis at ``url``; empty if it does not answer (it is then the
+    client's to find, as a down Redis is)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    with contextlib.closing(client):
+        try:
+            memory: Mapping[str, object] = client.info("memory")
+        except redis.exceptions.RedisError:
+            return {}
+    return memory
+
+
 def check_redis(url: str, cluster: bool = False) -> None:
     """A Redis that answers but refuses the URL (a database index it lacks, a wrong password),
     or whose cluster mode is not the one ``cluster`` (CROWDTALLY_REDIS_CLUSTER) says, is one
     error line (a plain Redis named as a cluster's node was retried every second for ever); one
-    that cannot be reached is waited for, as before. With ``cluster``, the URL's first node."""
+    that cannot be reached is waited for, as before. With ``cluster``, the URL's first node,
+    and for eviction every node the cluster lists (``cluster_nodes``): a replica is a primary
+    after a failover."""
     import redis
     from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
@@ -300,7 +336,10 @@ def check_redis(url: str, cluster: bool = False) -> None:
             memory = client.info("memory")
         except (ConnectionError, TimeoutError, ResponseError):
             return  # (a Redis that keeps INFO to itself: its mode is left for the client to find)
+        others = cluster_nodes(client, node) if cluster and in_cluster else {}
     refuse_eviction(node, memory)
+    for address, other in others.items():
+        refuse_eviction(address, node_memory(other))
     if cluster and not in_cluster:
         raise InputError("CROWDTALLY_REDIS_CLUSTER", None, f"true, but {node} is a single Redis "
                          "(not in cluster mode): leave it unset for one Redis")  # fmt: skip

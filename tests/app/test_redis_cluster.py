@@ -313,3 +313,28 @@ def test_a_project_is_put_back_on_a_wiped_cluster_once() -> None:
     finally:
         store.flush_prefix()
         store.close()
+
+
+def test_a_cluster_node_that_would_evict_labels_is_refused_whichever_it_is() -> None:
+    """Eviction is asked of every node the cluster lists, not only of the URL's first: a
+    replica set to ``allkeys-lru`` would drop label logs and ids once a failover made it a
+    primary. The error line names that node."""
+    from app.cli.service import check_redis
+    from app.io.input import InputError
+
+    url = cluster_url()
+    first = url.split(",")[0]
+    listed = redis.Redis.from_url(first).execute_command("CLUSTER NODES")
+    replica = next(address for address, node in listed.items() if "slave" in node["flags"])
+    other = redis.Redis.from_url(f"redis://{replica}/0")
+    try:
+        other.config_set("maxmemory", "100mb")
+        other.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(InputError, match=rf"{replica} evicts keys at its maxmemory"):
+            check_redis(first, cluster=True)
+        other.config_set("maxmemory-policy", "volatile-lru")
+        check_redis(first, cluster=True)
+    finally:
+        other.config_set("maxmemory", 0)
+        other.config_set("maxmemory-policy", "noeviction")
+        other.close()
