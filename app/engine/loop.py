@@ -332,8 +332,9 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if not self.store.ping():
-                    raise  # the store, not the project: the whole step failed
+                if not self.store.ping() or self.store.is_full(exc):
+                    raise  # the store, not the project: the whole step failed (the engines
+                    # kept, their state written again once the store takes it)
                 self._fail(name, record, exc)
                 continue
             if failure is not None:
@@ -825,7 +826,10 @@ class EngineLoop:
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
             except Exception as exc:  # keep serving; report in /readyz and the log
-                log.exception("engine step failed")
+                if self.store.is_full(exc):  # (one line a second while it lasts)
+                    log.error("engine step failed, tried again in a second: %s", exc)
+                else:
+                    log.exception("engine step failed")
                 self.last_error = repr(exc)
                 self.store.recover()
                 done = 0

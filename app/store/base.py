@@ -440,6 +440,12 @@ class Store(Protocol):
         ...
 
     def ping(self) -> bool: ...
+    def is_full(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this store refusing a write for want of room (Redis at its
+        maxmemory, the disk of the embedded store's folder full): nothing of the write was
+        kept, and the same write succeeds once there is room."""
+        ...
+
     def recover(self) -> None:
         """After an error reaching the store: what it needs to answer again (a Redis Cluster
         reads its layout anew, after a failover its new primaries); nothing elsewhere."""

@@ -628,6 +628,14 @@ class EmbeddedStore:
         self._appended.wait(timeout_s)  # (one process: the engine runs in the API's)
         self._appended.clear()
 
+    def is_full(self, exc: BaseException) -> bool:
+        # (SQLite rolls the transaction back, and this store changes its memory only after
+        # a commit)
+        return (
+            isinstance(exc, sqlite3.OperationalError)
+            and exc.sqlite_errorcode == sqlite3.SQLITE_FULL
+        )
+
     def ping(self) -> bool:
         with self._lock:
             return bool(self._db.execute("SELECT 1").fetchone() == (1,))

@@ -1174,6 +1174,11 @@ class RedisStore:
         # BLPOP's timeout is in seconds, fractions allowed (Redis >= 6); 0 would block for good
         self.r.blpop([self._wake_key], timeout=max(timeout_s, 0.001))
 
+    def is_full(self, exc: BaseException) -> bool:
+        # (noeviction refuses a script's or a transaction's first write past maxmemory, and
+        # then nothing of it is written)
+        return isinstance(exc, redis.exceptions.OutOfMemoryError)
+
     def ping(self) -> bool:
         try:
             return bool(self.r.ping())

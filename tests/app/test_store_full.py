@@ -13,17 +13,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
 from app.api.errors import FULL_RETRY_AFTER_S
 from app.cli.service import check_redis
+from app.engine.loop import EngineLoop
 from app.io import transfer
 from app.io.transfer import call
-from app.store.base import Store
+from app.store.base import ProjectRecord, Store
 from app.store.embedded import EmbeddedStore
 from app.store.redis_store import RedisStore
+from core.nominal import NominalConfig
 from tests.app.conftest import ADMIN, make_store, private_redis_url, service_settings
 
 
@@ -204,3 +207,45 @@ def test_an_import_into_a_full_store_says_to_run_it_again_not_to_mend_the_file(
     finally:
         transfer.RETRIES.reset(retries)
         store.close()
+
+
+def test_an_engine_whose_write_finds_redis_full_keeps_its_state_and_writes_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """A full Redis is the store's state, not the project's: the step fails as when the store
+    is unreachable (retried a second later, reported as the engine's error), the engine keeps
+    what it applied instead of being dropped, rebuilt from its snapshot and log, and retried
+    after a back-off that grew to a minute while the store stayed full; once there is room,
+    the next step writes it all. (The embedded store serves its state from memory: a full
+    disk does not stop its engine's writes.)"""
+    store = make_store("redis", tmp_path, private=True)
+    try:
+        store.create_project(
+            ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1)
+        )
+        loop = EngineLoop(store, refine_passes=0)
+        store.append("p", "labels", _payload(block(50, 0)))
+        assert loop.step() == 1
+        engine = loop.engines["p"]
+        end = store.append("p", "labels", _payload(block(50, 50))).position
+        with full(store):
+            for _ in range(3):
+                with pytest.raises(Exception) as refused:
+                    loop.step()
+                assert "p" not in loop.failed and loop.engines["p"] is engine, refused.value
+        assert store.applied_position("p") == end - 1
+        loop.run_until_idle()
+        assert loop.engines["p"] is engine and store.applied_position("p") == end
+        item = orjson.loads(store.get_item("p", block(1, 99)[0]["item"]) or b"{}")
+        assert len(item["labels"]) == 1
+    finally:
+        if isinstance(store, RedisStore):
+            store.flush_prefix()
+        store.close()
+
+
+def _payload(labels: list[dict[str, str]]) -> bytes:
+    return orjson.dumps({
+        "items": [x["item"] for x in labels], "workers": [x["worker"] for x in labels],
+        "labels": [int(x["label"] == "b") for x in labels], "weights": None,
+    })  # fmt: skip
