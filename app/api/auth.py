@@ -9,10 +9,12 @@ for ``app.api.deps.CACHE_S`` (1 s), so a revoked key stops working everywhere wi
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 from pathlib import Path
 
+from app.io.replaced import replaced
 from app.store.base import KeyRecord, Scope, Store
 
 _RANK = {"read": 0, "write": 1, "admin": 2}
@@ -55,11 +57,14 @@ def rotate_admin_key(store: Store, key_file: Path | None) -> tuple[str, KeyRecor
 
 
 def _write_key_file(key_file: Path, key: str) -> None:
+    """``key`` in ``key_file``, whole or not at all, readable by its owner alone from the
+    moment it exists (created 0600, not narrowed after being written)."""
     key_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = key_file.with_name(key_file.name + ".tmp")
-    tmp.write_text(key + "\n", encoding="utf-8")
-    tmp.chmod(0o600)
-    tmp.replace(key_file)
+    with replaced(key_file) as tmp:
+        tmp.unlink(missing_ok=True)  # (one left by a crash keeps its rights when reopened)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(key + "\n")
 
 
 def allows(record: KeyRecord, scope: Scope, project: str | None) -> bool:

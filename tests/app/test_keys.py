@@ -3,10 +3,12 @@ revoked key stays revoked across API processes (within the 1 s cache) and a rebu
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api import create_app
@@ -168,3 +170,30 @@ def test_keys_table_migrates_and_holds_no_secret(tmp_path: Path) -> None:
         secret = c.post("/v1/projects/p/keys", json={"scope": "write"}).json()["api_key"]
     files = b"".join(f.read_bytes() for f in tmp_path.glob("crowdtally.sqlite3*"))
     assert secret.encode() not in files and key_hash(secret).encode() in files
+
+
+def test_the_admin_key_file_is_its_owner_s_alone_from_its_first_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key file (and the temporary it is written to first) is created readable by its
+    owner only, whatever the umask: not written world-readable and narrowed afterwards, which
+    left another user of the machine an instant to read the new admin key (with chmod out of
+    play, as that instant would find it, the file must still be 0600). A temporary left by a
+    crash with looser rights is not written into."""
+    store = make_store("embedded", tmp_path)
+    key_file = tmp_path / "data" / "admin.key"
+    key_file.parent.mkdir()
+    left = key_file.with_name(key_file.name + ".tmp")
+    left.write_text("stale\n", encoding="utf-8")
+    left.chmod(0o644)
+    monkeypatch.setattr(os, "chmod", lambda *_a, **_k: None)
+    monkeypatch.setattr(Path, "chmod", lambda *_a, **_k: None)
+    old = os.umask(0)
+    try:
+        key, _, _ = rotate_admin_key(store, key_file)
+    finally:
+        os.umask(old)
+        store.close()
+    assert key_file.read_text(encoding="utf-8") == key + "\n"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert not left.exists()
