@@ -7,6 +7,7 @@ finish it when sent again."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +45,9 @@ def test_the_snapshot_database_going_away_is_a_503_not_a_500(
     url, proxy = proxied_postgres
     store = make_store("redis", tmp_path)
     assert isinstance(store, RedisStore)
-    settings = service_settings(tmp_path, database_url=url, engine_in_process=True)
+    settings = service_settings(
+        tmp_path, database_url=url, engine_in_process=True, snapshot_interval_s=0.1
+    )
     app = create_app(settings, store=store)
     try:
         with TestClient(app, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
@@ -57,6 +60,14 @@ def test_the_snapshot_database_going_away_is_a_503_not_a_500(
             ready = c.get("/readyz")  # (a 500 before: the probe itself failed)
             assert ready.status_code == 200 and ready.json()["ready"], ready.text
             assert ready.json()["snapshot_db"] == "unreachable"
+            # the in-process engine's next snapshot fails: reported, and still ready (it
+            # answered 503 not ready once a snapshot had been tried)
+            deadline = time.monotonic() + 30
+            while (ready := c.get("/readyz")).json()["snapshot_error"] is None:
+                assert time.monotonic() < deadline, ready.text
+                c.post("/v1/projects/p/labels", json=[{"item": "i0", "worker": "w2", "label": "b"}])
+                time.sleep(0.1)
+            assert ready.status_code == 200 and ready.json()["ready"], ready.text
             metrics = c.get("/metrics")
             assert metrics.status_code == 200 and "crowdtally_snapshot_db_up 0.0" in metrics.text
             assert "crowdtally_store_up 1.0" in metrics.text

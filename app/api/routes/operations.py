@@ -52,7 +52,9 @@ def readyz(svc: ServiceDep) -> JSONResponse:
     infos = svc.db.infos_if_reachable()  # (None: this process serves on from the store)
     for info in infos or []:
         ages[info.project] = now - info.created_at
-    ready = ok and not wiped and engine_error is None and snapshot_error is None and not restoring
+    # (a snapshot that failed is reported, not a reason to stop serving: the store holds
+    # everything acknowledged, and the snapshot is tried again; docs/deploy.md)
+    ready = ok and not wiped and engine_error is None and not restoring
     body = {
         "ready": ready,
         "store": "wiped: being rebuilt from SQL" if wiped else "ok" if ok else "unreachable",
