@@ -27,6 +27,7 @@ from starlette.routing import Match, Mount
 
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import StoreWipedError, UnknownProjectError
+from app.store.embedded import sqlite_full
 from app.store.redis_store import NotReplicatedError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -296,11 +297,8 @@ async def _redis_full(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _sqlite_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, sqlite3.OperationalError)
-    if exc.sqlite_errorcode != sqlite3.SQLITE_FULL:
+    if not sqlite_full(exc):
         raise exc  # (anything else stays a 500, logged with its traceback)
-    # SQLite rolls a transaction back on SQLITE_FULL, and the embedded store changes its
-    # in-memory state only after the commit
     return _full("the store is full: the disk of the data folder has no room (free some)")
 
 

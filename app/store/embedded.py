@@ -104,6 +104,13 @@ so it costs the same however long the log is (without the deployment it scanned 
 table: 2.2 ms a read at 5,000 entries of 1,000 labels, growing with the log)."""
 
 
+def sqlite_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite finding no room on its disk (SQLITE_FULL). SQLite rolls the
+    transaction back, and this store changes what it holds in memory only after a commit:
+    nothing of the write was kept."""
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode == sqlite3.SQLITE_FULL
+
+
 class EmbeddedStore:
     log_in_sql = True
 
@@ -629,12 +636,7 @@ class EmbeddedStore:
         self._appended.clear()
 
     def is_full(self, exc: BaseException) -> bool:
-        # (SQLite rolls the transaction back, and this store changes its memory only after
-        # a commit)
-        return (
-            isinstance(exc, sqlite3.OperationalError)
-            and exc.sqlite_errorcode == sqlite3.SQLITE_FULL
-        )
+        return sqlite_full(exc)
 
     def ping(self) -> bool:
         with self._lock:
