@@ -83,6 +83,9 @@ over all the projects of an engine: with many projects gone quiet at once, their
 entries come one after another instead of all in the same steps, ahead of new labels. The
 projects take turns, an entry each: the sweep of a project of 45.7M labels (8,000 slices)
 held every other project's first sweep back for minutes while it ran whole."""
+MOVING_WAIT_S = 0.1
+"""How long a step that found a Redis Cluster slot moving waits before the next (a slot's
+keys move within moments; other failures wait a second)."""
 QUIET_RECHECK_S = 5.0
 """Every project's log is looked at again within this long, moved or not, a share of the
 projects at each step (``_recheck_turn``): the bound on how late an append whose record in
@@ -332,7 +335,7 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if not self.store.ping() or self.store.is_full(exc):
+                if self._store_failed(exc):
                     raise  # the store, not the project: the whole step failed (the engines
                     # kept, their state written again once the store takes it)
                 self._fail(name, record, exc)
@@ -346,6 +349,11 @@ class EngineLoop:
             if not applied and name in self._quiet and self._nothing_due(name):
                 self._dormant.add(name)
         return done
+
+    def _store_failed(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the store's, not a project's: unreachable, full, or a Redis
+        Cluster moving the project's keys between nodes (a resharding)."""
+        return self.store.is_moving(exc) or self.store.is_full(exc) or not self.store.ping()
 
     def _nothing_due(self, name: str) -> bool:
         """Nothing for this loop to do for the project until its log moves: no sweep due,
@@ -817,7 +825,7 @@ class EngineLoop:
                 daemon=True,
             )
             self._renewer.start()
-        idle_wait = self.poll_s
+        idle_wait, waited = self.poll_s, False
         while not self._stop.is_set():
             try:
                 done = self.step()
@@ -826,15 +834,27 @@ class EngineLoop:
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
             except Exception as exc:  # keep serving; report in /readyz and the log
-                if self.store.is_full(exc):  # (one line a second while it lasts)
-                    log.error("engine step failed, tried again in a second: %s", exc)
-                else:
-                    log.exception("engine step failed")
-                self.last_error = repr(exc)
-                self.store.recover()
-                done = 0
-                self._stop.wait(1.0)
+                waited, done = self._step_failed(exc, waited), 0
+            else:
+                waited = False
             idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s
+
+    def _step_failed(self, exc: Exception, waited: bool) -> bool:
+        """Log a failed step and wait before the next: 0.1 s while a Redis Cluster slot
+        settles (one line for the whole wait: ``waited`` when the step before failed so too),
+        else a second. Returns whether that was the wait."""
+        moving = self.store.is_moving(exc)
+        if moving:
+            if not waited:
+                log.warning("engine step waits for the store's slot to settle: %s", exc)
+        elif self.store.is_full(exc):  # (one line a second while it lasts)
+            log.error("engine step failed, tried again in a second: %s", exc)
+        else:
+            log.exception("engine step failed")
+        self.last_error = repr(exc)
+        self.store.recover()
+        self._stop.wait(MOVING_WAIT_S if moving else 1.0)
+        return moving
 
     def halt(self, reason: str) -> None:
         """Stop applying for good (another engine applies the projects now): the reason is

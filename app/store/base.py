@@ -446,6 +446,13 @@ class Store(Protocol):
         kept, and the same write succeeds once there is room."""
         ...
 
+    def is_moving(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a Redis Cluster refusing a command while it moves the command's
+        keys between nodes (a resharding: ``TRYAGAIN``, redirections that outlasted the
+        client's retries) or while a slot has no primary: the command was refused whole, and
+        the same command succeeds a moment later, once the slot has settled."""
+        ...
+
     def recover(self) -> None:
         """After an error reaching the store: what it needs to answer again (a Redis Cluster
         reads its layout anew, after a failover its new primaries); nothing elsewhere."""

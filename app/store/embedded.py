@@ -638,6 +638,9 @@ class EmbeddedStore:
     def is_full(self, exc: BaseException) -> bool:
         return sqlite_full(exc)
 
+    def is_moving(self, exc: BaseException) -> bool:
+        return False  # (one file: no keys move)
+
     def ping(self) -> bool:
         with self._lock:
             return bool(self._db.execute("SELECT 1").fetchone() == (1,))

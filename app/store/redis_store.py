@@ -40,6 +40,16 @@ from app.store.base import (
 )
 from app.store.item_records import grow_lists, record_size, render_values
 
+CLUSTER_MOVING: tuple[type[Exception], ...] = (
+    redis.exceptions.TryAgainError,  # a multi-key command while its slot's keys are split
+    redis.exceptions.AskError,  # (MovedError too) redirections past the client's retries
+    redis.exceptions.ClusterError,  # ClusterDownError, and "TTL exhausted" after the retries
+    redis.exceptions.SlotNotCoveredError,  # a slot no primary serves yet
+)
+"""What a Redis Cluster answers while it moves a slot's keys between nodes or elects a
+primary (``RedisStore.is_moving``): the command was refused whole, and succeeds once the
+slot has settled."""
+
 # The lag (ms) of a project, as a Lua function of the log stream, its served state, its
 # sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
 # has waited, from its append time (field 't'; 0 when it has none: put back by a restore), or
@@ -1178,6 +1188,9 @@ class RedisStore:
         # (noeviction refuses a script's or a transaction's first write past maxmemory, and
         # then nothing of it is written)
         return isinstance(exc, redis.exceptions.OutOfMemoryError)
+
+    def is_moving(self, exc: BaseException) -> bool:
+        return isinstance(exc, CLUSTER_MOVING)
 
     def ping(self) -> bool:
         try:
