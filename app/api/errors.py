@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
+from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.exc import OperationalError as DatabaseOperationalError
@@ -28,7 +29,7 @@ from starlette.routing import Match, Mount
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import StoreWipedError, UnknownProjectError
 from app.store.embedded import sqlite_full
-from app.store.redis_store import CLUSTER_MOVING, NotReplicatedError
+from app.store.redis_store import STORE_MOVING, NotReplicatedError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -41,8 +42,8 @@ NOT_APPLIED: dict[str, Any] = {
 RETRY_AFTER_S = 2
 """What a 503 asks the client to wait (``Retry-After``) while the store is unreachable."""
 MOVING_RETRY_AFTER_S = 1
-"""What a 503 asks the client to wait while a Redis Cluster moves the request's keys between
-nodes: a slot settles within moments."""
+"""What a 503 asks the client to wait while Redis moves (a Redis Cluster's slot between nodes,
+a failover's primary): a slot settles within moments."""
 FULL_RETRY_AFTER_S = 10
 """What a 507 asks the client to wait: room comes back as the engine archives and trims the
 log (Redis) or as someone frees the disk, not within a second or two."""
@@ -274,16 +275,22 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
 
 async def _store_moving(request: Request, exc: Exception) -> JSONResponse:
     # a Redis Cluster resharding (the slot's keys split between two nodes: TRYAGAIN) or
-    # electing a primary: the command was refused whole, so the request changed nothing
-    log.warning("store slot moving: %s", exc)
+    # electing a primary, or a Redis that a failover made a replica (READONLY): the command
+    # was refused whole, so the request changed nothing
+    log.warning("store moving: %s", exc)
     svc = getattr(request.app.state, "service", None)
-    if svc is not None:  # the cluster's layout read anew, for the next request
+    if svc is not None:  # the cluster's layout read anew, or new connections, for the next
         await run_in_threadpool(svc.store.recover)
-    message = (
-        "the store is moving this project's keys between its nodes (a Redis Cluster "
-        f"resharding or failover: {type(exc).__name__}); nothing was changed: retry"
+    if isinstance(exc, ReadOnlyError):
+        why = "the store's node no longer takes writes (a failover made it a replica)"
+    else:
+        why = (
+            "the store is moving this project's keys between its nodes (a Redis Cluster "
+            f"resharding or failover: {type(exc).__name__})"
+        )
+    return _retry_later(
+        503, "store_unavailable", f"{why}; nothing was changed: retry", MOVING_RETRY_AFTER_S
     )
-    return _retry_later(503, "store_unavailable", message, MOVING_RETRY_AFTER_S)
 
 
 async def _database_down(_: Request, exc: Exception) -> JSONResponse:
@@ -343,7 +350,7 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
     app.add_exception_handler(RedisOutOfMemoryError, _redis_full)
-    for moving in CLUSTER_MOVING:
+    for moving in STORE_MOVING:
         app.add_exception_handler(moving, _store_moving)
     app.add_exception_handler(DatabaseOperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)

@@ -83,9 +83,6 @@ over all the projects of an engine: with many projects gone quiet at once, their
 entries come one after another instead of all in the same steps, ahead of new labels. The
 projects take turns, an entry each: the sweep of a project of 45.7M labels (8,000 slices)
 held every other project's first sweep back for minutes while it ran whole."""
-MOVING_WAIT_S = 0.1
-"""How long a step that found a Redis Cluster slot moving waits before the next (a slot's
-keys move within moments; other failures wait a second)."""
 QUIET_RECHECK_S = 5.0
 """Every project's log is looked at again within this long, moved or not, a share of the
 projects at each step (``_recheck_turn``): the bound on how late an append whose record in
@@ -351,8 +348,8 @@ class EngineLoop:
         return done
 
     def _store_failed(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the store's, not a project's: unreachable, full, or a Redis
-        Cluster moving the project's keys between nodes (a resharding)."""
+        """Whether ``exc`` is the store's, not a project's: unreachable, full, or moving (a
+        Redis Cluster's slot between nodes, a failover's primary)."""
         return self.store.is_moving(exc) or self.store.is_full(exc) or not self.store.ping()
 
     def _nothing_due(self, name: str) -> bool:
@@ -840,20 +837,21 @@ class EngineLoop:
             idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s
 
     def _step_failed(self, exc: Exception, waited: bool) -> bool:
-        """Log a failed step and wait before the next: 0.1 s while a Redis Cluster slot
-        settles (one line for the whole wait: ``waited`` when the step before failed so too),
-        else a second. Returns whether that was the wait."""
+        """Log a failed step, then wait a second before the next. Redis moving (a slot, a
+        primary: ``Store.is_moving``) is one line for the whole wait (``waited``: the step
+        before failed so too), a full store one line a second, anything else its traceback.
+        Returns whether Redis was moving."""
         moving = self.store.is_moving(exc)
         if moving:
             if not waited:
-                log.warning("engine step waits for the store's slot to settle: %s", exc)
-        elif self.store.is_full(exc):  # (one line a second while it lasts)
+                log.warning("engine step waits for the store to settle: %s", exc)
+        elif self.store.is_full(exc):
             log.error("engine step failed, tried again in a second: %s", exc)
         else:
             log.exception("engine step failed")
         self.last_error = repr(exc)
         self.store.recover()
-        self._stop.wait(MOVING_WAIT_S if moving else 1.0)
+        self._stop.wait(1.0)
         return moving
 
     def halt(self, reason: str) -> None:

@@ -447,10 +447,11 @@ class Store(Protocol):
         ...
 
     def is_moving(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is a Redis Cluster refusing a command while it moves the command's
-        keys between nodes (a resharding: ``TRYAGAIN``, redirections that outlasted the
-        client's retries) or while a slot has no primary: the command was refused whole, and
-        the same command succeeds a moment later, once the slot has settled."""
+        """Whether ``exc`` is Redis refusing a command while it moves: a Redis Cluster moving
+        the command's keys between nodes (a resharding: ``TRYAGAIN``, redirections that
+        outlasted the client's retries) or with a slot that has no primary, or a node that a
+        failover made a replica (``READONLY``). The command was refused whole, and succeeds
+        once the slot or the primary has settled."""
         ...
 
     def recover(self) -> None:

@@ -40,15 +40,17 @@ from app.store.base import (
 )
 from app.store.item_records import grow_lists, record_size, render_values
 
-CLUSTER_MOVING: tuple[type[Exception], ...] = (
+STORE_MOVING: tuple[type[Exception], ...] = (
     redis.exceptions.TryAgainError,  # a multi-key command while its slot's keys are split
     redis.exceptions.AskError,  # (MovedError too) redirections past the client's retries
     redis.exceptions.ClusterError,  # ClusterDownError, and "TTL exhausted" after the retries
     redis.exceptions.SlotNotCoveredError,  # a slot no primary serves yet
+    redis.exceptions.ReadOnlyError,  # a write to a node that turned replica (a failover)
 )
-"""What a Redis Cluster answers while it moves a slot's keys between nodes or elects a
-primary (``RedisStore.is_moving``): the command was refused whole, and succeeds once the
-slot has settled."""
+"""What Redis answers while it moves: a Redis Cluster moving a slot's keys between nodes or
+electing a primary, a node demoted to replica by a failover (``RedisStore.is_moving``). The
+command was refused whole (a script or a transaction fails at its first write, which a
+replica refuses), and succeeds once the slot or the primary has settled."""
 
 # The lag (ms) of a project, as a Lua function of the log stream, its served state, its
 # sequence and Redis' clock (TIME, in ms): how long the first entry past the applied position
@@ -1190,7 +1192,7 @@ class RedisStore:
         return isinstance(exc, redis.exceptions.OutOfMemoryError)
 
     def is_moving(self, exc: BaseException) -> bool:
-        return isinstance(exc, CLUSTER_MOVING)
+        return isinstance(exc, STORE_MOVING)
 
     def ping(self) -> bool:
         try:
@@ -1202,10 +1204,15 @@ class RedisStore:
         """On a cluster, its slots and primaries read anew. redis-py looks up the keys of a
         cluster pipeline's commands on its default node (COMMAND GETKEYS) and, when that
         primary died, goes on asking it: every pipeline then fails, even once its replica
-        has taken over, until the layout is read again (which picks a live default node)."""
+        has taken over, until the layout is read again (which picks a live default node).
+        On a single Redis, its idle connections closed: a READONLY reply leaves its
+        connection open to a node that a failover made a replica, and new connections find
+        the primary that the address now names."""
         if self.cluster:
             with contextlib.suppress(redis.RedisError):
                 self.r.nodes_manager.initialize()
+        else:
+            self.r.connection_pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
         if self.cluster:  # RedisCluster.close leaves its nodes' connection pools open
