@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import ReadOnlyError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.exc import OperationalError as DatabaseOperationalError
@@ -29,7 +30,7 @@ from starlette.routing import Match, Mount
 from app.api.schemas import NO_CONTROL, NO_CONTROL_MESSAGE, ErrorResponse
 from app.store.base import StoreWipedError, UnknownProjectError
 from app.store.embedded import sqlite_full
-from app.store.redis_store import STORE_MOVING, NotReplicatedError
+from app.store.redis_store import STORE_MOVING, NotReplicatedError, cannot_save
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -320,6 +321,13 @@ async def _redis_full(_: Request, exc: Exception) -> JSONResponse:
     return _full("the store is full: Redis reached its maxmemory (raise it, or free memory)")
 
 
+async def _redis_refused(_: Request, exc: Exception) -> JSONResponse:
+    if not cannot_save(exc):
+        raise exc  # (anything else stays a 500, logged with its traceback)
+    # refused whole, as past its maxmemory: writes are taken again once Redis can save
+    return _full("the store is full: Redis cannot save to its disk (MISCONF; free its disk)")
+
+
 async def _sqlite_error(_: Request, exc: Exception) -> JSONResponse:
     if not sqlite_full(exc):
         raise exc  # (anything else stays a 500, logged with its traceback)
@@ -350,6 +358,7 @@ def add_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
     app.add_exception_handler(RedisOutOfMemoryError, _redis_full)
+    app.add_exception_handler(RedisResponseError, _redis_refused)
     for moving in STORE_MOVING:
         app.add_exception_handler(moving, _store_moving)
     app.add_exception_handler(DatabaseOperationalError, _database_down)

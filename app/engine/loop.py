@@ -211,6 +211,9 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self.store_refused = False
+        """The last step failed because the store refused its writes (full, or moving): the
+        state served is the last one written, and reads go on (``/readyz`` stays ready)."""
         self._projects: dict[str, ProjectRecord] = {}
         self._catalogue_token: str | None = None
         self._quiet: set[str] = set()
@@ -827,6 +830,7 @@ class EngineLoop:
             try:
                 done = self.step()
                 self.last_error = self.halted  # (None but after a halt)
+                self.store_refused = False
                 done += self.dyadic_learned + self.queue_slices
                 if done == 0:  # back off while idle (up to 20 ms); an append cuts it short
                     self.store.wait_for_append(idle_wait)
@@ -841,15 +845,15 @@ class EngineLoop:
         primary: ``Store.is_moving``) is one line for the whole wait (``waited``: the step
         before failed so too), a full store one line a second, anything else its traceback.
         Returns whether Redis was moving."""
-        moving = self.store.is_moving(exc)
+        moving, full = self.store.is_moving(exc), self.store.is_full(exc)
         if moving:
             if not waited:
                 log.warning("engine step waits for the store to settle: %s", exc)
-        elif self.store.is_full(exc):
+        elif full:
             log.error("engine step failed, tried again in a second: %s", exc)
         else:
             log.exception("engine step failed")
-        self.last_error = repr(exc)
+        self.last_error, self.store_refused = repr(exc), moving or full
         self.store.recover()
         self._stop.wait(1.0)
         return moving

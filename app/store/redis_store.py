@@ -40,6 +40,17 @@ from app.store.base import (
 )
 from app.store.item_records import grow_lists, record_size, render_values
 
+
+def cannot_save(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing writes because it cannot save to its disk (``MISCONF``:
+    an RDB save or an AOF write failed, a full disk most often; with
+    ``stop-writes-on-bgsave-error``, Redis's default). It refuses them whole, PING too, and
+    serves reads; writes are taken again once a save succeeds. redis-py has no class for it:
+    the reply's error code is in its message (after "Command # n (...) of pipeline caused
+    error: " in a pipeline's)."""
+    return isinstance(exc, redis.exceptions.ResponseError) and "MISCONF " in str(exc)
+
+
 STORE_MOVING: tuple[type[Exception], ...] = (
     redis.exceptions.TryAgainError,  # a multi-key command while its slot's keys are split
     redis.exceptions.AskError,  # (MovedError too) redirections past the client's retries
@@ -1188,8 +1199,8 @@ class RedisStore:
 
     def is_full(self, exc: BaseException) -> bool:
         # (noeviction refuses a script's or a transaction's first write past maxmemory, and
-        # then nothing of it is written)
-        return isinstance(exc, redis.exceptions.OutOfMemoryError)
+        # then nothing of it is written; so does a Redis that cannot save to its disk)
+        return isinstance(exc, redis.exceptions.OutOfMemoryError) or cannot_save(exc)
 
     def is_moving(self, exc: BaseException) -> bool:
         return isinstance(exc, STORE_MOVING)
@@ -1197,8 +1208,8 @@ class RedisStore:
     def ping(self) -> bool:
         try:
             return bool(self.r.ping())
-        except redis.RedisError:
-            return False
+        except redis.RedisError as exc:
+            return cannot_save(exc)  # (it answered: it refuses writes, even PING, not reads)
 
     def recover(self) -> None:
         """On a cluster, its slots and primaries read anew. redis-py looks up the keys of a

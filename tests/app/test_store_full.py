@@ -40,8 +40,10 @@ def block(n: int, start: int) -> list[dict[str, str]]:
 
 
 @contextmanager
-def full(store: Store) -> Iterator[None]:
-    """The store with no room for anything new while the block runs, room again after."""
+def full(store: Store, cause: str = "memory") -> Iterator[None]:
+    """The store with no room for anything new while the block runs, room again after.
+    ``cause``: Redis at its maxmemory ("memory"), or a Redis that cannot save to its disk
+    ("disk": a failed save, Redis's MISCONF); the embedded store's disk is always full."""
     if isinstance(store, EmbeddedStore):  # SQLite's SQLITE_FULL, as a full disk gives it
         db = store._db  # (the store's one connection: the limit is the connection's)
         pages = db.execute("PRAGMA page_count").fetchone()[0]
@@ -52,12 +54,48 @@ def full(store: Store) -> Iterator[None]:
             db.execute("PRAGMA max_page_count = 4294967294")
         return
     assert isinstance(store, RedisStore)  # this process's own Redis: no other test writes there
+    if cause == "disk":
+        with cannot_save(store):
+            yield
+        return
     store.r.config_set("maxmemory-policy", "noeviction")
     store.r.config_set("maxmemory", 1)
     try:
         yield
     finally:
         store.r.config_set("maxmemory", 0)
+
+
+@contextmanager
+def cannot_save(store: RedisStore) -> Iterator[None]:
+    """Redis unable to save to its disk: a folder where its dump file goes, a save point set,
+    a save tried (it fails: MISCONF on every write until one succeeds); after, the folder
+    gone and a save that succeeds."""
+    in_the_way = (
+        Path(store.r.config_get("dir")["dir"]) / store.r.config_get("dbfilename")["dbfilename"]
+    )
+    in_the_way.unlink(missing_ok=True)
+    in_the_way.mkdir()
+    store.r.config_set("save", "3600 1")
+    try:
+        store.r.bgsave()
+        _wait_saved(store, "err")
+        yield
+    finally:
+        in_the_way.rmdir()
+        store.r.bgsave()
+        _wait_saved(store, "ok")
+        store.r.config_set("save", "")
+
+
+def _wait_saved(store: RedisStore, status: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        info = store.r.info("persistence")
+        if not info["rdb_bgsave_in_progress"] and info["rdb_last_bgsave_status"] == status:
+            return
+        assert time.monotonic() < deadline, info
+        time.sleep(0.01)
 
 
 READS = [
@@ -79,9 +117,11 @@ def applied_through(c: TestClient, position: int) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("kind", ["embedded", "redis"])
+@pytest.mark.parametrize(
+    ("kind", "cause"), [("embedded", "disk"), ("redis", "memory"), ("redis", "disk")]
+)
 def test_a_full_store_answers_507_keeps_nothing_and_takes_the_block_later(
-    kind: str, tmp_path: Path
+    kind: str, cause: str, tmp_path: Path
 ) -> None:
     store = make_store(kind, tmp_path, private=True)
     app = create_app(service_settings(tmp_path), store=store)
@@ -94,13 +134,18 @@ def test_a_full_store_answers_507_keeps_nothing_and_takes_the_block_later(
             assert first.status_code == 202, first.text
             applied_through(c, first.json()["position"])
             second = block(50, 50)
-            with full(store):
+            with full(store, cause):
                 r = c.post("/v1/projects/p/labels", json=second)
                 assert r.status_code == 507, r.text
                 assert r.json()["error"]["code"] == "store_full"
                 assert "nothing of the request was kept" in r.json()["error"]["message"]
                 assert r.headers["Retry-After"] == str(FULL_RETRY_AFTER_S)
-                for path in READS:  # reads go on
+                if kind == "redis" and cause == "disk":  # (even an idle engine writes: BLPOP)
+                    deadline = time.monotonic() + 10
+                    while c.get("/readyz").json()["engine_error"] is None:
+                        assert time.monotonic() < deadline, "the engine never met the refusal"
+                        time.sleep(0.05)
+                for path in READS:  # reads go on, /readyz ready though the engine's writes fail
                     assert c.get(path).status_code == 200, (path, c.get(path).text)
                 pair = [{"worker": "w1", "item": second[0]["item"]}]
                 assert c.post("/v1/projects/p/predictions", json=pair).status_code == 200
@@ -209,8 +254,9 @@ def test_an_import_into_a_full_store_says_to_run_it_again_not_to_mend_the_file(
         store.close()
 
 
+@pytest.mark.parametrize("cause", ["memory", "disk"])
 def test_an_engine_whose_write_finds_redis_full_keeps_its_state_and_writes_once_there_is_room(
-    tmp_path: Path,
+    cause: str, tmp_path: Path
 ) -> None:
     """A full Redis is the store's state, not the project's: the step fails as when the store
     is unreachable (retried a second later, reported as the engine's error), the engine keeps
@@ -228,7 +274,7 @@ def test_an_engine_whose_write_finds_redis_full_keeps_its_state_and_writes_once_
         assert loop.step() == 1
         engine = loop.engines["p"]
         end = store.append("p", "labels", _payload(block(50, 50))).position
-        with full(store):
+        with full(store, cause):
             for _ in range(3):
                 with pytest.raises(Exception) as refused:
                     loop.step()

@@ -45,6 +45,8 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         for name, target in (svc.store.restoring() if ok else {}).items()
     }
     engine_error = svc.engine.last_error if svc.engine else None
+    # (an engine whose writes the store refuses, full or moving a slot, serves its last state)
+    refused = svc.engine is not None and svc.engine.store_refused
     snap = svc.engine.snapshotter if svc.engine else None
     snapshot_error = snap.last_error if snap else None
     now = time.time()
@@ -54,7 +56,7 @@ def readyz(svc: ServiceDep) -> JSONResponse:
         ages[info.project] = now - info.created_at
     # (a snapshot that failed is reported, not a reason to stop serving: the store holds
     # everything acknowledged, and the snapshot is tried again; docs/deploy.md)
-    ready = ok and not wiped and engine_error is None and not restoring
+    ready = ok and not wiped and (engine_error is None or refused) and not restoring
     body = {
         "ready": ready,
         "store": "wiped: being rebuilt from SQL" if wiped else "ok" if ok else "unreachable",
