@@ -274,6 +274,15 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     return _retry_later(503, "store_unavailable", message, RETRY_AFTER_S)
 
 
+async def _database_dropped(request: Request, exc: Exception) -> JSONResponse:
+    # an error the snapshot database's engine took as a disconnect (its pool dropped): a
+    # PostgreSQL turned standby or read-only by a failover; anything else stays a 500
+    assert isinstance(exc, DBAPIError)
+    if not exc.connection_invalidated:
+        raise exc
+    return await _database_down(request, exc)
+
+
 async def _store_moving(request: Request, exc: Exception) -> JSONResponse:
     # a Redis Cluster resharding (the slot's keys split between two nodes: TRYAGAIN) or
     # electing a primary, or a Redis that a failover made a replica (READONLY): the command
@@ -363,6 +372,7 @@ def add_handlers(app: FastAPI) -> None:
         app.add_exception_handler(moving, _store_moving)
     app.add_exception_handler(DatabaseOperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
+    app.add_exception_handler(DBAPIError, _database_dropped)
     app.add_exception_handler(sqlite3.OperationalError, _sqlite_error)
     app.add_exception_handler(UnknownProjectError, _deleted)
     app.add_exception_handler(StoreWipedError, _wiped)

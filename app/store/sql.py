@@ -24,7 +24,7 @@ from sqlalchemy import (
     false,
     text,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -111,12 +111,28 @@ class SnapshotRow(Base):
     )
 
 
+READ_ONLY_SQLSTATE = "25006"
+"""PostgreSQL's read_only_sql_transaction: a write in a session of a standby or read-only
+server."""
+
+
 def sql_engine(url: str) -> Engine:
     """An engine; SQLite files get WAL and ``synchronous=NORMAL`` (durable across a crash of
     the process, the fsync at checkpoints)."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.name == "postgresql":
+
+        @event.listens_for(engine, "handle_error")
+        def _standby_drops_the_pool(ctx: ExceptionContext) -> None:
+            # A server that a failover made a standby (or one set read-only) refuses writes in
+            # every session opened on it, and the pool would keep those sessions once the
+            # address names a writable primary again: taken as a disconnect, the pool's
+            # connections are dropped and the next ones are new.
+            if getattr(ctx.original_exception, "sqlstate", None) == READ_ONLY_SQLSTATE:
+                ctx.is_disconnect = True
+
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine, "connect")

@@ -13,13 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
 from app.api import create_app
 from app.store.redis_store import RedisStore
-from tests.app.conftest import ADMIN, REDIS_URL, fresh_postgres, make_store, service_settings
+from tests.app.conftest import (
+    ADMIN,
+    PG_ADMIN_URL,
+    REDIS_URL,
+    fresh_postgres,
+    make_store,
+    service_settings,
+)
 from tests.app.test_processes import started_after_waiting, waiting_api_and_engine
 from tests.tcp_proxy import Proxy
 
@@ -119,3 +127,46 @@ def test_an_api_and_an_engine_started_before_their_database_answers_wait_for_it(
                 assert client.get("/readyz").json()["snapshot_db"] == "ok"
     finally:
         RedisStore(REDIS_URL, prefix).flush_prefix()
+
+
+def test_a_database_turned_read_only_is_a_503_and_writable_again_is_used_again(
+    tmp_path: Path,
+) -> None:
+    """A PostgreSQL that a failover made a standby (here: its sessions made read-only, the open
+    ones ended) refuses every write: the API answers 503, not 500. Once it takes writes again,
+    so does the API: the pool's sessions, opened read-only, were dropped with the refusal
+    (they made every later write a 500 until the API was restarted)."""
+    prefix = f"test-db-ro-{uuid.uuid4().hex[:8]}"
+    with fresh_postgres() as url:
+        name = make_url(url).database
+        settings = service_settings(tmp_path, store="redis", REDIS_URL=REDIS_URL,
+                                    redis_prefix=prefix, database_url=url)  # fmt: skip
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
+        try:
+            with TestClient(
+                create_app(settings), headers={"Authorization": f"Bearer {ADMIN}"}
+            ) as c:
+                assert create(c, "before").status_code == 201
+                admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                r = create(c, "during")
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "snapshot_db_unavailable"
+                assert "ReadOnlySqlTransaction" in r.json()["error"]["message"]
+                assert r.headers["Retry-After"]
+                assert c.get("/v1/projects/during").status_code == 404  # (nothing kept)
+                admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+                r = create(c, "during")
+                assert r.status_code == 201, r.text
+        finally:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            admin.close()
+            RedisStore(REDIS_URL, prefix).flush_prefix()
