@@ -117,6 +117,7 @@ SHARED_SERVICE = (
     "tests/app/test_import_export.py",  # live, service
     "tests/app/test_dashboard.py",  # served_dog
     "clients/python/tests/",  # live_server
+    "tests/app/test_redis_resharding.py",  # cluster
 )
 
 

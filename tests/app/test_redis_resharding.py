@@ -7,7 +7,7 @@ and once the slot has moved nothing acknowledged is lost or applied twice."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,17 @@ from app.store.sql import sql_engine, upgrade
 from bench.local_cluster import LocalCluster
 from tests.app.conftest import ADMIN, service_settings
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay, label_ids
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A local cluster of this module's own: its tests move slots (each a project's of its
+    own) from one primary to another."""
+    made = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield made
+    finally:
+        made.stop()
 
 
 def _node(port: int) -> redis.Redis:
@@ -75,13 +86,14 @@ class SlotMove:
 
 
 @pytest.mark.slow
-def test_an_engine_waits_out_its_project_s_slot_moving_and_loses_nothing(tmp_path: Path) -> None:
+def test_an_engine_waits_out_its_project_s_slot_moving_and_loses_nothing(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     """The slot moves a key at a time, a block appended and the engine stepped while its keys
     are split between the nodes (after the first key, and before the last): every error either side meets is the store's slot moving (``is_moving``: the
     appends refused are posted again once it has moved), the engine keeps the same project
     state throughout (never marked failed and rebuilt from a snapshot), and afterwards the
     log holds every label once and the served state is a fresh replay's."""
-    cluster = LocalCluster(tmp_path / "cluster").start()
     url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
     upgrade(url)
     db = SnapshotDB(sql_engine(url))
@@ -132,16 +144,14 @@ def test_an_engine_waits_out_its_project_s_slot_moving_and_loses_nothing(tmp_pat
         loop.snapshotter.close()
         store.close()
         db.close()
-        cluster.stop()
 
 
 def test_the_api_answers_503_while_a_project_s_slot_is_split_and_202_once_it_moved(
-    tmp_path: Path,
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """With the label ids' key moved and the log's not, Redis cannot run the append (TRYAGAIN):
     a retryable 503 ``store_unavailable`` with ``Retry-After: 1`` that says why, not a 500. The
     same block posted again once the slot has moved is applied once."""
-    cluster = LocalCluster(tmp_path / "cluster").start()
     prefix = f"rs-{uuid.uuid4().hex[:8]}"
     settings = service_settings(tmp_path, store="redis", REDIS_URL=cluster.url,
                                 redis_cluster=True, redis_prefix=prefix)  # fmt: skip
@@ -180,4 +190,3 @@ def test_the_api_answers_503_while_a_project_s_slot_is_split_and_202_once_it_mov
     finally:
         if move is not None:
             move.close()
-        cluster.stop()
