@@ -316,6 +316,7 @@ class EngineLoop:
         done = 0
         self.dyadic_learned = self.queue_slices = 0
         now = time.monotonic()
+        refused: Exception | None = None
         for name, record in projects.items():
             if name in self._dormant and name in self._quiet:
                 continue  # nothing to do until its log moves
@@ -335,7 +336,10 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if self._store_failed(exc):
+                if self.store.is_moving(exc) or self.store.is_full(exc):
+                    refused = exc  # (its node's: on a cluster, the other nodes' projects go
+                    continue  # on; the step fails once they are done)
+                if not self.store.ping():
                     raise  # the store, not the project: the whole step failed (the engines
                     # kept, their state written again once the store takes it)
                 self._fail(name, record, exc)
@@ -348,12 +352,9 @@ class EngineLoop:
                 self._cleared.add(name)
             if not applied and name in self._quiet and self._nothing_due(name):
                 self._dormant.add(name)
+        if refused is not None:
+            raise refused
         return done
-
-    def _store_failed(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the store's, not a project's: unreachable, full, or moving (a
-        Redis Cluster's slot between nodes, a failover's primary)."""
-        return self.store.is_moving(exc) or self.store.is_full(exc) or not self.store.ping()
 
     def _nothing_due(self, name: str) -> bool:
         """Nothing for this loop to do for the project until its log moves: no sweep due,
@@ -463,8 +464,8 @@ class EngineLoop:
             held = dict(self._leases)
             tokens = self.store.renew_leases(list(held), self.pool.engine_id, self.pool.lease_s)
             for (name, token), now in zip(held.items(), tokens, strict=True):
-                if now != token and self._leases.get(name) == token:
-                    self._lapsed.add(name)
+                if now is not None and now != token and self._leases.get(name) == token:
+                    self._lapsed.add(name)  # (None: its slot moving, renewed next time)
 
     def _renew_while_running(self, lease_s: float) -> None:
         while not self._stop.wait(lease_s / 3):

@@ -404,8 +404,10 @@ class Store(Protocol):
         grows with every new holder) if ``holder`` holds it now, else 0."""
         ...
 
-    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
-        """``acquire_lease`` of many projects in one round trip: their tokens (0: not held)."""
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
+        """``acquire_lease`` of many projects in one round trip: their tokens (0: not held;
+        None: refused while Redis moves the project's slot, ``is_moving``, the lease neither
+        renewed nor known to be lost)."""
         ...
 
     def release_lease(self, project: str, holder: str) -> None:

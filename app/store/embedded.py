@@ -594,7 +594,7 @@ class EmbeddedStore:
                 return fence
             return 0
 
-    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
         return [self.acquire_lease(p, holder, ttl_s) for p in projects]
 
     def release_lease(self, project: str, holder: str) -> None:

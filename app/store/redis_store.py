@@ -843,8 +843,14 @@ class RedisStore:
             for lo in range(0, 2 * len(names), batch):
                 self._queue_script(pipe, self._quiet, keys[lo : lo + batch], args[lo : lo + batch])
 
-        replies = self._pipelined(calls)  # one round trip (on a cluster, per node)
-        found = [q for call in replies for q in call] if names else []
+        # (one round trip, on a cluster per node; a project whose slot is moving is not
+        # quiet: its own read fails, and the engine goes on with the others)
+        replies = self._pipelined(calls, moving_ok=True)
+        found: list[int] = []
+        for lo, call in zip(range(0, 2 * len(names), batch), replies, strict=True):
+            found += (
+                [0] * (len(keys[lo : lo + batch]) // 2) if isinstance(call, Exception) else call
+            )
         return {p for p, quiet in zip(names, found, strict=True) if quiet}
 
     def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
@@ -896,15 +902,20 @@ class RedisStore:
             for p, (end, (applied, blob), lag_ms, queued) in self._read_each(projects, reads, 4)
         }
 
-    def _pipelined(self, calls: Callable[[Any], None]) -> list[Any]:
+    def _pipelined(self, calls: Callable[[Any], None], moving_ok: bool = False) -> list[Any]:
         """The replies of the commands (reads) ``calls`` queues on a pipeline, in one round
-        trip. Its scripts go by their hashes: when Redis lacks one (a restart, a failover,
-        SCRIPT FLUSH), every script is loaded and the pipeline sent once more."""
+        trip; with ``moving_ok``, a command refused because Redis is moving (``is_moving``)
+        has its error as its reply instead of raising it. Its scripts go by their hashes: when
+        Redis lacks one (a restart, a failover, SCRIPT FLUSH), every script is loaded and the
+        pipeline sent once more."""
 
         def execute() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             calls(pipe)
-            replies: list[Any] = pipe.execute()
+            replies: list[Any] = pipe.execute(raise_on_error=not moving_ok)
+            for reply in replies:
+                if isinstance(reply, Exception) and not self.is_moving(reply):
+                    raise reply
             return replies
 
         try:
@@ -1148,7 +1159,7 @@ class RedisStore:
         keys = [self._k(project, "lease"), self._k(project, "fence")]
         return int(self._acquire(keys=keys, args=[holder, max(int(ttl_s * 1000), 1)]))
 
-    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int]:
+    def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
         if not projects:
             return []
         ms = max(int(ttl_s * 1000), 1)
@@ -1156,10 +1167,13 @@ class RedisStore:
         for project in projects:
             keys = [self._k(project, "lease"), self._k(project, "fence")]
             pipe.execute_command("EVALSHA", self._acquire.sha, len(keys), *keys, holder, ms)
-        try:
-            return [int(t) for t in pipe.execute()]
-        except redis.exceptions.NoScriptError:  # (one by one: each loads it where it runs)
-            return [self.acquire_lease(p, holder, ttl_s) for p in projects]
+        replies = pipe.execute(raise_on_error=False)  # (a slot moving: the others renewed)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            return [self.acquire_lease(p, holder, ttl_s) for p in projects]  # (each loads it)
+        for reply in replies:
+            if isinstance(reply, Exception) and not self.is_moving(reply):
+                raise reply
+        return [None if isinstance(t, Exception) else int(t) for t in replies]
 
     def release_lease(self, project: str, holder: str) -> None:
         self._release(keys=[self._k(project, "lease")], args=[holder])

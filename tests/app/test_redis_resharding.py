@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,75 @@ class SlotMove:
     def close(self) -> None:
         for node in [self.source, self.target, *self.primaries]:
             node.close()
+
+
+def test_a_project_whose_slot_is_split_does_not_hold_back_projects_on_other_nodes(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """One engine, two projects on two primaries; the first one it steps has its slot split:
+    the step still applies the second project's labels, then fails (and is tried again)."""
+    store = RedisStore(cluster.url, f"ro-{uuid.uuid4().hex[:8]}", timeout_s=2.0, cluster=True)
+    loop = EngineLoop(store, refine_passes=0)
+    rng = np.random.default_rng(11)
+    move: SlotMove | None = None
+    try:
+        names = _on_two_primaries(store)
+        for name in names:
+            store.create_project(replace(RECORD, name=name))
+            store.append(name, "labels", *block(0, rng))
+        loop.step()
+        first, other = list(loop._catalogue())  # (the order the engine steps them in)
+        for name in (first, other):
+            store.append(name, "labels", *block(1, rng))
+        move = SlotMove(cluster, store._k(first, "log"))
+        keys = move.begin()
+        move.move(next(k for k in keys if k.endswith(":state")))
+        with pytest.raises(redis.RedisError) as refused:
+            loop.step()
+        assert store.is_moving(refused.value)
+        assert store.applied_position(other) == 2  # (applied in the step that failed)
+        assert store.applied_position(first) == 1 and not loop.failed
+        move.finish()
+        loop.run_until_idle()
+        assert store.applied_position(first) == 2 and not loop.failed
+    finally:
+        if move is not None:
+            move.close()
+        store.flush_prefix()
+        store.close()
+
+
+def test_a_pool_engine_keeps_renewing_its_other_leases_while_one_slot_is_split(
+    cluster: LocalCluster,
+) -> None:
+    """Renewed in one round trip, the leases of a pool engine's projects on other nodes are
+    renewed while one project's lease and fence keys are split between two nodes (its renewal
+    is refused: neither renewed nor lost); once the slot has moved, it is renewed again."""
+    store = RedisStore(cluster.url, f"rl-{uuid.uuid4().hex[:8]}", timeout_s=2.0, cluster=True)
+    move: SlotMove | None = None
+    try:
+        moving, other = _on_two_primaries(store)
+        held = [store.acquire_lease(name, "A", 5.0) for name in (moving, other)]
+        assert all(held)
+        move = SlotMove(cluster, store._k(moving, "lease"))
+        keys = move.begin()
+        move.move(next(k for k in keys if k.endswith(":lease")))
+        assert store.renew_leases([moving, other], "A", 5.0) == [None, held[1]]
+        move.finish()
+        assert store.renew_leases([moving, other], "A", 5.0) == held
+    finally:
+        if move is not None:
+            move.close()
+        store.flush_prefix()
+        store.close()
+
+
+def _on_two_primaries(store: RedisStore) -> tuple[str, str]:
+    """Two project names whose keys sit on different primaries."""
+    names = [f"q{k}" for k in range(64)]
+    nodes = {name: store.r.get_node_from_key(store._k(name, "log")).port for name in names}
+    a = names[0]
+    return a, next(n for n in names if nodes[n] != nodes[a])
 
 
 @pytest.mark.slow
