@@ -190,6 +190,9 @@ class EngineLoop:
         self._served: dict[str, int] = {}
         """The applied position each project's served state is at (found, then written)."""
         self._unwritten: set[str] = set()
+        self._refused: dict[str, list[StateUpdate]] = {}
+        """Per project, the writes the store refused whole (full, moving: ``_write``), to be
+        written again as they were, in their order, before anything new."""
         """Projects whose last state write failed (the store was unreachable): written again
         at their next step, new entries or not (a quiet log would else leave the served state
         behind the engine's until the next label)."""
@@ -336,7 +339,7 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if self.store.is_moving(exc) or self.store.is_full(exc):
+                if self._refused_whole(exc):
                     refused = exc  # (its node's: on a cluster, the other nodes' projects go
                     continue  # on; the step fails once they are done)
                 if not self.store.ping():
@@ -364,7 +367,7 @@ class EngineLoop:
         eng = self.engines.get(name)
         if eng is None or name in self._sweeping or eng.position < self._catch_up.get(name, 0):
             return False
-        if name in self._unwritten:
+        if name in self._unwritten or name in self._refused:
             return False
         if eng.sweep is not None and self.refine_passes > 0:  # (a sweep to go on with)
             return False
@@ -528,6 +531,7 @@ class EngineLoop:
         """Forget the project's engine (its memory goes back once the heap is trimmed: a label
         table being grown on a thread is waited for, which holds its columns until then)."""
         eng = self.engines.pop(name, None)
+        self._refused.pop(name, None)
         if eng is not None:
             eng.labels.let_go()
 
@@ -579,6 +583,8 @@ class EngineLoop:
                 eng.mark_all_dirty()
                 self._write(name, eng.state_update(), anchor, served)
                 self._served[name] = eng.position
+        if name in self._refused:
+            self._write_refused(name, eng)
         anchor = self._anchor.get(name)
         # (quiet: entries appended since the step began wait for the next one)
         step_runs = [] if quiet else self._read_runs(name, eng, anchor)
@@ -741,12 +747,49 @@ class EngineLoop:
             update.entry_s, update.step_s = self._entry_s.get(name), self._step_s.get(name)
         try:
             self.store.write_state(name, update)
-        except BaseException:
+        except BaseException as exc:
             if (eng := self.engines.get(name)) is not None:
-                eng.not_written()  # (kept when the store was unreachable: all written again)
-                self._unwritten.add(name)
+                self._not_written(name, eng, update, exc)
             raise
         self._unwritten.discard(name)
+
+    def _not_written(
+        self, name: str, eng: ProjectEngine, update: StateUpdate, exc: BaseException
+    ) -> None:
+        """A write failed. Refused whole (the store full or moving: it holds what it held), it
+        is kept and written again as it is (``_write_refused``); else (the store unreachable:
+        written or not, who knows) everything is written anew."""
+        if self._refused_whole(exc) and name not in self._unwritten:
+            self._refused.setdefault(name, []).append(update)
+            return
+        self._refused.pop(name, None)
+        eng.not_written()
+        self._unwritten.add(name)
+
+    def _refused_whole(self, exc: BaseException) -> bool:
+        """The store refused a write and kept nothing of it: full, or moving (a Redis Cluster's
+        slot, a failover's primary)."""
+        return isinstance(exc, Exception) and (self.store.is_full(exc) or self.store.is_moving(exc))
+
+    def _write_refused(self, name: str, eng: ProjectEngine) -> None:
+        """Write again, in their order, the writes the store refused whole; raises while it
+        still refuses them (nothing new is applied meanwhile: each of them carries what
+        changed since the one before, and the store holds what it held before the first)."""
+        pending = self._refused[name]
+        while pending:
+            update = pending[0]
+            try:
+                self.store.write_state(name, update)
+            except BaseException as exc:
+                if not self._refused_whole(exc):
+                    self._refused.pop(name, None)
+                    eng.not_written()
+                    self._unwritten.add(name)
+                raise
+            pending.pop(0)
+            if update.advance:
+                self._served[name] = update.position
+        del self._refused[name]
 
     def _idle_sweeps(self, name: str, eng: ProjectEngine) -> None:
         """Quiet for refine_idle_s: log a refinement sweep (after new labels), else one dyadic

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,18 +131,35 @@ def record_table(records: Sequence[bytes]) -> npt.NDArray[np.void] | None:
     return np.frombuffer(b"".join(records), dtype=record_dtype(*_kind(int(heads[0]))))
 
 
-def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> None:
+def grow_lists(lists: MutableMapping[str, bytearray], items: ItemWrites) -> Callable[[], None]:
     """Apply a write's label texts to the stored lists ``lists``. An engine's first text of an
-    item is its whole list, so an item appended to is there."""
+    item is its whole list, so an item appended to is there. Returns what undoes it (a write
+    the store refused: the lists as the store holds them, and the same texts sent again)."""
+    grown: list[tuple[bytearray, int]] = []  # (an appended list and its length before)
+    replaced: dict[str, bytearray | None] = {}  # (a list made whole and what it was)
+
+    def undo() -> None:
+        for appended, length in reversed(grown):
+            del appended[length:]
+        for name, before in replaced.items():
+            if before is None:
+                lists.pop(name, None)
+            else:
+                lists[name] = before
+
     for name, text in zip(items.names, items.labels, strict=True):
         if text.startswith(WHOLE):
+            replaced.setdefault(name, lists.get(name))
             lists[name] = bytearray(text)
         elif not text:
             continue
         elif name in lists:
+            grown.append((lists[name], len(lists[name])))
             lists[name] += text
         else:
+            undo()  # (nothing of the write applied)
             raise LookupError(f"item {name!r}: labels added to a list that was never written")
+    return undo
 
 
 def render(records: Sequence[bytes], labels: Sequence[bytes | bytearray | None]) -> list[bytes]:

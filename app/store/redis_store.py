@@ -41,6 +41,15 @@ from app.store.base import (
 from app.store.item_records import grow_lists, record_size, render_values
 
 
+def _nothing() -> None:
+    pass
+
+
+_SLOT_MOVED = "Slot rebalancing"
+"""How redis-py's cluster transaction reports a redirection (its slot moving) met while it
+watched keys: a ``WatchError``, the transaction not executed."""
+
+
 def cannot_save(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing writes because it cannot save to its disk (``MISCONF``:
     an RDB save or an AOF write failed, a full disk most often; with
@@ -992,10 +1001,17 @@ class RedisStore:
                     pipe.reset()
                     raise LogRewoundError(why)
                 pipe.multi()
+            undo = self._queue_state(pipe, project, state, update)
             try:
-                self._queue_state(pipe, project, state, update)
                 pipe.execute()
-            except redis.WatchError as exc:
+            except BaseException as exc:
+                undo()  # (the lists as Redis still holds them: the update may be sent again)
+                if not isinstance(exc, redis.WatchError):
+                    raise
+                if self.cluster and str(exc).startswith(_SLOT_MOVED):
+                    raise redis.exceptions.TryAgainError(
+                        f"{project}: its slot moved while its state was written; nothing was written"
+                    ) from exc  # (refused whole: is_moving)
                 if not self.r.hexists(self._projects_key, project):
                     return  # the project was deleted meanwhile
                 if update.fence is not None:
@@ -1006,14 +1022,18 @@ class RedisStore:
                 # log; the engine restores and replays, then writes again)
                 raise LogRewoundError(f"{project}: the state write was cut off ({exc})") from exc
 
-    def _queue_state(self, pipe: Any, project: str, state: str, update: StateUpdate) -> None:
+    def _queue_state(
+        self, pipe: Any, project: str, state: str, update: StateUpdate
+    ) -> Callable[[], None]:
+        """Queue the update's writes; returns what undoes its growth of the written lists."""
+        undo = _nothing
         pipe.hset(state, mapping={"globals": update.globals})
         if update.rows:
             pipe.hset(self._k(project, "rows"), mapping={str(s): b for s, b in update.rows.items()})
         items = update.items
         if items:
             lists = items.written  # (each list is sent whole: a script's read, join and
-            grow_lists(lists, items)  # write of each cost more than sending it)
+            undo = grow_lists(lists, items)  # write of each cost more than sending it)
             lists_of = map(lists.__getitem__, items.names)
             values = map(operator.add, items.records, lists_of)  # a record, then its labels
             pipe.hset(
@@ -1044,6 +1064,7 @@ class RedisStore:
             pipe.execute_command(
                 "EVAL", _RESTORED, 1, self._k(project, "restoring"), update.position
             )
+        return undo
 
     def _evalsha(self, client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
         """A registered script run on ``client`` (a watching pipeline) by its digest, loaded

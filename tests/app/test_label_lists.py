@@ -189,3 +189,30 @@ def test_growing_the_stored_lists_replaces_appends_and_refuses_a_list_never_writ
     assert lists["d"] == b'[{"w":4},{"w":5}'
     with pytest.raises(LookupError, match="item 'e': labels added to a list that was never"):
         grow_lists(lists, ItemWrites(["a", "e"], [b"", b""], [b',{"w":6}', b',{"w":7}']))
+    assert lists["a"] == b'[{"w":1},{"w":2}'  # (nothing of the refused write applied)
+
+
+_TEXTS = st.sampled_from([b"", b',{"w":1}', b',{"w":22}', b'[{"w":3}', b'[{"w":4},{"w":5}'])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.dictionaries(st.sampled_from("abc"), st.binary(max_size=8).map(bytearray)),
+    writes=st.lists(st.tuples(st.sampled_from("abcd"), _TEXTS), max_size=12),
+)
+def test_undoing_a_growth_gives_back_the_lists_as_they_were(
+    start: dict[str, bytearray], writes: list[tuple[str, bytes]]
+) -> None:
+    """A write the store refused: its growth of the engine's copy of the stored lists undone,
+    whatever it held (an item appended to, made whole, both, in either order, or new), so the
+    same write can be sent again."""
+    names = [n for n, _ in writes]
+    texts = [t for _, t in writes]
+    lists = {k: bytearray(v) for k, v in start.items()}
+    try:
+        undo = grow_lists(lists, ItemWrites(names, [b""] * len(names), texts))
+    except LookupError:
+        assert lists == start  # (refused in the middle: nothing applied)
+        return
+    undo()
+    assert lists == start

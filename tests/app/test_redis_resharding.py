@@ -22,6 +22,7 @@ from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB
+from app.store.base import StateUpdate
 from app.store.redis_store import RedisStore
 from app.store.sql import sql_engine, upgrade
 from bench.local_cluster import LocalCluster
@@ -145,6 +146,60 @@ def test_a_pool_engine_keeps_renewing_its_other_leases_while_one_slot_is_split(
             move.close()
         store.flush_prefix()
         store.close()
+
+
+def test_a_state_write_refused_while_its_slot_moves_is_sent_again_as_it_was(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's items moved ahead of its log: the engine reads and applies a block, and
+    its state write is refused whole. Once the slot has moved, that same write goes (the
+    block's items), not every item of the project anew, and the served state is a fresh
+    replay's."""
+    url = f"sqlite:///{tmp_path / 'snapshots.sqlite3'}"
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    store = RedisStore(cluster.url, f"rw-{uuid.uuid4().hex[:8]}", timeout_s=2.0, cluster=True)
+    loop = EngineLoop(store, refine_passes=0, snapshotter=Snapshotter(db, store, 0.0, 3))
+    rng = np.random.default_rng(12)
+    blocks = [block(n, rng) for n in range(6)]
+    move: SlotMove | None = None
+    try:
+        store.create_project(RECORD)
+        store.acquire_lease("p", "nobody", 60.0)  # (a fence key: the write's WATCH finds its
+        # keys on the slot's node, and the refusal comes at the transaction's EXEC)
+        for n in range(4):
+            store.append("p", "labels", *blocks[n])
+            loop.step()
+        engine = loop.engines["p"]
+        store.append("p", "labels", *blocks[4])
+        sizes: list[int] = []
+        write = store.write_state
+
+        def counted(project: str, update: StateUpdate) -> None:
+            sizes.append(len(update.items))
+            write(project, update)
+
+        monkeypatch.setattr(store, "write_state", counted)
+        move = SlotMove(cluster, store._k("p", "log"))
+        keys = move.begin()
+        move.move(next(k for k in keys if k.endswith(":items")))
+        with pytest.raises(redis.RedisError) as refused:
+            loop.step()  # (reads and applies block 4; its write is refused)
+        assert store.is_moving(refused.value) and sizes
+        move.finish()
+        store.append("p", "labels", *blocks[5])
+        loop.run_until_idle()
+        assert sizes[1] == sizes[0] < len(engine.items.names), sizes
+        assert not loop.failed and loop.engines["p"] is engine
+        check_against_replay(store, db, engine, label_ids(blocks))
+    finally:
+        if move is not None:
+            move.close()
+        assert loop.snapshotter is not None
+        loop.snapshotter.close()
+        store.flush_prefix()
+        store.close()
+        db.close()
 
 
 def _on_two_primaries(store: RedisStore) -> tuple[str, str]:

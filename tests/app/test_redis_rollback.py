@@ -156,9 +156,9 @@ def check_against_replay(
     served = dict(store.scan_items(project, 0, 10**7)[1])
     assert len(served) == replay.items_count
     for name, code in replay.items.code.items():
-        assert (
-            orjson.loads(served[name])["posterior"] == replay.shown(np.array([code]))[0].tolist()
-        ), name
+        item = orjson.loads(served[name])
+        assert item["posterior"] == replay.shown(np.array([code]))[0].tolist(), name
+        assert item["labels"] == orjson.loads(replay.item_json(code))["labels"], name
     if held is not None:
         assert held.position == replay.position
         assert held.labels.n_labels == replay.labels.n_labels
