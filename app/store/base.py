@@ -406,8 +406,8 @@ class Store(Protocol):
 
     def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
         """``acquire_lease`` of many projects in one round trip: their tokens (0: not held;
-        None: refused while Redis moves the project's slot, ``is_moving``, the lease neither
-        renewed nor known to be lost)."""
+        None: on a Redis Cluster, the project's node unreachable or its slot moving,
+        ``is_moving``: the lease neither renewed nor known to be lost)."""
         ...
 
     def release_lease(self, project: str, holder: str) -> None:

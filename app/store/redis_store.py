@@ -1183,6 +1183,28 @@ class RedisStore:
     def renew_leases(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
         if not projects:
             return []
+        try:
+            return self._renew(projects, holder, ttl_s)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not self.cluster:
+                raise
+        # A node unreachable (a primary failing over): the projects on the other nodes are
+        # renewed, node by node; the unreachable node's are neither renewed nor lost (None).
+        # Else one node's failover would let every lease of every engine of a pool lapse.
+        self.recover()  # (the layout read anew: a dead default node would fail every group)
+        nodes: dict[str, list[str]] = {}
+        for project in projects:
+            node = self.r.get_node_from_key(self._k(project, "lease")).name
+            nodes.setdefault(node, []).append(project)
+        tokens: dict[str, int | None] = {}
+        for group in nodes.values():
+            try:
+                tokens.update(zip(group, self._renew(group, holder, ttl_s), strict=True))
+            except (redis.ConnectionError, redis.TimeoutError):
+                tokens.update((project, None) for project in group)
+        return [tokens[project] for project in projects]
+
+    def _renew(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
         ms = max(int(ttl_s * 1000), 1)
         pipe = self.r.pipeline(transaction=False)
         for project in projects:

@@ -34,6 +34,7 @@ from tests.app.conftest import (
     cluster_url,
     service_settings,
 )
+from tests.app.test_redis_resharding import on_two_primaries
 from tests.app.test_redis_rollback import RECORD, block, check_against_replay, label_ids, whole_log
 
 
@@ -232,12 +233,46 @@ def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_ov
         while True:  # as an engine's renewals go on, one a second or so
             try:
                 token = store.renew_leases(["p"], "e1", 5.0)[0]
-                break
+                if token is not None:  # (None: its node unreachable, failing over)
+                    break
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "the cluster's pipelines never worked again"
                 store.recover()  # as the engine loop and the API do after a store error
-                time.sleep(0.2)
+            assert time.monotonic() < deadline, "the cluster's pipelines never worked again"
+            time.sleep(0.2)
         assert token > 0
+    finally:
+        close_after_failover(store)
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_pool_engine_s_leases_on_live_nodes_are_renewed_while_one_primary_is_down(
+    tmp_path: Path,
+) -> None:
+    """Renewed in one round trip, a pool engine's leases all failed while any one primary was
+    unreachable, and every lease of every engine lapsed if its failover took longer than a
+    lease: now those on the other nodes are renewed, the down node's neither renewed nor
+    lost, and after the failover its replica has them."""
+    cluster = LocalCluster(tmp_path / "cluster").start()
+    store = RedisStore(cluster.url, "ln", timeout_s=2.0, cluster=True)
+    try:
+        down, live = on_two_primaries(store)
+        held = [store.acquire_lease(name, "A", 60.0) for name in (down, live)]
+        port = store.r.get_node_from_key(store._k(down, "lease")).port
+        with redis.Redis(port=port) as primary:
+            assert primary.wait(1, 5000) == 1  # (its replica has the lease)
+        cluster.procs[port].kill()
+        assert store.renew_leases([down, live], "A", 60.0) == [None, held[1]]
+        cluster.wait_healthy()
+        deadline = time.monotonic() + 30
+        while True:
+            store.recover()  # (as the engine does after a store error)
+            tokens = store.renew_leases([down, live], "A", 60.0)
+            if tokens[0] is not None:
+                break
+            assert time.monotonic() < deadline, tokens
+            time.sleep(0.2)
+        assert tokens == held
     finally:
         close_after_failover(store)
         cluster.stop()

@@ -97,7 +97,7 @@ def test_a_project_whose_slot_is_split_does_not_hold_back_projects_on_other_node
     rng = np.random.default_rng(11)
     move: SlotMove | None = None
     try:
-        names = _on_two_primaries(store)
+        names = on_two_primaries(store)
         for name in names:
             store.create_project(replace(RECORD, name=name))
             store.append(name, "labels", *block(0, rng))
@@ -132,7 +132,7 @@ def test_a_pool_engine_keeps_renewing_its_other_leases_while_one_slot_is_split(
     store = RedisStore(cluster.url, f"rl-{uuid.uuid4().hex[:8]}", timeout_s=2.0, cluster=True)
     move: SlotMove | None = None
     try:
-        moving, other = _on_two_primaries(store)
+        moving, other = on_two_primaries(store)
         held = [store.acquire_lease(name, "A", 5.0) for name in (moving, other)]
         assert all(held)
         move = SlotMove(cluster, store._k(moving, "lease"))
@@ -202,7 +202,7 @@ def test_a_state_write_refused_while_its_slot_moves_is_sent_again_as_it_was(
         db.close()
 
 
-def _on_two_primaries(store: RedisStore) -> tuple[str, str]:
+def on_two_primaries(store: RedisStore) -> tuple[str, str]:
     """Two project names whose keys sit on different primaries."""
     names = [f"q{k}" for k in range(64)]
     nodes = {name: store.r.get_node_from_key(store._k(name, "log")).port for name in names}
