@@ -51,6 +51,7 @@ from app.store.base import (
     LeaseLostError,
     LogEntry,
     LogRewoundError,
+    NodeDownError,
     ProjectRecord,
     StateUpdate,
     Store,
@@ -234,8 +235,13 @@ class EngineLoop:
         """Every project's record, read again only when a project was created or deleted
         (reading them costs with their number: 0.14 s for 10,000 on Redis). Held, not
         copied: read it only."""
-        token = self.store.catalogue_token()  # (before the records: a change after it is
-        if token is None or token != self._catalogue_token:  # seen at the next step)
+        try:
+            token = self.store.catalogue_token()  # (before the records: a change after it is
+        except Exception as exc:  # seen at the next step)
+            if self._catalogue_token is None or not self._node_waits(exc):
+                raise
+            return self._projects  # (its node down: the projects known go on meanwhile)
+        if token is None or token != self._catalogue_token:
             self._projects = {r.name: r for r in self.store.list_projects()}
             self._catalogue_token = token
             self._look_at_all = True  # (a restored store: every log looked at)
@@ -250,7 +256,12 @@ class EngineLoop:
         asked when the store cannot tell what moved or the catalogue changed, and each one in
         its turn, within every QUIET_RECHECK_S, as if it moved. A dormant project that did not
         move is not even looked at."""
-        self._moves_cursor, moved = self.store.moved_since(self._moves_cursor)
+        try:
+            self._moves_cursor, moved = self.store.moved_since(self._moves_cursor)
+        except Exception as exc:
+            if not self._node_waits(exc):
+                raise
+            moved = None  # (the record of moves on a node down: every log looked at)
         full = moved is None or self._look_at_all
         if full:
             self._look_at_all, self._known_quiet = False, {}
@@ -321,6 +332,9 @@ class EngineLoop:
         now = time.monotonic()
         refused: Exception | None = None
         for name, record in projects.items():
+            if name in self.store.unreached:  # (its node down: the others go on, the step
+                refused = refused or NodeDownError(name)  # fails once they are done)
+                continue
             if name in self._dormant and name in self._quiet:
                 continue  # nothing to do until its log moves
             self._dormant.discard(name)
@@ -339,7 +353,7 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if self._refused_whole(exc):
+                if self._refused_whole(exc) or self.store.node_down(exc):
                     refused = exc  # (its node's: on a cluster, the other nodes' projects go
                     continue  # on; the step fails once they are done)
                 if not self.store.ping():
@@ -766,6 +780,11 @@ class EngineLoop:
         eng.not_written()
         self._unwritten.add(name)
 
+    def _node_waits(self, exc: BaseException) -> bool:
+        """A node of a Redis Cluster down, or the cluster moving: what the engine reads there
+        waits, and the projects elsewhere go on."""
+        return self.store.node_down(exc) or self.store.is_moving(exc)
+
     def _refused_whole(self, exc: BaseException) -> bool:
         """The store refused a write and kept nothing of it: full, or moving (a Redis Cluster's
         slot, a failover's primary)."""
@@ -889,7 +908,8 @@ class EngineLoop:
         primary: ``Store.is_moving``) is one line for the whole wait (``waited``: the step
         before failed so too), a full store one line a second, anything else its traceback.
         Returns whether Redis was moving."""
-        moving, full = self.store.is_moving(exc), self.store.is_full(exc)
+        moving = self.store.is_moving(exc) or isinstance(exc, NodeDownError)
+        full = self.store.is_full(exc)
         if moving:
             if not waited:
                 log.warning("engine step waits for the store to settle: %s", exc)

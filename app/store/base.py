@@ -64,6 +64,11 @@ class LogRewoundError(Exception):
     that lagged). The engine must drop what it holds and restore from an earlier snapshot."""
 
 
+class NodeDownError(Exception):
+    """Projects whose Redis Cluster node did not answer (a primary failing over) were left for
+    a later step; the others were applied."""
+
+
 class LeaseLostError(Exception):
     """An engine of a pool wrote with a fencing token that is no longer the project's (its
     lease lapsed and another engine took the project over): the write is refused, and the
@@ -324,8 +329,13 @@ class Store(Protocol):
         position 0, served position or None) whose log ends at that very entry (or is empty)
         and whose served state is at that position: those where ``read_log(project,
         position, _, token, served)`` would return nothing and raise nothing. In one round
-        trip."""
+        trip. Those it could not ask (on a Redis Cluster, their node unreachable: a primary
+        failing over) are neither, and in ``unreached``."""
         ...
+
+    unreached: frozenset[str]
+    """The projects the last ``quiet_logs`` could not ask: the engine leaves them for a later
+    step, and goes on with the others."""
 
     def moved_since(self, cursor: str | None) -> tuple[str | None, set[str] | None]:
         """The projects whose log took an entry after ``cursor`` (what the previous call
@@ -454,6 +464,12 @@ class Store(Protocol):
         outlasted the client's retries) or with a slot that has no primary, or a node that a
         failover made a replica (``READONLY``). The command was refused whole, and succeeds
         once the slot or the primary has settled."""
+        ...
+
+    def node_down(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is one node of a Redis Cluster not answering (the others may): the
+        projects it holds wait, the others go on. Not a refusal: a write it cut off may or
+        may not have been made."""
         ...
 
     def recover(self) -> None:

@@ -113,6 +113,7 @@ def sqlite_full(exc: BaseException) -> bool:
 
 class EmbeddedStore:
     log_in_sql = True
+    unreached: frozenset[str] = frozenset()  # (one process: every project answers)
 
     def __init__(self, path: str | Path, join_entries: bool = False) -> None:
         """``join_entries``: an entry appended while the one before it is unread by the engine
@@ -640,6 +641,9 @@ class EmbeddedStore:
 
     def is_moving(self, exc: BaseException) -> bool:
         return False  # (one file: no keys move)
+
+    def node_down(self, exc: BaseException) -> bool:
+        return False  # (one process: no nodes)
 
     def ping(self) -> bool:
         with self._lock:

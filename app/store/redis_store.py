@@ -404,6 +404,7 @@ def _node(url: str) -> ClusterNode:
 
 class RedisStore:
     log_in_sql = False
+    unreached: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -840,6 +841,35 @@ class RedisStore:
         return int(v) if v else 0
 
     def quiet_logs(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
+        self.unreached = frozenset()
+        try:
+            return self._quiet_of(heads)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not self.cluster:
+                raise
+        # a node unreachable (a primary failing over): asked node by node, the projects on
+        # the others answer
+        self.recover()
+        quiet: set[str] = set()
+        unreached: set[str] = set()
+        for group in self._by_node(list(heads), "log").values():
+            try:
+                quiet |= self._quiet_of({project: heads[project] for project in group})
+            except (redis.ConnectionError, redis.TimeoutError):
+                unreached.update(group)
+        self.unreached = frozenset(unreached)
+        return quiet
+
+    def _by_node(self, projects: list[str], key: str) -> dict[str, list[str]]:
+        """The projects by the cluster node that holds their ``key`` (every key of a project
+        is on one node)."""
+        nodes: dict[str, list[str]] = {}
+        for project in projects:
+            node = self.r.get_node_from_key(self._k(project, key)).name
+            nodes.setdefault(node, []).append(project)
+        return nodes
+
+    def _quiet_of(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
         names = list(heads)
         keys, args = [], []
         for project, (position, token, served) in heads.items():
@@ -1192,12 +1222,8 @@ class RedisStore:
         # renewed, node by node; the unreachable node's are neither renewed nor lost (None).
         # Else one node's failover would let every lease of every engine of a pool lapse.
         self.recover()  # (the layout read anew: a dead default node would fail every group)
-        nodes: dict[str, list[str]] = {}
-        for project in projects:
-            node = self.r.get_node_from_key(self._k(project, "lease")).name
-            nodes.setdefault(node, []).append(project)
         tokens: dict[str, int | None] = {}
-        for group in nodes.values():
+        for group in self._by_node(projects, "lease").values():
             try:
                 tokens.update(zip(group, self._renew(group, holder, ttl_s), strict=True))
             except (redis.ConnectionError, redis.TimeoutError):
@@ -1261,6 +1287,9 @@ class RedisStore:
 
     def is_moving(self, exc: BaseException) -> bool:
         return isinstance(exc, STORE_MOVING)
+
+    def node_down(self, exc: BaseException) -> bool:
+        return self.cluster and isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
 
     def ping(self) -> bool:
         try:

@@ -8,6 +8,7 @@ import csv
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from app.api import create_app
 from app.engine.loop import EngineLoop
 from app.engine.snapshots import Snapshotter
 from app.store.archive import SnapshotDB
-from app.store.base import LogRewoundError, StoreWipedError
+from app.store.base import LogRewoundError, NodeDownError, StoreWipedError
 from app.store.redis_store import NotReplicatedError, RedisStore
 from app.store.sql import sql_engine, upgrade
 from app.testing import free_port
@@ -240,6 +241,53 @@ def test_a_client_whose_default_node_died_works_again_once_the_cluster_failed_ov
             assert time.monotonic() < deadline, "the cluster's pipelines never worked again"
             time.sleep(0.2)
         assert token > 0
+    finally:
+        close_after_failover(store)
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_projects_on_live_nodes_are_applied_while_one_primary_is_down(tmp_path: Path) -> None:
+    """One engine, two projects on two primaries; the first one's primary SIGKILLed: the next
+    step applies the second project's new block (the catalogue and the record of appends,
+    wherever they live, read from what the engine knows when their node is the one down; the
+    quiet check asked node by node), then fails for the first, which waits for its failover
+    instead of every project waiting for it."""
+    cluster = LocalCluster(tmp_path / "cluster").start()
+    store = RedisStore(cluster.url, "nd", timeout_s=2.0, cluster=True)
+    loop = EngineLoop(store, refine_passes=0)
+    rng = np.random.default_rng(13)
+    try:
+        down, live = on_two_primaries(store)
+        for name in (down, live):
+            store.create_project(replace(RECORD, name=name))
+            store.append(name, "labels", *block(0, rng))
+        loop.step()
+        for name in (down, live):
+            store.append(name, "labels", *block(1, rng))
+        port = store.r.get_node_from_key(store._k(down, "log")).port
+        with redis.Redis(port=port) as primary:
+            assert primary.wait(1, 5000) == 1  # (its replica has the block)
+        for node in cluster.ports:  # (the other slots served while one has no primary)
+            with redis.Redis(port=node) as each:
+                each.config_set("cluster-require-full-coverage", "no")
+        cluster.procs[port].kill()
+        with pytest.raises(Exception) as waits:
+            loop.step()
+        assert store.node_down(waits.value) or isinstance(waits.value, NodeDownError)
+        assert store.applied_position(live) == 2 and not loop.failed
+        deadline = time.monotonic() + 30
+        while True:  # (the failover: a replica promoted)
+            store.recover()
+            try:
+                loop.step()
+                if store.applied_position(down) == 2:
+                    break
+            except Exception as exc:
+                assert store.node_down(exc) or isinstance(exc, NodeDownError), repr(exc)
+            assert time.monotonic() < deadline, "the failover never came"
+            time.sleep(0.2)
+        assert not loop.failed
     finally:
         close_after_failover(store)
         cluster.stop()
