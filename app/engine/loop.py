@@ -216,8 +216,9 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
         self.store_refused = False
-        """The last step failed because the store refused its writes (full, or moving): the
-        state served is the last one written, and reads go on (``/readyz`` stays ready)."""
+        """The last step failed waiting for the store or the snapshot database (full, moving,
+        a node or the database down): the state served is the last one written, and reads go
+        on (``/readyz`` stays ready)."""
         self._projects: dict[str, ProjectRecord] = {}
         self._catalogue_token: str | None = None
         self._quiet: set[str] = set()
@@ -353,7 +354,7 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if self._refused_whole(exc) or self.store.node_down(exc):
+                if self._waits(exc):
                     refused = exc  # (its node's: on a cluster, the other nodes' projects go
                     continue  # on; the step fails once they are done)
                 if not self.store.ping():
@@ -780,6 +781,18 @@ class EngineLoop:
         eng.not_written()
         self._unwritten.add(name)
 
+    def _waits(self, exc: BaseException) -> bool:
+        """A project's step failed for want of what it reads or writes, not for itself: the
+        store refused the write whole, its Redis Cluster node is down, or the snapshot
+        database (loading it, reading its archive) does not answer. The engine keeps what it
+        holds; the other projects go on; the step is tried again a second later."""
+        snap = self.snapshotter
+        return (
+            self._refused_whole(exc)
+            or self.store.node_down(exc)
+            or (snap is not None and snap.db.is_down(exc))
+        )
+
     def _node_waits(self, exc: BaseException) -> bool:
         """A node of a Redis Cluster down, or the cluster moving: what the engine reads there
         waits, and the projects elsewhere go on."""
@@ -904,23 +917,28 @@ class EngineLoop:
             idle_wait = min(2 * idle_wait, 0.02) if done == 0 else self.poll_s
 
     def _step_failed(self, exc: Exception, waited: bool) -> bool:
-        """Log a failed step, then wait a second before the next. Redis moving (a slot, a
-        primary: ``Store.is_moving``) is one line for the whole wait (``waited``: the step
-        before failed so too), a full store one line a second, anything else its traceback.
-        Returns whether Redis was moving."""
-        moving = self.store.is_moving(exc) or isinstance(exc, NodeDownError)
+        """Log a failed step, then wait a second before the next. Waiting for what it needs
+        (Redis moving a slot or a primary, a cluster node down, the snapshot database) is one
+        line for the whole wait (``waited``: the step before failed so too), a full store one
+        line a second, anything else its traceback. Returns whether the step waited."""
+        snap = self.snapshotter
+        waits = (
+            self.store.is_moving(exc)
+            or isinstance(exc, NodeDownError)
+            or (snap is not None and snap.db.is_down(exc))
+        )
         full = self.store.is_full(exc)
-        if moving:
+        if waits:
             if not waited:
-                log.warning("engine step waits for the store to settle: %s", exc)
+                log.warning("engine step waits for the store to answer again: %s", exc)
         elif full:
             log.error("engine step failed, tried again in a second: %s", exc)
         else:
             log.exception("engine step failed")
-        self.last_error, self.store_refused = repr(exc), moving or full
+        self.last_error, self.store_refused = repr(exc), waits or full
         self.store.recover()
         self._stop.wait(1.0)
-        return moving
+        return waits
 
     def halt(self, reason: str) -> None:
         """Stop applying for good (another engine applies the projects now): the reason is

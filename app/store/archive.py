@@ -18,7 +18,13 @@ from typing import Any, Protocol, cast
 import orjson
 from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
@@ -169,6 +175,14 @@ class SnapshotDB:
             q = q.where(SnapshotRow.project == project)
         with self.engine.connect() as c:
             return [SnapshotInfo(**r._mapping) for r in c.execute(q)]
+
+    @staticmethod
+    def is_down(exc: BaseException) -> bool:
+        """Whether ``exc`` is this database not answering, or refusing writes (a standby: its
+        connections dropped): what waits for it comes back once it answers."""
+        return isinstance(exc, OperationalError | InterfaceError) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated
+        )
 
     def infos_if_reachable(self) -> list[SnapshotInfo] | None:
         """``infos()``, or None while the database cannot be used (down, or failing): what

@@ -170,7 +170,7 @@ def test_a_running_engine_waits_out_a_failover_in_one_log_line(
                 assert time.monotonic() < deadline, "the block was never served"
                 time.sleep(0.05)
         assert [r.getMessage().split(":")[0] for r in caplog.records] == [
-            "engine step waits for the store to settle"
+            "engine step waits for the store to answer again"
         ]
         assert not loop.failed and loop.last_error is None
     finally:

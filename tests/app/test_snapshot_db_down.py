@@ -13,13 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
 from app.api import create_app
+from app.engine.loop import EngineLoop
+from app.engine.snapshots import Snapshotter
+from app.store.archive import SnapshotDB
+from app.store.base import ProjectRecord
 from app.store.redis_store import RedisStore
+from app.store.sql import sql_engine, upgrade
+from core.nominal import NominalConfig
 from tests.app.conftest import (
     ADMIN,
     PG_ADMIN_URL,
@@ -170,3 +177,39 @@ def test_a_database_turned_read_only_is_a_503_and_writable_again_is_used_again(
             )
             admin.close()
             RedisStore(REDIS_URL, prefix).flush_prefix()
+
+
+def test_an_engine_that_loads_a_project_while_the_database_is_down_waits_for_it(
+    proxied_postgres: tuple[str, Proxy],
+) -> None:
+    """An engine (re)started while PostgreSQL does not answer cannot load its projects (their
+    snapshots are there): it waits, the project not marked failed (which retried it after a
+    back-off doubling up to a minute, so a minute after the database came back it could
+    still be waiting), and applies its log as soon as the database answers."""
+    url, proxy = proxied_postgres
+    upgrade(url)
+    db = SnapshotDB(sql_engine(url))
+    prefix = f"test-db-load-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(REDIS_URL, prefix)
+    loop = EngineLoop(store, refine_passes=0, snapshotter=Snapshotter(db, store, 0.0, 3))
+    try:
+        store.create_project(
+            ProjectRecord("p", ("a", "b"), NominalConfig(n_classes=2).to_dict(), 1)
+        )
+        labels = {"items": ["x", "y"], "workers": ["w", "v"], "labels": [0, 1], "weights": None}
+        store.append("p", "labels", orjson.dumps(labels))
+        proxy.cut()
+        for _ in range(3):
+            with pytest.raises(Exception) as waits:
+                loop.step()
+            assert db.is_down(waits.value), repr(waits.value)
+            assert not loop.failed
+        proxy.restore()
+        loop.step()
+        assert store.applied_position("p") == 1 and not loop.failed
+    finally:
+        assert loop.snapshotter is not None
+        loop.snapshotter.close()
+        store.flush_prefix()
+        store.close()
+        db.close()
