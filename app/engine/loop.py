@@ -191,12 +191,12 @@ class EngineLoop:
         self._served: dict[str, int] = {}
         """The applied position each project's served state is at (found, then written)."""
         self._unwritten: set[str] = set()
-        self._refused: dict[str, list[StateUpdate]] = {}
-        """Per project, the writes the store refused whole (full, moving: ``_write``), to be
-        written again as they were, in their order, before anything new."""
         """Projects whose last state write failed (the store was unreachable): written again
         at their next step, new entries or not (a quiet log would else leave the served state
         behind the engine's until the next label)."""
+        self._refused: dict[str, list[StateUpdate]] = {}
+        """Per project, the writes the store refused whole (full, moving: ``_write``), to be
+        written again as they were, in their order, before anything new."""
         self.rewinds = 0
         """Engines dropped because the log went back in time (restored, then replayed)."""
         self._last_label: dict[str, float] = {}
@@ -483,7 +483,7 @@ class EngineLoop:
             tokens = self.store.renew_leases(list(held), self.pool.engine_id, self.pool.lease_s)
             for (name, token), now in zip(held.items(), tokens, strict=True):
                 if now is not None and now != token and self._leases.get(name) == token:
-                    self._lapsed.add(name)  # (None: its slot moving, renewed next time)
+                    self._lapsed.add(name)  # (None: its node down or its slot moving)
 
     def _renew_while_running(self, lease_s: float) -> None:
         while not self._stop.wait(lease_s / 3):
@@ -923,8 +923,8 @@ class EngineLoop:
         line a second, anything else its traceback. Returns whether the step waited."""
         snap = self.snapshotter
         waits = (
-            self.store.is_moving(exc)
-            or isinstance(exc, NodeDownError)
+            isinstance(exc, NodeDownError)
+            or self._node_waits(exc)
             or (snap is not None and snap.db.is_down(exc))
         )
         full = self.store.is_full(exc)
