@@ -262,11 +262,17 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
 
 
+async def _recover(request: Request) -> None:
+    """After a store error, what the store needs for the next request (``Store.recover``: a
+    cluster's layout read anew, a single Redis's idle connections made anew)."""
+    svc = getattr(request.app.state, "service", None)
+    if svc is not None:
+        await run_in_threadpool(svc.store.recover)
+
+
 async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     log.warning("store unreachable: %s", exc)
-    svc = getattr(request.app.state, "service", None)
-    if svc is not None:  # a cluster's layout read anew (a failover), for the next request
-        await run_in_threadpool(svc.store.recover)
+    await _recover(request)
     if isinstance(exc, NotReplicatedError):  # (reached: the write is not confirmed)
         message = f"the store did not confirm the write on its replicas: {exc}"
     else:
@@ -288,9 +294,7 @@ async def _store_moving(request: Request, exc: Exception) -> JSONResponse:
     # electing a primary, or a Redis that a failover made a replica (READONLY): the command
     # was refused whole, so the request changed nothing
     log.warning("store moving: %s", exc)
-    svc = getattr(request.app.state, "service", None)
-    if svc is not None:  # the cluster's layout read anew, or new connections, for the next
-        await run_in_threadpool(svc.store.recover)
+    await _recover(request)
     if isinstance(exc, ReadOnlyError):
         why = "the store's node no longer takes writes (a failover made it a replica)"
     else:

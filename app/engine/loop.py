@@ -239,7 +239,7 @@ class EngineLoop:
         try:
             token = self.store.catalogue_token()  # (before the records: a change after it is
         except Exception as exc:  # seen at the next step)
-            if self._catalogue_token is None or not self._node_waits(exc):
+            if self._catalogue_token is None or not self._store_waits(exc):
                 raise
             return self._projects  # (its node down: the projects known go on meanwhile)
         if token is None or token != self._catalogue_token:
@@ -260,7 +260,7 @@ class EngineLoop:
         try:
             self._moves_cursor, moved = self.store.moved_since(self._moves_cursor)
         except Exception as exc:
-            if not self._node_waits(exc):
+            if not self._store_waits(exc):
                 raise
             moved = None  # (the record of moves on a node down: every log looked at)
         full = moved is None or self._look_at_all
@@ -354,7 +354,7 @@ class EngineLoop:
                 self._rewind(name, exc)
                 continue
             except Exception as exc:
-                if self._waits(exc):
+                if self.store.is_full(exc) or self._store_waits(exc):
                     refused = exc  # (its node's: on a cluster, the other nodes' projects go
                     continue  # on; the step fails once they are done)
                 if not self.store.ping():
@@ -781,22 +781,18 @@ class EngineLoop:
         eng.not_written()
         self._unwritten.add(name)
 
-    def _waits(self, exc: BaseException) -> bool:
-        """A project's step failed for want of what it reads or writes, not for itself: the
-        store refused the write whole, its Redis Cluster node is down, or the snapshot
-        database (loading it, reading its archive) does not answer. The engine keeps what it
-        holds; the other projects go on; the step is tried again a second later."""
+    def _store_waits(self, exc: BaseException) -> bool:
+        """The step waits for what it reads or writes, not for itself: Redis moving (a Redis
+        Cluster's slot, a failover's primary), a cluster node down, or the snapshot database
+        not answering. The engine keeps what it holds; the projects elsewhere go on; the step
+        is tried again a second later."""
         snap = self.snapshotter
         return (
-            self._refused_whole(exc)
+            isinstance(exc, NodeDownError)
+            or self.store.is_moving(exc)
             or self.store.node_down(exc)
             or (snap is not None and snap.db.is_down(exc))
         )
-
-    def _node_waits(self, exc: BaseException) -> bool:
-        """A node of a Redis Cluster down, or the cluster moving: what the engine reads there
-        waits, and the projects elsewhere go on."""
-        return self.store.node_down(exc) or self.store.is_moving(exc)
 
     def _refused_whole(self, exc: BaseException) -> bool:
         """The store refused a write and kept nothing of it: full, or moving (a Redis Cluster's
@@ -813,10 +809,8 @@ class EngineLoop:
             try:
                 self.store.write_state(name, update)
             except BaseException as exc:
-                if not self._refused_whole(exc):
-                    self._refused.pop(name, None)
-                    eng.not_written()
-                    self._unwritten.add(name)
+                if not self._refused_whole(exc):  # (written or not, who knows: all anew)
+                    self._not_written(name, eng, update, exc)
                 raise
             pending.pop(0)
             if update.advance:
@@ -921,13 +915,7 @@ class EngineLoop:
         (Redis moving a slot or a primary, a cluster node down, the snapshot database) is one
         line for the whole wait (``waited``: the step before failed so too), a full store one
         line a second, anything else its traceback. Returns whether the step waited."""
-        snap = self.snapshotter
-        waits = (
-            isinstance(exc, NodeDownError)
-            or self._node_waits(exc)
-            or (snap is not None and snap.db.is_down(exc))
-        )
-        full = self.store.is_full(exc)
+        waits, full = self._store_waits(exc), self.store.is_full(exc)
         if waits:
             if not waited:
                 log.warning("engine step waits for the store to answer again: %s", exc)

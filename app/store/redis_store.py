@@ -15,7 +15,7 @@ import operator
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -39,6 +39,8 @@ from app.store.base import (
     UnknownProjectError,
 )
 from app.store.item_records import grow_lists, record_size, render_values
+
+_T = TypeVar("_T")
 
 
 def _nothing() -> None:
@@ -847,27 +849,39 @@ class RedisStore:
         except (redis.ConnectionError, redis.TimeoutError):
             if not self.cluster:
                 raise
-        # a node unreachable (a primary failing over): asked node by node, the projects on
-        # the others answer
-        self.recover()
+
+        def ask(group: list[str]) -> set[str]:
+            return self._quiet_of({project: heads[project] for project in group})
+
         quiet: set[str] = set()
         unreached: set[str] = set()
-        for group in self._by_node(list(heads), "log").values():
-            try:
-                quiet |= self._quiet_of({project: heads[project] for project in group})
-            except (redis.ConnectionError, redis.TimeoutError):
+        for group, found in self._node_by_node(list(heads), ask):
+            if found is None:
                 unreached.update(group)
+            else:
+                quiet |= found
         self.unreached = frozenset(unreached)
         return quiet
 
-    def _by_node(self, projects: list[str], key: str) -> dict[str, list[str]]:
-        """The projects by the cluster node that holds their ``key`` (every key of a project
-        is on one node)."""
+    def _node_by_node(
+        self, projects: list[str], call: Callable[[list[str]], _T]
+    ) -> list[tuple[list[str], _T | None]]:
+        """``call`` on the projects of each cluster node in turn (every key of a project is on
+        one node), after a call on all of them met a node that does not answer (a primary
+        failing over): the other nodes' answers, and None for the projects of a node that
+        still does not answer."""
+        self.recover()  # (the layout read anew: a dead default node would fail every group)
         nodes: dict[str, list[str]] = {}
         for project in projects:
-            node = self.r.get_node_from_key(self._k(project, key)).name
+            node = self.r.get_node_from_key(self._k(project, "log")).name
             nodes.setdefault(node, []).append(project)
-        return nodes
+        answers: list[tuple[list[str], _T | None]] = []
+        for group in nodes.values():
+            try:
+                answers.append((group, call(group)))
+            except (redis.ConnectionError, redis.TimeoutError):
+                answers.append((group, None))
+        return answers
 
     def _quiet_of(self, heads: Mapping[str, tuple[int, int | None, int | None]]) -> set[str]:
         names = list(heads)
@@ -952,9 +966,10 @@ class RedisStore:
             pipe = self.r.pipeline(transaction=False)
             calls(pipe)
             replies: list[Any] = pipe.execute(raise_on_error=not moving_ok)
-            for reply in replies:
-                if isinstance(reply, Exception) and not self.is_moving(reply):
-                    raise reply
+            if moving_ok:
+                for reply in replies:
+                    if isinstance(reply, Exception) and not self.is_moving(reply):
+                        raise reply
             return replies
 
         try:
@@ -1218,16 +1233,11 @@ class RedisStore:
         except (redis.ConnectionError, redis.TimeoutError):
             if not self.cluster:
                 raise
-        # A node unreachable (a primary failing over): the projects on the other nodes are
-        # renewed, node by node; the unreachable node's are neither renewed nor lost (None).
-        # Else one node's failover would let every lease of every engine of a pool lapse.
-        self.recover()  # (the layout read anew: a dead default node would fail every group)
+        # The unreachable node's leases are neither renewed nor lost (None); else one node's
+        # failover would let every lease of every engine of a pool lapse.
         tokens: dict[str, int | None] = {}
-        for group in self._by_node(projects, "lease").values():
-            try:
-                tokens.update(zip(group, self._renew(group, holder, ttl_s), strict=True))
-            except (redis.ConnectionError, redis.TimeoutError):
-                tokens.update((project, None) for project in group)
+        for group, renewed in self._node_by_node(projects, lambda g: self._renew(g, holder, ttl_s)):
+            tokens.update(zip(group, renewed or [None] * len(group), strict=True))
         return [tokens[project] for project in projects]
 
     def _renew(self, projects: list[str], holder: str, ttl_s: float) -> list[int | None]:
